@@ -1,0 +1,2 @@
+//! Placeholder; compiles proto/ once the service issue lands.
+fn main() {}
