@@ -1,1 +1,160 @@
-fn main() {}
+//! The `samplerd` binary: `serve` (default), `check-config` and
+//! `bench-chain`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use samplerd::config::{self, CliOverrides};
+use samplerd::server;
+use samplerd::service::Defaults;
+
+/// Default vocabulary of `bench-chain` (Qwen's).
+const BENCH_VOCAB: usize = 151_936;
+/// Default iterations of `bench-chain`.
+const BENCH_ITERATIONS: usize = 1000;
+
+#[derive(Parser)]
+#[command(name = "samplerd", version, about = "gRPC sampling server: logits in, next token out")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the samplerd.v1.Sampler gRPC API (the default).
+    Serve(ServeArgs),
+    /// Print the effective configuration and the default chain; exit
+    /// non-zero naming the key and its source on anything invalid.
+    CheckConfig(ServeArgs),
+    /// Time the default chain on random logits (plugins loaded as `serve`).
+    BenchChain(BenchArgs),
+}
+
+#[derive(Args, Default)]
+struct ConfigArgs {
+    /// Configuration file (default: $SAMPLERD_CONFIG, else ./samplerd.toml if present).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args, Default)]
+struct ServeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Listen address (config `listen`, env SAMPLERD_LISTEN).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Plugin directory; repeatable (config `plugins.dirs`).
+    #[arg(long = "plugin-dir", value_name = "DIR")]
+    plugin_dirs: Vec<PathBuf>,
+    /// GGUF model for Generate (config `model.path`).
+    #[arg(long, value_name = "PATH")]
+    model: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    fn overrides(&self) -> CliOverrides {
+        CliOverrides {
+            listen: self.listen,
+            plugin_dirs: self.plugin_dirs.clone(),
+            model: self.model.clone(),
+        }
+    }
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Vocabulary size (number of logits).
+    #[arg(long, default_value_t = BENCH_VOCAB)]
+    vocab: usize,
+    /// Timed iterations.
+    #[arg(long, default_value_t = BENCH_ITERATIONS)]
+    iterations: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
+        Command::Serve(args) => serve(args),
+        Command::CheckConfig(args) => check(args),
+        Command::BenchChain(args) => bench(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("samplerd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let loaded = config::load(args.config.config.as_deref(), &args.overrides())?;
+    let cfg = loaded.config;
+    samplerd::telemetry::init(&cfg.logging);
+    let registry = server::load_registry(&cfg).context("loading plugins")?;
+    if let Some(path) = &cfg.model.path {
+        anyhow::ensure!(path.is_file(), "model.path {} is not a file", path.display());
+        tracing::warn!(path = %path.display(), "{}", samplerd::model::MODEL_NOT_WIRED_MESSAGE);
+    }
+    // The model host is wired in here once it lands (Some(Arc<dyn Generator>)).
+    let state = server::build_state(&cfg, registry, None)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (config `listen`)", cfg.listen))?;
+        server::serve(state, &cfg, listener, shutdown_signal()).await?;
+        tracing::info!("samplerd stopped");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn check(args: ServeArgs) -> anyhow::Result<()> {
+    let report = samplerd::check::check_config(args.config.config.as_deref(), &args.overrides())?;
+    print!("{report}");
+    Ok(())
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let loaded = config::load(args.config.config.as_deref(), &CliOverrides::default())?;
+    let cfg = loaded.config;
+    let registry = server::load_registry(&cfg).context("loading plugins")?;
+    let defaults = Defaults::build(&cfg, &registry)?;
+    let report = samplerd_sampling::bench::run(&registry, &defaults.spec, args.vocab, args.iterations)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}

@@ -58,7 +58,7 @@ pub struct SdTokens {
 pub struct SdRng {
     pub struct_size: u32,
     pub ctx: *mut c_void,
-    pub next_u64: unsafe extern "C" fn(ctx: *mut c_void) -> u64,
+    pub next_u64: Option<unsafe extern "C" fn(ctx: *mut c_void) -> u64>,
 }
 
 #[repr(C)]
@@ -142,6 +142,8 @@ pub type ApplyFn = unsafe extern "C" fn(
     err: *mut SdError,
 ) -> c_int;
 
+/// One stage's vtable. The callbacks are `Option`s because a C plugin may
+/// leave one NULL; the host refuses such a stage at load time.
 #[repr(C)]
 pub struct SdStage {
     pub struct_size: u32,
@@ -150,14 +152,14 @@ pub struct SdStage {
     pub description: *const c_char,
     pub params_spec: *const SdParamSpec,
     pub n_params_spec: usize,
-    pub config_new: ConfigNewFn,
-    pub config_free: ConfigFreeFn,
-    pub state_new: StateNewFn,
-    pub state_clone: StateCloneFn,
-    pub state_free: StateFreeFn,
-    pub state_reset: StateResetFn,
-    pub accept: AcceptFn,
-    pub apply: ApplyFn,
+    pub config_new: Option<ConfigNewFn>,
+    pub config_free: Option<ConfigFreeFn>,
+    pub state_new: Option<StateNewFn>,
+    pub state_clone: Option<StateCloneFn>,
+    pub state_free: Option<StateFreeFn>,
+    pub state_reset: Option<StateResetFn>,
+    pub accept: Option<AcceptFn>,
+    pub apply: Option<ApplyFn>,
 }
 
 // SAFETY: a stage vtable is immutable static data: C strings, a static spec

@@ -247,14 +247,14 @@ impl<S: Stage> StageVtable for S {
         description: S::DESCRIPTION.as_ptr(),
         params_spec: S::PARAMS.as_ptr(),
         n_params_spec: S::PARAMS.len(),
-        config_new: config_new::<S>,
-        config_free: config_free::<S>,
-        state_new: state_new::<S>,
-        state_clone: state_clone::<S>,
-        state_free: state_free::<S>,
-        state_reset: state_reset::<S>,
-        accept: accept::<S>,
-        apply: apply::<S>,
+        config_new: Some(config_new::<S>),
+        config_free: Some(config_free::<S>),
+        state_new: Some(state_new::<S>),
+        state_clone: Some(state_clone::<S>),
+        state_free: Some(state_free::<S>),
+        state_reset: Some(state_reset::<S>),
+        accept: Some(accept::<S>),
+        apply: Some(apply::<S>),
     };
 }
 

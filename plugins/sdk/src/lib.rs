@@ -15,6 +15,7 @@
 pub mod abi;
 pub mod export;
 pub mod stage;
+pub mod testing;
 
 pub use stage::{
     HostRng, Params, Stage, Tokens, ViewKind, Vocab, number_param, param_spec,

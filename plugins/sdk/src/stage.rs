@@ -215,8 +215,11 @@ impl<'a> HostRng<'a> {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        // SAFETY: guaranteed by from_raw's contract.
-        unsafe { (self.raw.next_u64)(self.raw.ctx) }
+        match self.raw.next_u64 {
+            // SAFETY: guaranteed by from_raw's contract.
+            Some(f) => unsafe { f(self.raw.ctx) },
+            None => 0,
+        }
     }
 
     /// Uniform in [0, 1) with 53 random bits, as the header specifies.

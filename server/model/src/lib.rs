@@ -1,1 +1,171 @@
-//! placeholder
+//! samplerd's model host: loads a GGUF model (llama or qwen2 architecture),
+//! builds its tokenizer and chat template from the file's metadata, and runs
+//! the forward pass on the CPU through a [`Backend`] seam that a CUDA
+//! implementation can fill later.
+//!
+//! ```no_run
+//! use samplerd_model::{ChatMessage, Model, ModelOptions};
+//! let model = Model::load("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &ModelOptions::default())?;
+//! let prompt = model.render_chat(&[ChatMessage::new("user", "Hi!")])?;
+//! let tokens = model.tokenizer().encode(&prompt, true, true)?;
+//! let mut session = model.new_session();
+//! let logits = session.prefill(&tokens)?;
+//! # Ok::<(), samplerd_model::ModelError>(())
+//! ```
+
+pub mod backend;
+pub mod chat;
+pub mod error;
+pub mod forward;
+pub mod ggml;
+pub mod gguf;
+pub mod pool;
+pub mod quant;
+pub mod streamer;
+pub mod tokenizer;
+pub mod weights;
+
+pub use backend::{Backend, SequenceState};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::ModelError;
+pub use gguf::{Arch, Config};
+pub use streamer::Utf8Streamer;
+pub use tokenizer::{TokenInfo, Tokenizer, attr};
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Load-time options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// Threads for the forward pass (0: all available CPUs).
+    pub n_threads: usize,
+    /// Context (KV-cache) size of each session; 0: the model's training
+    /// context. Clamped to the training context.
+    pub n_ctx: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions { n_threads: 0, n_ctx: 4096 }
+    }
+}
+
+/// A loaded model: shared weights (inside the backend), config, tokenizer
+/// and chat template. Cheap to share (`Arc<Model>`); sessions are per sequence.
+#[derive(Debug)]
+pub struct Model {
+    path: PathBuf,
+    config: Config,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    backend: Arc<dyn Backend>,
+    n_ctx: usize,
+}
+
+impl Model {
+    /// Loads `path`; errors name the file and the problem.
+    pub fn load(path: &Path, opts: &ModelOptions) -> Result<Arc<Model>, ModelError> {
+        let mut g = gguf::GgufFile::open(path)?;
+        let config = g.config()?;
+        let tokenizer = Tokenizer::from_gguf(&g)?;
+        if tokenizer.n_vocab() != config.n_vocab {
+            return Err(ModelError::Metadata {
+                path: path.to_path_buf(),
+                key: "tokenizer.ggml.tokens".into(),
+                problem: format!("{} tokens but token_embd.weight has {} rows", tokenizer.n_vocab(), config.n_vocab),
+            });
+        }
+        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+        let template = ChatTemplate::new(g.get_str("tokenizer.chat_template")?, &text(tokenizer.bos()), &text(tokenizer.eos()))?;
+        let weights = Arc::new(weights::Weights::load(&mut g, &config)?);
+        let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx.min(config.n_ctx_train) };
+        let backend = Arc::new(forward::CpuBackend::new(config.clone(), weights, opts.n_threads));
+        Ok(Arc::new(Model { path: path.to_path_buf(), config, tokenizer, template, backend, n_ctx }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.template
+    }
+    /// Renders the chat template with `add_generation_prompt = true`.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        self.template.render(messages)
+    }
+    pub fn n_vocab(&self) -> usize {
+        self.config.n_vocab
+    }
+    /// Context size of each session.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    /// The backend's name ("cpu-avx2", "cpu-scalar").
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+    /// Per token id its bytes and attribute flags (for sampler plugins).
+    pub fn vocabulary(&self) -> &[TokenInfo] {
+        self.tokenizer.vocabulary()
+    }
+    /// A new sequence with an `n_ctx`-token KV cache (allocated now, once).
+    pub fn new_session(&self) -> Session {
+        self.new_session_with_capacity(self.n_ctx)
+    }
+    /// A new sequence with a `capacity`-token KV cache.
+    pub fn new_session_with_capacity(&self, capacity: usize) -> Session {
+        Session {
+            backend: Arc::clone(&self.backend),
+            state: self.backend.new_state(capacity.max(1)),
+            logits: vec![0.0; self.config.n_vocab],
+        }
+    }
+}
+
+/// One sequence: its KV cache and the last logits.
+pub struct Session {
+    backend: Arc<dyn Backend>,
+    state: Box<dyn SequenceState>,
+    logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("position", &self.position()).field("capacity", &self.capacity()).finish()
+    }
+}
+
+impl Session {
+    /// Runs `tokens` (one or many) and returns the last position's logits.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        self.backend.forward(self.state.as_mut(), tokens, &mut self.logits)?;
+        Ok(&self.logits)
+    }
+    /// Runs one token and returns its logits.
+    pub fn decode(&mut self, token: u32) -> Result<&[f32], ModelError> {
+        self.prefill(std::slice::from_ref(&token))
+    }
+    /// The last logits computed (zeros before the first call).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+    /// Tokens in the cache.
+    pub fn position(&self) -> usize {
+        self.state.position()
+    }
+    /// Most tokens this session can hold.
+    pub fn capacity(&self) -> usize {
+        self.state.capacity()
+    }
+    /// Drops cached positions at or after `position` (reuse a shared prefix).
+    pub fn truncate(&mut self, position: usize) {
+        self.state.truncate(position)
+    }
+}

@@ -1,0 +1,233 @@
+//! `penalties`: llama.cpp's repetition penalties over the last
+//! `repeat_last_n` accepted tokens. For each token of the window with
+//! `count` occurrences, first the repeat rule (logit <= 0: × repeat,
+//! else ÷ repeat), then `logit -= count * frequency + (count > 0) * presence`.
+//!
+//! State: a fixed-capacity ring buffer of the window, per-token counts kept
+//! incrementally on `accept` (O(1)), and the list of distinct ids with their
+//! counts, so `apply` touches only the window's distinct ids in the dense
+//! view (O(window)); in the candidate view it looks each candidate up in a
+//! small hash map (O(candidates)).
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use samplerd_plugin_sdk::prelude::*;
+
+use crate::util;
+
+/// `repeat_last_n = -1` (the whole history) keeps at most this many tokens.
+pub const MAX_WINDOW: usize = 65_536;
+
+/// Multiplicative hash for u32 keys (ids are not attacker-chosen hash-flood
+/// material: the window holds at most 65,536 of them).
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (v as u64 ^ 0x9e37_79b9).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type IdMap = HashMap<u32, u32, BuildHasherDefault<IdHasher>>;
+
+pub struct Penalties {
+    window: usize,
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+}
+
+/// The penalty window of one sequence.
+#[derive(Clone, Default)]
+pub struct Window {
+    /// Ring buffer; grows up to the capacity, then `head` is the oldest.
+    ring: Vec<u32>,
+    head: usize,
+    /// Distinct ids in the window with their counts.
+    distinct: Vec<(u32, u32)>,
+    /// id → index into `distinct`.
+    index: IdMap,
+}
+
+impl Window {
+    fn inc(&mut self, id: u32) {
+        match self.index.get(&id) {
+            Some(&pos) => self.distinct[pos as usize].1 += 1,
+            None => {
+                self.index.insert(id, self.distinct.len() as u32);
+                self.distinct.push((id, 1));
+            }
+        }
+    }
+
+    fn dec(&mut self, id: u32) {
+        let Some(&pos) = self.index.get(&id) else {
+            return;
+        };
+        let pos = pos as usize;
+        let e = &mut self.distinct[pos].1;
+        *e -= 1;
+        if *e == 0 {
+            self.index.remove(&id);
+            self.distinct.swap_remove(pos);
+            if let Some(&(moved, _)) = self.distinct.get(pos) {
+                self.index.insert(moved, pos as u32);
+            }
+        }
+    }
+
+    fn push(&mut self, cap: usize, id: u32) {
+        if cap == 0 {
+            return;
+        }
+        if self.ring.len() < cap {
+            self.ring.push(id);
+        } else {
+            let old = std::mem::replace(&mut self.ring[self.head], id);
+            self.head = (self.head + 1) % cap;
+            self.dec(old);
+        }
+        self.inc(id);
+    }
+
+    /// The window's distinct ids with their counts (any order).
+    pub fn counts(&self) -> &[(u32, u32)] {
+        &self.distinct
+    }
+
+    /// Count of `id` in the window.
+    pub fn count(&self, id: u32) -> u32 {
+        self.index
+            .get(&id)
+            .map_or(0, |&p| self.distinct[p as usize].1)
+    }
+}
+
+impl Penalties {
+    #[inline]
+    fn penalise(&self, logit: f32, count: u32) -> f32 {
+        // llama.cpp order: the ÷/× repeat rule first, then the subtraction.
+        let l = if logit <= 0.0 {
+            logit * self.repeat
+        } else {
+            logit / self.repeat
+        };
+        l - (count as f32 * self.frequency + (count > 0) as u32 as f32 * self.presence)
+    }
+
+    fn is_noop(&self) -> bool {
+        self.window == 0 || (self.repeat == 1.0 && self.frequency == 0.0 && self.presence == 0.0)
+    }
+}
+
+impl Stage for Penalties {
+    const NAME: &'static CStr = c"penalties";
+    const DESCRIPTION: &'static CStr = c"repeat (÷/×), frequency and presence penalties over the last repeat_last_n tokens (llama.cpp order)";
+    const PARAMS: &'static [SdParamSpec] = &[
+        number_param(
+            c"repeat_last_n",
+            c"window of accepted tokens; 0 = off, -1 = whole history (at most 65536)",
+            64.0,
+        ),
+        number_param(
+            c"repeat_penalty",
+            c"÷ positive / × negative logits of repeated tokens; 1 = off",
+            1.1,
+        ),
+        number_param(
+            c"frequency_penalty",
+            c"subtracted once per occurrence in the window",
+            0.0,
+        ),
+        number_param(
+            c"presence_penalty",
+            c"subtracted once if the token occurs in the window",
+            0.0,
+        ),
+    ];
+    const FLAGS: u32 = SD_STAGE_DENSE_OK;
+    type State = Window;
+
+    fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
+        const S: &str = "penalties";
+        let last_n = util::integer(params, S, "repeat_last_n", -1, MAX_WINDOW as i64)?;
+        let repeat = util::number_in(params, S, "repeat_penalty", "finite and > 0", |v| {
+            v.is_finite() && v > 0.0
+        })?;
+        let frequency = util::number_in(params, S, "frequency_penalty", "finite and >= 0", |v| {
+            v.is_finite() && v >= 0.0
+        })?;
+        let presence = util::number_in(params, S, "presence_penalty", "finite and >= 0", |v| {
+            v.is_finite() && v >= 0.0
+        })?;
+        Ok(Penalties {
+            window: if last_n < 0 {
+                MAX_WINDOW
+            } else {
+                last_n as usize
+            },
+            repeat: repeat as f32,
+            frequency: frequency as f32,
+            presence: presence as f32,
+        })
+    }
+
+    fn new_state(&self) -> Window {
+        let mut w = Window::default();
+        let cap = self.window.min(256);
+        w.ring.reserve(cap);
+        w.distinct.reserve(cap);
+        w.index.reserve(cap);
+        w
+    }
+
+    fn accept(&self, state: &mut Window, token: u32) {
+        state.push(self.window, token);
+    }
+
+    fn apply(
+        &self,
+        state: &mut Window,
+        tokens: &mut Tokens<'_>,
+        _rng: &mut HostRng<'_>,
+    ) -> Result<(), String> {
+        if self.is_noop() || state.distinct.is_empty() {
+            return Ok(());
+        }
+        match tokens.view() {
+            ViewKind::Dense => {
+                let dense = tokens.dense_mut();
+                for &(id, count) in &state.distinct {
+                    // ids outside the vocabulary are skipped, never a panic
+                    if let Some(l) = dense.get_mut(id as usize) {
+                        *l = self.penalise(*l, count);
+                    }
+                }
+            }
+            ViewKind::Candidates => {
+                let mut touched = false;
+                for c in tokens.candidates_mut() {
+                    if let Some(&pos) = state.index.get(&c.id) {
+                        c.logit = self.penalise(c.logit, state.distinct[pos as usize].1);
+                        touched = true;
+                    }
+                }
+                if touched {
+                    tokens.set_sorted(false);
+                }
+            }
+        }
+        Ok(())
+    }
+}

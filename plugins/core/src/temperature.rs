@@ -1,0 +1,140 @@
+//! `temperature`: divides the logits by t (llama.cpp `temp` / `temp-ext`).
+//! t <= 0 keeps only the first maximum (the others are dropped from the
+//! candidate list; llama.cpp sets them to -inf, which is equivalent).
+//! Optional dynamic temperature (`dynatemp_range` > 0): the temperature is
+//! interpolated in [t - range, t + range] by the normalised entropy of the
+//! candidates raised to `dynatemp_exponent` (sorts the candidates, as
+//! llama.cpp does). Dense view: one vectorised pass.
+
+use std::ffi::CStr;
+
+use samplerd_plugin_sdk::prelude::*;
+
+use crate::greedy;
+use crate::util;
+
+pub struct Temperature {
+    t: f32,
+    range: f32,
+    exponent: f32,
+}
+
+#[derive(Clone, Default)]
+pub struct TempState {
+    probs: Vec<f32>,
+}
+
+/// llama.cpp's `temp_impl`.
+fn scale(tokens: &mut Tokens<'_>, t: f32) {
+    if t <= 0.0 {
+        match tokens.view() {
+            ViewKind::Dense => {
+                if let Some(i) = greedy::argmax_dense(tokens.dense()) {
+                    let (dense, cand) = tokens.dense_and_buffer();
+                    cand[0] = SdCandidate {
+                        id: i as u32,
+                        logit: dense[i],
+                    };
+                    tokens.set_candidates(1, true);
+                }
+            }
+            ViewKind::Candidates => {
+                if let Some(i) = greedy::argmax_candidates(tokens.candidates()) {
+                    let cands = tokens.candidates_mut();
+                    cands[0] = cands[i];
+                    tokens.set_candidates(1, true);
+                }
+            }
+        }
+        return;
+    }
+    match tokens.view() {
+        ViewKind::Dense => {
+            for v in tokens.dense_mut() {
+                *v /= t;
+            }
+        }
+        ViewKind::Candidates => {
+            for c in tokens.candidates_mut() {
+                c.logit /= t;
+            }
+        }
+    }
+}
+
+impl Stage for Temperature {
+    const NAME: &'static CStr = c"temperature";
+    const DESCRIPTION: &'static CStr =
+        c"divides logits by t; t <= 0 keeps only the argmax; optional dynamic temperature";
+    const PARAMS: &'static [SdParamSpec] = &[
+        number_param(c"t", c"temperature, >= 0; 0 = greedy", 0.8),
+        number_param(
+            c"dynatemp_range",
+            c"dynamic temperature range (t +- range), >= 0; 0 = off",
+            0.0,
+        ),
+        number_param(
+            c"dynatemp_exponent",
+            c"exponent applied to the normalised entropy",
+            1.0,
+        ),
+    ];
+    const FLAGS: u32 = SD_STAGE_DENSE_OK;
+    type State = TempState;
+
+    fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
+        const S: &str = "temperature";
+        let t = util::number_in(params, S, "t", "finite and >= 0", |v| {
+            v.is_finite() && v >= 0.0
+        })?;
+        let range = util::number_in(params, S, "dynatemp_range", "finite and >= 0", |v| {
+            v.is_finite() && v >= 0.0
+        })?;
+        let exponent = util::number_in(params, S, "dynatemp_exponent", "finite and >= 0", |v| {
+            v.is_finite() && v >= 0.0
+        })?;
+        Ok(Temperature {
+            t: t as f32,
+            range: range as f32,
+            exponent: exponent as f32,
+        })
+    }
+
+    fn new_state(&self) -> TempState {
+        TempState::default()
+    }
+
+    fn apply(
+        &self,
+        st: &mut TempState,
+        tokens: &mut Tokens<'_>,
+        _rng: &mut HostRng<'_>,
+    ) -> Result<(), String> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        if self.range > 0.0 {
+            let min_t = (self.t - self.range).max(0.0);
+            let max_t = self.t + self.range;
+            if tokens.len() <= 1 {
+                return Ok(());
+            }
+            util::to_candidates(tokens);
+            let max_entropy = -(1.0f32 / tokens.len() as f32).ln();
+            util::sort_candidates(tokens);
+            util::softmax_into(tokens.candidates(), &mut st.probs);
+            let entropy: f32 = st
+                .probs
+                .iter()
+                .filter(|&&p| p > 0.0)
+                .map(|&p| -p * p.ln())
+                .sum();
+            let norm = entropy / max_entropy;
+            let dyn_t = min_t + (max_t - min_t) * norm.powf(self.exponent);
+            scale(tokens, dyn_t);
+        } else if self.t != 1.0 {
+            scale(tokens, self.t);
+        }
+        Ok(())
+    }
+}

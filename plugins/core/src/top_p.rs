@@ -1,0 +1,255 @@
+//! `top_p` (nucleus): keeps the shortest prefix of the candidates sorted by
+//! descending probability whose cumulative probability is >= p, and at
+//! least `min_keep` (llama.cpp `top-p`). Survivors keep their raw logits;
+//! probabilities are only computed internally. p >= 1: no-op.
+//!
+//! Small candidate lists (<= 4096, e.g. after top_k): softmax (normaliser
+//! summed in f64), sort descending if needed (ties: lower id first), then
+//! walk with an f32 running sum exactly like llama.cpp. Output sorted.
+//!
+//! Dense view or large lists (top_k off): no sort of the vocabulary. One
+//! vectorised exp pass, a histogram of exp(l - max) over 2,048 buckets
+//! (1/16 octave each, keyed by the float's exponent and top 4 mantissa
+//! bits, sums in f64) finds the bucket where the cumulative mass crosses
+//! p; everything above it is kept unsorted, only the boundary bucket is
+//! sorted and walked. The survivor set equals "sort then cut" except when
+//! the cumulative sum lands within float rounding of p (the histogram sums
+//! in f64 in bucket order, llama.cpp in f32 in sorted order). The output is
+//! sorted when it has at most 1,024 survivors, otherwise it is left
+//! unsorted (`sorted = 0`: the above-boundary tokens in id/position order,
+//! then the boundary tokens descending).
+
+use std::ffi::CStr;
+
+use samplerd_plugin_sdk::prelude::*;
+
+use crate::top_k::{self, Selector};
+use crate::util::{self, SORT_LIMIT, desc};
+
+/// Candidate lists up to this size use the sort-then-cut path.
+pub const SMALL_PATH: usize = 4096;
+const NBUCKETS: usize = 2048;
+const SHIFT: u32 = 19;
+
+pub struct TopP {
+    p: f32,
+    min_keep: usize,
+}
+
+#[derive(Clone, Default)]
+pub struct TopPState {
+    probs: Vec<f32>,
+    vals: Vec<f32>,
+    sums: Vec<f64>,
+    idx: Vec<u32>,
+    boundary: Vec<(SdCandidate, f32)>,
+    out: Vec<SdCandidate>,
+    sel: Selector,
+}
+
+#[inline(always)]
+fn bucket(e: f32) -> usize {
+    (e.to_bits() >> SHIFT) as usize
+}
+
+impl TopP {
+    fn small(&self, st: &mut TopPState, tokens: &mut Tokens<'_>) {
+        util::sort_candidates(tokens);
+        let z = util::softmax_into(tokens.candidates(), &mut st.probs);
+        if z <= 0.0 {
+            return; // nothing finite left
+        }
+        let mut cum = 0.0f32;
+        let mut last = st.probs.len();
+        for (i, &p) in st.probs.iter().enumerate() {
+            cum += p;
+            if cum >= self.p && i + 1 >= self.min_keep {
+                last = i + 1;
+                break;
+            }
+        }
+        tokens.truncate(last);
+    }
+
+    fn large(&self, st: &mut TopPState, tokens: &mut Tokens<'_>) {
+        let dense = tokens.view() == ViewKind::Dense;
+        let mut vals = std::mem::take(&mut st.vals);
+        if !dense {
+            vals.clear();
+            vals.extend(tokens.candidates().iter().map(|c| c.logit));
+        }
+        let x: &[f32] = if dense { tokens.dense() } else { &vals };
+        let n = x.len();
+        let max = util::max_scan(x);
+        if max == f32::NEG_INFINITY {
+            st.vals = vals;
+            return;
+        }
+        let e = &mut st.probs;
+        e.resize(n, 0.0);
+        let z = util::exp_shifted(x, max, e, None);
+        let target = self.p as f64 * z;
+
+        // A floor under the cut: estimated from every 16th token, one
+        // octave of margin, then checked exactly (the mass at or above it
+        // must reach p); else lowered, down to 0 (= every token).
+        let sums = &mut st.sums;
+        sums.clear();
+        sums.resize(NBUCKETS, 0.0);
+        let hist: &mut [f64; NBUCKETS] = sums.as_mut_slice().try_into().expect("buckets");
+        let mut zs = 0.0f64;
+        for &v in e.iter().step_by(16) {
+            hist[bucket(v) & (NBUCKETS - 1)] += v as f64;
+            zs += v as f64;
+        }
+        let mut fb = 0usize;
+        let mut cum = 0.0f64;
+        for k in (0..NBUCKETS).rev() {
+            cum += hist[k];
+            if cum >= self.p as f64 * zs {
+                fb = k.saturating_sub(16);
+                break;
+            }
+        }
+        let mut floor = f32::from_bits((fb as u32) << SHIFT);
+        while floor > 0.0 && util::sum_at_least(e, floor) < target * (1.0 + 1e-6) {
+            floor = if floor > 1e-30 {
+                floor * (1.0 / 65536.0)
+            } else {
+                0.0
+            };
+        }
+        util::indices_at_least(e, floor, &mut st.idx);
+
+        // Exact histogram of the tokens at or above the floor.
+        hist.fill(0.0);
+        for &i in &st.idx {
+            let v = e[i as usize];
+            hist[bucket(v) & (NBUCKETS - 1)] += v as f64;
+        }
+        let mut cum = 0.0f64;
+        let mut b = usize::MAX;
+        let mut lowest = 0usize;
+        for k in (0..NBUCKETS).rev() {
+            if hist[k] > 0.0 {
+                lowest = k;
+                if cum + hist[k] >= target {
+                    b = k;
+                    break;
+                }
+            }
+            cum += hist[k];
+        }
+        if b == usize::MAX {
+            // rounding: the floor's mass fell short of p*Z by a hair; keep
+            // the whole gathered set (the lowest bucket is the boundary)
+            b = lowest;
+            cum -= hist[b];
+        }
+        let idx = &st.idx;
+        // Split (branch-free for the common case): strictly above the
+        // boundary bucket -> `out` (kept), in it -> `boundary`.
+        let need = idx.len() + 1;
+        if st.out.len() < need {
+            st.out.resize(need, SdCandidate { id: 0, logit: 0.0 });
+        }
+        let out = &mut st.out[..need];
+        let bnd = &mut st.boundary;
+        bnd.clear();
+        let cands = (!dense).then(|| tokens.candidates());
+        let mut sure = 0usize;
+        for &i in idx.iter() {
+            let i = i as usize;
+            let c = match cands {
+                Some(c) => c[i],
+                None => SdCandidate {
+                    id: i as u32,
+                    logit: x[i],
+                },
+            };
+            let k = bucket(e[i]);
+            out[sure] = c;
+            sure += (k > b) as usize;
+            if k == b {
+                bnd.push((c, e[i]));
+            }
+        }
+        bnd.sort_unstable_by(|a, c| c.1.total_cmp(&a.1).then(desc(&a.0, &c.0)));
+        let mut kept_b = bnd.len();
+        for (i, &(_, v)) in bnd.iter().enumerate() {
+            cum += v as f64;
+            if cum >= target {
+                kept_b = i + 1;
+                break;
+            }
+        }
+        let total = sure + kept_b;
+        st.vals = vals;
+        if total < self.min_keep {
+            top_k::keep_top(tokens, self.min_keep, &mut st.sel);
+            return;
+        }
+        if st.out.len() < total {
+            st.out.resize(total, SdCandidate { id: 0, logit: 0.0 });
+        }
+        let out = &mut st.out[..total];
+        for (o, (c, _)) in out[sure..].iter_mut().zip(&st.boundary[..kept_b]) {
+            *o = *c;
+        }
+        let sorted = total <= SORT_LIMIT;
+        if sorted {
+            out.sort_unstable_by(desc);
+        }
+        let (_, cand) = tokens.dense_and_buffer();
+        cand[..total].copy_from_slice(out);
+        tokens.set_candidates(total, sorted);
+    }
+}
+
+impl Stage for TopP {
+    const NAME: &'static CStr = c"top_p";
+    const DESCRIPTION: &'static CStr =
+        c"nucleus: keeps the smallest top set whose probability sums to >= p (p = 1: off)";
+    const PARAMS: &'static [SdParamSpec] = &[
+        number_param(
+            c"p",
+            c"cumulative probability to keep, in (0, 1]; 1 = off",
+            0.95,
+        ),
+        number_param(c"min_keep", c"keep at least this many candidates", 1.0),
+    ];
+    const FLAGS: u32 = SD_STAGE_DENSE_OK;
+    type State = TopPState;
+
+    fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
+        let p = util::number_in(params, "top_p", "p", "in (0, 1]", |v| v > 0.0 && v <= 1.0)?;
+        let min_keep = util::min_keep(params, "top_p")?;
+        Ok(TopP {
+            p: p as f32,
+            min_keep,
+        })
+    }
+
+    fn new_state(&self) -> TopPState {
+        TopPState::default()
+    }
+
+    fn apply(
+        &self,
+        st: &mut TopPState,
+        tokens: &mut Tokens<'_>,
+        _rng: &mut HostRng<'_>,
+    ) -> Result<(), String> {
+        if self.p >= 1.0 || tokens.is_empty() {
+            return Ok(());
+        }
+        if tokens.view() == ViewKind::Candidates
+            && (tokens.len() <= SMALL_PATH || tokens.is_sorted())
+        {
+            self.small(st, tokens);
+        } else {
+            self.large(st, tokens);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! `xtc` (exclude top choices, llama.cpp `xtc`): with chance `probability`
+//! (one uniform draw from the host RNG per step, only when the stage is
+//! active and there are >= 2 candidates), removes every top candidate whose
+//! probability is >= `threshold` except the least likely of them, provided
+//! at least `min_keep` remain. threshold > 0.5 or probability <= 0: no-op.
+//! When it triggers it sorts the candidates (converting a dense buffer).
+
+use std::ffi::CStr;
+
+use samplerd_plugin_sdk::prelude::*;
+
+use crate::util;
+
+pub struct Xtc {
+    probability: f32,
+    threshold: f32,
+    min_keep: usize,
+}
+
+#[derive(Clone, Default)]
+pub struct XtcState {
+    probs: Vec<f32>,
+}
+
+impl Stage for Xtc {
+    const NAME: &'static CStr = c"xtc";
+    const DESCRIPTION: &'static CStr =
+        c"exclude top choices: with some chance drops all but the least likely token above threshold";
+    const PARAMS: &'static [SdParamSpec] = &[
+        number_param(
+            c"probability",
+            c"chance per step that XTC triggers, in [0, 1]; 0 = off",
+            0.0,
+        ),
+        number_param(
+            c"threshold",
+            c"probability a top token needs to be excluded, in [0, 1]; > 0.5 = off",
+            0.1,
+        ),
+        number_param(c"min_keep", c"keep at least this many candidates", 1.0),
+    ];
+    const FLAGS: u32 = SD_STAGE_DENSE_OK;
+    type State = XtcState;
+
+    fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
+        let in01 = |v: f64| (0.0..=1.0).contains(&v);
+        let probability = util::number_in(params, "xtc", "probability", "in [0, 1]", in01)?;
+        let threshold = util::number_in(params, "xtc", "threshold", "in [0, 1]", in01)?;
+        let min_keep = util::min_keep(params, "xtc")?;
+        Ok(Xtc {
+            probability: probability as f32,
+            threshold: threshold as f32,
+            min_keep,
+        })
+    }
+
+    fn new_state(&self) -> XtcState {
+        XtcState::default()
+    }
+
+    fn apply(
+        &self,
+        st: &mut XtcState,
+        tokens: &mut Tokens<'_>,
+        rng: &mut HostRng<'_>,
+    ) -> Result<(), String> {
+        if self.probability <= 0.0 || self.threshold > 0.5 || tokens.len() < 2 {
+            return Ok(());
+        }
+        let chance = rng.uniform_f64();
+        if chance > self.probability as f64 {
+            return Ok(());
+        }
+        util::to_candidates(tokens);
+        util::sort_candidates(tokens);
+        util::softmax_into(tokens.candidates(), &mut st.probs);
+        let mut pos_last = 0;
+        for (i, &p) in st.probs.iter().enumerate() {
+            if p >= self.threshold {
+                pos_last = i;
+            } else {
+                break;
+            }
+        }
+        let size = tokens.len();
+        if size - pos_last >= self.min_keep && pos_last > 0 {
+            tokens.candidates_mut().copy_within(pos_last..size, 0);
+            tokens.set_candidates(size - pos_last, true);
+        }
+        Ok(())
+    }
+}

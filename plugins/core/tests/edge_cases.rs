@@ -1,0 +1,745 @@
+//! Edge cases and parameter validation of every stage.
+
+mod common;
+
+use common::*;
+use samplerd_core_stages::{
+    dist::Dist, greedy::Greedy, logit_bias::LogitBias, min_p::MinP, mirostat::Mirostat,
+    mirostat::MirostatV2, penalties::Penalties, temperature::Temperature, top_k::TopK,
+    top_n_sigma::TopNSigma, top_p::TopP, typical_p::TypicalP, xtc::Xtc,
+};
+use samplerd_plugin_sdk::Stage;
+
+const NEG: f32 = f32::NEG_INFINITY;
+
+// ----------------------------------------------------------------- validation
+
+#[test]
+fn invalid_parameters_name_the_parameter_and_value() {
+    assert_eq!(
+        build_err::<TopP>(&[("p", 1.5)]),
+        "top_p: p must be in (0, 1], got 1.5"
+    );
+    assert_eq!(
+        build_err::<TopP>(&[("p", 0.0)]),
+        "top_p: p must be in (0, 1], got 0"
+    );
+    assert_eq!(
+        build_err::<TopP>(&[("p", f64::NAN)]),
+        "top_p: p must be a number, got NaN"
+    );
+    assert_eq!(
+        build_err::<TopK>(&[("k", -1.0)]),
+        "top_k: k must be in [0, 4294967295], got -1"
+    );
+    assert_eq!(
+        build_err::<TopK>(&[("k", 2.5)]),
+        "top_k: k must be an integer, got 2.5"
+    );
+    assert_eq!(
+        build_err::<Penalties>(&[("repeat_penalty", 0.0)]),
+        "penalties: repeat_penalty must be finite and > 0, got 0"
+    );
+    assert_eq!(
+        build_err::<Penalties>(&[("frequency_penalty", -0.5)]),
+        "penalties: frequency_penalty must be finite and >= 0, got -0.5"
+    );
+    assert_eq!(
+        build_err::<Penalties>(&[("presence_penalty", -1.0)]),
+        "penalties: presence_penalty must be finite and >= 0, got -1"
+    );
+    assert_eq!(
+        build_err::<Penalties>(&[("repeat_last_n", -2.0)]),
+        "penalties: repeat_last_n must be in [-1, 65536], got -2"
+    );
+    assert!(build_err::<Penalties>(&[("repeat_penalty", f64::NAN)]).contains("NaN"));
+    assert_eq!(
+        build_err::<Temperature>(&[("t", -0.1)]),
+        "temperature: t must be finite and >= 0, got -0.1"
+    );
+    assert!(build_err::<Temperature>(&[("t", f64::NAN)]).contains("t must be a number, got NaN"));
+    assert_eq!(
+        build_err::<MinP>(&[("p", 1.1)]),
+        "min_p: p must be in [0, 1], got 1.1"
+    );
+    assert_eq!(
+        build_err::<MinP>(&[("min_keep", -1.0)]),
+        "min_p: min_keep must be in [0, 4294967295], got -1"
+    );
+    assert_eq!(
+        build_err::<TypicalP>(&[("p", -0.1)]),
+        "typical_p: p must be in [0, 1], got -0.1"
+    );
+    assert!(
+        build_err::<TopNSigma>(&[("n", f64::INFINITY)])
+            .starts_with("top_n_sigma: n must be finite")
+    );
+    assert_eq!(
+        build_err::<Xtc>(&[("probability", 2.0)]),
+        "xtc: probability must be in [0, 1], got 2"
+    );
+    assert_eq!(
+        build_err::<Mirostat>(&[("m", 0.0)]),
+        "mirostat: m must be in [1, 4294967295], got 0"
+    );
+    assert!(build_err::<MirostatV2>(&[("tau", -1.0)]).starts_with("mirostat_v2: tau"));
+    assert!(OwnedParams::new().number("q", 1.0).build::<TopK>().is_err());
+    let bias = OwnedParams::new()
+        .token_map("bias", &[(3, f32::NAN)])
+        .build::<LogitBias>();
+    assert_eq!(
+        bias.err().unwrap(),
+        "logit_bias: bias for token 3 must be finite or -inf, got NaN"
+    );
+    assert!(
+        OwnedParams::new()
+            .token_map("bias", &[(3, f32::INFINITY)])
+            .build::<LogitBias>()
+            .is_err()
+    );
+}
+
+#[test]
+fn defaults_build() {
+    let _: TopK = stage(&[]);
+    let _: TopP = stage(&[]);
+    let _: MinP = stage(&[]);
+    let _: TypicalP = stage(&[]);
+    let _: Temperature = stage(&[]);
+    let _: TopNSigma = stage(&[]);
+    let _: Xtc = stage(&[]);
+    let _: Penalties = stage(&[]);
+    let _: Mirostat = stage(&[]);
+    let _: MirostatV2 = stage(&[]);
+    let _: LogitBias = stage(&[]);
+}
+
+// ---------------------------------------------------------------------- top_k
+
+#[test]
+fn top_k_zero_is_off() {
+    let mut buf = OwnedTokens::dense(&[1.0, 3.0, 2.0]);
+    run::<TopK>(&[("k", 0.0)], &mut buf);
+    assert!(buf.is_dense());
+    assert_eq!(buf.dense_logits(), &[1.0, 3.0, 2.0]);
+}
+
+#[test]
+fn top_k_keeps_exactly_k_sorted() {
+    let logits = normal_logits(5000, 3.0, 1);
+    let mut want: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    for k in [1usize, 2, 40, 64, 65, 256, 257, 1000] {
+        for dense in [true, false] {
+            let mut buf = if dense {
+                OwnedTokens::dense(&logits)
+            } else {
+                OwnedTokens::dense_as_candidates(&logits)
+            };
+            run::<TopK>(&[("k", k as f64)], &mut buf);
+            assert_eq!(buf.entries(), want[..k].to_vec(), "k={k} dense={dense}");
+            assert!(buf.is_sorted());
+        }
+    }
+}
+
+#[test]
+fn top_k_at_least_size_keeps_all_sorted() {
+    for k in [3.0, 4.0, 100.0] {
+        let mut buf = OwnedTokens::dense(&[1.0, 3.0, 2.0]);
+        run::<TopK>(&[("k", k)], &mut buf);
+        assert_eq!(buf.entries(), vec![(1, 3.0), (2, 2.0), (0, 1.0)]);
+        assert!(buf.is_sorted());
+    }
+}
+
+#[test]
+fn top_k_ties_keep_lower_ids_exactly_k() {
+    let mut buf = OwnedTokens::dense(&[1.0, 2.0, 2.0, 2.0, 0.0]);
+    run::<TopK>(&[("k", 2.0)], &mut buf);
+    assert_eq!(buf.entries(), vec![(1, 2.0), (2, 2.0)]);
+    // ties across chunk boundaries: all equal
+    let flat = vec![0.5f32; 1000];
+    let mut buf = OwnedTokens::dense(&flat);
+    run::<TopK>(&[("k", 5.0)], &mut buf);
+    assert_eq!(
+        buf.entries().iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+}
+
+#[test]
+fn top_k_with_neg_inf_keeps_exactly_k() {
+    let mut buf = OwnedTokens::dense(&[NEG, 1.0, NEG, 2.0]);
+    run::<TopK>(&[("k", 3.0)], &mut buf);
+    assert_eq!(buf.entries(), vec![(3, 2.0), (1, 1.0), (0, NEG)]);
+}
+
+#[test]
+fn top_k_on_sorted_candidates_truncates() {
+    let mut buf = OwnedTokens::candidates(10, &[(7, 5.0), (2, 4.0), (9, 1.0)], true);
+    run::<TopK>(&[("k", 2.0)], &mut buf);
+    assert_eq!(buf.entries(), vec![(7, 5.0), (2, 4.0)]);
+}
+
+#[test]
+fn tiny_vocabularies() {
+    for logits in [vec![0.3f32], vec![0.3, -1.0]] {
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<TopK>(&[("k", 1.0)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0]);
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<TopP>(&[("p", 0.5)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0]);
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<MinP>(&[("p", 0.5)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0]);
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<Dist>(&[], &mut buf);
+        assert!(buf.selected().is_some());
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<Greedy>(&[], &mut buf);
+        assert_eq!(buf.selected(), Some(0));
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<TypicalP>(&[("p", 0.5)], &mut buf);
+        assert!(!buf.is_empty());
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<TopNSigma>(&[("n", 0.5)], &mut buf);
+        assert_eq!(buf.survivor_ids()[0], 0);
+    }
+}
+
+// ---------------------------------------------------------------------- top_p
+
+#[test]
+fn top_p_one_is_off() {
+    let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
+    run::<TopP>(&[("p", 1.0)], &mut buf);
+    assert!(buf.is_dense());
+    let mut buf = OwnedTokens::candidates(3, &[(2, 1.0), (0, 2.0)], false);
+    run::<TopP>(&[("p", 1.0)], &mut buf);
+    assert_eq!(buf.entries(), vec![(2, 1.0), (0, 2.0)]);
+}
+
+#[test]
+fn top_p_min_keep() {
+    let logits = [5.0f32, 1.0, 0.0, -1.0];
+    for dense in [true, false] {
+        let mut buf = if dense {
+            OwnedTokens::dense(&logits)
+        } else {
+            OwnedTokens::dense_as_candidates(&logits)
+        };
+        run::<TopP>(&[("p", 0.01), ("min_keep", 3.0)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0, 1, 2], "dense={dense}");
+        let mut buf = if dense {
+            OwnedTokens::dense(&logits)
+        } else {
+            OwnedTokens::dense_as_candidates(&logits)
+        };
+        run::<TopP>(&[("p", 0.01)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0]);
+    }
+}
+
+#[test]
+fn top_p_drops_neg_inf() {
+    let logits = [NEG, 0.0, NEG, 0.0];
+    for dense in [true, false] {
+        let mut buf = if dense {
+            OwnedTokens::dense(&logits)
+        } else {
+            OwnedTokens::dense_as_candidates(&logits)
+        };
+        run::<TopP>(&[("p", 0.99)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![1, 3]);
+        assert_eq!(buf.len(), 2);
+    }
+}
+
+#[test]
+fn top_p_ties_at_the_cut_keep_lower_ids() {
+    // four equal tokens, p = 0.5 -> two of them
+    let logits = [1.0f32, 1.0, 1.0, 1.0];
+    for dense in [true, false] {
+        let mut buf = if dense {
+            OwnedTokens::dense(&logits)
+        } else {
+            OwnedTokens::dense_as_candidates(&logits)
+        };
+        run::<TopP>(&[("p", 0.45)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0, 1], "dense={dense}");
+    }
+}
+
+#[test]
+fn top_p_large_paths_match_sort_then_cut() {
+    for seed in 0..6u64 {
+        let logits = normal_logits(20_000, 3.0, seed);
+        let pairs: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        for p in [0.5f32, 0.9, 0.95, 0.99] {
+            let (want, margin) = reference_top_p(&pairs, p, 1);
+            if margin < 1e-5 {
+                continue; // within float rounding of p: documented
+            }
+            for dense in [true, false] {
+                let mut buf = if dense {
+                    OwnedTokens::dense(&logits)
+                } else {
+                    OwnedTokens::dense_as_candidates(&logits)
+                };
+                run::<TopP>(&[("p", p as f64)], &mut buf);
+                assert_eq!(buf.survivor_ids(), want, "seed {seed} p {p} dense {dense}");
+                assert_eq!(buf.len(), want.len());
+                for (id, l) in buf.survivors() {
+                    assert_eq!(l, logits[id as usize], "raw logits kept");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn top_p_small_output_is_sorted() {
+    let logits = normal_logits(3000, 3.0, 9);
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<TopP>(&[("p", 0.3)], &mut buf);
+    assert!(buf.len() <= 1024);
+    assert!(buf.is_sorted());
+    let e = buf.entries();
+    assert!(e.windows(2).all(|w| w[0].1 >= w[1].1));
+}
+
+// ---------------------------------------------------------------------- min_p
+
+#[test]
+fn min_p_basics() {
+    // ln 0.05 = -2.9957: keeps logits >= max - 2.9957
+    let logits = [0.0f32, -1.0, -3.5, -2.9, NEG];
+    let sorted: Vec<(u32, f32)> = vec![(0, 0.0), (1, -1.0), (3, -2.9), (2, -3.5), (4, NEG)];
+    let cases = [
+        OwnedTokens::dense(&logits),
+        OwnedTokens::dense_as_candidates(&logits),
+        OwnedTokens::candidates(5, &sorted, true),
+    ];
+    for mut buf in cases {
+        run::<MinP>(&[("p", 0.05)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0, 1, 3]);
+        assert_eq!(buf.len(), 3);
+    }
+    // p = 0 off
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<MinP>(&[("p", 0.0)], &mut buf);
+    assert!(buf.is_dense());
+    // min_keep
+    for mut buf in [
+        OwnedTokens::dense(&logits),
+        OwnedTokens::dense_as_candidates(&logits),
+    ] {
+        run::<MinP>(&[("p", 0.9), ("min_keep", 3.0)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0, 1, 3]);
+    }
+}
+
+#[test]
+fn min_p_unsorted_keeps_order() {
+    let mut buf = OwnedTokens::candidates(5, &[(4, -0.5), (0, 0.0), (2, -9.0), (1, -1.0)], false);
+    run::<MinP>(&[("p", 0.1)], &mut buf);
+    assert_eq!(buf.entries(), vec![(4, -0.5), (0, 0.0), (1, -1.0)]);
+    assert!(!buf.is_sorted());
+}
+
+// ------------------------------------------------------------------ typical_p
+
+/// llama.cpp's typical sampling in f64, returns the kept ids in order.
+fn reference_typical(logits: &[f32], p: f64, min_keep: usize) -> Vec<u32> {
+    let mut v: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let probs = softmax(&v.iter().map(|x| x.1).collect::<Vec<_>>());
+    let h: f64 = probs
+        .iter()
+        .filter(|&&p| p > 0.0)
+        .map(|&p| -p * p.ln())
+        .sum();
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| {
+        ((-probs[a].ln() - h).abs())
+            .total_cmp(&(-probs[b].ln() - h).abs())
+            .then(a.cmp(&b))
+    });
+    let mut cum = 0.0;
+    let mut last = idx.len();
+    for (i, &j) in idx.iter().enumerate() {
+        cum += probs[j];
+        if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+            last = i + 1;
+            break;
+        }
+    }
+    idx[..last].iter().map(|&j| v[j].0).collect()
+}
+
+#[test]
+fn typical_p_matches_reference() {
+    let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
+    run::<TypicalP>(&[("p", 1.0)], &mut buf);
+    assert!(buf.is_dense(), "p = 1 is off");
+    for seed in 0..5 {
+        let logits = normal_logits(50, 2.0, seed);
+        for p in [0.2, 0.5, 0.9] {
+            let want = reference_typical(&logits, p, 1);
+            let mut buf = OwnedTokens::dense(&logits);
+            run::<TypicalP>(&[("p", p)], &mut buf);
+            let got: Vec<u32> = buf.entries().iter().map(|e| e.0).collect();
+            assert_eq!(got, want, "seed {seed} p {p}");
+        }
+    }
+    let logits = normal_logits(50, 2.0, 3);
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<TypicalP>(&[("p", 0.0), ("min_keep", 7.0)], &mut buf);
+    assert_eq!(buf.len(), 7);
+}
+
+// ---------------------------------------------------------------- temperature
+
+#[test]
+fn temperature_zero_keeps_first_max() {
+    for mut buf in [
+        OwnedTokens::dense(&[1.0, 3.0, 3.0, NEG]),
+        OwnedTokens::dense_as_candidates(&[1.0, 3.0, 3.0, NEG]),
+    ] {
+        run::<Temperature>(&[("t", 0.0)], &mut buf);
+        assert_eq!(buf.survivors(), vec![(1, 3.0)]);
+    }
+}
+
+#[test]
+fn temperature_leaves_neg_inf() {
+    let mut buf = OwnedTokens::dense(&[1.0, NEG]);
+    run::<Temperature>(&[("t", 0.5)], &mut buf);
+    assert_eq!(buf.dense_logits(), &[2.0, NEG]);
+}
+
+#[test]
+fn dynatemp_uses_entropy() {
+    // uniform distribution: normalised entropy 1 -> t + range
+    let mut buf = OwnedTokens::dense(&[1.0, 1.0, 1.0, 1.0]);
+    run::<Temperature>(&[("t", 1.0), ("dynatemp_range", 0.5)], &mut buf);
+    for (_, l) in buf.survivors() {
+        assert!((l - 1.0 / 1.5).abs() < 1e-5, "{l}");
+    }
+    // peaked distribution: low entropy -> close to t - range
+    let mut buf = OwnedTokens::dense(&[30.0, 0.0, 0.0]);
+    run::<Temperature>(&[("t", 1.0), ("dynatemp_range", 0.5)], &mut buf);
+    assert!((buf.logit(0).unwrap() - 60.0).abs() < 0.1);
+    assert!(buf.is_sorted());
+}
+
+// ---------------------------------------------------------------- top_n_sigma
+
+#[test]
+fn top_n_sigma_basics() {
+    // mean 2, σ = sqrt(2) = 1.414: bound 4 - 1.414 = 2.586 -> keeps 3 and 4
+    let logits = [0.0f32, 1.0, 2.0, 3.0, 4.0, NEG];
+    for mut buf in [
+        OwnedTokens::dense(&logits),
+        OwnedTokens::dense_as_candidates(&logits),
+    ] {
+        run::<TopNSigma>(&[("n", 1.0)], &mut buf);
+        assert_eq!(buf.entries(), vec![(4, 4.0), (3, 3.0)]);
+        assert!(buf.is_sorted());
+    }
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<TopNSigma>(&[("n", -1.0)], &mut buf);
+    assert!(buf.is_dense(), "n <= 0 is off");
+    let mut buf = OwnedTokens::dense(&[NEG, NEG]);
+    run::<TopNSigma>(&[("n", 1.0)], &mut buf);
+    assert!(buf.is_dense(), "nothing finite: unchanged");
+}
+
+// ------------------------------------------------------------------------ xtc
+
+#[test]
+fn xtc_removes_top_choices() {
+    let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+    let params = [("probability", 0.5), ("threshold", 0.1)];
+    // dart 0.1 <= 0.5: triggers; tokens >= 0.1: 0, 1, 2 -> drop 0 and 1
+    let mut buf = OwnedTokens::dense(&logits);
+    apply_once::<Xtc>(&params_of(&params), &mut buf, &mut TestRng::uniform(0.1)).unwrap();
+    assert_eq!(buf.survivor_ids(), vec![2, 3]);
+    // dart 0.9 > 0.5: no-op
+    let mut buf = OwnedTokens::dense(&logits);
+    apply_once::<Xtc>(&params_of(&params), &mut buf, &mut TestRng::uniform(0.9)).unwrap();
+    assert!(buf.is_dense());
+    // min_keep 3 prevents it
+    let mut buf = OwnedTokens::dense(&logits);
+    let p3 = [("probability", 1.0), ("threshold", 0.1), ("min_keep", 3.0)];
+    apply_once::<Xtc>(&params_of(&p3), &mut buf, &mut TestRng::uniform(0.0)).unwrap();
+    assert_eq!(buf.survivor_ids(), vec![0, 1, 2, 3]);
+    // threshold > 0.5: off
+    let mut buf = OwnedTokens::dense(&logits);
+    let off = [("probability", 1.0), ("threshold", 0.6)];
+    apply_once::<Xtc>(&params_of(&off), &mut buf, &mut TestRng::uniform(0.0)).unwrap();
+    assert!(buf.is_dense());
+}
+
+fn params_of(nums: &[(&str, f64)]) -> OwnedParams {
+    params(nums)
+}
+
+// ----------------------------------------------------------------- selection
+
+#[test]
+fn dist_walks_in_candidate_order() {
+    // probabilities 0.5, 0.25, 0.25 in candidate order 2, 0, 1
+    let l = [0.25f32.ln(), 0.25f32.ln(), 0.5f32.ln()];
+    let cands = [(2u32, l[2]), (0, l[0]), (1, l[1])];
+    for (u, want) in [
+        (0.0, 2),
+        (0.49, 2),
+        (0.51, 0),
+        (0.74, 0),
+        (0.76, 1),
+        (0.999, 1),
+    ] {
+        let mut buf = OwnedTokens::candidates(3, &cands, false);
+        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        assert_eq!(buf.selected(), Some(want), "u = {u}");
+        assert_eq!(
+            buf.entries(),
+            cands.to_vec(),
+            "dist must not modify the candidates"
+        );
+    }
+    // dense view walks in id order: 0 (0.25), 1 (0.25), 2 (0.5)
+    for (u, want) in [(0.0, 0), (0.3, 1), (0.6, 2)] {
+        let mut buf = OwnedTokens::dense(&l);
+        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        assert_eq!(buf.selected(), Some(want));
+        assert_eq!(buf.dense_logits(), &l);
+    }
+}
+
+#[test]
+fn dist_never_picks_neg_inf() {
+    let cands = [(0u32, NEG), (1, 0.0), (2, NEG)];
+    for u in [0.0, 0.5, 0.999_999] {
+        let mut buf = OwnedTokens::candidates(3, &cands, false);
+        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        assert_eq!(buf.selected(), Some(1));
+        let mut buf = OwnedTokens::dense(&[NEG, 0.0, NEG]);
+        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        assert_eq!(buf.selected(), Some(1));
+    }
+    let mut buf = OwnedTokens::dense(&[NEG, NEG]);
+    let err =
+        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(0.5)).unwrap_err();
+    assert!(err.contains("no candidate"), "{err}");
+    let mut buf = OwnedTokens::candidates(3, &[], false);
+    assert!(apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(0.5)).is_err());
+}
+
+#[test]
+fn dist_dense_large_matches_candidate_view() {
+    let logits = normal_logits(10_000, 1.0, 4);
+    for u in [0.0, 0.1, 0.37, 0.5, 0.93, 0.999] {
+        let mut a = OwnedTokens::dense(&logits);
+        apply_once::<Dist>(&OwnedParams::new(), &mut a, &mut TestRng::uniform(u)).unwrap();
+        let mut b = OwnedTokens::dense_as_candidates(&logits);
+        apply_once::<Dist>(&OwnedParams::new(), &mut b, &mut TestRng::uniform(u)).unwrap();
+        let (sa, sb) = (a.selected().unwrap(), b.selected().unwrap());
+        // chunked vs sequential sums may move the dart by rounding only
+        assert!(sa.abs_diff(sb) <= 1, "u {u}: {sa} vs {sb}");
+    }
+}
+
+#[test]
+fn greedy_picks_first_max_everywhere() {
+    let mut logits = normal_logits(1000, 1.0, 2);
+    logits[700] = 50.0;
+    logits[999] = 50.0;
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<Greedy>(&[], &mut buf);
+    assert_eq!(buf.selected(), Some(700));
+    logits[999] = 51.0; // in the tail after the last full chunk
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<Greedy>(&[], &mut buf);
+    assert_eq!(buf.selected(), Some(999));
+    let mut buf = OwnedTokens::candidates(5, &[(3, 1.0), (1, 2.0), (4, 2.0)], false);
+    run::<Greedy>(&[], &mut buf);
+    assert_eq!(buf.selected(), Some(1));
+    assert_eq!(buf.entries(), vec![(3, 1.0), (1, 2.0), (4, 2.0)]);
+    let mut buf = OwnedTokens::dense(&[NEG, NEG]);
+    assert!(
+        apply_once::<Greedy>(&OwnedParams::new(), &mut buf, &mut TestRng::constant(0)).is_err()
+    );
+}
+
+#[test]
+fn mirostat_selects_and_adapts_mu() {
+    let logits = normal_logits(500, 2.0, 5);
+    for v2 in [false, true] {
+        let mut rng = TestRng::seeded(3);
+        let mut buf = OwnedTokens::dense(&logits);
+        if v2 {
+            let s: MirostatV2 = stage(&[("tau", 3.0), ("eta", 0.1)]);
+            let mut st = s.new_state();
+            assert_eq!(st.mu(), 6.0);
+            apply(&s, &mut st, &mut buf, &mut rng).unwrap();
+            assert_ne!(st.mu(), 6.0);
+        } else {
+            let s: Mirostat = stage(&[("tau", 3.0), ("eta", 0.1)]);
+            let mut st = s.new_state();
+            apply(&s, &mut st, &mut buf, &mut rng).unwrap();
+            assert_ne!(st.mu(), 6.0);
+        }
+        assert!(buf.selected().is_some());
+        assert!(buf.is_dense());
+        assert_eq!(
+            buf.dense_logits(),
+            &logits[..],
+            "mirostat must not modify logits"
+        );
+    }
+}
+
+// ------------------------------------------------------------------ penalties
+
+#[test]
+fn penalties_empty_window_and_noop_settings() {
+    let pen: Penalties = stage(&[]);
+    let mut st = pen.new_state();
+    let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
+    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(buf.dense_logits(), &[1.0, 2.0]);
+    for nums in [
+        vec![("repeat_last_n", 0.0), ("repeat_penalty", 2.0)],
+        vec![("repeat_penalty", 1.0)],
+    ] {
+        let pen: Penalties = stage(&nums);
+        let mut st = pen.new_state();
+        pen.accept(&mut st, 0);
+        let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
+        apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+        assert_eq!(buf.dense_logits(), &[1.0, 2.0], "{nums:?}");
+    }
+}
+
+#[test]
+fn penalties_out_of_range_ids_are_skipped() {
+    let pen: Penalties = stage(&[("repeat_penalty", 2.0)]);
+    let mut st = pen.new_state();
+    for t in [1, 99, 1_000_000] {
+        pen.accept(&mut st, t);
+    }
+    let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
+    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(buf.dense_logits(), &[1.0, 1.0]);
+}
+
+#[test]
+fn penalties_window_slides() {
+    let pen: Penalties = stage(&[
+        ("repeat_last_n", 2.0),
+        ("repeat_penalty", 2.0),
+        ("frequency_penalty", 0.0),
+    ]);
+    let mut st = pen.new_state();
+    for t in [0, 1, 2, 2] {
+        pen.accept(&mut st, t);
+    }
+    // window = [2, 2]
+    assert_eq!(st.count(0), 0);
+    assert_eq!(st.count(1), 0);
+    assert_eq!(st.count(2), 2);
+    let mut buf = OwnedTokens::dense(&[4.0, 4.0, 4.0]);
+    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(buf.dense_logits(), &[4.0, 4.0, 2.0]);
+}
+
+#[test]
+fn penalties_whole_history() {
+    let pen: Penalties = stage(&[
+        ("repeat_last_n", -1.0),
+        ("frequency_penalty", 1.0),
+        ("repeat_penalty", 1.0),
+    ]);
+    let mut st = pen.new_state();
+    for _ in 0..1000 {
+        pen.accept(&mut st, 0);
+    }
+    assert_eq!(st.count(0), 1000);
+    let mut buf = OwnedTokens::dense(&[0.0]);
+    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(buf.dense_logits(), &[-1000.0]);
+}
+
+#[test]
+fn repeat_penalty_below_one_is_applied_like_llama_cpp() {
+    let pen: Penalties = stage(&[("repeat_penalty", 0.5)]);
+    let mut st = pen.new_state();
+    pen.accept(&mut st, 0);
+    pen.accept(&mut st, 1);
+    let mut buf = OwnedTokens::dense(&[2.0, -2.0, 2.0]);
+    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(buf.dense_logits(), &[4.0, -1.0, 2.0]);
+}
+
+#[test]
+fn penalties_neg_inf_stays_removed_and_clears_sorted() {
+    let pen: Penalties = stage(&[("presence_penalty", 1.0)]);
+    let mut st = pen.new_state();
+    pen.accept(&mut st, 0);
+    pen.accept(&mut st, 2);
+    let mut buf = OwnedTokens::candidates(3, &[(0, 5.0), (1, 4.5), (2, NEG)], true);
+    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    let l = buf.entries();
+    assert!((l[0].1 - (5.0 / 1.1 - 1.0)).abs() < 1e-6);
+    assert_eq!(l[2].1, NEG);
+    assert!(!buf.is_sorted());
+}
+
+#[test]
+fn penalties_state_clone_is_independent() {
+    let pen: Penalties = stage(&[]);
+    let mut a = pen.new_state();
+    pen.accept(&mut a, 1);
+    let mut b = a.clone();
+    pen.accept(&mut b, 1);
+    assert_eq!(a.count(1), 1);
+    assert_eq!(b.count(1), 2);
+}
+
+// ----------------------------------------------------------------- logit_bias
+
+#[test]
+fn logit_bias_dense_and_candidates() {
+    let map = [(1u32, 2.0f32), (5, 1.0), (1, 0.5), (2, f32::NEG_INFINITY)];
+    let lb = OwnedParams::new()
+        .token_map("bias", &map)
+        .build::<LogitBias>()
+        .unwrap();
+    let mut buf = OwnedTokens::dense(&[0.0, 0.0, 0.0]);
+    apply(&lb, &mut (), &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(
+        buf.dense_logits(),
+        &[0.0, 2.5, NEG],
+        "id 5 >= n_vocab skipped, duplicates add"
+    );
+    let mut buf = OwnedTokens::candidates(3, &[(2, 1.0), (1, 0.0)], true);
+    apply(&lb, &mut (), &mut buf, &mut TestRng::constant(0)).unwrap();
+    assert_eq!(buf.entries(), vec![(2, NEG), (1, 2.5)]);
+    assert!(!buf.is_sorted());
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs every test of samplerd on a fresh machine: installs what the tests need
+# (the Python venv with llama-cpp-python, grpcio, grpcurl; the default model),
+# builds the workspace once (release profile: the same binaries serve the Rust
+# tests, the Python/grpcurl tests and the parity scripts), then runs
+#   1. cargo fmt --check and cargo clippy -D warnings
+#   2. cargo test (every crate: unit, property, loader, service tests)
+#   3. the llama.cpp parity scripts and the Python/grpcurl client tests
+# Caches: the venv (~/.cache/samplerd/venv) and CARGO_TARGET_DIR are reused
+# when present, never required.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+export SAMPLERD_VENV=${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}
+PY="$SAMPLERD_VENV/bin/python"
+
+step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+step "python environment"
+scripts/setup-python.sh
+step "default model"
+scripts/fetch-model.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --release --workspace
+
+BIN="$TARGET_DIR/release"
+export SAMPLERD_BIN="$BIN/samplerd" SAMPLERD_PLUGIN="$BIN/libsamplerd_core_stages.so"
+export SAMPLERD_MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+failed=0
+run_py() {
+  step "$*"
+  if ! "$PY" "$@"; then failed=$((failed + 1)); fi
+}
+for t in tests/parity/*.py tests/python/test_*.py; do
+  [ -f "$t" ] && run_py "$t"
+done
+for t in tests/grpcurl/*.sh; do
+  [ -f "$t" ] || continue
+  step "$t"
+  if ! PATH="$SAMPLERD_VENV/bin:$PATH" bash "$t"; then failed=$((failed + 1)); fi
+done
+if [ "$failed" -ne 0 ]; then
+  echo "scripts/test.sh: $failed script test suite(s) failed"
+  exit 1
+fi
+echo "scripts/test.sh: all tests passed"

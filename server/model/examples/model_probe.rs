@@ -1,0 +1,125 @@
+//! Probe binary for the parity scripts (`tests/*.py`) and quick checks.
+//!
+//! ```text
+//! model_probe tokenize MODEL            stdin: JSON array of strings
+//!     → {"ids": [[…], …]}               (add_bos=false, parse_special=true)
+//! model_probe detokenize MODEL          stdin: JSON array of id arrays → {"bytes": [[…]…]}
+//! model_probe greedy MODEL N            stdin: {"messages": [{role, content}…]} or {"prompt": "…"}
+//!     → {"prompt", "prompt_ids", "tokens", "text", "top": [[id, logit]…] (first step)}
+//! model_probe logits MODEL             stdin: JSON id array → {"logits": […]} (last position)
+//! model_probe info MODEL                → config and backend
+//! ```
+//! Options via env: SAMPLERD_THREADS (default 2).
+
+use samplerd_model::{ChatMessage, Model, ModelOptions, Utf8Streamer};
+use serde_json::{Value, json};
+use std::io::Read;
+use std::path::Path;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("model_probe: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn stdin_json() -> Result<Value, Box<dyn std::error::Error>> {
+    let mut s = String::new();
+    std::io::stdin().read_to_string(&mut s)?;
+    Ok(serde_json::from_str(&s)?)
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, path) = match args.as_slice() {
+        [c, p, ..] => (c.as_str(), Path::new(p)),
+        _ => return Err("usage: model_probe tokenize|detokenize|greedy|info MODEL [N]".into()),
+    };
+    let threads = std::env::var("SAMPLERD_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let model = Model::load(path, &ModelOptions { n_threads: threads, n_ctx: 2048 })?;
+    let out = match cmd {
+        "tokenize" => {
+            let texts: Vec<String> = serde_json::from_value(stdin_json()?)?;
+            let ids = texts.iter().map(|t| model.tokenizer().encode(t, false, true)).collect::<Result<Vec<_>, _>>()?;
+            json!({ "ids": ids })
+        }
+        "detokenize" => {
+            let ids: Vec<Vec<u32>> = serde_json::from_value(stdin_json()?)?;
+            let bytes: Vec<Vec<u8>> =
+                ids.iter().map(|v| v.iter().flat_map(|&i| model.tokenizer().token_bytes(i).to_vec()).collect()).collect();
+            json!({ "bytes": bytes })
+        }
+        "logits" => {
+            // stdin: an id array (one prefill), or {"prefill": [...], "decode": [...]}
+            // (prefill, then one decode call per id).
+            let v = stdin_json()?;
+            let (pre, dec): (Vec<u32>, Vec<u32>) = match v.get("prefill") {
+                Some(p) => (serde_json::from_value(p.clone())?, serde_json::from_value(v.get("decode").cloned().unwrap_or(json!([])))?),
+                None => (serde_json::from_value(v)?, Vec::new()),
+            };
+            let mut session = model.new_session();
+            session.prefill(&pre)?;
+            for t in dec {
+                session.decode(t)?;
+            }
+            json!({ "logits": session.logits() })
+        }
+        "info" => json!({
+            "config": format!("{:?}", model.config()),
+            "backend": model.backend_name(),
+            "eog": model.tokenizer().eog_ids(),
+            "n_ctx": model.n_ctx(),
+        }),
+        "greedy" => {
+            let n: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(32);
+            let req = stdin_json()?;
+            let prompt = match (req.get("messages"), req.get("prompt")) {
+                (Some(m), _) => model.render_chat(&serde_json::from_value::<Vec<ChatMessage>>(m.clone())?)?,
+                (None, Some(Value::String(p))) => p.clone(),
+                _ => return Err("stdin needs \"messages\" or \"prompt\"".into()),
+            };
+            let prompt_ids = model.tokenizer().encode(&prompt, true, true)?;
+            let mut session = model.new_session();
+            let t0 = std::time::Instant::now();
+            let mut logits = session.prefill(&prompt_ids)?.to_vec();
+            let prefill_s = t0.elapsed().as_secs_f64();
+            let mut top: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            top.truncate(10);
+            let mut tokens = Vec::new();
+            let mut text = String::new();
+            let mut st = Utf8Streamer::new();
+            let t1 = std::time::Instant::now();
+            for _ in 0..n {
+                let next = argmax(&logits);
+                tokens.push(next);
+                if model.tokenizer().is_eog(next) {
+                    break;
+                }
+                text += &st.push(model.tokenizer().token_bytes(next));
+                if tokens.len() == n {
+                    break;
+                }
+                logits = session.decode(next)?.to_vec();
+            }
+            let decode_s = t1.elapsed().as_secs_f64();
+            text += &st.finish();
+            json!({ "prompt": prompt, "prompt_ids": prompt_ids, "tokens": tokens, "text": text, "top": top,
+                    "prefill_s": prefill_s, "decode_s": decode_s, "backend": model.backend_name() })
+        }
+        other => return Err(format!("unknown command {other:?}").into()),
+    };
+    println!("{out}");
+    Ok(())
+}
+
+/// First index of the maximum (llama.cpp's greedy picks the first on ties).
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,338 @@
+//! The CPU forward pass (llama / qwen2 decoder blocks).
+//!
+//! Per block: RMSNorm → fused q/k/v product (+ qwen2 biases) → RoPE (adjacent
+//! pairs for llama GGUFs, NEOX halves for qwen2) → K/V appended to the
+//! sequence's f16 cache → grouped-query attention over the cache → output
+//! product + residual → RMSNorm → fused gate/up product → SiLU·up → down
+//! product + residual. Then the final RMSNorm and the output (or tied
+//! embedding) product for the last position only.
+//!
+//! Numerics follow llama.cpp's CPU path: activations quantised per block to
+//! 8 bits before each weight product, f16 K/V cache, the query and the
+//! attention probabilities rounded to f16 for the f16 products, f64 sums in
+//! RMSNorm and softmax.
+
+use crate::backend::{Backend, SequenceState};
+use crate::error::ModelError;
+use crate::gguf::Config;
+use crate::pool::{ThreadPool, split_range};
+use crate::quant::{BlockQ8_1, QK, QMatrix, quantize_q8_1};
+use crate::weights::{Fused, Weights};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+/// The CPU backend: shared weights plus the thread pool.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pub(crate) config: Config,
+    pub(crate) weights: Arc<Weights>,
+    pool: ThreadPool,
+}
+
+/// A sequence's KV cache and scratch on the CPU.
+pub struct CpuState {
+    capacity: usize,
+    pos: usize,
+    /// `[layer][kv_head][position][head_dim]`.
+    k: Vec<f16>,
+    v: Vec<f16>,
+    s: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    n_tok: usize,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    xq: Vec<BlockQ8_1>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    attnq: Vec<BlockQ8_1>,
+    proj: Vec<f32>,
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    actq: Vec<BlockQ8_1>,
+    rope: Vec<(f32, f32)>,
+    /// Per pool thread: K and V of one head as f32, then scores.
+    per_thread: Vec<Mutex<Vec<f32>>>,
+}
+
+impl SequenceState for CpuState {
+    fn position(&self) -> usize {
+        self.pos
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn truncate(&mut self, position: usize) {
+        self.pos = self.pos.min(position);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+struct SyncPtr<T>(*mut T);
+// SAFETY: only used to give pool threads disjoint parts of one buffer; every
+// use documents why the parts are disjoint and outlive the parallel section.
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl CpuBackend {
+    pub fn new(config: Config, weights: Arc<Weights>, n_threads: usize) -> Self {
+        CpuBackend { config, weights, pool: ThreadPool::new(n_threads) }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
+        let c = &self.config;
+        if s.per_thread.len() != self.pool.n_threads() {
+            let per = capacity * c.head_dim * 2 + 64 * c.head_dim + capacity.div_ceil(16) * 16;
+            s.per_thread = (0..self.pool.n_threads()).map(|_| Mutex::new(vec![0f32; per])).collect();
+            s.rope = vec![(0.0, 0.0); c.rope_dim / 2];
+        }
+        if s.n_tok >= n {
+            return;
+        }
+        let d = c.n_embd;
+        let qkv = self.weights.layers.first().map(|l| l.wqkv.rows()).unwrap_or(0);
+        let gu = self.weights.layers.first().map(|l| l.wgu.rows()).unwrap_or(0);
+        s.n_tok = n;
+        s.x.resize(n * d, 0.0);
+        s.xn.resize(n * d, 0.0);
+        s.xq.resize(n * d / QK, BlockQ8_1::default());
+        s.qkv.resize(n * qkv, 0.0);
+        s.attn.resize(n * d, 0.0);
+        s.attnq.resize(n * d / QK, BlockQ8_1::default());
+        s.proj.resize(n * d, 0.0);
+        s.gu.resize(n * gu, 0.0);
+        s.act.resize(n * c.n_ff, 0.0);
+        s.actq.resize(n * c.n_ff / QK, BlockQ8_1::default());
+    }
+
+    fn fused(&self, f: &Fused, xq: &[BlockQ8_1], n: usize, out: &mut [f32]) {
+        match f {
+            Fused::One(m) => m.matmul(&self.pool, xq, n, out),
+            Fused::Many(parts) => {
+                let total = f.rows();
+                let mut col = 0;
+                for m in parts {
+                    let mut tmp = vec![0f32; n * m.rows()];
+                    m.matmul(&self.pool, xq, n, &mut tmp);
+                    for t in 0..n {
+                        out[t * total + col..t * total + col + m.rows()].copy_from_slice(&tmp[t * m.rows()..(t + 1) * m.rows()]);
+                    }
+                    col += m.rows();
+                }
+            }
+        }
+    }
+
+    fn forward_cpu(&self, st: &mut CpuState, tokens: &[u32], logits: &mut [f32]) -> Result<(), ModelError> {
+        let c = &self.config;
+        let w = &*self.weights;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::EmptyInput);
+        }
+        if st.pos + n > st.capacity {
+            return Err(ModelError::ContextFull { position: st.pos, n_tokens: n, capacity: st.capacity });
+        }
+        for &t in tokens {
+            if t as usize >= c.n_vocab {
+                return Err(ModelError::TokenOutOfRange { id: t, n_vocab: c.n_vocab });
+            }
+        }
+        if logits.len() != c.n_vocab {
+            return Err(ModelError::Backend(format!("logits buffer has {} entries, vocabulary {}", logits.len(), c.n_vocab)));
+        }
+        self.ensure_scratch(&mut st.s, n, st.capacity);
+        let (d, hd, dkv) = (c.n_embd, c.head_dim, c.n_head_kv * c.head_dim);
+        let qkv_rows = d + 2 * dkv;
+        let cap = st.capacity;
+        let pos0 = st.pos;
+        let s = &mut st.s;
+        for (t, &tok) in tokens.iter().enumerate() {
+            w.tok_embd.dequant_row(tok as usize, &mut s.x[t * d..(t + 1) * d]);
+        }
+        let x = &mut s.x[..n * d];
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention.
+            rms_norm(x, &lw.attn_norm, c.rms_eps, &mut s.xn[..n * d]);
+            if std::env::var_os("DBG").is_some() { eprintln!("attn_norm-{l} {:?}", &s.xn[..n*d]); }
+            quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
+            let qkv = &mut s.qkv[..n * qkv_rows];
+            self.fused(&lw.wqkv, &s.xq[..n * d / QK], n, qkv);
+            for t in 0..n {
+                let row = &mut qkv[t * qkv_rows..(t + 1) * qkv_rows];
+                if let Some(b) = &lw.bqkv {
+                    for (v, b) in row.iter_mut().zip(b) {
+                        *v += b;
+                    }
+                }
+                rope_table(c, pos0 + t, &mut s.rope);
+                let (q, rest) = row.split_at_mut(d);
+                for h in 0..c.n_head {
+                    apply_rope(&mut q[h * hd..(h + 1) * hd], &s.rope, c.rope_neox);
+                }
+                for h in 0..c.n_head_kv {
+                    apply_rope(&mut rest[h * hd..(h + 1) * hd], &s.rope, c.rope_neox);
+                }
+                // Append K and V to the cache.
+                let p = pos0 + t;
+                for h in 0..c.n_head_kv {
+                    let base = ((l * c.n_head_kv + h) * cap + p) * hd;
+                    st.k[base..base + hd].convert_from_f32_slice(&rest[h * hd..(h + 1) * hd]);
+                    st.v[base..base + hd].convert_from_f32_slice(&rest[dkv + h * hd..dkv + (h + 1) * hd]);
+                }
+            }
+            self.attention(l, pos0, n, cap, &s.qkv[..n * qkv_rows], &st.k, &st.v, &s.per_thread, &mut s.attn[..n * d]);
+            if std::env::var_os("DBG").is_some() { eprintln!("kqv_out-{l} {:?}", &s.attn[..n*d]); }
+            quantize_q8_1(&s.attn[..n * d], &mut s.attnq[..n * d / QK]);
+            lw.wo.matmul(&self.pool, &s.attnq[..n * d / QK], n, &mut s.proj[..n * d]);
+            if std::env::var_os("DBG").is_some() { eprintln!("attn_out-{l} {:?}", &s.proj[..n*d]); }
+            for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
+                *a += b;
+            }
+            if std::env::var_os("DBG").is_some() { eprintln!("ffn_inp-{l} {:?}", &x); }
+            // Feed-forward.
+            rms_norm(x, &lw.ffn_norm, c.rms_eps, &mut s.xn[..n * d]);
+            quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
+            let gu = &mut s.gu[..n * 2 * c.n_ff];
+            self.fused(&lw.wgu, &s.xq[..n * d / QK], n, gu);
+            for t in 0..n {
+                let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
+                crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff]);
+            }
+            if std::env::var_os("DBG").is_some() { eprintln!("ffn_gate-{l} {:?}", &gu[..c.n_ff]); }
+if std::env::var_os("DBG").is_some() { eprintln!("ffn_swiglu-{l} {:?}", &s.act[..n*c.n_ff]); }
+            quantize_q8_1(&s.act[..n * c.n_ff], &mut s.actq[..n * c.n_ff / QK]);
+            lw.w_down.matmul(&self.pool, &s.actq[..n * c.n_ff / QK], n, &mut s.proj[..n * d]);
+            if std::env::var_os("DBG").is_some() { eprintln!("ffn_out-{l} {:?}", &s.proj[..n*d]); }
+
+            for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
+                *a += b;
+            }
+        }
+        if std::env::var_os("DBG").is_some() { eprintln!("l_out-29 {:?}", &x); }
+        let last = &x[(n - 1) * d..n * d];
+        rms_norm(last, &w.output_norm, c.rms_eps, &mut s.xn[..d]);
+        quantize_q8_1(&s.xn[..d], &mut s.xq[..d / QK]);
+        w.output().matmul(&self.pool, &s.xq[..d / QK], 1, logits);
+        st.pos += n;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        layer: usize,
+        pos0: usize,
+        n: usize,
+        cap: usize,
+        qkv: &[f32],
+        kc: &[f16],
+        vc: &[f16],
+        per_thread: &[Mutex<Vec<f32>>],
+        out: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (d, hd, n_kv) = (c.n_embd, c.head_dim, c.n_head_kv);
+        let rep = c.n_head / n_kv;
+        let qkv_rows = d + 2 * n_kv * hd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let items = n * n_kv;
+        self.pool.run(&|i, nt| {
+            let out_ptr = &out_ptr;
+            let mut buf = per_thread[i].lock().unwrap_or_else(|e| e.into_inner());
+            let (kf, rest) = buf.split_at_mut(cap * hd);
+            let (vf, rest) = rest.split_at_mut(cap * hd);
+            let (acc, scores) = rest.split_at_mut(64 * hd);
+            for item in split_range(items, i, nt, 1) {
+                let (t, g) = (item / n_kv, item % n_kv);
+                let n_pos = pos0 + t + 1;
+                let base = (layer * n_kv + g) * cap * hd;
+                kc[base..base + n_pos * hd].convert_to_f32_slice(&mut kf[..n_pos * hd]);
+                vc[base..base + n_pos * hd].convert_to_f32_slice(&mut vf[..n_pos * hd]);
+                for h in g * rep..(g + 1) * rep {
+                    let mut q = [0f32; 256];
+                    let q = &mut q[..hd];
+                    for (a, &b) in q.iter_mut().zip(&qkv[t * qkv_rows + h * hd..t * qkv_rows + (h + 1) * hd]) {
+                        *a = f16::from_f32(b).to_f32();
+                    }
+                    // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
+                    // token t, disjoint from every other item; `out` outlives
+                    // the parallel section.
+                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd) };
+                    if std::env::var_os("DBGA").is_some() { eprintln!("HEAD {layer} {t} {h}"); eprintln!("Q {:?}", &q); }
+                    crate::ggml::attention_head(q, &kf[..n_pos * hd], &vf[..n_pos * hd], n_pos, if n == 1 && std::env::var_os("DEC").is_some() { -scale } else { scale }, scores, acc, o);
+                }
+            }
+        });
+    }
+}
+
+/// `out = x / rms(x) * w` per row of `w.len()` values (f64 sum like ggml).
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / d as f64) as f32 + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * g;
+        }
+    }
+}
+
+/// cos/sin per rotated pair at position `pos` (llama.cpp's iterative theta).
+fn rope_table(c: &Config, pos: usize, table: &mut [(f32, f32)]) {
+    let theta_scale = c.rope_freq_base.powf(-2.0 / c.rope_dim as f32);
+    let mut theta = pos as f32;
+    for e in table.iter_mut() {
+        *e = (theta.cos(), theta.sin());
+        theta *= theta_scale;
+    }
+}
+
+fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
+    let half = table.len();
+    for (i, &(cos, sin)) in table.iter().enumerate() {
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        // The contraction GCC picks for ggml's rotate_pairs (bit-exact parity).
+        x[a] = x0.mul_add(cos, -(x1 * sin));
+        x[b] = x0.mul_add(sin, x1 * cos);
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu-{}", crate::quant::kernel_name())
+    }
+
+    fn new_state(&self, capacity: usize) -> Box<dyn SequenceState> {
+        let c = &self.config;
+        let len = c.n_layer * c.n_head_kv * capacity * c.head_dim;
+        let mut st = CpuState { capacity, pos: 0, k: vec![f16::ZERO; len], v: vec![f16::ZERO; len], s: Scratch::default() };
+        self.ensure_scratch(&mut st.s, 1, capacity);
+        Box::new(st)
+    }
+
+    fn forward(&self, state: &mut dyn SequenceState, tokens: &[u32], logits: &mut [f32]) -> Result<(), ModelError> {
+        let st = state
+            .as_any_mut()
+            .downcast_mut::<CpuState>()
+            .ok_or_else(|| ModelError::Backend("sequence state was not created by the CPU backend".into()))?;
+        self.forward_cpu(st, tokens, logits)
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync(b: CpuBackend, m: QMatrix) -> (Box<dyn Send + Sync>, QMatrix) {
+    (Box::new(b), m)
+}

@@ -1,0 +1,360 @@
+//! Bit-faithful emulation of the few llama.cpp (ggml CPU) reductions whose
+//! rounding is visible in greedy decoding: the vectorised `expf` used by
+//! softmax and SiLU, the lane layout of the f16 dot products in attention
+//! (K·q and V·softmax), and the lane reductions.
+//!
+//! A 135M-parameter model at 4 bits has many near-ties between its top two
+//! logits, so "the same maths in a different order" is not enough for greedy
+//! parity with llama.cpp over 32+ tokens. The weight products already match
+//! bit for bit (same block formats, one accumulator, same horizontal sum);
+//! this module does the same for attention and the feed-forward activation.
+//!
+//! Two flavours follow the two x86 builds of ggml: [`Flavor::Avx512`]
+//! (16-lane vectors; chosen when the CPU has AVX-512F/DQ, as a native
+//! llama.cpp build then does) and [`Flavor::Avx2`] (8 lanes). The code is
+//! scalar over explicit lanes (the compiler vectorises it) with fused
+//! multiply-adds, compiled with FMA enabled when the CPU has it.
+
+use std::sync::OnceLock;
+
+/// Which ggml build to mirror.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Avx512,
+    Avx2,
+}
+
+/// The flavour for this CPU (`SAMPLERD_GGML_FLAVOR=avx2|avx512` overrides).
+pub fn flavor() -> Flavor {
+    static F: OnceLock<Flavor> = OnceLock::new();
+    *F.get_or_init(|| match std::env::var("SAMPLERD_GGML_FLAVOR").as_deref() {
+        Ok("avx2") => Flavor::Avx2,
+        Ok("avx512") => Flavor::Avx512,
+        _ => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+                    return Flavor::Avx512;
+                }
+            }
+            Flavor::Avx2
+        }
+    })
+}
+
+fn has_fma() -> bool {
+    static F: OnceLock<bool> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+const R: u32 = 0x4b40_0000; // 0x1.8p23
+const LOG2E: u32 = 0x3fb8_aa3b; // 0x1.715476p+0
+const LN2_LO: u32 = 0x35bf_be8e; // 0x1.7f7d1cp-20
+const LN2_HI: u32 = 0x3f31_7200; // 0x1.62e4p-1
+const C5: u32 = 0x3c07_2010; // 0x1.0e4020p-7
+const C4: u32 = 0x3d2b_9f17; // 0x1.573e2ep-5
+const C3: u32 = 0x3e2a_af33; // 0x1.555e66p-3
+const C2: u32 = 0x3eff_fedb; // 0x1.fffdb6p-2
+const C1: u32 = 0x3f7f_fff6; // 0x1.ffffecp-1
+
+#[inline(always)]
+fn f(b: u32) -> f32 {
+    f32::from_bits(b)
+}
+
+/// `j * 2^n` rounded once (AVX-512 `scalef`, and the AVX2 far-range path).
+#[inline(always)]
+fn scale2(j: f32, n: f32) -> f32 {
+    (j as f64 * (n as f64).exp2()) as f32
+}
+
+/// ggml's `ggml_v_expf`, one lane.
+#[inline(always)]
+fn expf_lane(x: f32, fl: Flavor) -> f32 {
+    let r = f(R);
+    let z = x.mul_add(f(LOG2E), r);
+    let n = z - r;
+    let b = (-n).mul_add(f(LN2_LO), (-n).mul_add(f(LN2_HI), x));
+    let u = b * b;
+    let p = f(C5).mul_add(b, f(C4)).mul_add(u, f(C3).mul_add(b, f(C2)));
+    match fl {
+        Flavor::Avx512 => {
+            if n.abs() > 192.0 || n.is_nan() {
+                return if x > 0.0 { f32::INFINITY } else if x.is_nan() { x } else { 0.0 };
+            }
+            let j = p.mul_add(u, f(C1).mul_add(b, 1.0));
+            scale2(j, n)
+        }
+        Flavor::Avx2 => {
+            if n.abs() > 192.0 || n.is_nan() {
+                return if x > 0.0 { f32::INFINITY } else if x.is_nan() { x } else { 0.0 };
+            }
+            let j = p.mul_add(u, f(C1) * b);
+            if n.abs() > 126.0 {
+                return ((j as f64 + 1.0) * (n as f64).exp2()) as f32;
+            }
+            let k = (n as f64).exp2() as f32; // exact power of two
+            j.mul_add(k, k)
+        }
+    }
+}
+
+/// `ggml_vec_swiglu_f32`: `out = silu(g) * u` (vector lanes; the scalar
+/// tail, never hit for multiples of 8/16, uses libm like ggml).
+pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
+        unsafe { swiglu_fma(g, u, out) };
+        return;
+    }
+    swiglu_body(g, u, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(g: &[f32], u: &[f32], out: &mut [f32]) {
+    swiglu_body(g, u, out)
+}
+
+#[inline(always)]
+fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32]) {
+    let fl = flavor();
+    let w = if fl == Flavor::Avx512 { 16 } else { 8 };
+    let nv = g.len() / w * w;
+    for i in 0..nv {
+        let x = g[i];
+        let e = expf_lane(0.0 - x, fl);
+        out[i] = (x / (1.0 + e)) * u[i];
+    }
+    for i in nv..g.len() {
+        let x = g[i];
+        out[i] = (x / (1.0 + (-x).exp())) * u[i];
+    }
+}
+
+/// Horizontal sum of 16 lanes in GCC's `_mm512_reduce_add_ps` order.
+#[inline(always)]
+fn reduce16(v: &[f32; 16]) -> f32 {
+    let mut t3 = [0f32; 8];
+    for k in 0..8 {
+        t3[k] = v[8 + k] + v[k];
+    }
+    let mut t6 = [0f32; 4];
+    for m in 0..4 {
+        t6[m] = t3[4 + m] + t3[m];
+    }
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// Horizontal sum of 8 lanes: `hi128 + lo128`, then `(v0+v2) + (v1+v3)`
+/// (ggml's `hsum_float_8` / tinyBLAS `hsum`).
+#[inline(always)]
+fn reduce8(v: &[f32; 16]) -> f32 {
+    let t = [v[4] + v[0], v[5] + v[1], v[6] + v[2], v[7] + v[3]];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// One attention head over `n_pos` cached positions, as llama.cpp's
+/// non-flash path computes it: `kq = K·q16` (f16 products in tinyBLAS lane
+/// order), `softmax(kq * scale)` with ggml's expf and per-vector sums in
+/// f64, probabilities rounded to f16, then `V·p16` in the same lane order.
+///
+/// `q16`: the query already rounded to f16 (`hd` values); `kf`, `vf`:
+/// `n_pos × hd` f32 copies of the f16 cache; `scores`: scratch (≥ n_pos
+/// rounded up to 16); `acc`: scratch (≥ 16·hd); `out`: `hd` values.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_head(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
+        unsafe { attention_fma(q16, kf, vf, n_pos, scale, scores, acc, out) };
+        return;
+    }
+    attention_body(q16, kf, vf, n_pos, scale, scores, acc, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_fma(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    attention_body(q16, kf, vf, n_pos, scale, scores, acc, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    let fl = flavor();
+    let decode = scale < 0.0;
+    let scale = scale.abs();
+    let w = if fl == Flavor::Avx512 { 16 } else { 8 };
+    let hd = q16.len();
+    let reduce = |v: &[f32; 16]| if w == 16 { reduce16(v) } else { reduce8(v) };
+    // kq: per position, lanes over the head dimension. Prefill (tinyBLAS):
+    // one accumulator vector, fma over chunks of `w`, then a horizontal sum.
+    // Decode (ggml_vec_dot_f16): four accumulator vectors over chunks of
+    // `4w`, added pairwise, then a horizontal sum, leftovers in f64.
+    let mut max = f32::NEG_INFINITY;
+    for p in 0..n_pos {
+        let k = &kf[p * hd..(p + 1) * hd];
+        let s = if decode { vec_dot_f16(q16, k, w) } else { tinyblas_dot(q16, k, w) };
+        let s = s * scale;
+        scores[p] = s;
+        max = max.max(s);
+    }
+    // softmax: exp per vector of `w` lanes (masked lanes are 0), each vector
+    // summed horizontally, the sums accumulated in f64.
+    let padded = n_pos.div_ceil(w) * w;
+    let mut sum = 0f64;
+    let mut p = 0;
+    while p < padded {
+        let mut lanes = [0f32; 16];
+        for e in 0..w {
+            if p + e < n_pos {
+                let v = expf_lane(scores[p + e] - max, fl);
+                scores[p + e] = v;
+                lanes[e] = v;
+            }
+        }
+        let s = if w == 16 {
+            reduce16(&lanes)
+        } else {
+            // ggml_vec_soft_max_f32's AVX2 path: hi+lo, then movehl, then movehdup.
+            let t = [lanes[4] + lanes[0], lanes[5] + lanes[1], lanes[6] + lanes[2], lanes[7] + lanes[3]];
+            (t[0] + t[2]) + (t[1] + t[3])
+        };
+        sum += s as f64;
+        p += w;
+    }
+    let inv = (1.0 / sum) as f32;
+    for s in scores[..n_pos].iter_mut() {
+        *s = half::f16::from_f32(*s * inv).to_f32();
+    }
+    if std::env::var_os("DBGA").is_some() { eprintln!("P {:?}", &scores[..n_pos]); }
+    // kqv: out[d] = Σ_p p16[p] · v[p][d] with lanes over positions:
+    // prefill p mod w (tinyBLAS), decode p mod 4w (four vectors).
+    let nl = if decode { 4 * w } else { w };
+    let acc = &mut acc[..nl * hd];
+    acc.fill(0.0);
+    for p in 0..n_pos {
+        let e = p % nl;
+        let pr = scores[p];
+        let v = &vf[p * hd..(p + 1) * hd];
+        let a = &mut acc[e * hd..(e + 1) * hd];
+        for d in 0..hd {
+            a[d] = pr.mul_add(v[d], a[d]);
+        }
+    }
+    for (d, o) in out.iter_mut().enumerate().take(hd) {
+        let mut lanes = [0f32; 64];
+        for e in 0..nl {
+            lanes[e] = acc[e * hd + d];
+        }
+        *o = if decode { reduce_vec_dot(&lanes, w) as f32 } else { reduce(lanes[..16].try_into().unwrap()) };
+    }
+}
+
+/// tinyBLAS order: lane `i % w`, fma chain, horizontal sum; tail (never hit
+/// for head sizes that are multiples of `w`) added after.
+#[inline(always)]
+fn tinyblas_dot(a: &[f32], b: &[f32], w: usize) -> f32 {
+    let n = a.len();
+    let mut lanes = [0f32; 16];
+    let mut c = 0;
+    while c + w <= n {
+        for e in 0..w {
+            lanes[e] = a[c + e].mul_add(b[c + e], lanes[e]);
+        }
+        c += w;
+    }
+    let mut s = if w == 16 { reduce16(&lanes) } else { reduce8(&lanes) };
+    for i in c..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// `ggml_vec_dot_f16` order: lanes `i % 4w` over full steps of `4w`, the
+/// four vectors reduced pairwise then horizontally, leftovers in f64.
+#[inline(always)]
+fn vec_dot_f16(a: &[f32], b: &[f32], w: usize) -> f32 {
+    let n = a.len();
+    let step = 4 * w;
+    let np = n / step * step;
+    let mut lanes = [0f32; 64];
+    let mut c = 0;
+    while c < np {
+        for e in 0..step {
+            lanes[e] = a[c + e].mul_add(b[c + e], lanes[e]);
+        }
+        c += step;
+    }
+    let mut s = reduce_vec_dot(&lanes, w);
+    for i in np..n {
+        s += (a[i] * b[i]) as f64;
+    }
+    s as f32
+}
+
+/// GGML_F16_VEC_REDUCE: `x0+x2`, `x1+x3`, then `x0+x1`, then horizontal.
+#[inline(always)]
+fn reduce_vec_dot(l: &[f32; 64], w: usize) -> f64 {
+    let mut x = [0f32; 16];
+    for e in 0..w {
+        let x0 = l[e] + l[2 * w + e];
+        let x1 = l[w + e] + l[3 * w + e];
+        x[e] = x0 + x1;
+    }
+    if w == 16 {
+        reduce16(&x) as f64
+    } else {
+        // GGML_F32x8_REDUCE: t = lo128 + hi128; hadd(hadd(t, t), t)[0].
+        let t = [x[0] + x[4], x[1] + x[5], x[2] + x[6], x[3] + x[7]];
+        ((t[0] + t[1]) + (t[2] + t[3])) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_is_close_to_libm() {
+        for fl in [Flavor::Avx512, Flavor::Avx2] {
+            for i in -2000..2000 {
+                let x = i as f32 * 0.05;
+                let (a, b) = (expf_lane(x, fl), x.exp());
+                assert!(((a - b) / b).abs() < 1e-6, "{fl:?} exp({x}) = {a}, libm {b}");
+            }
+            assert_eq!(expf_lane(f32::NEG_INFINITY, fl), 0.0);
+        }
+    }
+
+    #[test]
+    fn attention_matches_plain_softmax() {
+        let hd = 64;
+        let n = 37;
+        let q: Vec<f32> = (0..hd).map(|i| half::f16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
+        let k: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.11).cos()).collect();
+        let v: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.07).sin()).collect();
+        let (mut sc, mut acc, mut out) = (vec![0f32; 48], vec![0f32; 16 * hd], vec![0f32; hd]);
+        attention_head(&q, &k, &v, n, 0.125, &mut sc, &mut acc, &mut out);
+        let s: Vec<f32> = (0..n).map(|p| (0..hd).map(|d| q[d] * k[p * hd + d]).sum::<f32>() * 0.125).collect();
+        let m = s.iter().cloned().fold(f32::MIN, f32::max);
+        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f32 = e.iter().sum();
+        for d in 0..hd {
+            let want: f32 = (0..n).map(|p| e[p] / z * v[p * hd + d]).sum();
+            assert!((out[d] - want).abs() < 2e-3, "dim {d}: {} vs {want}", out[d]);
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! Quantised weight matrices and the matrix×vector kernels of the hot path.
+//!
+//! Weights stay in the block formats llama.cpp uses — Q4_1 (4-bit with
+//! scale and minimum) and Q8_0 (8-bit with scale), 32 values per block — with
+//! their f16 scales widened to f32 at load (exact). Every other GGUF type is
+//! dequantised at load and requantised to Q8_0. Activations are quantised per
+//! 32-value block to 8 bits exactly like llama.cpp's `quantize_row_q8_1`
+//! (scale rounded to f16, plus the block sum for Q4_1's minimum term), so the
+//! dot products are the ones `ggml_vec_dot_q4_1_q8_1` / `ggml_vec_dot_q8_0_q8_0`
+//! compute, up to the order of float additions.
+//!
+//! Kernels: AVX2+FMA chosen at run time (`is_x86_feature_detected!`), with a
+//! portable scalar fallback; [`QMatrix::matmul`] splits output rows over the
+//! [`ThreadPool`].
+
+use crate::pool::{ThreadPool, split_range};
+use half::f16;
+
+/// Values per quantisation block.
+pub const QK: usize = 32;
+
+/// A Q8_0 weight block: `x[i] = d * qs[i]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ8_0 {
+    pub d: f32,
+    pub qs: [i8; QK],
+}
+
+/// A Q4_1 weight block: `x[i] = d * q[i] + m`; `q[j]` is the low nibble of
+/// `qs[j]` for `j < 16` and the high nibble of `qs[j - 16]` otherwise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockQ4_1 {
+    pub d: f32,
+    pub m: f32,
+    pub qs: [u8; QK / 2],
+}
+
+/// A quantised activation block (llama.cpp's `block_q8_1`, scales widened):
+/// `x[i] ≈ d * qs[i]`, `s = d * Σ qs` (both rounded through f16).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockQ8_1 {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; QK],
+}
+
+/// A weight matrix, `rows × cols`, row-major, in one of the kernel formats.
+#[derive(Debug, Clone)]
+pub enum QMatrix {
+    Q8_0 { rows: usize, cols: usize, blocks: Vec<BlockQ8_0> },
+    Q4_1 { rows: usize, cols: usize, blocks: Vec<BlockQ4_1> },
+}
+
+fn f16_le(b: &[u8]) -> f32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+impl QMatrix {
+    pub fn rows(&self) -> usize {
+        match self {
+            QMatrix::Q8_0 { rows, .. } | QMatrix::Q4_1 { rows, .. } => *rows,
+        }
+    }
+    pub fn cols(&self) -> usize {
+        match self {
+            QMatrix::Q8_0 { cols, .. } | QMatrix::Q4_1 { cols, .. } => *cols,
+        }
+    }
+    pub fn format(&self) -> &'static str {
+        match self {
+            QMatrix::Q8_0 { .. } => "q8_0",
+            QMatrix::Q4_1 { .. } => "q4_1",
+        }
+    }
+
+    /// From raw GGUF Q8_0 bytes (34 bytes per block: f16 d, 32 × i8).
+    pub fn from_q8_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK;
+        if cols % QK != 0 || raw.len() != nb * 34 {
+            return None;
+        }
+        let blocks = raw
+            .chunks_exact(34)
+            .map(|c| {
+                let mut qs = [0i8; QK];
+                for (q, &b) in qs.iter_mut().zip(&c[2..]) {
+                    *q = b as i8;
+                }
+                BlockQ8_0 { d: f16_le(c), qs }
+            })
+            .collect();
+        Some(QMatrix::Q8_0 { rows, cols, blocks })
+    }
+
+    /// From raw GGUF Q4_1 bytes (20 bytes per block: f16 d, f16 m, 16 × u8).
+    pub fn from_q4_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK;
+        if cols % QK != 0 || raw.len() != nb * 20 {
+            return None;
+        }
+        let blocks = raw
+            .chunks_exact(20)
+            .map(|c| {
+                let mut qs = [0u8; QK / 2];
+                qs.copy_from_slice(&c[4..20]);
+                BlockQ4_1 { d: f16_le(c), m: f16_le(&c[2..]), qs }
+            })
+            .collect();
+        Some(QMatrix::Q4_1 { rows, cols, blocks })
+    }
+
+    /// Quantises f32 rows to Q8_0 (llama.cpp's reference `quantize_row_q8_0`,
+    /// scale rounded to f16).
+    pub fn q8_0_from_f32(rows: usize, cols: usize, data: &[f32]) -> Option<Self> {
+        if cols % QK != 0 || data.len() != rows * cols {
+            return None;
+        }
+        let blocks = data
+            .chunks_exact(QK)
+            .map(|x| {
+                let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let mut qs = [0i8; QK];
+                for (q, v) in qs.iter_mut().zip(x) {
+                    *q = (v * id).round() as i8;
+                }
+                BlockQ8_0 { d: f16::from_f32(d).to_f32(), qs }
+            })
+            .collect();
+        Some(QMatrix::Q8_0 { rows, cols, blocks })
+    }
+
+    /// Dequantises row `r` into `out` (`cols` values): the embedding lookup.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            QMatrix::Q8_0 { cols, blocks, .. } => {
+                let nb = cols / QK;
+                for (b, o) in blocks[r * nb..(r + 1) * nb].iter().zip(out.chunks_exact_mut(QK)) {
+                    for (x, &q) in o.iter_mut().zip(&b.qs) {
+                        *x = b.d * q as f32;
+                    }
+                }
+            }
+            QMatrix::Q4_1 { cols, blocks, .. } => {
+                let nb = cols / QK;
+                for (b, o) in blocks[r * nb..(r + 1) * nb].iter().zip(out.chunks_exact_mut(QK)) {
+                    for j in 0..QK / 2 {
+                        o[j] = b.d * (b.qs[j] & 0x0F) as f32 + b.m;
+                        o[j + QK / 2] = b.d * (b.qs[j] >> 4) as f32 + b.m;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out[t * rows + r] = W[r] · x[t]` for every token `t` of the quantised
+    /// activations `xq` (`n_tok × cols/32` blocks), rows split over the pool.
+    pub fn matmul(&self, pool: &ThreadPool, xq: &[BlockQ8_1], n_tok: usize, out: &mut [f32]) {
+        let rows = self.rows();
+        let nb = self.cols() / QK;
+        assert_eq!(xq.len(), n_tok * nb, "activation blocks");
+        assert_eq!(out.len(), n_tok * rows, "output length");
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let k = kernels();
+        pool.run(&|i, n| {
+            let range = split_range(rows, i, n, 16);
+            let out_ptr = &out_ptr;
+            // Tiles of rows keep a slice of the weights in L1/L2 while every
+            // token's activations stream past it.
+            let mut r0 = range.start;
+            while r0 < range.end {
+                let r1 = (r0 + 64).min(range.end);
+                for t in 0..n_tok {
+                    let a = &xq[t * nb..(t + 1) * nb];
+                    // SAFETY: threads write disjoint row ranges of each token's
+                    // output row (`split_range` partitions `0..rows`), and
+                    // `out` outlives `pool.run`, which returns only after all
+                    // parts finish; `t * rows + r1 <= out.len()`.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), r1 - r0) };
+                    match self {
+                        QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
+                    }
+                }
+                r0 = r1;
+            }
+        });
+    }
+}
+
+struct SyncPtr(*mut f32);
+// SAFETY: used only to hand disjoint output ranges to pool threads (see matmul).
+unsafe impl Sync for SyncPtr {}
+
+/// Quantises `x` (a multiple of 32 values) into Q8_1 activation blocks like
+/// llama.cpp's `quantize_row_q8_1` (AVX2 path: `id = 127/amax`, round half to
+/// even, `d` and `s` through f16).
+pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+    debug_assert_eq!(x.len(), out.len() * QK);
+    for (b, x) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, v) in b.qs.iter_mut().zip(x) {
+            let r = (v * id).round_ties_even() as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        b.d = f16::from_f32(d).to_f32();
+        b.s = f16::from_f32(d * sum as f32).to_f32();
+    }
+}
+
+struct Kernels {
+    name: &'static str,
+    q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
+    q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
+}
+
+fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::env::var_os("SAMPLERD_MODEL_SCALAR").is_none()
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
+                return Kernels { name: "avx2", q8_0: avx2::rows_q8_0_safe, q4_1: avx2::rows_q4_1_safe };
+            }
+        }
+        Kernels { name: "scalar", q8_0: scalar::rows_q8_0, q4_1: scalar::rows_q4_1 }
+    })
+}
+
+/// Which kernel family is in use ("avx2" or "scalar").
+pub fn kernel_name() -> &'static str {
+    kernels().name
+}
+
+/// Portable kernels (also the reference the AVX2 ones are tested against).
+pub mod scalar {
+    use super::*;
+
+    pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1]) -> f32 {
+        let mut acc = 0f32;
+        for (w, a) in w.iter().zip(a) {
+            let s: i32 = w.qs.iter().zip(&a.qs).map(|(&x, &y)| x as i32 * y as i32).sum();
+            acc += w.d * a.d * s as f32;
+        }
+        acc
+    }
+
+    pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
+        let mut acc = 0f32;
+        for (w, a) in w.iter().zip(a) {
+            let mut s = 0i32;
+            for j in 0..QK / 2 {
+                s += (w.qs[j] & 0x0F) as i32 * a.qs[j] as i32;
+                s += (w.qs[j] >> 4) as i32 * a.qs[j + QK / 2] as i32;
+            }
+            acc += w.d * a.d * s as f32 + w.m * a.s;
+        }
+        acc
+    }
+
+    pub fn rows_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
+        let nb = a.len();
+        for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
+            *o = dot_q8_0(row, a);
+        }
+    }
+
+    pub fn rows_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
+        let nb = a.len();
+        for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
+            *o = dot_q4_1(row, a);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    pub fn rows_q8_0_safe(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
+        // SAFETY: this function is only installed in `kernels()` after
+        // `is_x86_feature_detected!("avx2")` and `("fma")` returned true.
+        unsafe { rows_q8_0(w, a, out) }
+    }
+
+    pub fn rows_q4_1_safe(w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
+        // SAFETY: as for `rows_q8_0_safe`.
+        unsafe { rows_q4_1(w, a, out) }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: callers run with avx2 enabled (target_feature functions).
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps(v, 1);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
+        let nb = a.len();
+        assert!(w.len() >= out.len() * nb);
+        let ones = _mm256_set1_epi16(1);
+        for (r, o) in out.iter_mut().enumerate() {
+            let row = &w[r * nb..(r + 1) * nb];
+            let mut acc0 = _mm256_setzero_ps();
+            let mut acc1 = _mm256_setzero_ps();
+            let mut i = 0;
+            while i + 1 < nb {
+                // SAFETY: `i + 1 < nb` = row.len() = a.len(); unaligned loads of
+                // 32-byte `qs` arrays that lie inside the blocks.
+                unsafe {
+                    let (w0, a0, w1, a1) = (&row[i], &a[i], &row[i + 1], &a[i + 1]);
+                    let qx0 = _mm256_loadu_si256(w0.qs.as_ptr() as *const __m256i);
+                    let qy0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
+                    let qx1 = _mm256_loadu_si256(w1.qs.as_ptr() as *const __m256i);
+                    let qy1 = _mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i);
+                    let p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx0, qx0), _mm256_sign_epi8(qy0, qx0));
+                    let p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx1, qx1), _mm256_sign_epi8(qy1, qx1));
+                    let s0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones));
+                    let s1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p1, ones));
+                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w0.d * a0.d), s0, acc0);
+                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w1.d * a1.d), s1, acc0);
+                }
+                i += 2;
+            }
+            if i < nb {
+                // SAFETY: `i < nb`; as above.
+                unsafe {
+                    let (w0, a0) = (&row[i], &a[i]);
+                    let qx0 = _mm256_loadu_si256(w0.qs.as_ptr() as *const __m256i);
+                    let qy0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
+                    let p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx0, qx0), _mm256_sign_epi8(qy0, qx0));
+                    let s0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones));
+                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w0.d * a0.d), s0, acc0);
+                }
+            }
+            // SAFETY: avx2 is enabled in this function.
+            *o = unsafe { hsum(_mm256_add_ps(acc0, acc1)) };
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
+        let nb = a.len();
+        assert!(w.len() >= out.len() * nb);
+        let ones = _mm256_set1_epi16(1);
+        let low = _mm256_set1_epi8(0x0F);
+        for (r, o) in out.iter_mut().enumerate() {
+            let row = &w[r * nb..(r + 1) * nb];
+            let mut acc0 = _mm256_setzero_ps();
+            let mut acc1 = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            let mut i = 0;
+            while i < nb {
+                let (w0, a0) = (&row[i], &a[i]);
+                // SAFETY: `i < nb`; unaligned loads of the 16-byte nibble array
+                // and the 32-byte activation array, both inside their blocks.
+                unsafe {
+                    let b = _mm_loadu_si128(w0.qs.as_ptr() as *const __m128i);
+                    let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low);
+                    let qy = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
+                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones));
+                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w0.d * a0.d), s, acc0);
+                }
+                summs += w0.m * a0.s;
+                i += 1;
+            }
+            // SAFETY: avx2 is enabled in this function.
+            *o = unsafe { hsum(_mm256_add_ps(acc0, acc1)) } + summs;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn kernels_match_scalar_and_f32() {
+        let (rows, cols) = (37, 96);
+        let mut seed = 7;
+        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+        let x: Vec<f32> = (0..cols).map(|_| lcg(&mut seed) * 3.0).collect();
+        let mut xq = vec![BlockQ8_1::default(); cols / QK];
+        quantize_q8_1(&x, &mut xq);
+        let q8 = QMatrix::q8_0_from_f32(rows, cols, &w).unwrap();
+        // A Q4_1 matrix from raw bytes (d = 0.1, m = -0.75, nibbles from the lcg).
+        let mut raw = Vec::new();
+        for _ in 0..rows * cols / QK {
+            raw.extend_from_slice(&f16::from_f32(0.1).to_le_bytes());
+            raw.extend_from_slice(&f16::from_f32(-0.75).to_le_bytes());
+            for _ in 0..16 {
+                raw.push(((lcg(&mut seed) + 1.0) * 127.0) as u8);
+            }
+        }
+        let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).unwrap();
+        let pool = ThreadPool::new(2);
+        for m in [&q8, &q4] {
+            let mut out = vec![0f32; rows];
+            m.matmul(&pool, &xq, 1, &mut out);
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                let reference = match m {
+                    QMatrix::Q8_0 { blocks, .. } => scalar::dot_q8_0(&blocks[r * 3..r * 3 + 3], &xq),
+                    QMatrix::Q4_1 { blocks, .. } => scalar::dot_q4_1(&blocks[r * 3..r * 3 + 3], &xq),
+                };
+                assert!((out[r] - reference).abs() < 1e-3 * (1.0 + reference.abs()), "{} row {r}", m.format());
+                m.dequant_row(r, &mut row);
+                let exact: f32 = row.iter().zip(&x).map(|(a, b)| a * b).sum();
+                assert!((out[r] - exact).abs() < 0.05 * (1.0 + exact.abs()), "{} row {r}: {} vs {exact}", m.format(), out[r]);
+            }
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The tokenizer, built from the GGUF metadata itself (`tokenizer.ggml.*`)
+//! with the `tokenizers` crate so that token ids equal llama.cpp's.
+//!
+//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE, never a prefix
+//! space, merges always applied) with the pre-tokenizer named by
+//! `tokenizer.ggml.pre`: `smollm` (digits split one by one, then the GPT-2
+//! regex), `qwen2` (Qwen2's regex), and the plain GPT-2 regex for anything
+//! else. Control and user-defined tokens (from `tokenizer.ggml.token_type`)
+//! are registered as added tokens, so `<|im_start|>` written in a raw prompt
+//! is one token when special parsing is on (as llama-server does for prompts).
+//!
+//! Decoding is byte-level: [`Tokenizer::token_bytes`] gives a token's raw
+//! bytes (which may be part of a UTF-8 character; see [`crate::Utf8Streamer`]).
+
+use crate::error::ModelError;
+use crate::gguf::GgufFile;
+use candle_core::quantized::gguf_file::Value;
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+/// GGUF token types (`tokenizer.ggml.token_type`).
+pub mod token_type {
+    pub const NORMAL: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const CONTROL: i32 = 3;
+    pub const USER_DEFINED: i32 = 4;
+    pub const UNUSED: i32 = 5;
+    pub const BYTE: i32 = 6;
+}
+
+/// Attribute flags of a vocabulary entry (see [`TokenInfo`]).
+pub mod attr {
+    /// A control token (`<|im_start|>`, `<|endoftext|>`…): not text.
+    pub const CONTROL: u32 = 1;
+    /// Ends generation (eos, eot, eom, `<|im_end|>`…).
+    pub const END_OF_GENERATION: u32 = 2;
+    /// A single raw byte (`<0x0A>`-style tokens).
+    pub const BYTE: u32 = 4;
+    /// Unused / unknown slot.
+    pub const UNUSED: u32 = 8;
+    /// User-defined token (matched verbatim in text).
+    pub const USER_DEFINED: u32 = 16;
+}
+
+/// One vocabulary entry for sampler plugins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    /// The bytes the token stands for (control tokens: their text).
+    pub bytes: Vec<u8>,
+    /// [`attr`] flags.
+    pub attrs: u32,
+}
+
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Strings llama.cpp treats as end-of-generation when they are tokens.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+    "<|end_of_text|>", "<end_of_utterance>",
+];
+
+/// The model's tokenizer (see the module docs).
+pub struct Tokenizer {
+    /// Control + user-defined tokens are added tokens (special parsing on).
+    with_special: tokenizers::Tokenizer,
+    /// Only user-defined tokens are added (special parsing off).
+    plain: tokenizers::Tokenizer,
+    vocab: Vec<TokenInfo>,
+    texts: Vec<String>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+    eog: Vec<u32>,
+    pre: String,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("n_vocab", &self.vocab.len()).field("pre", &self.pre).finish_non_exhaustive()
+    }
+}
+
+fn bytes_to_unicode() -> [char; 256] {
+    let mut map = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let keep = (b'!' as u32..=b'~' as u32).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        map[b as usize] = if keep {
+            char::from_u32(b).unwrap_or('\0')
+        } else {
+            let c = char::from_u32(256 + n).unwrap_or('\0');
+            n += 1;
+            c
+        };
+    }
+    map
+}
+
+fn tok_err(gguf: &GgufFile, key: &str, problem: impl Into<String>) -> ModelError {
+    ModelError::Metadata { path: gguf.path().to_path_buf(), key: key.into(), problem: problem.into() }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
+        let model = gguf.get_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
+        if model != "gpt2" {
+            return Err(tok_err(gguf, "tokenizer.ggml.model", format!("unsupported tokenizer model {model:?} (supported: gpt2 byte-level BPE)")));
+        }
+        let texts: Vec<String> = match gguf.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.to_string().cloned())
+                .collect::<Result<_, _>>()
+                .map_err(|e| tok_err(gguf, "tokenizer.ggml.tokens", e.to_string()))?,
+            _ => return Err(tok_err(gguf, "tokenizer.ggml.tokens", "missing or not an array")),
+        };
+        let n = texts.len();
+        let types: Vec<i32> = match gguf.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().or_else(|_| v.to_u32().map(|x| x as i32)).unwrap_or(1)).collect(),
+            _ => vec![token_type::NORMAL; n],
+        };
+        if types.len() != n {
+            return Err(tok_err(gguf, "tokenizer.ggml.token_type", format!("{} entries for {n} tokens", types.len())));
+        }
+        let merges: Vec<(String, String)> = match gguf.get("tokenizer.ggml.merges") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    let s = v.to_string().map_err(|e| tok_err(gguf, "tokenizer.ggml.merges", e.to_string()))?;
+                    let (l, r) = s.split_once(' ').ok_or_else(|| tok_err(gguf, "tokenizer.ggml.merges", format!("merge {s:?} has no space")))?;
+                    Ok((l.to_string(), r.to_string()))
+                })
+                .collect::<Result<_, ModelError>>()?,
+            _ => return Err(tok_err(gguf, "tokenizer.ggml.merges", "missing (needed for BPE)")),
+        };
+        let id = |key: &str| -> Result<Option<u32>, ModelError> {
+            Ok(gguf.get_usize(key)?.map(|x| x as u32).filter(|&x| (x as usize) < n))
+        };
+        let bos = id("tokenizer.ggml.bos_token_id")?;
+        let eos = id("tokenizer.ggml.eos_token_id")?;
+        let add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+        let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default").to_string();
+
+        // Vocabulary for BPE. Duplicate strings keep their first id (as llama.cpp's map does… last wins there; duplicates are rare).
+        let mut vocab = Vocab::default();
+        for (i, t) in texts.iter().enumerate() {
+            vocab.entry(t.clone()).or_insert(i as u32);
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(false)
+            .build()
+            .map_err(|e| ModelError::Tokenizer(format!("building BPE: {e}")))?;
+        let pre_tok: PreTokenizerWrapper = match pre.as_str() {
+            "smollm" => Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, false, true).into()]).into(),
+            "qwen2" => Sequence::new(vec![
+                Split::new(SplitPattern::Regex(QWEN2_REGEX.into()), SplitDelimiterBehavior::Isolated, false)
+                    .map_err(|e| ModelError::Tokenizer(format!("qwen2 regex: {e}")))?
+                    .into(),
+                ByteLevel::new(false, false, false).into(),
+            ])
+            .into(),
+            _ => Sequence::new(vec![
+                Split::new(SplitPattern::Regex(GPT2_REGEX.into()), SplitDelimiterBehavior::Isolated, false)
+                    .map_err(|e| ModelError::Tokenizer(format!("gpt2 regex: {e}")))?
+                    .into(),
+                ByteLevel::new(false, false, false).into(),
+            ])
+            .into(),
+        };
+        let mut plain = tokenizers::Tokenizer::new(bpe);
+        plain.with_pre_tokenizer(Some(pre_tok));
+        let mut with_special = plain.clone();
+        let user: Vec<AddedToken> = (0..n)
+            .filter(|&i| types[i] == token_type::USER_DEFINED)
+            .map(|i| AddedToken::from(texts[i].clone(), true).normalized(false))
+            .collect();
+        let control: Vec<AddedToken> = (0..n)
+            .filter(|&i| types[i] == token_type::CONTROL)
+            .map(|i| AddedToken::from(texts[i].clone(), true).normalized(false))
+            .collect();
+        plain.add_special_tokens(user.clone()).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        with_special.add_special_tokens(user.clone()).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        with_special.add_special_tokens(control).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+
+        let mut eog: Vec<u32> = Vec::new();
+        eog.extend(eos);
+        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            eog.extend(id(key)?);
+        }
+        for (i, t) in texts.iter().enumerate() {
+            if EOG_TEXTS.contains(&t.as_str()) && matches!(types[i], token_type::CONTROL | token_type::USER_DEFINED) {
+                eog.push(i as u32);
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
+
+        let b2u = bytes_to_unicode();
+        let mut u2b = std::collections::HashMap::with_capacity(256);
+        for (b, c) in b2u.iter().enumerate() {
+            u2b.insert(*c, b as u8);
+        }
+        let vocab_info = texts
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .map(|(i, (t, &ty))| {
+                let mut attrs = match ty {
+                    token_type::CONTROL => attr::CONTROL,
+                    token_type::BYTE => attr::BYTE,
+                    token_type::UNUSED | token_type::UNKNOWN => attr::UNUSED,
+                    token_type::USER_DEFINED => attr::USER_DEFINED,
+                    _ => 0,
+                };
+                if eog.contains(&(i as u32)) {
+                    attrs |= attr::END_OF_GENERATION;
+                }
+                let bytes = match ty {
+                    token_type::CONTROL | token_type::USER_DEFINED => t.as_bytes().to_vec(),
+                    token_type::UNUSED => Vec::new(),
+                    token_type::BYTE => parse_byte_token(t).map(|b| vec![b]).unwrap_or_else(|| t.as_bytes().to_vec()),
+                    _ => t.chars().map(|c| u2b.get(&c).copied().map(|b| vec![b]).unwrap_or_else(|| c.to_string().into_bytes())).flatten().collect(),
+                };
+                TokenInfo { bytes, attrs }
+            })
+            .collect();
+        Ok(Tokenizer { with_special, plain, vocab: vocab_info, texts, bos, eos, add_bos, eog, pre })
+    }
+
+    /// Token ids of `text`. `add_bos`: prepend BOS when the model asks for it
+    /// (`tokenizer.ggml.add_bos_token`); `parse_special`: control tokens
+    /// written in the text become their ids (otherwise they are plain text).
+    pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>, ModelError> {
+        let tk = if parse_special { &self.with_special } else { &self.plain };
+        let enc = tk.encode_fast(text, false).map_err(|e| ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len())))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_bos && self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// The raw bytes token `id` stands for (control tokens: their text;
+    /// unknown ids: empty).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.vocab.get(id as usize).map(|t| t.bytes.as_slice()).unwrap_or(&[])
+    }
+
+    /// The token's string as stored in the GGUF (byte-level encoded).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.texts.get(id as usize).map(|s| s.as_str())
+    }
+
+    /// The id of an exact token string.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.texts.iter().position(|t| t == text).map(|i| i as u32)
+    }
+
+    /// Decodes ids into text (lossy UTF-8; control tokens skipped unless
+    /// `special`).
+    pub fn decode(&self, ids: &[u32], special: bool) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if let Some(t) = self.vocab.get(id as usize) {
+                if t.attrs & attr::CONTROL != 0 && !special {
+                    continue;
+                }
+                bytes.extend_from_slice(&t.bytes);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.vocab.len()
+    }
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+    /// Whether the model wants BOS prepended (`tokenizer.ggml.add_bos_token`).
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+    /// End-of-generation ids (sorted).
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+    /// `tokenizer.ggml.pre`.
+    pub fn pre_tokenizer(&self) -> &str {
+        &self.pre
+    }
+    /// Per token id its bytes and [`attr`] flags (for sampler plugins).
+    pub fn vocabulary(&self) -> &[TokenInfo] {
+        &self.vocab
+    }
+}
+
+fn parse_byte_token(t: &str) -> Option<u8> {
+    let hex = t.strip_prefix("<0x")?.strip_suffix('>')?;
+    u8::from_str_radix(hex, 16).ok()
+}

@@ -1,0 +1,219 @@
+//! The token buffer: the dense logits of one step plus room for the
+//! candidate view, reused across steps so the hot path allocates nothing.
+//! Loading validates the logits (NaN / +inf / empty / too large) in the same
+//! pass that copies them.
+
+use samplerd_plugin_sdk::abi::*;
+
+use crate::error::LogitsError;
+use crate::logits;
+
+/// Dense logits + candidate buffer + the ABI header over them.
+pub struct TokenBuffer {
+    dense: Vec<f32>,
+    cand: Vec<SdCandidate>,
+    pub(crate) raw: SdTokens,
+    max_vocab: usize,
+}
+
+// SAFETY: the raw pointers point into `dense`/`cand`, owned by this struct.
+unsafe impl Send for TokenBuffer {}
+
+impl Default for TokenBuffer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TokenBuffer {
+    pub fn new() -> Self {
+        Self::with_limit(usize::MAX)
+    }
+
+    /// A buffer that refuses vocabularies larger than `max_vocab`.
+    pub fn with_limit(max_vocab: usize) -> Self {
+        TokenBuffer {
+            dense: Vec::new(),
+            cand: Vec::new(),
+            raw: SdTokens {
+                struct_size: size_of::<SdTokens>() as u32,
+                n_vocab: 0,
+                dense: std::ptr::null_mut(),
+                cand: std::ptr::null_mut(),
+                size: 0,
+                view: SD_VIEW_DENSE,
+                sorted: 0,
+                selected: -1,
+            },
+            max_vocab,
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.raw.n_vocab as usize
+    }
+
+    fn check_len(&self, len: usize) -> Result<(), LogitsError> {
+        if len == 0 {
+            return Err(LogitsError::Empty);
+        }
+        if len > self.max_vocab || len > u32::MAX as usize {
+            return Err(LogitsError::TooLarge {
+                len,
+                limit: self.max_vocab.min(u32::MAX as usize),
+            });
+        }
+        Ok(())
+    }
+
+    fn resize(&mut self, n: usize) {
+        if self.dense.len() != n {
+            self.dense.resize(n, 0.0);
+        }
+        if self.cand.len() < n {
+            self.cand.resize(n, SdCandidate { id: 0, logit: 0.0 });
+        }
+    }
+
+    /// Copies `logits` into the dense view and validates them.
+    pub fn load(&mut self, logits: &[f32]) -> Result<(), LogitsError> {
+        self.check_len(logits.len())?;
+        self.resize(logits.len());
+        self.dense.copy_from_slice(logits);
+        self.finish_load()
+    }
+
+    /// Decodes raw little-endian f32 bytes into the dense view.
+    pub fn load_f32le(&mut self, bytes: &[u8]) -> Result<(), LogitsError> {
+        if bytes.len() % 4 != 0 {
+            return Err(LogitsError::ByteLength { len: bytes.len() });
+        }
+        let n = bytes.len() / 4;
+        self.check_len(n)?;
+        self.resize(n);
+        for (d, c) in self.dense.iter_mut().zip(bytes.chunks_exact(4)) {
+            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        self.finish_load()
+    }
+
+    /// Lets the caller write `n` logits in place (e.g. a model's output),
+    /// then validates them.
+    pub fn load_with(&mut self, n: usize, fill: impl FnOnce(&mut [f32])) -> Result<(), LogitsError> {
+        self.check_len(n)?;
+        self.resize(n);
+        fill(&mut self.dense);
+        self.finish_load()
+    }
+
+    fn finish_load(&mut self) -> Result<(), LogitsError> {
+        let n = self.dense.len();
+        self.raw.n_vocab = n as u32;
+        self.raw.dense = self.dense.as_mut_ptr();
+        self.raw.cand = self.cand.as_mut_ptr();
+        self.reset_view();
+        logits::validate(&self.dense)
+    }
+
+    /// Back to the dense view with nothing selected (keeps the logits).
+    pub(crate) fn reset_view(&mut self) {
+        self.raw.view = SD_VIEW_DENSE;
+        self.raw.size = self.dense.len();
+        self.raw.sorted = 0;
+        self.raw.selected = -1;
+    }
+
+    /// Converts the dense view into a full, unsorted candidate list.
+    pub(crate) fn materialize(&mut self) {
+        if self.raw.view == SD_VIEW_DENSE {
+            for (i, (c, &l)) in self.cand.iter_mut().zip(&self.dense).enumerate() {
+                *c = SdCandidate { id: i as u32, logit: l };
+            }
+            self.raw.size = self.dense.len();
+            self.raw.view = SD_VIEW_CANDIDATES;
+            self.raw.sorted = 0;
+        }
+    }
+
+    /// The dense logits (after a chain ran, as the stages left them).
+    pub fn dense(&self) -> &[f32] {
+        &self.dense
+    }
+
+    pub(crate) fn is_dense(&self) -> bool {
+        self.raw.view == SD_VIEW_DENSE
+    }
+
+    /// The live candidates in the candidate view (empty in the dense view).
+    pub fn candidates(&self) -> &[SdCandidate] {
+        if self.is_dense() {
+            &[]
+        } else {
+            &self.cand[..self.raw.size.min(self.cand.len())]
+        }
+    }
+
+    /// Number of live entries of the current view.
+    pub fn len(&self) -> usize {
+        if self.is_dense() {
+            self.dense.len()
+        } else {
+            self.raw.size
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Iterates the survivors (finite logits) of the current view as
+    /// (token id, logit), in the view's order.
+    pub fn survivors(&self) -> impl Iterator<Item = (u32, f32)> + '_ {
+        let dense = self
+            .is_dense()
+            .then(|| self.dense.iter().enumerate().map(|(i, &l)| (i as u32, l)))
+            .into_iter()
+            .flatten();
+        let cand = self.candidates().iter().map(|c| (c.id, c.logit));
+        dense.chain(cand).filter(|&(_, l)| l > f32::NEG_INFINITY)
+    }
+
+    /// The post-chain distribution: softmax over the survivors (sum in
+    /// f64). Returns (id, probability) of the `n` most probable, descending
+    /// (ties by id), and the probability of `chosen`.
+    pub fn distribution(&self, n: usize, chosen: u32) -> (Vec<(u32, f32)>, f32) {
+        let max = self
+            .survivors()
+            .fold(f32::NEG_INFINITY, |m, (_, l)| m.max(l));
+        if max == f32::NEG_INFINITY {
+            return (Vec::new(), 0.0);
+        }
+        let sum: f64 = self
+            .survivors()
+            .map(|(_, l)| logits::exp_f32(l - max) as f64)
+            .sum();
+        let prob = |l: f32| (logits::exp_f32(l - max) as f64 / sum) as f32;
+        let mut chosen_p = 0.0;
+        let mut top: Vec<(u32, f32)> = Vec::new();
+        for (id, l) in self.survivors() {
+            if id == chosen {
+                chosen_p = prob(l);
+            }
+            if n > 0 {
+                top.push((id, l));
+            }
+        }
+        if n > 0 {
+            let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+            if top.len() > n {
+                top.select_nth_unstable_by(n - 1, by_logit);
+                top.truncate(n);
+            }
+            top.sort_by(by_logit);
+            for e in &mut top {
+                e.1 = prob(e.1);
+            }
+        }
+        (top, chosen_p)
+    }
+}

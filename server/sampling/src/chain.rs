@@ -1,0 +1,582 @@
+//! Chains: an ordered list of stage specs, validated once into built
+//! configs (`Chain`, shared by threads), and per-sequence plugin states
+//! (`Sequence`, one per stream, freed through the ABI on drop). Running a
+//! chain hands each stage the token buffer and the step's RNG, then checks
+//! what the stage left behind, so a misbehaving plugin fails the request
+//! with its name instead of corrupting memory or the answer.
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, c_char, c_void};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use samplerd_plugin_sdk::abi::*;
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::TokenBuffer;
+use crate::error::{ChainError, SampleError};
+use crate::registry::{ParamKind, RegisteredStage, StageRegistry};
+use crate::rng::StepRng;
+use crate::vocab::Vocabulary;
+
+/// A parameter value in a chain spec.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ParamValue {
+    Number(f64),
+    String(String),
+    TokenMap(Vec<(u32, f32)>),
+    StringList(Vec<String>),
+}
+
+impl ParamValue {
+    fn kind(&self) -> ParamKind {
+        match self {
+            Self::Number(_) => ParamKind::Number,
+            Self::String(_) => ParamKind::String,
+            Self::TokenMap(_) => ParamKind::TokenMap,
+            Self::StringList(_) => ParamKind::StringList,
+        }
+    }
+}
+
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::String(s) => write!(f, "{s:?}"),
+            Self::TokenMap(m) => write!(f, "{{{} entries}}", m.len()),
+            Self::StringList(l) => write!(f, "{l:?}"),
+        }
+    }
+}
+
+/// One stage of a chain spec: a registered stage name and its parameters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageSpec {
+    pub name: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValue>,
+}
+
+impl StageSpec {
+    pub fn new(name: &str) -> Self {
+        StageSpec {
+            name: name.to_string(),
+            params: BTreeMap::new(),
+        }
+    }
+
+    pub fn number(mut self, param: &str, value: f64) -> Self {
+        self.params
+            .insert(param.to_string(), ParamValue::Number(value));
+        self
+    }
+
+    pub fn with(mut self, param: &str, value: ParamValue) -> Self {
+        self.params.insert(param.to_string(), value);
+        self
+    }
+}
+
+/// An ordered list of stages; the last one must select a token.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChainSpec {
+    pub stages: Vec<StageSpec>,
+}
+
+impl fmt::Display for ChainSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.stages.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" → ")?;
+            }
+            f.write_str(&s.name)?;
+            if !s.params.is_empty() {
+                let ps: Vec<String> = s.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                write!(f, "({})", ps.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One built stage: the registered vtable and its immutable config.
+struct Link {
+    stage: Arc<RegisteredStage>,
+    config: *mut c_void,
+}
+
+impl Link {
+    fn vt(&self) -> &'static SdStage {
+        self.stage.vtable
+    }
+
+    fn name(&self) -> &str {
+        &self.stage.info.name
+    }
+}
+
+struct ChainInner {
+    links: Vec<Link>,
+    spec: ChainSpec,
+    // Keeps the vocabulary alive as long as the configs that point into it.
+    _vocab: Option<Arc<Vocabulary>>,
+}
+
+// SAFETY: configs are immutable and documented as thread-safe by the ABI.
+unsafe impl Send for ChainInner {}
+unsafe impl Sync for ChainInner {}
+
+impl Drop for ChainInner {
+    fn drop(&mut self) {
+        for link in self.links.drain(..).rev() {
+            if let Some(free) = link.vt().config_free {
+                // SAFETY: config was created by this stage's config_new and
+                // every Sequence using it (holding an Arc) is gone.
+                unsafe { free(link.config) };
+            }
+        }
+    }
+}
+
+/// A validated, built chain. Cheap to clone; shared by threads.
+#[derive(Clone)]
+pub struct Chain {
+    inner: Arc<ChainInner>,
+}
+
+fn new_error() -> SdError {
+    SdError {
+        message: [0; SD_ERROR_MESSAGE_LEN],
+    }
+}
+
+fn error_text(err: &SdError) -> String {
+    let bytes: Vec<u8> = err
+        .message
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let s = String::from_utf8_lossy(&bytes).into_owned();
+    if s.is_empty() {
+        "failed without a message".into()
+    } else {
+        s
+    }
+}
+
+/// The C strings and arrays behind one config_new call's `sd_param`s.
+struct RawParams {
+    _names: Vec<CString>,
+    _strings: Vec<CString>,
+    _lists: Vec<(Vec<CString>, Vec<*const c_char>)>,
+    _maps: Vec<Vec<SdTokenValue>>,
+    params: Vec<SdParam>,
+}
+
+fn cstring(stage: &str, param: &str, s: &str) -> Result<CString, ChainError> {
+    CString::new(s).map_err(|_| ChainError::Invalid {
+        stage: stage.to_string(),
+        message: format!("parameter `{param}` contains a NUL byte"),
+    })
+}
+
+fn raw_params(stage: &str, params: &BTreeMap<String, ParamValue>) -> Result<RawParams, ChainError> {
+    let mut r = RawParams {
+        _names: Vec::new(),
+        _strings: Vec::new(),
+        _lists: Vec::new(),
+        _maps: Vec::new(),
+        params: Vec::new(),
+    };
+    for (name, value) in params {
+        let cname = cstring(stage, name, name)?;
+        let mut p = SdParam {
+            struct_size: size_of::<SdParam>() as u32,
+            kind: SD_PARAM_NUMBER,
+            name: cname.as_ptr(),
+            number: 0.0,
+            string: std::ptr::null(),
+            map: std::ptr::null(),
+            map_len: 0,
+            strings: std::ptr::null(),
+            strings_len: 0,
+        };
+        r._names.push(cname);
+        match value {
+            ParamValue::Number(n) => p.number = *n,
+            ParamValue::String(s) => {
+                let c = cstring(stage, name, s)?;
+                p.kind = SD_PARAM_STRING;
+                p.string = c.as_ptr();
+                r._strings.push(c);
+            }
+            ParamValue::TokenMap(m) => {
+                let v: Vec<SdTokenValue> = m.iter().map(|&(id, value)| SdTokenValue { id, value }).collect();
+                p.kind = SD_PARAM_TOKEN_MAP;
+                p.map = v.as_ptr();
+                p.map_len = v.len();
+                r._maps.push(v);
+            }
+            ParamValue::StringList(l) => {
+                let cs = l
+                    .iter()
+                    .map(|s| cstring(stage, name, s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let ptrs: Vec<*const c_char> = cs.iter().map(|c| c.as_ptr()).collect();
+                p.kind = SD_PARAM_STRING_LIST;
+                p.strings = ptrs.as_ptr();
+                p.strings_len = ptrs.len();
+                r._lists.push((cs, ptrs));
+            }
+        }
+        r.params.push(p);
+    }
+    Ok(r)
+}
+
+impl Chain {
+    pub(crate) fn build(
+        registry: &StageRegistry,
+        spec: &ChainSpec,
+        vocab: Option<Arc<Vocabulary>>,
+    ) -> Result<Chain, ChainError> {
+        if spec.stages.is_empty() {
+            return Err(ChainError::Empty);
+        }
+        // Validate everything before creating any config.
+        let mut stages = Vec::with_capacity(spec.stages.len());
+        let len = spec.stages.len();
+        for (i, s) in spec.stages.iter().enumerate() {
+            let st = registry.registered(&s.name)?;
+            for (pname, value) in &s.params {
+                let Some(pinfo) = st.info.params.iter().find(|p| &p.name == pname) else {
+                    let accepted: Vec<&str> = st.info.params.iter().map(|p| p.name.as_str()).collect();
+                    return Err(ChainError::UnknownParam {
+                        stage: s.name.clone(),
+                        param: pname.clone(),
+                        accepted: if accepted.is_empty() {
+                            "none".into()
+                        } else {
+                            accepted.join(", ")
+                        },
+                    });
+                };
+                if pinfo.kind != value.kind() {
+                    return Err(ChainError::ParamKind {
+                        stage: s.name.clone(),
+                        param: pname.clone(),
+                        expected: pinfo.kind.describe(),
+                        got: value.to_string(),
+                    });
+                }
+                if let ParamValue::Number(n) = value
+                    && n.is_nan()
+                {
+                    return Err(ChainError::Invalid {
+                        stage: s.name.clone(),
+                        message: format!("parameter `{pname}` is NaN"),
+                    });
+                }
+            }
+            if st.info.selects && i + 1 != len {
+                return Err(ChainError::SelectingNotLast {
+                    stage: s.name.clone(),
+                    position: i + 1,
+                    len,
+                });
+            }
+            if !st.info.selects && i + 1 == len {
+                return Err(ChainError::NoSelectingStage {
+                    stage: s.name.clone(),
+                });
+            }
+            stages.push(st);
+        }
+        let vocab_ptr = vocab.as_ref().map_or(std::ptr::null(), |v| v.as_abi());
+        let mut inner = ChainInner {
+            links: Vec::with_capacity(len),
+            spec: spec.clone(),
+            _vocab: vocab.clone(),
+        };
+        for (s, st) in spec.stages.iter().zip(stages) {
+            let raw = raw_params(&s.name, &s.params)?;
+            let mut config: *mut c_void = std::ptr::null_mut();
+            let mut err = new_error();
+            let config_new = st.vtable.config_new.expect("checked at load");
+            // SAFETY: params/vocab are valid for the call (vocab for the
+            // config's life: `inner` holds the Arc); out-pointers are valid.
+            let rc = unsafe {
+                config_new(raw.params.as_ptr(), raw.params.len(), vocab_ptr, &mut config, &mut err)
+            };
+            if rc != SD_OK {
+                // `inner` drops the configs built so far.
+                return Err(ChainError::Invalid {
+                    stage: s.name.clone(),
+                    message: error_text(&err),
+                });
+            }
+            inner.links.push(Link { stage: st, config });
+        }
+        Ok(Chain {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The spec this chain was built from.
+    pub fn spec(&self) -> &ChainSpec {
+        &self.inner.spec
+    }
+
+    /// Stage names in order.
+    pub fn stage_names(&self) -> Vec<&str> {
+        self.inner.links.iter().map(Link::name).collect()
+    }
+
+    /// "penalties(repeat_penalty=1.1) → top_k(k=40) → … → dist".
+    pub fn describe(&self) -> String {
+        self.inner.spec.to_string()
+    }
+
+    /// Fresh per-sequence states for every stage.
+    pub fn new_sequence(&self) -> Result<Sequence, SampleError> {
+        let mut seq = Sequence {
+            chain: self.clone(),
+            states: Vec::with_capacity(self.inner.links.len()),
+        };
+        for link in &self.inner.links {
+            let mut state: *mut c_void = std::ptr::null_mut();
+            let mut err = new_error();
+            let state_new = link.vt().state_new.expect("checked at load");
+            // SAFETY: config from this stage's config_new; out-pointers valid.
+            let rc = unsafe { state_new(link.config, &mut state, &mut err) };
+            if rc != SD_OK {
+                // `seq` frees the states created so far.
+                return Err(SampleError::Plugin {
+                    stage: link.name().to_string(),
+                    message: error_text(&err),
+                });
+            }
+            seq.states.push(state);
+        }
+        Ok(seq)
+    }
+}
+
+/// The chosen token of one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled {
+    pub token_id: u32,
+}
+
+/// Per-sequence state of every stage of a chain. Not shared between threads
+/// at once (`Send`, not `Sync`); freed through the ABI on drop.
+pub struct Sequence {
+    chain: Chain,
+    states: Vec<*mut c_void>,
+}
+
+// SAFETY: a state may move between threads; it is never used by two at once
+// because Sequence is !Sync and every call takes &mut self.
+unsafe impl Send for Sequence {}
+
+impl Drop for Sequence {
+    fn drop(&mut self) {
+        for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
+            if let Some(free) = link.vt().state_free {
+                // SAFETY: state from this stage's state_new/clone, freed once.
+                unsafe { free(link.config, state) };
+            }
+        }
+    }
+}
+
+impl Sequence {
+    pub fn chain(&self) -> &Chain {
+        &self.chain
+    }
+
+    /// Tells every stage the sequence emitted `token`.
+    pub fn accept(&mut self, token: u32) -> Result<(), SampleError> {
+        for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
+            let mut err = new_error();
+            let accept = link.vt().accept.expect("checked at load");
+            // SAFETY: config/state belong to this stage; &mut self serialises.
+            let rc = unsafe { accept(link.config, state, token, &mut err) };
+            if rc != SD_OK {
+                return Err(SampleError::Plugin {
+                    stage: link.name().to_string(),
+                    message: error_text(&err),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Accepts each of `tokens`, oldest first (seeds a penalty window).
+    pub fn accept_all(&mut self, tokens: &[u32]) -> Result<(), SampleError> {
+        tokens.iter().try_for_each(|&t| self.accept(t))
+    }
+
+    /// Back to fresh states (as after `new_sequence`).
+    pub fn reset(&mut self) -> Result<(), SampleError> {
+        for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
+            let mut err = new_error();
+            let reset = link.vt().state_reset.expect("checked at load");
+            // SAFETY: as in accept.
+            if unsafe { reset(link.config, state, &mut err) } != SD_OK {
+                return Err(SampleError::Plugin {
+                    stage: link.name().to_string(),
+                    message: error_text(&err),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Deep copy (forks the sequence).
+    pub fn try_clone(&self) -> Result<Sequence, SampleError> {
+        let mut copy = Sequence {
+            chain: self.chain.clone(),
+            states: Vec::with_capacity(self.states.len()),
+        };
+        for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
+            let mut out: *mut c_void = std::ptr::null_mut();
+            let mut err = new_error();
+            let clone = link.vt().state_clone.expect("checked at load");
+            // SAFETY: as in accept; `out` is a valid out-pointer.
+            if unsafe { clone(link.config, state, &mut out, &mut err) } != SD_OK {
+                return Err(SampleError::Plugin {
+                    stage: link.name().to_string(),
+                    message: error_text(&err),
+                });
+            }
+            copy.states.push(out);
+        }
+        Ok(copy)
+    }
+
+    /// Runs the chain over the logits loaded in `buf` with the randomness
+    /// of `(seed, step)`. Does not accept the token: call `accept` for that.
+    pub fn sample(&mut self, buf: &mut TokenBuffer, seed: u64, step: u64) -> Result<Sampled, SampleError> {
+        self.run(buf, seed, step, None)
+    }
+
+    /// As `sample`, adding each stage's wall time (ns) to `stage_ns`.
+    pub fn sample_timed(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
+        stage_ns: &mut [u64],
+    ) -> Result<Sampled, SampleError> {
+        self.run(buf, seed, step, Some(stage_ns))
+    }
+
+    fn run(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
+        mut stage_ns: Option<&mut [u64]>,
+    ) -> Result<Sampled, SampleError> {
+        if buf.n_vocab() == 0 {
+            return Err(SampleError::NotLoaded);
+        }
+        buf.reset_view();
+        let mut rng = StepRng::new(seed, step);
+        let n_vocab = buf.n_vocab();
+        let links = &self.chain.inner.links;
+        for (i, (link, &state)) in links.iter().zip(&self.states).enumerate() {
+            let vt = link.vt();
+            if buf.is_dense() && vt.flags & SD_STAGE_DENSE_OK == 0 {
+                buf.materialize();
+            }
+            let before = buf.len();
+            let was_dense = buf.is_dense();
+            let mut sd_rng = rng.as_abi();
+            let mut err = new_error();
+            let apply = vt.apply.expect("checked at load");
+            let t0 = stage_ns.as_ref().map(|_| Instant::now());
+            // SAFETY: the buffer's pointers are valid for n_vocab entries and
+            // exclusively borrowed; rng and err live across the call.
+            let rc = unsafe { apply(link.config, state, &mut buf.raw, &mut sd_rng, &mut err) };
+            if let (Some(ns), Some(t0)) = (stage_ns.as_deref_mut(), t0) {
+                ns[i] += t0.elapsed().as_nanos() as u64;
+            }
+            if rc != SD_OK {
+                return Err(SampleError::Plugin {
+                    stage: link.name().to_string(),
+                    message: error_text(&err),
+                });
+            }
+            check_after_stage(link.name(), buf, before, was_dense, n_vocab)?;
+        }
+        let last = links.last().expect("chains are never empty");
+        let selected = buf.raw.selected;
+        let Ok(id) = u32::try_from(selected) else {
+            return Err(SampleError::NoSelection {
+                stage: last.name().to_string(),
+            });
+        };
+        let survived = if buf.is_dense() {
+            buf.dense().get(id as usize).is_some_and(|&l| l > f32::NEG_INFINITY)
+        } else {
+            buf.candidates()
+                .iter()
+                .any(|c| c.id == id && c.logit > f32::NEG_INFINITY)
+        };
+        if !survived {
+            return Err(SampleError::Misbehaved {
+                stage: last.name().to_string(),
+                what: format!("selected token {id}, which is not a surviving candidate"),
+            });
+        }
+        Ok(Sampled { token_id: id })
+    }
+}
+
+/// Cheap post-checks after each stage: the view is known, the candidate
+/// count did not grow, ids are in range and no NaN appeared (O(size), in the
+/// candidate view only).
+fn check_after_stage(
+    stage: &str,
+    buf: &TokenBuffer,
+    before: usize,
+    was_dense: bool,
+    n_vocab: usize,
+) -> Result<(), SampleError> {
+    let bad = |what: String| SampleError::Misbehaved {
+        stage: stage.to_string(),
+        what,
+    };
+    let raw = &buf.raw;
+    if raw.view != SD_VIEW_DENSE && raw.view != SD_VIEW_CANDIDATES {
+        return Err(bad(format!("set an unknown view {}", raw.view)));
+    }
+    if raw.view == SD_VIEW_DENSE && !was_dense {
+        return Err(bad("switched back from candidates to the dense view".into()));
+    }
+    if raw.view == SD_VIEW_CANDIDATES {
+        if raw.size > before || raw.size > n_vocab {
+            return Err(bad(format!("grew the candidates from {before} to {}", raw.size)));
+        }
+        if let Some(c) = buf
+            .candidates()
+            .iter()
+            .find(|c| c.id as usize >= n_vocab || c.logit.is_nan())
+        {
+            return Err(bad(format!(
+                "left candidate id {} with logit {} (vocabulary {n_vocab})",
+                c.id, c.logit
+            )));
+        }
+    }
+    if raw.selected >= n_vocab as i64 || raw.selected < -1 {
+        return Err(bad(format!("selected token {} outside the vocabulary of {n_vocab}", raw.selected)));
+    }
+    Ok(())
+}

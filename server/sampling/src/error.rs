@@ -1,0 +1,97 @@
+//! Error types of the sampling core. Every message names the file, stage,
+//! parameter or index that was wrong and the offending value.
+
+use std::path::PathBuf;
+
+/// A plugin library could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("plugin directory {path}: {reason}")]
+    Directory { path: PathBuf, reason: String },
+    #[error("plugin {path}: cannot load library: {reason}")]
+    Open { path: PathBuf, reason: String },
+    #[error(
+        "plugin {path}: no `samplerd_plugin_entry_v1` symbol (not a samplerd plugin, or built for another major ABI version)"
+    )]
+    NoEntry { path: PathBuf },
+    #[error("plugin {path}: incompatible ABI: {reason}")]
+    Abi { path: PathBuf, reason: String },
+    #[error("plugin {path}: stage #{index}: {reason}")]
+    Stage {
+        path: PathBuf,
+        index: usize,
+        reason: String,
+    },
+    #[error("plugin {path}: stage `{name}` is already provided by {other}")]
+    Duplicate {
+        path: PathBuf,
+        name: String,
+        other: PathBuf,
+    },
+    #[error("no sampler stages were loaded (searched: {searched})")]
+    Empty { searched: String },
+}
+
+/// A chain spec was rejected while building the chain.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ChainError {
+    #[error("chain is empty: it needs at least a selecting stage (e.g. dist or greedy)")]
+    Empty,
+    #[error("unknown stage `{name}` (loaded stages: {known})")]
+    UnknownStage { name: String, known: String },
+    #[error("stage `{stage}`: unknown parameter `{param}` (accepted: {accepted})")]
+    UnknownParam {
+        stage: String,
+        param: String,
+        accepted: String,
+    },
+    #[error("stage `{stage}`: parameter `{param}` must be {expected}, got {got}")]
+    ParamKind {
+        stage: String,
+        param: String,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("stage `{stage}`: {message}")]
+    Invalid { stage: String, message: String },
+    #[error("the last stage `{stage}` does not select a token; end the chain with dist, greedy or another selecting stage")]
+    NoSelectingStage { stage: String },
+    #[error("stage `{stage}` selects a token, so it must be the last stage (position {position} of {len})")]
+    SelectingNotLast {
+        stage: String,
+        position: usize,
+        len: usize,
+    },
+    #[error("{field} {message}")]
+    Param { field: &'static str, message: String },
+}
+
+/// Logits that cannot be sampled from.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LogitsError {
+    #[error("logits are empty")]
+    Empty,
+    #[error("logits[{index}] is {value}: logits must be finite or -inf")]
+    NotFinite { index: usize, value: f32 },
+    #[error("raw logits are {len} bytes, not a multiple of 4 (little-endian f32)")]
+    ByteLength { len: usize },
+    #[error("vocabulary of {len} logits exceeds the limit of {limit}")]
+    TooLarge { len: usize, limit: usize },
+    #[error("all logits are -inf: nothing can be sampled")]
+    AllMasked,
+}
+
+/// A chain failed while running.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SampleError {
+    #[error(transparent)]
+    Logits(#[from] LogitsError),
+    #[error("stage `{stage}` failed: {message}")]
+    Plugin { stage: String, message: String },
+    #[error("stage `{stage}` misbehaved: {what}")]
+    Misbehaved { stage: String, what: String },
+    #[error("the chain ended without selecting a token (last stage `{stage}`)")]
+    NoSelection { stage: String },
+    #[error("no logits loaded into the token buffer")]
+    NotLoaded,
+}

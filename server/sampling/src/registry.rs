@@ -1,0 +1,233 @@
+//! The registry of every stage of every loaded plugin library, by name;
+//! `load` scans the configured directories at start-up and `build_chain`
+//! turns a chain spec into a runnable, validated chain.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use samplerd_plugin_sdk::abi::*;
+use serde::Serialize;
+
+use crate::chain::{Chain, ChainSpec};
+use crate::error::{ChainError, LoadError};
+use crate::library::{Library, load_library};
+use crate::vocab::Vocabulary;
+
+/// The value kind of a stage parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParamKind {
+    Number,
+    String,
+    TokenMap,
+    StringList,
+}
+
+impl ParamKind {
+    fn from_abi(kind: u32) -> Option<Self> {
+        match kind {
+            SD_PARAM_NUMBER => Some(Self::Number),
+            SD_PARAM_STRING => Some(Self::String),
+            SD_PARAM_TOKEN_MAP => Some(Self::TokenMap),
+            SD_PARAM_STRING_LIST => Some(Self::StringList),
+            _ => None,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Number => "a number",
+            Self::String => "a string",
+            Self::TokenMap => "a map of token id to value",
+            Self::StringList => "a list of strings",
+        }
+    }
+}
+
+/// One parameter a stage accepts.
+#[derive(Clone, Debug, Serialize)]
+pub struct ParamInfo {
+    pub name: String,
+    pub kind: ParamKind,
+    pub default: f64,
+    pub description: String,
+}
+
+/// A registered stage, as ListStages shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct StageInfo {
+    pub name: String,
+    pub library: String,
+    pub library_version: String,
+    pub path: PathBuf,
+    pub description: String,
+    pub params: Vec<ParamInfo>,
+    /// Writes the chosen token (may only end a chain).
+    pub selects: bool,
+    /// Works on the dense view (else the host converts to candidates first).
+    pub dense_ok: bool,
+}
+
+pub(crate) struct RegisteredStage {
+    pub info: StageInfo,
+    pub vtable: &'static SdStage,
+}
+
+/// Every loaded stage by name. Cheap to share (`Arc`) between requests.
+pub struct StageRegistry {
+    stages: Vec<Arc<RegisteredStage>>,
+    by_name: HashMap<String, usize>,
+    infos: Vec<StageInfo>,
+}
+
+/// # Safety
+/// `p` must be NULL or a NUL-terminated string that lives forever.
+unsafe fn text(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the caller.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Shared-library files directly inside `dir`, sorted by name.
+fn libraries_in(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Directory {
+        path: dir.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|x| x == std::env::consts::DLL_EXTENSION)
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+impl StageRegistry {
+    /// Loads every library in `dirs` (each `*.so` directly inside) and each
+    /// of `files`. Any library that fails to load fails the whole start-up,
+    /// with the file and the reason.
+    pub fn load(dirs: &[PathBuf], files: &[PathBuf]) -> Result<Self, LoadError> {
+        let mut paths = Vec::new();
+        for dir in dirs {
+            paths.extend(libraries_in(dir)?);
+        }
+        paths.extend(files.iter().cloned());
+        let mut reg = StageRegistry {
+            stages: Vec::new(),
+            by_name: HashMap::new(),
+            infos: Vec::new(),
+        };
+        for path in &paths {
+            reg.add_library(load_library(path)?)?;
+        }
+        if reg.stages.is_empty() {
+            let searched: Vec<String> = dirs
+                .iter()
+                .chain(files)
+                .map(|p| p.display().to_string())
+                .collect();
+            return Err(LoadError::Empty {
+                searched: if searched.is_empty() {
+                    "nothing configured".into()
+                } else {
+                    searched.join(", ")
+                },
+            });
+        }
+        Ok(reg)
+    }
+
+    fn add_library(&mut self, lib: Library) -> Result<(), LoadError> {
+        for st in &lib.stages {
+            // SAFETY: validated static strings (library.rs).
+            let name = unsafe { text(st.name) };
+            if let Some(&i) = self.by_name.get(&name) {
+                return Err(LoadError::Duplicate {
+                    path: lib.path.clone(),
+                    name,
+                    other: self.stages[i].info.path.clone(),
+                });
+            }
+            let specs: &[SdParamSpec] = if st.n_params_spec == 0 {
+                &[]
+            } else {
+                // SAFETY: validated non-NULL static array of n_params_spec.
+                unsafe { std::slice::from_raw_parts(st.params_spec, st.n_params_spec) }
+            };
+            let mut params = Vec::with_capacity(specs.len());
+            for (i, s) in specs.iter().enumerate() {
+                let kind = ParamKind::from_abi(s.kind).ok_or_else(|| LoadError::Stage {
+                    path: lib.path.clone(),
+                    index: i,
+                    reason: format!("stage `{name}`: parameter #{i} has unknown kind {}", s.kind),
+                })?;
+                params.push(ParamInfo {
+                    // SAFETY: static strings per the ABI.
+                    name: unsafe { text(s.name) },
+                    kind,
+                    default: s.default_number,
+                    // SAFETY: as above.
+                    description: unsafe { text(s.description) },
+                });
+            }
+            let info = StageInfo {
+                name: name.clone(),
+                library: lib.name.clone(),
+                library_version: lib.version.clone(),
+                path: lib.path.clone(),
+                // SAFETY: static string per the ABI.
+                description: unsafe { text(st.description) },
+                params,
+                selects: st.flags & SD_STAGE_SELECTS != 0,
+                dense_ok: st.flags & SD_STAGE_DENSE_OK != 0,
+            };
+            tracing::debug!(stage = %name, library = %lib.name, path = %lib.path.display(), "registered stage");
+            self.by_name.insert(name, self.stages.len());
+            self.infos.push(info.clone());
+            self.stages.push(Arc::new(RegisteredStage { info, vtable: st }));
+        }
+        Ok(())
+    }
+
+    /// Every registered stage, in load order.
+    pub fn stages(&self) -> &[StageInfo] {
+        &self.infos
+    }
+
+    pub fn get(&self, name: &str) -> Option<&StageInfo> {
+        self.by_name.get(name).map(|&i| &self.infos[i])
+    }
+
+    pub(crate) fn registered(&self, name: &str) -> Result<Arc<RegisteredStage>, ChainError> {
+        self.by_name
+            .get(name)
+            .map(|&i| self.stages[i].clone())
+            .ok_or_else(|| ChainError::UnknownStage {
+                name: name.to_string(),
+                known: self.names().join(", "),
+            })
+    }
+
+    /// Names of every registered stage.
+    pub fn names(&self) -> Vec<String> {
+        self.infos.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Validates `spec` (stage names, parameter names and kinds, each
+    /// stage's own range checks, a selecting stage last) and builds it.
+    pub fn build_chain(
+        &self,
+        spec: &ChainSpec,
+        vocab: Option<Arc<Vocabulary>>,
+    ) -> Result<Chain, ChainError> {
+        Chain::build(self, spec, vocab)
+    }
+}

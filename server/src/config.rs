@@ -1,0 +1,501 @@
+//! Configuration: one typed struct per component, every default in one
+//! place (the `Default` impls below), layered with figment as
+//! built-in defaults → `samplerd.toml` (`--config` / `SAMPLERD_CONFIG`) →
+//! environment `SAMPLERD_*` (nested keys joined with `__`, e.g.
+//! `SAMPLERD_SAMPLING__TOP_K=20`) → command-line flags.
+//!
+//! Errors name the key and the source that set it (figment metadata).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map};
+use figment::{Figment, Metadata, Profile, Provider};
+use samplerd_sampling::{SamplingParams, StageSpec};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Default seed when neither the config nor the request sets one.
+pub const DEFAULT_SEED: u64 = 42;
+/// Environment prefix of every configuration variable.
+pub const ENV_PREFIX: &str = "SAMPLERD_";
+/// Environment variable naming the configuration file.
+pub const ENV_CONFIG: &str = "SAMPLERD_CONFIG";
+/// File name of the core stages plugin, looked up next to the executable
+/// when no plugin directory or file is configured.
+pub const CORE_PLUGIN_FILE: &str = "libsamplerd_core_stages.so";
+
+/// The whole server configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// gRPC listen address.
+    pub listen: SocketAddr,
+    pub plugins: PluginsConfig,
+    pub chain: ChainConfig,
+    pub sampling: SamplingDefaults,
+    pub limits: LimitsConfig,
+    pub logging: LoggingConfig,
+    pub model: ModelConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN.parse().expect("valid default listen address"),
+            plugins: PluginsConfig::default(),
+            chain: ChainConfig::default(),
+            sampling: SamplingDefaults::default(),
+            limits: LimitsConfig::default(),
+            logging: LoggingConfig::default(),
+            model: ModelConfig::default(),
+        }
+    }
+}
+
+/// Where sampler-stage plugins come from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Directories whose `*.so` files are all loaded.
+    pub dirs: Vec<PathBuf>,
+    /// Individual plugin libraries.
+    pub files: Vec<PathBuf>,
+}
+
+impl PluginsConfig {
+    /// The (dirs, files) to load. With nothing configured: the core stages
+    /// library next to the running executable (`target/<profile>/` for
+    /// cargo builds) — that one file, never the whole directory.
+    pub fn resolve(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        if self.dirs.is_empty() && self.files.is_empty() {
+            let exe_dir = std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+                .unwrap_or_else(|| PathBuf::from("."));
+            (Vec::new(), vec![exe_dir.join(CORE_PLUGIN_FILE)])
+        } else {
+            (self.dirs.clone(), self.files.clone())
+        }
+    }
+}
+
+/// The default chain.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChainConfig {
+    /// Stage order by name (llama.cpp `--samplers` style); parameters come
+    /// from `[sampling]`. Empty = llama.cpp's order.
+    pub order: Vec<String>,
+    /// An explicit chain (names + parameters) replacing the one derived
+    /// from `[sampling]`; empty = derive it.
+    pub stages: Vec<StageSpec>,
+}
+
+/// The seed setting: a fixed number or `"random"` (a fresh seed per
+/// request, reported in the response).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeedSetting {
+    Fixed(u64),
+    Random,
+}
+
+impl Default for SeedSetting {
+    fn default() -> Self {
+        SeedSetting::Fixed(DEFAULT_SEED)
+    }
+}
+
+impl fmt::Display for SeedSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SeedSetting::Fixed(s) => write!(f, "{s}"),
+            SeedSetting::Random => f.write_str("random"),
+        }
+    }
+}
+
+impl Serialize for SeedSetting {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SeedSetting::Fixed(v) => s.serialize_u64(*v),
+            SeedSetting::Random => s.serialize_str("random"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SeedSetting {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Num(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Num(n) => Ok(SeedSetting::Fixed(n)),
+            Raw::Text(t) if t.eq_ignore_ascii_case("random") => Ok(SeedSetting::Random),
+            // Environment variables arrive as strings only when they fail
+            // to parse as numbers; accept decimal text too.
+            Raw::Text(t) => t.parse().map(SeedSetting::Fixed).map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "seed must be a non-negative integer or \"random\", got {t:?}"
+                ))
+            }),
+        }
+    }
+}
+
+/// Default sampling parameters: what a request's unset fields take.
+/// Defaults are llama.cpp's CLI defaults (from `samplerd_sampling`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingDefaults {
+    pub seed: SeedSetting,
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub typical_p: f32,
+    pub repeat_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub repeat_last_n: i32,
+    pub top_n_sigma: f32,
+    pub xtc_probability: f32,
+    pub xtc_threshold: f32,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        let p = SamplingParams::default();
+        SamplingDefaults {
+            seed: SeedSetting::default(),
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            typical_p: p.typical_p,
+            repeat_penalty: p.repeat_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            repeat_last_n: p.repeat_last_n,
+            top_n_sigma: p.top_n_sigma,
+            xtc_probability: p.xtc_probability,
+            xtc_threshold: p.xtc_threshold,
+        }
+    }
+}
+
+impl SamplingDefaults {
+    /// The typed parameters (without a logit bias) in `order`.
+    pub fn params(&self, order: &[String]) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            typical_p: self.typical_p,
+            repeat_penalty: self.repeat_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            repeat_last_n: self.repeat_last_n,
+            top_n_sigma: self.top_n_sigma,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            logit_bias: Vec::new(),
+            order: order.to_vec(),
+        }
+    }
+}
+
+/// Resource limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// Largest vocabulary (number of logits) accepted.
+    pub max_vocab: usize,
+    /// Most SampleStream/Generate streams open at once (server-wide).
+    pub max_concurrent_streams: usize,
+    /// Most `previous_tokens` accepted in one request.
+    pub max_window_tokens: usize,
+    /// Token buffers kept for reuse between requests.
+    pub buffer_pool_size: usize,
+    /// Most candidates `n_probs` may ask for.
+    pub max_n_probs: u32,
+    /// HTTP/2 flow-control window per stream, in bytes (large enough for
+    /// a whole 0.6 MB logits message without waiting for window updates).
+    pub http2_stream_window_bytes: u32,
+    /// HTTP/2 flow-control window per connection, in bytes.
+    pub http2_connection_window_bytes: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_message_bytes: 64 * 1024 * 1024,
+            max_vocab: 262_144,
+            max_concurrent_streams: 1024,
+            max_window_tokens: 65_536,
+            buffer_pool_size: 32,
+            max_n_probs: 1024,
+            http2_stream_window_bytes: 8 * 1024 * 1024,
+            http2_connection_window_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Logging.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// `RUST_LOG`-style filter (`RUST_LOG`, when set, wins).
+    pub filter: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            filter: "info".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// The model host (Generate).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// GGUF model file; unset = no model (Generate answers
+    /// FAILED_PRECONDITION).
+    pub path: Option<PathBuf>,
+}
+
+/// Command-line overrides (the last layer). `None`/empty = not given.
+#[derive(Clone, Debug, Default)]
+pub struct CliOverrides {
+    pub listen: Option<SocketAddr>,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub model: Option<PathBuf>,
+}
+
+/// Name of the command-line source in error messages.
+const CLI_SOURCE: &str = "command-line flag";
+
+impl Provider for CliOverrides {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(CLI_SOURCE)
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut root = Dict::new();
+        if let Some(listen) = self.listen {
+            root.insert("listen".into(), listen.to_string().into());
+        }
+        if !self.plugin_dirs.is_empty() {
+            let dirs: Vec<String> = self.plugin_dirs.iter().map(|p| p.display().to_string()).collect();
+            let mut plugins = Dict::new();
+            plugins.insert("dirs".into(), dirs.into());
+            root.insert("plugins".into(), plugins.into());
+        }
+        if let Some(model) = &self.model {
+            let mut m = Dict::new();
+            m.insert("path".into(), model.display().to_string().into());
+            root.insert("model".into(), m.into());
+        }
+        Ok(Profile::Default.collect(root))
+    }
+}
+
+/// A configuration problem, naming the key and where its value came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Figment(String),
+    #[error("{key} = {value} (from {origin}): {message}")]
+    Invalid {
+        key: String,
+        value: String,
+        origin: String,
+        message: String,
+    },
+}
+
+/// The assembled layers and the typed result.
+pub struct LoadedConfig {
+    pub config: Config,
+    pub figment: Figment,
+}
+
+impl LoadedConfig {
+    /// Where `key` (dotted path) got its value: "file /x/samplerd.toml",
+    /// "environment variable `SAMPLERD_LISTEN`", "command-line flag" or
+    /// "built-in default".
+    pub fn source_of(&self, key: &str) -> String {
+        source_of(&self.figment, key)
+    }
+
+    /// A validation error for `key`.
+    pub fn invalid(&self, key: &str, value: impl fmt::Display, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key: key.to_string(),
+            value: value.to_string(),
+            origin: self.source_of(key),
+            message: message.into(),
+        }
+    }
+}
+
+fn source_of(figment: &Figment, key: &str) -> String {
+    match figment.find_metadata(key) {
+        Some(md) => describe_metadata(md, key),
+        None => "built-in default".to_string(),
+    }
+}
+
+fn describe_metadata(md: &Metadata, key: &str) -> String {
+    let name = md.name.to_string();
+    match &md.source {
+        Some(figment::Source::File(path)) => format!("{name} {}", path.display()),
+        _ if name.contains("environment") => {
+            let var = md
+                .interpolate(&Profile::Default, &key.split('.').collect::<Vec<_>>())
+                .to_string();
+            format!("{name} `{var}`")
+        }
+        _ => name,
+    }
+}
+
+/// Builds the figment: defaults → file → env → flags. `config_file`
+/// overrides `SAMPLERD_CONFIG`; with neither, `./samplerd.toml` is read
+/// when present.
+pub fn figment(config_file: Option<&Path>, cli: &CliOverrides) -> Figment {
+    let file = config_file
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(ENV_CONFIG).map(PathBuf::from));
+    let mut f = Figment::from(Serialized::defaults(Config::default()));
+    f = match file {
+        // An explicitly named file must exist.
+        Some(path) => f.merge(Toml::file_exact(path)),
+        None => f.merge(Toml::file("samplerd.toml")),
+    };
+    f.merge(
+        Env::prefixed(ENV_PREFIX)
+            .ignore(&["config"])
+            .split("__"),
+    )
+    .merge(cli.clone())
+}
+
+/// Loads and type-checks the configuration (no plugin checks; see
+/// `check::check_config` for the chain).
+pub fn load(config_file: Option<&Path>, cli: &CliOverrides) -> Result<LoadedConfig, ConfigError> {
+    let figment = figment(config_file, cli);
+    let config: Config = figment.extract().map_err(|e| ConfigError::Figment(format_figment_error(e)))?;
+    let loaded = LoadedConfig { config, figment };
+    validate(&loaded)?;
+    Ok(loaded)
+}
+
+/// Every figment error on its own line, each naming key and source.
+fn format_figment_error(err: figment::Error) -> String {
+    let mut lines = Vec::new();
+    for e in err {
+        let key = e.path.join(".");
+        let source = e
+            .metadata
+            .as_ref()
+            .map(|md| describe_metadata(md, &key))
+            .unwrap_or_else(|| "built-in default".to_string());
+        let key = if key.is_empty() { "(root)".to_string() } else { key };
+        lines.push(format!("{key} (from {source}): {}", e.kind));
+    }
+    lines.join("\n")
+}
+
+/// Checks that do not need plugins: sampling ranges, limits.
+fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    let c = &loaded.config;
+    if let Err(samplerd_sampling::ChainError::Param { field, message }) =
+        c.sampling.params(&c.chain.order).validate()
+    {
+        let key = format!("sampling.{field}");
+        let value = figment_value(&loaded.figment, &key);
+        return Err(loaded.invalid(&key, value, message));
+    }
+    let limits: [(&str, usize); 4] = [
+        ("limits.max_message_bytes", c.limits.max_message_bytes),
+        ("limits.max_vocab", c.limits.max_vocab),
+        ("limits.max_concurrent_streams", c.limits.max_concurrent_streams),
+        ("limits.max_window_tokens", c.limits.max_window_tokens),
+    ];
+    for (key, v) in limits {
+        if v == 0 {
+            return Err(loaded.invalid(key, v, "must be > 0"));
+        }
+    }
+    if tracing_subscriber::EnvFilter::try_new(&c.logging.filter).is_err() {
+        return Err(loaded.invalid("logging.filter", &c.logging.filter, "not a valid RUST_LOG-style filter"));
+    }
+    Ok(())
+}
+
+fn figment_value(f: &Figment, key: &str) -> String {
+    f.find_value(key)
+        .ok()
+        .and_then(|v| serde_json::to_string(&v).ok())
+        .unwrap_or_else(|| "?".to_string())
+}
+
+/// The effective configuration as TOML (for `check-config`).
+pub fn to_toml(config: &Config) -> String {
+    toml::to_string_pretty(config).unwrap_or_else(|e| format!("# cannot render: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = Config::default();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.sampling.seed, SeedSetting::Fixed(42));
+        assert_eq!(c.limits.max_message_bytes, 64 << 20);
+        assert_eq!(c.limits.max_vocab, 262_144);
+    }
+
+    #[test]
+    fn seed_random_parses() {
+        let f = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string("[sampling]\nseed = \"random\"\n"));
+        let c: Config = f.extract().unwrap();
+        assert_eq!(c.sampling.seed, SeedSetting::Random);
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_source() {
+        let f = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string("[sampling]\ntop_kk = 3\n"));
+        let msg = format_figment_error(f.extract::<Config>().unwrap_err());
+        assert!(msg.contains("sampling"), "{msg}");
+        assert!(msg.contains("top_kk"), "{msg}");
+    }
+}

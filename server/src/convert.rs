@@ -1,0 +1,280 @@
+//! Mapping between the `samplerd.v1` proto messages and the sampling
+//! core's types: request parameters → chain spec (unset fields take the
+//! configured defaults), stage specs and parameter values both ways, and
+//! the two logits encodings.
+
+use std::collections::BTreeMap;
+
+use samplerd_api::v1;
+use samplerd_sampling::{ChainSpec, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec};
+
+use crate::errors::RequestError;
+
+/// Field names as clients see them (error messages name these).
+pub const FIELD_LOGITS: &str = "logits";
+pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
+
+/// The logits of one step, in whichever encoding the request used.
+#[derive(Clone, Copy, Debug)]
+pub enum LogitsInput<'a> {
+    Floats(&'a [f32]),
+    Bytes(&'a [u8]),
+}
+
+impl<'a> LogitsInput<'a> {
+    /// Picks the one set encoding: both or neither is INVALID_ARGUMENT;
+    /// so are raw bytes whose length is not a multiple of 4 and a
+    /// vocabulary over `max_vocab`.
+    pub fn from_request(floats: &'a [f32], bytes: &'a [u8], max_vocab: usize) -> Result<Self, RequestError> {
+        let input = match (floats.is_empty(), bytes.is_empty()) {
+            (false, false) => {
+                return Err(RequestError::invalid(
+                    "logits/logits_f32le",
+                    format!(
+                        "set exactly one of `logits` and `logits_f32le`, got both ({} floats and {} bytes)",
+                        floats.len(),
+                        bytes.len()
+                    ),
+                ));
+            }
+            (true, true) => {
+                return Err(RequestError::invalid(
+                    "logits/logits_f32le",
+                    "set exactly one of `logits` and `logits_f32le`, got neither (both empty)",
+                ));
+            }
+            (false, true) => LogitsInput::Floats(floats),
+            (true, false) => {
+                if bytes.len() % 4 != 0 {
+                    return Err(RequestError::invalid(
+                        FIELD_LOGITS_F32LE,
+                        format!(
+                            "length {} bytes is not a multiple of 4 (little-endian f32)",
+                            bytes.len()
+                        ),
+                    ));
+                }
+                LogitsInput::Bytes(bytes)
+            }
+        };
+        if input.len() > max_vocab {
+            return Err(RequestError::invalid(
+                input.field(),
+                format!(
+                    "vocabulary of {} logits exceeds the limit of {max_vocab} (limits.max_vocab)",
+                    input.len()
+                ),
+            ));
+        }
+        Ok(input)
+    }
+
+    /// Number of logits.
+    pub fn len(&self) -> usize {
+        match self {
+            LogitsInput::Floats(f) => f.len(),
+            LogitsInput::Bytes(b) => b.len() / 4,
+        }
+    }
+
+    /// Whether there are no logits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The request field these came from.
+    pub fn field(&self) -> &'static str {
+        match self {
+            LogitsInput::Floats(_) => FIELD_LOGITS,
+            LogitsInput::Bytes(_) => FIELD_LOGITS_F32LE,
+        }
+    }
+
+    /// The raw logit of `token` (as sent, before any stage).
+    pub fn get(&self, token: u32) -> f32 {
+        let i = token as usize;
+        match self {
+            LogitsInput::Floats(f) => f[i],
+            LogitsInput::Bytes(b) => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+        }
+    }
+}
+
+/// A proto parameter value → the core's.
+pub fn param_value_from_proto(v: &v1::ParamValue, field: &str) -> Result<ParamValue, RequestError> {
+    use v1::param_value::Kind;
+    match &v.kind {
+        Some(Kind::Number(n)) => Ok(ParamValue::Number(*n)),
+        Some(Kind::Text(s)) => Ok(ParamValue::String(s.clone())),
+        Some(Kind::TokenMap(m)) => Ok(ParamValue::TokenMap(
+            m.entries.iter().map(|e| (e.token_id, e.value)).collect(),
+        )),
+        Some(Kind::Strings(l)) => Ok(ParamValue::StringList(l.values.clone())),
+        None => Err(RequestError::invalid(field, "no value set (number, text, token_map or strings)")),
+    }
+}
+
+/// The core's parameter value → proto.
+pub fn param_value_to_proto(v: &ParamValue) -> v1::ParamValue {
+    use v1::param_value::Kind;
+    let kind = match v {
+        ParamValue::Number(n) => Kind::Number(*n),
+        ParamValue::String(s) => Kind::Text(s.clone()),
+        ParamValue::TokenMap(m) => Kind::TokenMap(v1::TokenValueList {
+            entries: m
+                .iter()
+                .map(|&(token_id, value)| v1::TokenValue { token_id, value })
+                .collect(),
+        }),
+        ParamValue::StringList(l) => Kind::Strings(v1::StringList { values: l.clone() }),
+    };
+    v1::ParamValue { kind: Some(kind) }
+}
+
+/// `params.chain` → a chain spec (names are checked when it is built).
+pub fn chain_from_proto(chain: &[v1::StageSpec]) -> Result<ChainSpec, RequestError> {
+    let mut stages = Vec::with_capacity(chain.len());
+    for (i, s) in chain.iter().enumerate() {
+        if s.name.is_empty() {
+            return Err(RequestError::invalid(format!("params.chain[{i}].name"), "is empty"));
+        }
+        let mut params = BTreeMap::new();
+        for (k, v) in &s.params {
+            let field = format!("params.chain[{i}].params[{k:?}]");
+            params.insert(k.clone(), param_value_from_proto(v, &field)?);
+        }
+        stages.push(StageSpec {
+            name: s.name.clone(),
+            params,
+        });
+    }
+    Ok(ChainSpec { stages })
+}
+
+/// A chain spec → proto stage specs.
+pub fn chain_to_proto(spec: &ChainSpec) -> Vec<v1::StageSpec> {
+    spec.stages
+        .iter()
+        .map(|s| v1::StageSpec {
+            name: s.name.clone(),
+            params: s
+                .params
+                .iter()
+                .map(|(k, v)| (k.clone(), param_value_to_proto(v)))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Whether the request sets any typed sampling field (so the chain must be
+/// derived instead of reusing the default one).
+pub fn sets_typed_fields(p: &v1::SamplingParams) -> bool {
+    p.temperature.is_some()
+        || p.top_k.is_some()
+        || p.top_p.is_some()
+        || p.min_p.is_some()
+        || p.typical_p.is_some()
+        || p.repeat_penalty.is_some()
+        || p.frequency_penalty.is_some()
+        || p.presence_penalty.is_some()
+        || p.repeat_last_n.is_some()
+        || p.top_n_sigma.is_some()
+        || p.xtc_probability.is_some()
+        || p.xtc_threshold.is_some()
+        || !p.logit_bias.is_empty()
+        || !p.samplers.is_empty()
+}
+
+/// The request's typed fields over `base` (the configured defaults).
+pub fn merge_params(base: &SamplingParams, p: &v1::SamplingParams) -> SamplingParams {
+    let mut out = base.clone();
+    macro_rules! set {
+        ($($f:ident),*) => { $( if let Some(v) = p.$f { out.$f = v; } )* };
+    }
+    set!(
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        typical_p,
+        repeat_penalty,
+        frequency_penalty,
+        presence_penalty,
+        repeat_last_n,
+        top_n_sigma,
+        xtc_probability,
+        xtc_threshold
+    );
+    if !p.logit_bias.is_empty() {
+        let mut bias: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&k, &v)| (k, v)).collect();
+        bias.sort_by_key(|&(k, _)| k);
+        out.logit_bias = bias;
+    }
+    if !p.samplers.is_empty() {
+        out.order = p.samplers.clone();
+    }
+    out
+}
+
+/// A registered stage → proto.
+pub fn stage_info_to_proto(s: &StageInfo) -> v1::StageInfo {
+    v1::StageInfo {
+        name: s.name.clone(),
+        library: s.library.clone(),
+        path: s.path.display().to_string(),
+        description: s.description.clone(),
+        params: s
+            .params
+            .iter()
+            .map(|p| v1::ParamInfo {
+                name: p.name.clone(),
+                kind: param_kind_name(p.kind).to_string(),
+                default_value: (p.kind == ParamKind::Number && p.default.is_finite())
+                    .then(|| param_value_to_proto(&ParamValue::Number(p.default))),
+                description: p.description.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The proto spelling of a parameter kind.
+pub fn param_kind_name(k: ParamKind) -> &'static str {
+    match k {
+        ParamKind::Number => "number",
+        ParamKind::String => "string",
+        ParamKind::TokenMap => "token_map",
+        ParamKind::StringList => "string_list",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_decode_little_endian() {
+        let bytes: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let l = LogitsInput::from_request(&[], &bytes, 10).unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.get(1), -2.0);
+    }
+
+    #[test]
+    fn both_or_neither_is_refused() {
+        assert!(LogitsInput::from_request(&[], &[], 10).is_err());
+        assert!(LogitsInput::from_request(&[1.0], &[0, 0, 0, 0], 10).is_err());
+        let e = LogitsInput::from_request(&[], &[0, 0, 0], 10).unwrap_err();
+        assert!(e.to_string().contains("logits_f32le"), "{e}");
+    }
+
+    #[test]
+    fn typed_fields_override_defaults() {
+        let p = v1::SamplingParams {
+            top_k: Some(5),
+            ..Default::default()
+        };
+        let m = merge_params(&SamplingParams::default(), &p);
+        assert_eq!(m.top_k, 5);
+        assert_eq!(m.top_p, SamplingParams::default().top_p);
+    }
+}

@@ -1,0 +1,41 @@
+//! The seam to the model host (`samplerd-model`, wired by the lead): the
+//! `Generate` RPC delegates to a [`Generator`]; with none configured it
+//! answers FAILED_PRECONDITION saying how to configure a model.
+
+use samplerd_api::v1::{GenerateRequest, GenerateResponse};
+use samplerd_sampling::Chain;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Sampling settings resolved by the server for one Generate request
+/// (request fields over the configured defaults).
+#[derive(Clone)]
+pub struct ResolvedSampling {
+    /// The built chain.
+    pub chain: Chain,
+    /// The seed to use (reported in `Finished.seed`).
+    pub seed: u64,
+}
+
+/// Events of one Generate stream (`Token`s, then one `Finished`); a send
+/// error means the client went away: stop generating.
+pub type GenerateSink = mpsc::Sender<Result<GenerateResponse, Status>>;
+
+/// A loaded model that can generate text. Implemented by the model host.
+pub trait Generator: Send + Sync + 'static {
+    /// True once the model is loaded and can serve (health turns SERVING).
+    fn ready(&self) -> bool;
+
+    /// Runs one generation to completion on the calling (blocking) thread,
+    /// sending events to `sink` with `blocking_send`.
+    fn generate(&self, request: GenerateRequest, sampling: ResolvedSampling, sink: GenerateSink);
+}
+
+/// The FAILED_PRECONDITION message of Generate without a model.
+pub const NO_MODEL_MESSAGE: &str = "no model is configured: start the server with `samplerd serve --model PATH` \
+     or set `model.path` in samplerd.toml (env SAMPLERD_MODEL__PATH)";
+
+/// The message when `model.path` is set but this build has no model host
+/// wired in yet.
+pub const MODEL_NOT_WIRED_MESSAGE: &str =
+    "model.path is set but this build of samplerd has no model host wired in yet";

@@ -1,0 +1,196 @@
+//! Assembling and running the gRPC server: plugin loading, the default
+//! chain, the Sampler service with its message-size limits, health
+//! (SERVING once plugins are loaded and, when configured, the model is
+//! ready) and reflection (v1 and v1alpha, for grpcurl 1.8.x).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use samplerd_api::v1::sampler_server::SamplerServer;
+use samplerd_sampling::{LoadError, StageRegistry};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::config::Config;
+use crate::errors::{TOO_LARGE_MARKER, map_stream_status};
+use crate::model::Generator;
+use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
+
+/// How often health re-checks a model that is still loading.
+const MODEL_READY_POLL: Duration = Duration::from_millis(100);
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("loading plugins: {0}")]
+    Plugins(#[from] LoadError),
+    #[error("default chain: {0}")]
+    Chain(#[from] DefaultChainError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Loads the configured plugins (or the core library next to the
+/// executable when none are configured).
+pub fn load_registry(config: &Config) -> Result<StageRegistry, LoadError> {
+    let (dirs, files) = config.plugins.resolve();
+    StageRegistry::load(&dirs, &files)
+}
+
+/// Builds the shared state from a loaded registry.
+pub fn build_state(
+    config: &Config,
+    registry: StageRegistry,
+    generator: Option<Arc<dyn Generator>>,
+) -> Result<Arc<AppState>, StartError> {
+    let defaults = Defaults::build(config, &registry)?;
+    Ok(Arc::new(AppState::new(
+        Arc::new(registry),
+        defaults,
+        config.limits.clone(),
+        generator,
+        config.model.path.is_some(),
+    )))
+}
+
+/// Rewrites tonic's over-size OUT_OF_RANGE (unary requests) to
+/// RESOURCE_EXHAUSTED.
+fn fix_too_large(mut resp: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+    if let Some(status) = tonic::Status::from_header_map(resp.headers())
+        && status.code() == tonic::Code::OutOfRange
+        && status.message().contains(TOO_LARGE_MARKER)
+    {
+        let _ = map_stream_status(status).add_header(resp.headers_mut());
+    }
+    resp
+}
+
+/// Serves on `listener` until `shutdown` resolves.
+pub async fn serve(
+    state: Arc<AppState>,
+    config: &Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), StartError> {
+    let limits = &config.limits;
+    let sampler = SamplerServer::new(SamplerService { state: state.clone() })
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes);
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    reporter.set_not_serving::<SamplerServer<SamplerService>>().await;
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(samplerd_api::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+
+    // Plugins are loaded (the registry exists); wait for the model if any.
+    let generator = state.generator.clone();
+    tokio::spawn(async move {
+        if let Some(g) = generator {
+            while !g.ready() {
+                tokio::time::sleep(MODEL_READY_POLL).await;
+            }
+        }
+        reporter.set_serving::<SamplerServer<SamplerService>>().await;
+        reporter.set_service_status("", ServingStatus::Serving).await;
+    });
+
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let incoming = TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    tracing::info!(
+        addr = %local,
+        chain = %state.defaults.chain.describe(),
+        stages = state.registry.stages().len(),
+        "samplerd serving"
+    );
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(limits.http2_stream_window_bytes)
+        .initial_connection_window_size(limits.http2_connection_window_bytes)
+        .layer(tower::util::MapResponseLayer::new(fix_too_large))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(sampler)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// A server running on a background task (tests, benchmarks).
+pub struct RunningServer {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    /// The shared state (for diagnostics in tests).
+    pub state: Arc<AppState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), StartError>>,
+}
+
+impl RunningServer {
+    /// Stops the server and waits for it.
+    pub async fn stop(mut self) -> Result<(), StartError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match (&mut self.task).await {
+            Ok(r) => r,
+            Err(e) => Err(StartError::Bind {
+                addr: self.addr,
+                source: std::io::Error::other(e),
+            }),
+        }
+    }
+}
+
+/// Loads plugins, binds `config.listen` and serves in the background.
+pub async fn spawn(config: Config, generator: Option<Arc<dyn Generator>>) -> Result<RunningServer, StartError> {
+    let registry = load_registry(&config)?;
+    let state = build_state(&config, registry, generator)?;
+    let listener = TcpListener::bind(config.listen).await.map_err(|source| StartError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let (tx, rx) = oneshot::channel();
+    let st = state.clone();
+    let task = tokio::spawn(async move {
+        serve(st, &config, listener, async {
+            let _ = rx.await;
+        })
+        .await
+    });
+    Ok(RunningServer {
+        addr,
+        state,
+        shutdown: Some(tx),
+        task,
+    })
+}

@@ -1,0 +1,220 @@
+//! The `samplerd.v1.Sampler` service: shared state ([`AppState`]), the
+//! configured defaults ([`Defaults`]) and one module per RPC
+//! (`sample`, `stream`, `generate`, `stages`). Sampling always runs off the
+//! async reactor (`spawn_blocking`), so a burst of large requests never
+//! stalls health checks.
+
+pub mod generate;
+pub mod sample;
+pub mod stages;
+pub mod stream;
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use samplerd_api::v1;
+use samplerd_api::v1::sampler_server::Sampler;
+use samplerd_sampling::{Chain, ChainError, ChainSpec, SamplingParams, StageRegistry};
+use tokio::sync::Semaphore;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::config::{Config, LimitsConfig, SeedSetting};
+use crate::convert;
+use crate::errors::RequestError;
+use crate::model::Generator;
+use crate::pool::BufferPool;
+
+/// The configured defaults: typed parameters, seed setting and the
+/// default chain (built once at start-up).
+pub struct Defaults {
+    /// Typed defaults (config `[sampling]` + `chain.order`).
+    pub params: SamplingParams,
+    /// Config `sampling.seed`.
+    pub seed: SeedSetting,
+    /// The default chain's spec.
+    pub spec: ChainSpec,
+    /// The default chain, shared by every request that sets no parameter.
+    pub chain: Chain,
+}
+
+/// Which part of the configuration a default-chain error comes from.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {error}")]
+pub struct DefaultChainError {
+    /// The config key (`chain.stages`, `chain.order` or `sampling`).
+    pub key: &'static str,
+    pub error: ChainError,
+}
+
+impl Defaults {
+    /// Builds the default chain from the configuration: `chain.stages` when
+    /// set, else `[sampling]` in `chain.order`.
+    pub fn build(cfg: &Config, registry: &StageRegistry) -> Result<Self, DefaultChainError> {
+        let params = cfg.sampling.params(&cfg.chain.order);
+        let (key, spec) = if cfg.chain.stages.is_empty() {
+            let key = if cfg.chain.order.is_empty() { "sampling" } else { "chain.order" };
+            let spec = params.chain_spec().map_err(|error| DefaultChainError { key, error })?;
+            (key, spec)
+        } else {
+            ("chain.stages", ChainSpec { stages: cfg.chain.stages.clone() })
+        };
+        let chain = registry
+            .build_chain(&spec, None)
+            .map_err(|error| DefaultChainError { key, error })?;
+        Ok(Defaults {
+            params,
+            seed: cfg.sampling.seed,
+            spec,
+            chain,
+        })
+    }
+
+    /// The chain and seed for a request's parameters: `chain` when given,
+    /// else the typed fields over the defaults, else the default chain.
+    pub fn resolve(
+        &self,
+        registry: &StageRegistry,
+        p: Option<&v1::SamplingParams>,
+    ) -> Result<(Chain, u64), RequestError> {
+        let seed = p.and_then(|p| p.seed).unwrap_or_else(|| self.default_seed());
+        let Some(p) = p else {
+            return Ok((self.chain.clone(), seed));
+        };
+        let chain = if !p.chain.is_empty() {
+            let spec = convert::chain_from_proto(&p.chain)?;
+            registry
+                .build_chain(&spec, None)
+                .map_err(|e| RequestError::from_chain(e, true))?
+        } else if convert::sets_typed_fields(p) {
+            let merged = convert::merge_params(&self.params, p);
+            let spec = merged.chain_spec().map_err(|e| RequestError::from_chain(e, false))?;
+            registry.build_chain(&spec, None).map_err(|e| {
+                let field = if p.samplers.is_empty() { "params" } else { "params.samplers" };
+                RequestError::invalid(field, e.to_string())
+            })?
+        } else {
+            self.chain.clone()
+        };
+        Ok((chain, seed))
+    }
+
+    /// The configured seed, or a fresh one for `seed = "random"`.
+    pub fn default_seed(&self) -> u64 {
+        match self.seed {
+            SeedSetting::Fixed(s) => s,
+            SeedSetting::Random => random_seed(),
+        }
+    }
+}
+
+/// A fresh, unpredictable seed (std's per-process random hasher keys,
+/// mixed with a counter).
+fn random_seed() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub registry: Arc<StageRegistry>,
+    pub defaults: Defaults,
+    pub limits: LimitsConfig,
+    pub pool: BufferPool,
+    /// Permits for open SampleStream/Generate streams.
+    pub streams: Arc<Semaphore>,
+    /// Open SampleStream sessions (for tests and diagnostics).
+    pub open_sessions: AtomicUsize,
+    pub generator: Option<Arc<dyn Generator>>,
+    /// Set when `model.path` is configured but no generator is wired in.
+    pub model_configured: bool,
+    next_request_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(
+        registry: Arc<StageRegistry>,
+        defaults: Defaults,
+        limits: LimitsConfig,
+        generator: Option<Arc<dyn Generator>>,
+        model_configured: bool,
+    ) -> Self {
+        AppState {
+            registry,
+            defaults,
+            pool: BufferPool::new(limits.buffer_pool_size, limits.max_vocab),
+            streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
+            limits,
+            open_sessions: AtomicUsize::new(0),
+            generator,
+            model_configured,
+            next_request_id: AtomicU64::new(1),
+        }
+    }
+
+    /// A new request id (for the request's log span).
+    pub fn request_id(&self) -> u64 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Number of open SampleStream sessions.
+    pub fn open_sessions(&self) -> usize {
+        self.open_sessions.load(Ordering::Relaxed)
+    }
+
+    /// A stream permit, or RESOURCE_EXHAUSTED naming the limit.
+    pub fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "too many open streams: limits.max_concurrent_streams = {}",
+                self.limits.max_concurrent_streams
+            ))
+        })
+    }
+}
+
+/// The tonic service.
+#[derive(Clone)]
+pub struct SamplerService {
+    pub state: Arc<AppState>,
+}
+
+/// Boxed response stream type.
+pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Sampler for SamplerService {
+    async fn sample(&self, request: Request<v1::SampleRequest>) -> Result<Response<v1::SampleResponse>, Status> {
+        sample::handle(self.state.clone(), request.into_inner()).await.map(Response::new)
+    }
+
+    type SampleStreamStream = BoxStream<v1::SampleResponse>;
+
+    async fn sample_stream(
+        &self,
+        request: Request<Streaming<v1::SampleStreamRequest>>,
+    ) -> Result<Response<Self::SampleStreamStream>, Status> {
+        stream::handle(self.state.clone(), request.into_inner()).map(Response::new)
+    }
+
+    type GenerateStream = BoxStream<v1::GenerateResponse>;
+
+    async fn generate(
+        &self,
+        request: Request<v1::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        generate::handle(self.state.clone(), request.into_inner()).map(Response::new)
+    }
+
+    async fn list_stages(
+        &self,
+        _request: Request<v1::ListStagesRequest>,
+    ) -> Result<Response<v1::ListStagesResponse>, Status> {
+        Ok(Response::new(stages::list(&self.state)))
+    }
+}

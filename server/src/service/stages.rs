@@ -1,0 +1,15 @@
+//! `ListStages`: every loaded stage and the default chain.
+
+use samplerd_api::v1;
+
+use super::AppState;
+use crate::convert;
+
+/// Builds the ListStages response.
+pub fn list(state: &AppState) -> v1::ListStagesResponse {
+    v1::ListStagesResponse {
+        stages: state.registry.stages().iter().map(convert::stage_info_to_proto).collect(),
+        default_chain: convert::chain_to_proto(&state.defaults.spec),
+        default_chain_description: state.defaults.chain.describe(),
+    }
+}

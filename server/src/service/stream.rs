@@ -1,0 +1,220 @@
+//! `SampleStream`: one sequence, many steps. The first message fixes the
+//! parameters, the seed and the initial window; the session keeps the
+//! plugin states (penalty window) and the step counter, accepting each
+//! chosen token. Step t returns exactly what `Sample` returns with
+//! `step = t` and `previous_tokens` = initial window + tokens chosen so far.
+//!
+//! A client that cancels or disconnects ends the session: its sequence
+//! states and token buffer are freed when the driving task returns.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use samplerd_api::v1;
+use samplerd_sampling::{Sequence, TokenBuffer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+use tracing::Instrument;
+
+use super::sample::{StepInput, check_n_probs, in_vocab, load, run_step};
+use super::{AppState, BoxStream};
+use crate::convert::LogitsInput;
+use crate::errors::{RequestError, map_stream_status};
+
+/// Responses buffered ahead of a slow reader.
+const RESPONSE_BUFFER: usize = 4;
+
+/// The state of one stream.
+struct Session {
+    state: Arc<AppState>,
+    seq: Option<Sequence>,
+    buf: Option<TokenBuffer>,
+    seed: u64,
+    step: u64,
+    n_vocab: usize,
+    steps: u64,
+    sampling: Duration,
+}
+
+impl Session {
+    fn new(state: Arc<AppState>) -> Self {
+        Session {
+            state,
+            seq: None,
+            buf: None,
+            seed: 0,
+            step: 0,
+            n_vocab: 0,
+            steps: 0,
+            sampling: Duration::ZERO,
+        }
+    }
+
+    /// One message → one response (runs on a blocking thread).
+    fn step(&mut self, msg: &v1::SampleStreamRequest) -> Result<v1::SampleResponse, RequestError> {
+        let start = Instant::now();
+        let limits = &self.state.limits;
+        let input = LogitsInput::from_request(&msg.logits, &msg.logits_f32le, limits.max_vocab)?;
+        check_n_probs(msg.n_probs, &self.state)?;
+        if self.seq.is_none() {
+            if msg.previous_tokens.len() > limits.max_window_tokens {
+                return Err(RequestError::invalid(
+                    "previous_tokens",
+                    format!(
+                        "{} tokens exceed the limit of {} (limits.max_window_tokens)",
+                        msg.previous_tokens.len(),
+                        limits.max_window_tokens
+                    ),
+                ));
+            }
+            let (chain, seed) = self.state.defaults.resolve(&self.state.registry, msg.params.as_ref())?;
+            let mut seq = chain
+                .new_sequence()
+                .map_err(|e| RequestError::from_sample(e, input.field()))?;
+            seq.accept_all(&in_vocab(&msg.previous_tokens, input.len()).collect::<Vec<_>>())
+                .map_err(|e| RequestError::from_sample(e, input.field()))?;
+            let span = tracing::Span::current();
+            span.record("seed", seed);
+            span.record("chain", chain.describe());
+            self.seed = seed;
+            self.step = msg.first_step;
+            self.n_vocab = input.len();
+            self.seq = Some(seq);
+            self.buf = Some(self.state.pool.take());
+        } else {
+            if !msg.previous_tokens.is_empty() {
+                return Err(RequestError::invalid(
+                    "previous_tokens",
+                    format!(
+                        "only the first message of a stream may set the window (got {} tokens at step {})",
+                        msg.previous_tokens.len(),
+                        self.step
+                    ),
+                ));
+            }
+            if input.len() != self.n_vocab {
+                return Err(RequestError::invalid(
+                    input.field(),
+                    format!(
+                        "vocabulary changed within the stream: {} logits, the first message had {}",
+                        input.len(),
+                        self.n_vocab
+                    ),
+                ));
+            }
+        }
+        let (Some(seq), Some(buf)) = (self.seq.as_mut(), self.buf.as_mut()) else {
+            return Err(RequestError::Internal("stream session not initialised".into()));
+        };
+        load(buf, input)?;
+        let resp = run_step(
+            seq,
+            buf,
+            StepInput {
+                logits: input,
+                seed: self.seed,
+                step: self.step,
+                n_probs: msg.n_probs,
+                post_sampling_probs: msg.post_sampling_probs,
+            },
+        )?;
+        seq.accept(resp.token_id)
+            .map_err(|e| RequestError::from_sample(e, input.field()))?;
+        self.step += 1;
+        self.steps += 1;
+        self.sampling += start.elapsed();
+        Ok(resp)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.state.pool.put(buf);
+        }
+        self.state.open_sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The `SampleStream` RPC: spawns the task that drives the session.
+pub fn handle(
+    state: Arc<AppState>,
+    mut inbound: Streaming<v1::SampleStreamRequest>,
+) -> Result<BoxStream<v1::SampleResponse>, Status> {
+    let permit = state.stream_permit()?;
+    state.open_sessions.fetch_add(1, Ordering::Relaxed);
+    let span = tracing::info_span!(
+        "sample_stream",
+        request_id = state.request_id(),
+        chain = tracing::field::Empty,
+        seed = tracing::field::Empty,
+    );
+    let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
+    let task_span = span.clone();
+    tokio::spawn(
+        async move {
+            let _permit = permit;
+            let opened = Instant::now();
+            let mut session = Some(Session::new(state));
+            let mut end = "client closed the stream";
+            loop {
+                let msg = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = tx.closed() => { end = "client went away"; break; }
+                };
+                let msg = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(status) => {
+                        end = "receive error";
+                        let status = map_stream_status(status);
+                        tracing::debug!(%status, "stream receive failed");
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                };
+                let Some(mut s) = session.take() else { break };
+                let span = task_span.clone();
+                let joined = tokio::task::spawn_blocking(move || {
+                    let r = span.in_scope(|| s.step(&msg));
+                    (s, r)
+                })
+                .await;
+                let (s, result) = match joined {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("sampling task failed: {e}")))).await;
+                        end = "sampling task failed";
+                        break;
+                    }
+                };
+                session = Some(s);
+                let failed = result.is_err();
+                if let Err(e) = &result {
+                    tracing::info!(error = %e, "stream step failed");
+                }
+                if tx.send(result.map_err(Status::from)).await.is_err() {
+                    end = "client went away";
+                    break;
+                }
+                if failed {
+                    end = "error";
+                    break;
+                }
+            }
+            let (steps, sampling) = session.as_ref().map(|s| (s.steps, s.sampling)).unwrap_or_default();
+            tracing::info!(
+                steps,
+                elapsed_ms = opened.elapsed().as_secs_f64() * 1e3,
+                sampling_us_per_step = if steps > 0 { sampling.as_secs_f64() * 1e6 / steps as f64 } else { 0.0 },
+                end,
+                "stream closed"
+            );
+            drop(session);
+        }
+        .instrument(span),
+    );
+    Ok(Box::pin(ReceiverStream::new(rx)))
+}

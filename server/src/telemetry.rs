@@ -1,0 +1,25 @@
+//! Logging setup with `tracing-subscriber`: a `RUST_LOG`-style filter
+//! (`RUST_LOG` wins over `logging.filter`) and text or JSON output on
+//! stderr. Requests get one span each (see `service`); nothing is logged
+//! per token at info level.
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogFormat, LoggingConfig};
+
+/// Installs the global subscriber. Safe to call more than once (later
+/// calls are no-ops), so tests can call it freely.
+pub fn init(cfg: &LoggingConfig) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::try_new(&cfg.filter).unwrap_or_else(|_| EnvFilter::new("info")));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(true);
+    let _ = match cfg.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().with_current_span(true).try_init(),
+    };
+}

@@ -1,0 +1,146 @@
+//! Shared test harness: an in-process server on 127.0.0.1:0 with the
+//! plugin libraries cargo built next to the test binary, a tonic client,
+//! and a bounded wait on the health check (no sleeps).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use samplerd::config::Config;
+use samplerd::server::{RunningServer, spawn};
+use samplerd_api::v1::sampler_client::SamplerClient;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+
+/// Upper bound on waiting for the server to report SERVING.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Client-side message limit (above every server limit used in tests).
+pub const CLIENT_MAX_MESSAGE: usize = 256 << 20;
+
+/// `target/<profile>/`, where cargo puts the plugin libraries built as
+/// dev-dependencies (the test binary lives in `target/<profile>/deps/`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+pub fn core_plugin() -> PathBuf {
+    let p = profile_dir().join("libsamplerd_core_stages.so");
+    assert!(p.is_file(), "core plugin not built at {}", p.display());
+    p
+}
+
+pub fn test_plugin() -> PathBuf {
+    let p = profile_dir().join("libsamplerd_test_plugins.so");
+    assert!(p.is_file(), "test plugin not built at {}", p.display());
+    p
+}
+
+/// A config for tests: ephemeral port, the core plugin only.
+pub fn test_config() -> Config {
+    let mut c = Config::default();
+    c.listen = "127.0.0.1:0".parse().unwrap();
+    c.plugins.files = vec![core_plugin()];
+    c
+}
+
+pub struct TestServer {
+    pub server: Option<RunningServer>,
+    pub client: SamplerClient<Channel>,
+    pub channel: Channel,
+}
+
+impl TestServer {
+    pub async fn stop(mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop().await.expect("clean shutdown");
+        }
+    }
+
+    pub fn state(&self) -> &samplerd::service::AppState {
+        &self.server.as_ref().unwrap().state
+    }
+
+    /// Asserts the health check still answers SERVING.
+    pub async fn assert_serving(&self) {
+        let mut h = HealthClient::new(self.channel.clone());
+        let r = h
+            .check(HealthCheckRequest { service: String::new() })
+            .await
+            .expect("health check")
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32);
+    }
+}
+
+/// Starts a server with `config` and waits (bounded) for SERVING.
+pub async fn start_with(config: Config) -> TestServer {
+    let server = spawn(config, None).await.expect("server starts");
+    let channel = Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .initial_stream_window_size(8 << 20)
+        .initial_connection_window_size(32 << 20)
+        .connect()
+        .await
+        .expect("connect");
+    wait_serving(channel.clone()).await;
+    let client = SamplerClient::new(channel.clone())
+        .max_decoding_message_size(CLIENT_MAX_MESSAGE)
+        .max_encoding_message_size(CLIENT_MAX_MESSAGE);
+    TestServer {
+        server: Some(server),
+        client,
+        channel,
+    }
+}
+
+pub async fn start() -> TestServer {
+    start_with(test_config()).await
+}
+
+/// Watches the overall health status until SERVING, within HEALTH_TIMEOUT.
+pub async fn wait_serving(channel: Channel) {
+    let mut h = HealthClient::new(channel);
+    tokio::time::timeout(HEALTH_TIMEOUT, async {
+        let mut watch = h
+            .watch(HealthCheckRequest { service: String::new() })
+            .await
+            .expect("health watch")
+            .into_inner();
+        while let Some(msg) = watch.message().await.expect("health stream") {
+            if msg.status == ServingStatus::Serving as i32 {
+                return;
+            }
+        }
+        panic!("health stream ended before SERVING");
+    })
+    .await
+    .expect("server did not become SERVING in time");
+}
+
+/// Deterministic pseudo-random logits (a fixed LCG; no RNG dependency).
+pub fn logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+        })
+        .collect()
+}
+
+pub fn to_bytes(l: &[f32]) -> Vec<u8> {
+    l.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+pub fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,645 @@
+//! In-process server + tonic client tests for every RPC and every bad
+//! input of the samplerd.v1 API, plus `check-config` through the binary.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use samplerd_api::v1::{self, param_value::Kind};
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+fn greedy() -> Option<v1::SamplingParams> {
+    Some(v1::SamplingParams {
+        temperature: Some(0.0),
+        ..Default::default()
+    })
+}
+
+fn req_floats(l: &[f32]) -> v1::SampleRequest {
+    v1::SampleRequest {
+        logits: l.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn req_bytes(l: &[f32]) -> v1::SampleRequest {
+    v1::SampleRequest {
+        logits_f32le: to_bytes(l).into(),
+        ..Default::default()
+    }
+}
+
+fn log_softmax(l: &[f32], i: usize) -> f32 {
+    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = l.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    l[i] - m - s.ln() as f32
+}
+
+#[tokio::test]
+async fn sample_greedy_returns_argmax_with_logprob() {
+    let mut s = start().await;
+    let l = logits(1000, 1);
+    let want = argmax(&l);
+    let r = s
+        .client
+        .sample(v1::SampleRequest {
+            params: greedy(),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.token_id, want);
+    assert_eq!(r.seed, 42, "default seed");
+    assert!((r.logprob - log_softmax(&l, want as usize)).abs() < 1e-3, "{r:?}");
+    assert!(r.probability > 0.0 && r.probability <= 1.0);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn raw_bytes_and_floats_agree_and_are_deterministic() {
+    let mut s = start().await;
+    let l = logits(5000, 2);
+    for step in 0..5 {
+        let a = s
+            .client
+            .sample(v1::SampleRequest { step, ..req_floats(&l) })
+            .await
+            .unwrap()
+            .into_inner();
+        let b = s
+            .client
+            .sample(v1::SampleRequest { step, ..req_bytes(&l) })
+            .await
+            .unwrap()
+            .into_inner();
+        let c = s
+            .client
+            .sample(v1::SampleRequest { step, ..req_bytes(&l) })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(a, b);
+        assert_eq!(b, c);
+        assert_eq!(a.step, step);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn n_probs_raw_and_post_sampling() {
+    let mut s = start().await;
+    let l = logits(2000, 3);
+    let raw = s
+        .client
+        .sample(v1::SampleRequest {
+            n_probs: 5,
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(raw.probs.len(), 5);
+    assert_eq!(raw.probs[0].token_id, argmax(&l));
+    assert!((raw.probs[0].logprob - log_softmax(&l, argmax(&l) as usize)).abs() < 1e-3);
+    assert!(raw.probs.windows(2).all(|w| w[0].probability >= w[1].probability));
+    let post = s
+        .client
+        .sample(v1::SampleRequest {
+            n_probs: 100,
+            post_sampling_probs: true,
+            params: Some(v1::SamplingParams {
+                top_k: Some(10),
+                ..Default::default()
+            }),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(post.probs.len() <= 10, "top_k=10 leaves at most 10: {}", post.probs.len());
+    let sum: f32 = post.probs.iter().map(|p| p.probability).sum();
+    assert!((sum - 1.0).abs() < 1e-3, "post-chain probabilities sum to 1: {sum}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn explicit_chain_and_samplers_order() {
+    let mut s = start().await;
+    let l = logits(1000, 4);
+    let chain = vec![
+        v1::StageSpec {
+            name: "top_k".into(),
+            params: HashMap::from([("k".to_string(), v1::ParamValue { kind: Some(Kind::Number(1.0)) })]),
+        },
+        v1::StageSpec {
+            name: "dist".into(),
+            params: HashMap::new(),
+        },
+    ];
+    let r = s
+        .client
+        .sample(v1::SampleRequest {
+            params: Some(v1::SamplingParams {
+                chain,
+                ..Default::default()
+            }),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.token_id, argmax(&l), "top_k(1) → dist picks the argmax");
+    let r = s
+        .client
+        .sample(v1::SampleRequest {
+            params: Some(v1::SamplingParams {
+                samplers: vec!["top_k".into(), "temperature".into()],
+                top_k: Some(1),
+                ..Default::default()
+            }),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.token_id, argmax(&l));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn logit_bias_changes_the_greedy_choice() {
+    let mut s = start().await;
+    let l = logits(100, 5);
+    let target = (argmax(&l) + 1) % 100;
+    let r = s
+        .client
+        .sample(v1::SampleRequest {
+            params: Some(v1::SamplingParams {
+                temperature: Some(0.0),
+                logit_bias: HashMap::from([(target, 100.0)]),
+                ..Default::default()
+            }),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.token_id, target);
+    s.stop().await;
+}
+
+/// Stream of N steps == N stateless Sample calls with the same seed and
+/// steps, previous_tokens = initial window + chosen so far.
+#[tokio::test]
+async fn stream_equals_stateless_samples() {
+    let mut s = start().await;
+    const N: usize = 24;
+    let vocab = 64;
+    let params = Some(v1::SamplingParams {
+        seed: Some(7),
+        repeat_penalty: Some(1.5),
+        frequency_penalty: Some(0.3),
+        presence_penalty: Some(0.2),
+        top_k: Some(20),
+        temperature: Some(1.0),
+        ..Default::default()
+    });
+    let window: Vec<u32> = vec![1, 2, 3, 3, 5];
+    let steps: Vec<Vec<f32>> = (0..N).map(|i| logits(vocab, 100 + i as u64)).collect();
+
+    let msgs: Vec<v1::SampleStreamRequest> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, l)| v1::SampleStreamRequest {
+            logits_f32le: to_bytes(l).into(),
+            previous_tokens: if i == 0 { window.clone() } else { vec![] },
+            params: if i == 0 { params.clone() } else { None },
+            n_probs: 3,
+            ..Default::default()
+        })
+        .collect();
+    let streamed: Vec<v1::SampleResponse> = s
+        .client
+        .sample_stream(tokio_stream::iter(msgs))
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|r| r.unwrap())
+        .collect()
+        .await;
+    assert_eq!(streamed.len(), N);
+
+    let mut prev = window.clone();
+    for (t, l) in steps.iter().enumerate() {
+        let r = s
+            .client
+            .sample(v1::SampleRequest {
+                logits: l.clone(),
+                previous_tokens: prev.clone(),
+                params: params.clone(),
+                step: t as u64,
+                n_probs: 3,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r, streamed[t], "step {t}");
+        prev.push(r.token_id);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn list_stages_reports_core_stages_and_default_chain() {
+    let mut s = start().await;
+    let r = s.client.list_stages(v1::ListStagesRequest {}).await.unwrap().into_inner();
+    let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
+    for want in ["top_k", "top_p", "temperature", "dist", "greedy", "penalties"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    let top_k = r.stages.iter().find(|s| s.name == "top_k").unwrap();
+    assert!(top_k.params.iter().any(|p| p.name == "k" && p.kind == "number"));
+    assert!(!r.default_chain.is_empty());
+    assert_eq!(r.default_chain.last().unwrap().name, "dist");
+    assert!(r.default_chain_description.contains("top_k"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn generate_without_model_is_failed_precondition() {
+    let mut s = start().await;
+    let err = s
+        .client
+        .generate(v1::GenerateRequest {
+            prompt: "hi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("--model PATH") && err.message().contains("model.path"), "{err:?}");
+    s.stop().await;
+}
+
+async fn expect_err(s: &mut TestServer, req: v1::SampleRequest, code: Code, needles: &[&str]) {
+    let err = s.client.sample(req).await.expect_err("request must fail");
+    assert_eq!(err.code(), code, "{err:?}");
+    for n in needles {
+        assert!(err.message().contains(n), "{:?} should contain {n:?}", err.message());
+    }
+    s.assert_serving().await;
+}
+
+#[tokio::test]
+async fn bad_inputs_name_field_and_value() {
+    let mut s = start().await;
+    let l = logits(100, 6);
+    let inv = Code::InvalidArgument;
+    // Both and neither encodings.
+    let both = v1::SampleRequest {
+        logits: l.clone(),
+        logits_f32le: to_bytes(&l).into(),
+        ..Default::default()
+    };
+    expect_err(&mut s, both, inv, &["logits", "both"]).await;
+    expect_err(&mut s, v1::SampleRequest::default(), inv, &["logits", "neither"]).await;
+    // Bytes not a multiple of 4.
+    let odd = v1::SampleRequest {
+        logits_f32le: vec![0u8; 10].into(),
+        ..Default::default()
+    };
+    expect_err(&mut s, odd, inv, &["logits_f32le", "10"]).await;
+    // NaN and +inf, naming the index.
+    let mut bad = l.clone();
+    bad[17] = f32::NAN;
+    expect_err(&mut s, req_floats(&bad), inv, &["logits", "[17]", "NaN"]).await;
+    let mut bad = l.clone();
+    bad[42] = f32::INFINITY;
+    expect_err(&mut s, req_bytes(&bad), inv, &["logits_f32le", "[42]", "inf"]).await;
+    // Parameter ranges.
+    for (p, field, value) in [
+        (v1::SamplingParams { top_p: Some(1.5), ..Default::default() }, "top_p", "1.5"),
+        (v1::SamplingParams { temperature: Some(-1.0), ..Default::default() }, "temperature", "-1"),
+        (v1::SamplingParams { top_k: Some(-3), ..Default::default() }, "top_k", "-3"),
+    ] {
+        let r = v1::SampleRequest {
+            params: Some(p),
+            ..req_floats(&l)
+        };
+        expect_err(&mut s, r, inv, &[field, value]).await;
+    }
+    // Unknown stage in chain.
+    let r = v1::SampleRequest {
+        params: Some(v1::SamplingParams {
+            chain: vec![
+                v1::StageSpec {
+                    name: "no_such_stage".into(),
+                    params: HashMap::new(),
+                },
+                v1::StageSpec {
+                    name: "dist".into(),
+                    params: HashMap::new(),
+                },
+            ],
+            ..Default::default()
+        }),
+        ..req_floats(&l)
+    };
+    expect_err(&mut s, r, inv, &["params.chain", "no_such_stage"]).await;
+    // Bad stage parameter.
+    let r = v1::SampleRequest {
+        params: Some(v1::SamplingParams {
+            chain: vec![v1::StageSpec {
+                name: "top_k".into(),
+                params: HashMap::from([("kk".to_string(), v1::ParamValue { kind: Some(Kind::Number(3.0)) })]),
+            }],
+            ..Default::default()
+        }),
+        ..req_floats(&l)
+    };
+    expect_err(&mut s, r, inv, &["params.chain"]).await;
+    // Still serving real requests.
+    let ok = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    assert!((ok.token_id as usize) < l.len());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn previous_tokens_out_of_vocabulary_are_skipped() {
+    let mut s = start().await;
+    let l = logits(50, 8);
+    let params = Some(v1::SamplingParams {
+        repeat_penalty: Some(2.0),
+        temperature: Some(0.0),
+        ..Default::default()
+    });
+    let with_bad = s
+        .client
+        .sample(v1::SampleRequest {
+            previous_tokens: vec![argmax(&l), 50, 1_000_000, u32::MAX],
+            params: params.clone(),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let without = s
+        .client
+        .sample(v1::SampleRequest {
+            previous_tokens: vec![argmax(&l)],
+            params,
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(with_bad, without);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn vocabulary_and_message_limits() {
+    let mut cfg = test_config();
+    cfg.limits.max_vocab = 1000;
+    cfg.limits.max_message_bytes = 16 * 1024;
+    let mut s = start_with(cfg).await;
+    // Over the vocabulary limit (but under the message limit).
+    let err = s.client.sample(req_bytes(&logits(1001, 9))).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("1001") && err.message().contains("max_vocab"), "{err:?}");
+    // Over the message limit: RESOURCE_EXHAUSTED.
+    let err = s.client.sample(req_bytes(&logits(8000, 9))).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    // Same on a stream.
+    let msg = v1::SampleStreamRequest {
+        logits_f32le: to_bytes(&logits(8000, 9)).into(),
+        ..Default::default()
+    };
+    let mut st = s
+        .client
+        .sample_stream(tokio_stream::iter(vec![msg]))
+        .await
+        .unwrap()
+        .into_inner();
+    let err = st.message().await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    s.assert_serving().await;
+    let ok = s.client.sample(req_bytes(&logits(500, 9))).await.unwrap().into_inner();
+    assert!(ok.token_id < 500);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn plugin_failure_is_internal_naming_the_stage() {
+    let mut cfg = test_config();
+    cfg.plugins.files.push(test_plugin());
+    let mut s = start_with(cfg).await;
+    let l = logits(100, 10);
+    let chain = vec![
+        v1::StageSpec {
+            name: "test_panic".into(),
+            params: HashMap::new(),
+        },
+        v1::StageSpec {
+            name: "greedy".into(),
+            params: HashMap::new(),
+        },
+    ];
+    let r = v1::SampleRequest {
+        params: Some(v1::SamplingParams {
+            chain,
+            ..Default::default()
+        }),
+        ..req_floats(&l)
+    };
+    expect_err(&mut s, r, Code::Internal, &["test_panic"]).await;
+    let ok = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    assert!(ok.token_id < 100);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn stream_error_mid_stream_and_cancel_free_the_session() {
+    let mut s = start().await;
+    let l = logits(100, 11);
+    // A bad second message ends the stream with an error naming the field.
+    let mut bad = l.clone();
+    bad[3] = f32::NAN;
+    let msgs = vec![
+        v1::SampleStreamRequest {
+            logits: l.clone(),
+            ..Default::default()
+        },
+        v1::SampleStreamRequest {
+            logits: bad,
+            ..Default::default()
+        },
+    ];
+    let mut st = s.client.sample_stream(tokio_stream::iter(msgs)).await.unwrap().into_inner();
+    assert!(st.message().await.unwrap().is_some());
+    let err = st.message().await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("[3]"), "{err:?}");
+
+    // A client that disconnects mid-stream: the session is freed.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(v1::SampleStreamRequest {
+        logits: l.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut st = s
+        .client
+        .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(st.message().await.unwrap().is_some());
+    assert_eq!(s.state().open_sessions(), 1);
+    drop(st);
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while s.state().open_sessions() != 0 {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("session freed after the client went away");
+    s.assert_serving().await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn random_seed_setting_reports_fresh_seeds() {
+    let mut cfg = test_config();
+    cfg.sampling.seed = samplerd::config::SeedSetting::Random;
+    let mut s = start_with(cfg).await;
+    let l = logits(100, 12);
+    let a = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    let b = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    assert_ne!(a.seed, b.seed);
+    // A request seed still wins.
+    let c = s
+        .client
+        .sample(v1::SampleRequest {
+            params: Some(v1::SamplingParams {
+                seed: Some(5),
+                ..Default::default()
+            }),
+            ..req_floats(&l)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(c.seed, 5);
+    s.stop().await;
+}
+
+/// A burst of large requests does not stall the health check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_during_a_burst() {
+    let s = start().await;
+    let l = logits(151_936, 13);
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let mut c = s.client.clone();
+        let r = req_bytes(&l);
+        tasks.push(tokio::spawn(async move { c.sample(r).await.map(|_| ()) }));
+    }
+    tokio::time::timeout(Duration::from_secs(5), s.assert_serving())
+        .await
+        .expect("health answered during the burst");
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    s.stop().await;
+}
+
+fn samplerd_bin() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_samplerd"));
+    c.env_remove("SAMPLERD_CONFIG").env_remove("RUST_LOG");
+    c
+}
+
+#[test]
+fn check_config_prints_effective_config_and_chain() {
+    let out = samplerd_bin()
+        .args(["check-config", "--plugin-dir"])
+        .arg(tempdir_with_core())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("listen = \"127.0.0.1:50051\""), "{stdout}");
+    assert!(stdout.contains("top_k"), "{stdout}");
+}
+
+/// A directory holding only the core plugin (the profile dir also has
+/// the misbehaving test plugins).
+fn tempdir_with_core() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("samplerd-test-plugins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(core_plugin(), dir.join("libsamplerd_core_stages.so")).unwrap();
+    dir
+}
+
+#[test]
+fn check_config_names_key_and_source() {
+    let dir = tempdir_with_core();
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "[sampling]\ntop_p = 1.5\n").unwrap();
+    let out = samplerd_bin()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .arg("--plugin-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("sampling.top_p") && stderr.contains("bad.toml"), "{stderr}");
+
+    // From the environment.
+    let out = samplerd_bin()
+        .args(["check-config", "--plugin-dir"])
+        .arg(&dir)
+        .env("SAMPLERD_SAMPLING__TOP_K", "-3")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("sampling.top_k") && stderr.contains("SAMPLERD_SAMPLING__TOP_K"), "{stderr}");
+
+    // A chain that does not build: unknown stage in chain.order.
+    std::fs::write(&file, "[chain]\norder = [\"top_k\", \"nope\"]\n").unwrap();
+    let out = samplerd_bin()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .arg("--plugin-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("chain.order") && stderr.contains("nope"), "{stderr}");
+
+    // Unknown key.
+    std::fs::write(&file, "[limits]\nmax_vocabb = 3\n").unwrap();
+    let out = samplerd_bin()
+        .args(["check-config", "--config"])
+        .arg(&file)
+        .arg("--plugin-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("max_vocabb") && stderr.contains("bad.toml"), "{stderr}");
+}
