@@ -127,7 +127,11 @@ where
 }
 
 /// Steps/s of a stream driven one message at a time (send, await reply).
-async fn stream_rate<S, Fut>(iters: usize, logits: &[u8], open: impl FnOnce(ReceiverStream<SampleStreamRequest>) -> Fut) -> (f64, Row)
+async fn stream_rate<S, Fut>(
+    iters: usize,
+    logits: &[u8],
+    open: impl FnOnce(ReceiverStream<SampleStreamRequest>) -> Fut,
+) -> (f64, Row)
 where
     Fut: std::future::Future<Output = S>,
     S: tokio_stream::Stream<Item = Result<SampleResponse, Status>> + Unpin,
@@ -169,10 +173,14 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_ITERS);
-    let mut cfg = Config::default();
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
     cfg.plugins.files = vec![profile_dir().join("libsamplerd_core_stages.so")];
-    let server = samplerd::server::spawn(cfg, None).await.expect("samplerd starts");
+    let server = samplerd::server::spawn(cfg, None)
+        .await
+        .expect("samplerd starts");
 
     let noop_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let noop_addr = noop_listener.local_addr().unwrap();
@@ -217,54 +225,74 @@ async fn main() {
 
     let mut rows = Vec::new();
     {
-        let mut c = noop.clone();
+        let c = noop.clone();
         let r = req_bytes.clone();
-        rows.push(time_unary("noop raw bytes (floor)", iters, || {
-            let mut c = c.clone();
-            let r = r.clone();
-            async move {
-                c.sample(r).await.unwrap();
-            }
-        }).await);
-        let _ = &mut c;
+        rows.push(
+            time_unary("noop raw bytes (floor)", iters, || {
+                let mut c = c.clone();
+                let r = r.clone();
+                async move {
+                    c.sample(r).await.unwrap();
+                }
+            })
+            .await,
+        );
     }
     {
         let c = sampler.clone();
         let r = req_bytes.clone();
-        rows.push(time_unary("Sample raw bytes", iters, || {
-            let mut c = c.clone();
-            let r = r.clone();
-            async move {
-                c.sample(r).await.unwrap();
-            }
-        }).await);
+        rows.push(
+            time_unary("Sample raw bytes", iters, || {
+                let mut c = c.clone();
+                let r = r.clone();
+                async move {
+                    c.sample(r).await.unwrap();
+                }
+            })
+            .await,
+        );
     }
     {
         let c = noop.clone();
         let r = req_floats.clone();
-        rows.push(time_unary("noop repeated float (floor)", iters, || {
-            let mut c = c.clone();
-            let r = r.clone();
-            async move {
-                c.sample(r).await.unwrap();
-            }
-        }).await);
+        rows.push(
+            time_unary("noop repeated float (floor)", iters, || {
+                let mut c = c.clone();
+                let r = r.clone();
+                async move {
+                    c.sample(r).await.unwrap();
+                }
+            })
+            .await,
+        );
     }
     {
         let c = sampler.clone();
         let r = req_floats.clone();
-        rows.push(time_unary("Sample repeated float", iters, || {
-            let mut c = c.clone();
-            let r = r.clone();
-            async move {
-                c.sample(r).await.unwrap();
-            }
-        }).await);
+        rows.push(
+            time_unary("Sample repeated float", iters, || {
+                let mut c = c.clone();
+                let r = r.clone();
+                async move {
+                    c.sample(r).await.unwrap();
+                }
+            })
+            .await,
+        );
     }
-    println!("\n{:<30} {:>10} {:>10} {:>12}", "unary", "p50 µs", "p99 µs", "p50 / floor");
+    println!(
+        "\n{:<30} {:>10} {:>10} {:>12}",
+        "unary", "p50 µs", "p99 µs", "p50 / floor"
+    );
     for (i, r) in rows.iter().enumerate() {
         let floor = rows[i - i % 2].p50;
-        println!("{:<30} {:>10.1} {:>10.1} {:>11.2}x", r.name, r.p50, r.p99, r.p50 / floor);
+        println!(
+            "{:<30} {:>10.1} {:>10.1} {:>11.2}x",
+            r.name,
+            r.p50,
+            r.p99,
+            r.p50 / floor
+        );
     }
 
     let mut nc = noop.clone();
@@ -277,9 +305,18 @@ async fn main() {
         sc.sample_stream(rx).await.unwrap().into_inner()
     })
     .await;
-    println!("\n{:<30} {:>10} {:>10} {:>12}", "stream (raw bytes)", "steps/s", "p50 µs", "p99 µs");
-    println!("{:<30} {:>10.0} {:>10.1} {:>12.1}", "noop stream (floor)", noop_rate, noop_row.p50, noop_row.p99);
-    println!("{:<30} {:>10.0} {:>10.1} {:>12.1}", "SampleStream", rate, row.p50, row.p99);
+    println!(
+        "\n{:<30} {:>10} {:>10} {:>12}",
+        "stream (raw bytes)", "steps/s", "p50 µs", "p99 µs"
+    );
+    println!(
+        "{:<30} {:>10.0} {:>10.1} {:>12.1}",
+        "noop stream (floor)", noop_rate, noop_row.p50, noop_row.p99
+    );
+    println!(
+        "{:<30} {:>10.0} {:>10.1} {:>12.1}",
+        "SampleStream", rate, row.p50, row.p99
+    );
     println!("\nSampleStream / floor rate: {:.2}", rate / noop_rate);
 
     let _ = server.stop().await;

@@ -31,7 +31,13 @@ pub fn check_config(config_file: Option<&Path>, cli: &CliOverrides) -> Result<St
     out.push_str(&config::to_toml(&loaded.config));
     let _ = writeln!(out, "\n# loaded stages");
     for s in registry.stages() {
-        let _ = writeln!(out, "#   {:<14} {} ({})", s.name, s.library, s.path.display());
+        let _ = writeln!(
+            out,
+            "#   {:<14} {} ({})",
+            s.name,
+            s.library,
+            s.path.display()
+        );
     }
     let _ = writeln!(out, "\n# default chain\n#   {}", defaults.chain.describe());
     Ok(out)
@@ -52,6 +58,13 @@ fn plugin_error(loaded: &LoadedConfig, e: samplerd_sampling::LoadError) -> Confi
     } else {
         "plugins.dirs"
     };
-    let value = format!("{:?}", if key == "plugins.files" { &c.plugins.files } else { &c.plugins.dirs });
+    let value = format!(
+        "{:?}",
+        if key == "plugins.files" {
+            &c.plugins.files
+        } else {
+            &c.plugins.dirs
+        }
+    );
     loaded.invalid(key, value, e.to_string())
 }

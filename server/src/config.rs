@@ -45,7 +45,9 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: DEFAULT_LISTEN.parse().expect("valid default listen address"),
+            listen: DEFAULT_LISTEN
+                .parse()
+                .expect("valid default listen address"),
             plugins: PluginsConfig::default(),
             chain: ChainConfig::default(),
             sampling: SamplingDefaults::default(),
@@ -309,7 +311,11 @@ impl Provider for CliOverrides {
             root.insert("listen".into(), listen.to_string().into());
         }
         if !self.plugin_dirs.is_empty() {
-            let dirs: Vec<String> = self.plugin_dirs.iter().map(|p| p.display().to_string()).collect();
+            let dirs: Vec<String> = self
+                .plugin_dirs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
             let mut plugins = Dict::new();
             plugins.insert("dirs".into(), dirs.into());
             root.insert("plugins".into(), plugins.into());
@@ -352,7 +358,12 @@ impl LoadedConfig {
     }
 
     /// A validation error for `key`.
-    pub fn invalid(&self, key: &str, value: impl fmt::Display, message: impl Into<String>) -> ConfigError {
+    pub fn invalid(
+        &self,
+        key: &str,
+        value: impl fmt::Display,
+        message: impl Into<String>,
+    ) -> ConfigError {
         ConfigError::Invalid {
             key: key.to_string(),
             value: value.to_string(),
@@ -374,10 +385,8 @@ fn describe_metadata(md: &Metadata, key: &str) -> String {
     match &md.source {
         Some(figment::Source::File(path)) => format!("{name} {}", path.display()),
         _ if name.contains("environment") => {
-            let var = md
-                .interpolate(&Profile::Default, &key.split('.').collect::<Vec<_>>())
-                .to_string();
-            format!("{name} `{var}`")
+            let var = format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase());
+            format!("environment variable `{var}`")
         }
         _ => name,
     }
@@ -396,19 +405,17 @@ pub fn figment(config_file: Option<&Path>, cli: &CliOverrides) -> Figment {
         Some(path) => f.merge(Toml::file_exact(path)),
         None => f.merge(Toml::file("samplerd.toml")),
     };
-    f.merge(
-        Env::prefixed(ENV_PREFIX)
-            .ignore(&["config"])
-            .split("__"),
-    )
-    .merge(cli.clone())
+    f.merge(Env::prefixed(ENV_PREFIX).ignore(&["config"]).split("__"))
+        .merge(cli.clone())
 }
 
 /// Loads and type-checks the configuration (no plugin checks; see
 /// `check::check_config` for the chain).
 pub fn load(config_file: Option<&Path>, cli: &CliOverrides) -> Result<LoadedConfig, ConfigError> {
     let figment = figment(config_file, cli);
-    let config: Config = figment.extract().map_err(|e| ConfigError::Figment(format_figment_error(e)))?;
+    let config: Config = figment
+        .extract()
+        .map_err(|e| ConfigError::Figment(format_figment_error(e)))?;
     let loaded = LoadedConfig { config, figment };
     validate(&loaded)?;
     Ok(loaded)
@@ -424,7 +431,11 @@ fn format_figment_error(err: figment::Error) -> String {
             .as_ref()
             .map(|md| describe_metadata(md, &key))
             .unwrap_or_else(|| "built-in default".to_string());
-        let key = if key.is_empty() { "(root)".to_string() } else { key };
+        let key = if key.is_empty() {
+            "(root)".to_string()
+        } else {
+            key
+        };
         lines.push(format!("{key} (from {source}): {}", e.kind));
     }
     lines.join("\n")
@@ -443,7 +454,10 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let limits: [(&str, usize); 4] = [
         ("limits.max_message_bytes", c.limits.max_message_bytes),
         ("limits.max_vocab", c.limits.max_vocab),
-        ("limits.max_concurrent_streams", c.limits.max_concurrent_streams),
+        (
+            "limits.max_concurrent_streams",
+            c.limits.max_concurrent_streams,
+        ),
         ("limits.max_window_tokens", c.limits.max_window_tokens),
     ];
     for (key, v) in limits {
@@ -452,7 +466,11 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         }
     }
     if tracing_subscriber::EnvFilter::try_new(&c.logging.filter).is_err() {
-        return Err(loaded.invalid("logging.filter", &c.logging.filter, "not a valid RUST_LOG-style filter"));
+        return Err(loaded.invalid(
+            "logging.filter",
+            &c.logging.filter,
+            "not a valid RUST_LOG-style filter",
+        ));
     }
     Ok(())
 }

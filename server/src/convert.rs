@@ -25,7 +25,11 @@ impl<'a> LogitsInput<'a> {
     /// Picks the one set encoding: both or neither is INVALID_ARGUMENT;
     /// so are raw bytes whose length is not a multiple of 4 and a
     /// vocabulary over `max_vocab`.
-    pub fn from_request(floats: &'a [f32], bytes: &'a [u8], max_vocab: usize) -> Result<Self, RequestError> {
+    pub fn from_request(
+        floats: &'a [f32],
+        bytes: &'a [u8],
+        max_vocab: usize,
+    ) -> Result<Self, RequestError> {
         let input = match (floats.is_empty(), bytes.is_empty()) {
             (false, false) => {
                 return Err(RequestError::invalid(
@@ -45,7 +49,7 @@ impl<'a> LogitsInput<'a> {
             }
             (false, true) => LogitsInput::Floats(floats),
             (true, false) => {
-                if bytes.len() % 4 != 0 {
+                if !bytes.len().is_multiple_of(4) {
                     return Err(RequestError::invalid(
                         FIELD_LOGITS_F32LE,
                         format!(
@@ -95,7 +99,9 @@ impl<'a> LogitsInput<'a> {
         let i = token as usize;
         match self {
             LogitsInput::Floats(f) => f[i],
-            LogitsInput::Bytes(b) => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+            LogitsInput::Bytes(b) => {
+                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
         }
     }
 }
@@ -110,7 +116,10 @@ pub fn param_value_from_proto(v: &v1::ParamValue, field: &str) -> Result<ParamVa
             m.entries.iter().map(|e| (e.token_id, e.value)).collect(),
         )),
         Some(Kind::Strings(l)) => Ok(ParamValue::StringList(l.values.clone())),
-        None => Err(RequestError::invalid(field, "no value set (number, text, token_map or strings)")),
+        None => Err(RequestError::invalid(
+            field,
+            "no value set (number, text, token_map or strings)",
+        )),
     }
 }
 
@@ -136,7 +145,10 @@ pub fn chain_from_proto(chain: &[v1::StageSpec]) -> Result<ChainSpec, RequestErr
     let mut stages = Vec::with_capacity(chain.len());
     for (i, s) in chain.iter().enumerate() {
         if s.name.is_empty() {
-            return Err(RequestError::invalid(format!("params.chain[{i}].name"), "is empty"));
+            return Err(RequestError::invalid(
+                format!("params.chain[{i}].name"),
+                "is empty",
+            ));
         }
         let mut params = BTreeMap::new();
         for (k, v) in &s.params {
@@ -253,7 +265,10 @@ mod tests {
 
     #[test]
     fn bytes_decode_little_endian() {
-        let bytes: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let bytes: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
         let l = LogitsInput::from_request(&[], &bytes, 10).unwrap();
         assert_eq!(l.len(), 2);
         assert_eq!(l.get(1), -2.0);

@@ -1,9 +1,9 @@
 //! The `samplerd` binary: `serve` (default), `check-config` and
 //! `bench-chain`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -17,7 +17,11 @@ const BENCH_VOCAB: usize = 151_936;
 const BENCH_ITERATIONS: usize = 1000;
 
 #[derive(Parser)]
-#[command(name = "samplerd", version, about = "gRPC sampling server: logits in, next token out")]
+#[command(
+    name = "samplerd",
+    version,
+    about = "gRPC sampling server: logits in, next token out"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -103,12 +107,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     samplerd::telemetry::init(&cfg.logging);
     let registry = server::load_registry(&cfg).context("loading plugins")?;
     if let Some(path) = &cfg.model.path {
-        anyhow::ensure!(path.is_file(), "model.path {} is not a file", path.display());
+        anyhow::ensure!(
+            path.is_file(),
+            "model.path {} is not a file",
+            path.display()
+        );
         tracing::warn!(path = %path.display(), "{}", samplerd::model::MODEL_NOT_WIRED_MESSAGE);
     }
     // The model host is wired in here once it lands (Some(Arc<dyn Generator>)).
     let state = server::build_state(&cfg, registry, None)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
@@ -123,13 +133,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -150,7 +161,8 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let cfg = loaded.config;
     let registry = server::load_registry(&cfg).context("loading plugins")?;
     let defaults = Defaults::build(&cfg, &registry)?;
-    let report = samplerd_sampling::bench::run(&registry, &defaults.spec, args.vocab, args.iterations)?;
+    let report =
+        samplerd_sampling::bench::run(&registry, &defaults.spec, args.vocab, args.iterations)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -87,13 +87,19 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let limits = &config.limits;
-    let sampler = SamplerServer::new(SamplerService { state: state.clone() })
-        .max_decoding_message_size(limits.max_message_bytes)
-        .max_encoding_message_size(limits.max_message_bytes);
+    let sampler = SamplerServer::new(SamplerService {
+        state: state.clone(),
+    })
+    .max_decoding_message_size(limits.max_message_bytes)
+    .max_encoding_message_size(limits.max_message_bytes);
 
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_service_status("", ServingStatus::NotServing).await;
-    reporter.set_not_serving::<SamplerServer<SamplerService>>().await;
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    reporter
+        .set_not_serving::<SamplerServer<SamplerService>>()
+        .await;
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -111,11 +117,18 @@ pub async fn serve(
                 tokio::time::sleep(MODEL_READY_POLL).await;
             }
         }
-        reporter.set_serving::<SamplerServer<SamplerService>>().await;
-        reporter.set_service_status("", ServingStatus::Serving).await;
+        reporter
+            .set_serving::<SamplerServer<SamplerService>>()
+            .await;
+        reporter
+            .set_service_status("", ServingStatus::Serving)
+            .await;
     });
 
-    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let incoming = TcpListenerStream::new(listener).map(|s| {
         if let Ok(s) = &s {
             let _ = s.set_nodelay(true);
@@ -168,13 +181,18 @@ impl RunningServer {
 }
 
 /// Loads plugins, binds `config.listen` and serves in the background.
-pub async fn spawn(config: Config, generator: Option<Arc<dyn Generator>>) -> Result<RunningServer, StartError> {
+pub async fn spawn(
+    config: Config,
+    generator: Option<Arc<dyn Generator>>,
+) -> Result<RunningServer, StartError> {
     let registry = load_registry(&config)?;
     let state = build_state(&config, registry, generator)?;
-    let listener = TcpListener::bind(config.listen).await.map_err(|source| StartError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
     let addr = listener.local_addr().map_err(|source| StartError::Bind {
         addr: config.listen,
         source,

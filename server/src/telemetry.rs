@@ -13,7 +13,9 @@ pub fn init(cfg: &LoggingConfig) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::try_new(&cfg.filter).unwrap_or_else(|_| EnvFilter::new("info")));
+        .unwrap_or_else(|| {
+            EnvFilter::try_new(&cfg.filter).unwrap_or_else(|_| EnvFilter::new("info"))
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

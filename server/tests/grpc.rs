@@ -54,7 +54,10 @@ async fn sample_greedy_returns_argmax_with_logprob() {
         .into_inner();
     assert_eq!(r.token_id, want);
     assert_eq!(r.seed, 42, "default seed");
-    assert!((r.logprob - log_softmax(&l, want as usize)).abs() < 1e-3, "{r:?}");
+    assert!(
+        (r.logprob - log_softmax(&l, want as usize)).abs() < 1e-3,
+        "{r:?}"
+    );
     assert!(r.probability > 0.0 && r.probability <= 1.0);
     s.stop().await;
 }
@@ -66,19 +69,28 @@ async fn raw_bytes_and_floats_agree_and_are_deterministic() {
     for step in 0..5 {
         let a = s
             .client
-            .sample(v1::SampleRequest { step, ..req_floats(&l) })
+            .sample(v1::SampleRequest {
+                step,
+                ..req_floats(&l)
+            })
             .await
             .unwrap()
             .into_inner();
         let b = s
             .client
-            .sample(v1::SampleRequest { step, ..req_bytes(&l) })
+            .sample(v1::SampleRequest {
+                step,
+                ..req_bytes(&l)
+            })
             .await
             .unwrap()
             .into_inner();
         let c = s
             .client
-            .sample(v1::SampleRequest { step, ..req_bytes(&l) })
+            .sample(v1::SampleRequest {
+                step,
+                ..req_bytes(&l)
+            })
             .await
             .unwrap()
             .into_inner();
@@ -105,7 +117,11 @@ async fn n_probs_raw_and_post_sampling() {
     assert_eq!(raw.probs.len(), 5);
     assert_eq!(raw.probs[0].token_id, argmax(&l));
     assert!((raw.probs[0].logprob - log_softmax(&l, argmax(&l) as usize)).abs() < 1e-3);
-    assert!(raw.probs.windows(2).all(|w| w[0].probability >= w[1].probability));
+    assert!(
+        raw.probs
+            .windows(2)
+            .all(|w| w[0].probability >= w[1].probability)
+    );
     let post = s
         .client
         .sample(v1::SampleRequest {
@@ -120,9 +136,16 @@ async fn n_probs_raw_and_post_sampling() {
         .await
         .unwrap()
         .into_inner();
-    assert!(post.probs.len() <= 10, "top_k=10 leaves at most 10: {}", post.probs.len());
+    assert!(
+        post.probs.len() <= 10,
+        "top_k=10 leaves at most 10: {}",
+        post.probs.len()
+    );
     let sum: f32 = post.probs.iter().map(|p| p.probability).sum();
-    assert!((sum - 1.0).abs() < 1e-3, "post-chain probabilities sum to 1: {sum}");
+    assert!(
+        (sum - 1.0).abs() < 1e-3,
+        "post-chain probabilities sum to 1: {sum}"
+    );
     s.stop().await;
 }
 
@@ -133,7 +156,12 @@ async fn explicit_chain_and_samplers_order() {
     let chain = vec![
         v1::StageSpec {
             name: "top_k".into(),
-            params: HashMap::from([("k".to_string(), v1::ParamValue { kind: Some(Kind::Number(1.0)) })]),
+            params: HashMap::from([(
+                "k".to_string(),
+                v1::ParamValue {
+                    kind: Some(Kind::Number(1.0)),
+                },
+            )]),
         },
         v1::StageSpec {
             name: "dist".into(),
@@ -257,13 +285,30 @@ async fn stream_equals_stateless_samples() {
 #[tokio::test]
 async fn list_stages_reports_core_stages_and_default_chain() {
     let mut s = start().await;
-    let r = s.client.list_stages(v1::ListStagesRequest {}).await.unwrap().into_inner();
+    let r = s
+        .client
+        .list_stages(v1::ListStagesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
-    for want in ["top_k", "top_p", "temperature", "dist", "greedy", "penalties"] {
+    for want in [
+        "top_k",
+        "top_p",
+        "temperature",
+        "dist",
+        "greedy",
+        "penalties",
+    ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     let top_k = r.stages.iter().find(|s| s.name == "top_k").unwrap();
-    assert!(top_k.params.iter().any(|p| p.name == "k" && p.kind == "number"));
+    assert!(
+        top_k
+            .params
+            .iter()
+            .any(|p| p.name == "k" && p.kind == "number")
+    );
     assert!(!r.default_chain.is_empty());
     assert_eq!(r.default_chain.last().unwrap().name, "dist");
     assert!(r.default_chain_description.contains("top_k"));
@@ -282,7 +327,10 @@ async fn generate_without_model_is_failed_precondition() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains("--model PATH") && err.message().contains("model.path"), "{err:?}");
+    assert!(
+        err.message().contains("--model PATH") && err.message().contains("model.path"),
+        "{err:?}"
+    );
     s.stop().await;
 }
 
@@ -290,7 +338,11 @@ async fn expect_err(s: &mut TestServer, req: v1::SampleRequest, code: Code, need
     let err = s.client.sample(req).await.expect_err("request must fail");
     assert_eq!(err.code(), code, "{err:?}");
     for n in needles {
-        assert!(err.message().contains(n), "{:?} should contain {n:?}", err.message());
+        assert!(
+            err.message().contains(n),
+            "{:?} should contain {n:?}",
+            err.message()
+        );
     }
     s.assert_serving().await;
 }
@@ -307,7 +359,13 @@ async fn bad_inputs_name_field_and_value() {
         ..Default::default()
     };
     expect_err(&mut s, both, inv, &["logits", "both"]).await;
-    expect_err(&mut s, v1::SampleRequest::default(), inv, &["logits", "neither"]).await;
+    expect_err(
+        &mut s,
+        v1::SampleRequest::default(),
+        inv,
+        &["logits", "neither"],
+    )
+    .await;
     // Bytes not a multiple of 4.
     let odd = v1::SampleRequest {
         logits_f32le: vec![0u8; 10].into(),
@@ -320,12 +378,39 @@ async fn bad_inputs_name_field_and_value() {
     expect_err(&mut s, req_floats(&bad), inv, &["logits", "[17]", "NaN"]).await;
     let mut bad = l.clone();
     bad[42] = f32::INFINITY;
-    expect_err(&mut s, req_bytes(&bad), inv, &["logits_f32le", "[42]", "inf"]).await;
+    expect_err(
+        &mut s,
+        req_bytes(&bad),
+        inv,
+        &["logits_f32le", "[42]", "inf"],
+    )
+    .await;
     // Parameter ranges.
     for (p, field, value) in [
-        (v1::SamplingParams { top_p: Some(1.5), ..Default::default() }, "top_p", "1.5"),
-        (v1::SamplingParams { temperature: Some(-1.0), ..Default::default() }, "temperature", "-1"),
-        (v1::SamplingParams { top_k: Some(-3), ..Default::default() }, "top_k", "-3"),
+        (
+            v1::SamplingParams {
+                top_p: Some(1.5),
+                ..Default::default()
+            },
+            "top_p",
+            "1.5",
+        ),
+        (
+            v1::SamplingParams {
+                temperature: Some(-1.0),
+                ..Default::default()
+            },
+            "temperature",
+            "-1",
+        ),
+        (
+            v1::SamplingParams {
+                top_k: Some(-3),
+                ..Default::default()
+            },
+            "top_k",
+            "-3",
+        ),
     ] {
         let r = v1::SampleRequest {
             params: Some(p),
@@ -356,7 +441,12 @@ async fn bad_inputs_name_field_and_value() {
         params: Some(v1::SamplingParams {
             chain: vec![v1::StageSpec {
                 name: "top_k".into(),
-                params: HashMap::from([("kk".to_string(), v1::ParamValue { kind: Some(Kind::Number(3.0)) })]),
+                params: HashMap::from([(
+                    "kk".to_string(),
+                    v1::ParamValue {
+                        kind: Some(Kind::Number(3.0)),
+                    },
+                )]),
             }],
             ..Default::default()
         }),
@@ -409,11 +499,22 @@ async fn vocabulary_and_message_limits() {
     cfg.limits.max_message_bytes = 16 * 1024;
     let mut s = start_with(cfg).await;
     // Over the vocabulary limit (but under the message limit).
-    let err = s.client.sample(req_bytes(&logits(1001, 9))).await.unwrap_err();
+    let err = s
+        .client
+        .sample(req_bytes(&logits(1001, 9)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("1001") && err.message().contains("max_vocab"), "{err:?}");
+    assert!(
+        err.message().contains("1001") && err.message().contains("max_vocab"),
+        "{err:?}"
+    );
     // Over the message limit: RESOURCE_EXHAUSTED.
-    let err = s.client.sample(req_bytes(&logits(8000, 9))).await.unwrap_err();
+    let err = s
+        .client
+        .sample(req_bytes(&logits(8000, 9)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     // Same on a stream.
     let msg = v1::SampleStreamRequest {
@@ -429,7 +530,12 @@ async fn vocabulary_and_message_limits() {
     let err = st.message().await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     s.assert_serving().await;
-    let ok = s.client.sample(req_bytes(&logits(500, 9))).await.unwrap().into_inner();
+    let ok = s
+        .client
+        .sample(req_bytes(&logits(500, 9)))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(ok.token_id < 500);
     s.stop().await;
 }
@@ -480,7 +586,12 @@ async fn stream_error_mid_stream_and_cancel_free_the_session() {
             ..Default::default()
         },
     ];
-    let mut st = s.client.sample_stream(tokio_stream::iter(msgs)).await.unwrap().into_inner();
+    let mut st = s
+        .client
+        .sample_stream(tokio_stream::iter(msgs))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(st.message().await.unwrap().is_some());
     let err = st.message().await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -576,7 +687,11 @@ fn check_config_prints_effective_config_and_chain() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("listen = \"127.0.0.1:50051\""), "{stdout}");
     assert!(stdout.contains("top_k"), "{stdout}");
 }
@@ -604,7 +719,10 @@ fn check_config_names_key_and_source() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("sampling.top_p") && stderr.contains("bad.toml"), "{stderr}");
+    assert!(
+        stderr.contains("sampling.top_p") && stderr.contains("bad.toml"),
+        "{stderr}"
+    );
 
     // From the environment.
     let out = samplerd_bin()
@@ -615,7 +733,10 @@ fn check_config_names_key_and_source() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("sampling.top_k") && stderr.contains("SAMPLERD_SAMPLING__TOP_K"), "{stderr}");
+    assert!(
+        stderr.contains("sampling.top_k") && stderr.contains("SAMPLERD_SAMPLING__TOP_K"),
+        "{stderr}"
+    );
 
     // A chain that does not build: unknown stage in chain.order.
     std::fs::write(&file, "[chain]\norder = [\"top_k\", \"nope\"]\n").unwrap();
@@ -628,7 +749,10 @@ fn check_config_names_key_and_source() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("chain.order") && stderr.contains("nope"), "{stderr}");
+    assert!(
+        stderr.contains("chain.order") && stderr.contains("nope"),
+        "{stderr}"
+    );
 
     // Unknown key.
     std::fs::write(&file, "[limits]\nmax_vocabb = 3\n").unwrap();
@@ -641,5 +765,105 @@ fn check_config_names_key_and_source() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("max_vocabb") && stderr.contains("bad.toml"), "{stderr}");
+    assert!(
+        stderr.contains("max_vocabb") && stderr.contains("bad.toml"),
+        "{stderr}"
+    );
+}
+
+/// Reflection answers on both v1 and v1alpha (grpcurl 1.8.x speaks v1alpha).
+#[tokio::test]
+async fn reflection_v1_and_v1alpha_list_the_services() {
+    let s = start().await;
+    {
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        let mut c = ServerReflectionClient::new(s.channel.clone());
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut resp = c
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await
+            .unwrap()
+            .into_inner();
+        let msg = resp.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+            panic!("unexpected v1 reflection answer: {msg:?}");
+        };
+        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        assert!(
+            names.iter().any(|n| n == "samplerd.v1.Sampler"),
+            "{names:?}"
+        );
+        assert!(
+            names.iter().any(|n| n == "grpc.health.v1.Health"),
+            "{names:?}"
+        );
+        assert!(
+            !names.iter().any(|n| n.contains("testing")),
+            "test-only services are not listed: {names:?}"
+        );
+    }
+    {
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+        let mut c = ServerReflectionClient::new(s.channel.clone());
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut resp = c
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await
+            .unwrap()
+            .into_inner();
+        let msg = resp.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+            panic!("unexpected v1alpha reflection answer: {msg:?}");
+        };
+        assert!(list.service.iter().any(|s| s.name == "samplerd.v1.Sampler"));
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn stream_limit_is_resource_exhausted() {
+    let mut cfg = test_config();
+    cfg.limits.max_concurrent_streams = 1;
+    let mut s = start_with(cfg).await;
+    let l = logits(10, 14);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(v1::SampleStreamRequest {
+        logits: l.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut first = s
+        .client
+        .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(first.message().await.unwrap().is_some());
+    let msg = v1::SampleStreamRequest {
+        logits: l,
+        ..Default::default()
+    };
+    let err = s
+        .client
+        .sample_stream(tokio_stream::iter(vec![msg]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("max_concurrent_streams"), "{err:?}");
+    drop(tx);
+    assert!(first.message().await.unwrap().is_none());
+    s.stop().await;
 }

@@ -32,6 +32,15 @@ RTOL = 1e-5
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
 assert TOKEN_DATA.itemsize == ctypes.sizeof(L.llama_token_data)
 
+# llama-cpp-python 0.3.36 still declares the pre-2025 five-argument
+# llama_sampler_init_penalties(n_vocab, last_n, ...), while the llama.cpp it
+# bundles takes four (last_n, repeat, freq, present). Bind it ourselves;
+# `check_penalties_binding` proves the binding on a hand-checked case.
+_lib = L.llama_cpp._lib
+init_penalties = _lib.llama_sampler_init_penalties
+init_penalties.argtypes = [ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_float]
+init_penalties.restype = L.llama_sampler_p_ctypes
+
 DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0, typical_p=1.0,
                 repeat_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0,
                 repeat_last_n=64, top_n_sigma=-1.0)
@@ -47,7 +56,7 @@ def llama_chain(params, n_vocab, window):
         arr = (L.llama_logit_bias * len(bias))(*[L.llama_logit_bias(t, b) for t, b in bias])
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
     last_n = p["repeat_last_n"] if p["repeat_last_n"] >= 0 else 65536
-    L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
+    L.llama_sampler_chain_add(chain, init_penalties(
         last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_n_sigma(p["top_n_sigma"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(p["top_k"]))
@@ -83,6 +92,14 @@ def llama_survivors(logits, params, window):
     return out["id"][order].astype(np.int64), probs[order]
 
 
+def check_penalties_binding():
+    """The seed document's "the / cat" case: 8.5 / 1.1 for a repeated token."""
+    ids, probs = llama_survivors(np.array([8.5, 7.9], dtype=np.float32),
+                                 {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, [0, 0, 0])
+    want = np.exp([8.5 / 1.1, 7.9]) / np.exp([8.5 / 1.1, 7.9]).sum()
+    assert np.allclose(probs, want, rtol=1e-5), (probs, want)
+
+
 def random_params(rng, vocab):
     p = {}
     r = rng.random
@@ -107,6 +124,7 @@ def random_params(rng, vocab):
 
 
 def main():
+    check_penalties_binding()
     n_cases = int(os.environ.get("PARITY_CASES", "400"))
     rng = np.random.default_rng(20261130)
     vocabs = [2, 3, 10, 100, 1000, 5000, 32000, 49152, 151936]

@@ -99,6 +99,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server-bin", default=os.path.join(ROOT, "target", "debug", "samplerd"))
     args = ap.parse_args()
+    server_bin = os.path.abspath(args.server_bin)
 
     import grpc
 
@@ -111,7 +112,7 @@ def main():
     env = dict(os.environ)
     env.pop("SAMPLERD_CONFIG", None)
     proc = subprocess.Popen(
-        [args.server_bin, "serve", "--listen", f"127.0.0.1:{port}"],
+        [server_bin, "serve", "--listen", f"127.0.0.1:{port}"],
         cwd=tmp.name,  # no samplerd.toml here: built-in defaults only
         env=env,
         stdout=subprocess.DEVNULL,

@@ -31,6 +31,32 @@ fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let iters = 300;
     let logits = common::logits();
+    // `MT_CYCLES=<case>`: run only that case 2,000 times (for `perf stat`).
+    if let Ok(only) = std::env::var("MT_CYCLES") {
+        let mut buf = OwnedTokens::dense(&logits);
+        let mut rng = TestRng::seeded(7);
+        if only == "max_scan" {
+            for _ in 0..2000 {
+                black_box(util::max_scan(black_box(&logits)));
+            }
+            return;
+        }
+        if only == "reload" {
+            for _ in 0..2000 {
+                buf.reload(&logits);
+                black_box(buf.len());
+            }
+            return;
+        }
+        for (name, mut chain) in common::cases(&logits) {
+            if name == only {
+                for _ in 0..2000 {
+                    black_box(common::run_chain(&mut chain, &mut buf, &logits, &mut rng));
+                }
+            }
+        }
+        return;
+    }
     let (scan_min, scan_med) = stats(
         || {
             black_box(util::max_scan(black_box(&logits)));

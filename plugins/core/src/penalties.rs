@@ -27,7 +27,8 @@ pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // fold the well-mixed high half into the low bits the table indexes with
+        self.0 ^ (self.0 >> 29)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
@@ -35,7 +36,7 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u32(&mut self, v: u32) {
-        self.0 = (v as u64 ^ 0x9e37_79b9).wrapping_mul(0x517c_c1b7_2722_0a95);
+        self.0 = (v as u64 ^ 0x9e37_79b9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 

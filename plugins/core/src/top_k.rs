@@ -57,6 +57,7 @@ impl Selector {
         // >= it, so the k-th best element is >= it too.
         let bound = &mut self.bound;
         bound.clear();
+        bound.reserve(k + 1);
         for &m in &self.chunk_max {
             if bound.len() == k && m <= bound[k - 1] {
                 continue;
@@ -78,8 +79,26 @@ impl Selector {
             }
             let start = ci * CHUNK;
             let end = (start + CHUNK).min(x.len());
-            for (j, &v) in x[start..end].iter().enumerate() {
-                if v < lower || (best.len() == k && v <= best[k - 1].logit) {
+            let chunk = &x[start..end];
+            // Only the elements reaching the current threshold are visited
+            // (compare mask for full chunks).
+            let t = if best.len() == k {
+                best[k - 1].logit.max(lower)
+            } else {
+                lower
+            };
+            let mut mask = match <&[f32; CHUNK]>::try_from(chunk) {
+                Ok(full) => util::ge_mask(full, t),
+                Err(_) => chunk
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (j, &v)| m | (((v >= t) as u64) << j)),
+            };
+            while mask != 0 {
+                let j = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let v = chunk[j];
+                if best.len() == k && v <= best[k - 1].logit {
                     continue;
                 }
                 insert(

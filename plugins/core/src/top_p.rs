@@ -8,16 +8,20 @@
 //! walk with an f32 running sum exactly like llama.cpp. Output sorted.
 //!
 //! Dense view or large lists (top_k off): no sort of the vocabulary. One
-//! vectorised exp pass, a histogram of exp(l - max) over 2,048 buckets
-//! (1/16 octave each, keyed by the float's exponent and top 4 mantissa
-//! bits, sums in f64) finds the bucket where the cumulative mass crosses
-//! p; everything above it is kept unsorted, only the boundary bucket is
-//! sorted and walked. The survivor set equals "sort then cut" except when
-//! the cumulative sum lands within float rounding of p (the histogram sums
-//! in f64 in bucket order, llama.cpp in f32 in sorted order). The output is
-//! sorted when it has at most 1,024 survivors, otherwise it is left
-//! unsorted (`sorted = 0`: the above-boundary tokens in id/position order,
-//! then the boundary tokens descending).
+//! vectorised exp pass gives exp(l - max) and the normaliser Z. A floor under
+//! the cut is estimated from every 16th token (one octave of margin) and
+//! checked exactly with a vectorised masked sum (the mass at or above it
+//! must reach p·Z; otherwise the floor is lowered). The tokens at or above
+//! the floor are gathered with compare masks and binned in a 2,048-bucket
+//! histogram (1/16 octave each, keyed by the float's exponent and top 4
+//! mantissa bits, sums in f64) that finds the bucket where the cumulative
+//! mass crosses p·Z; everything above it is kept unsorted, only the
+//! boundary bucket is sorted and walked. The survivor set equals "sort then
+//! cut" except when the cumulative sum lands within float rounding of p (the
+//! histogram sums in f64 in bucket order, llama.cpp in f32 in sorted order).
+//! The output is sorted when it has at most 1,024 survivors, otherwise it is
+//! left unsorted (`sorted = 0`: the above-boundary tokens in id/position
+//! order, then the boundary tokens descending).
 
 use std::ffi::CStr;
 

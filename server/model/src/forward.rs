@@ -163,7 +163,6 @@ impl CpuBackend {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention.
             rms_norm(x, &lw.attn_norm, c.rms_eps, &mut s.xn[..n * d]);
-            if std::env::var_os("DBG").is_some() { eprintln!("attn_norm-{l} {:?}", &s.xn[..n*d]); }
             quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
             let qkv = &mut s.qkv[..n * qkv_rows];
             self.fused(&lw.wqkv, &s.xq[..n * d / QK], n, qkv);
@@ -191,14 +190,11 @@ impl CpuBackend {
                 }
             }
             self.attention(l, pos0, n, cap, &s.qkv[..n * qkv_rows], &st.k, &st.v, &s.per_thread, &mut s.attn[..n * d]);
-            if std::env::var_os("DBG").is_some() { eprintln!("kqv_out-{l} {:?}", &s.attn[..n*d]); }
             quantize_q8_1(&s.attn[..n * d], &mut s.attnq[..n * d / QK]);
             lw.wo.matmul(&self.pool, &s.attnq[..n * d / QK], n, &mut s.proj[..n * d]);
-            if std::env::var_os("DBG").is_some() { eprintln!("attn_out-{l} {:?}", &s.proj[..n*d]); }
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
             }
-            if std::env::var_os("DBG").is_some() { eprintln!("ffn_inp-{l} {:?}", &x); }
             // Feed-forward.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, &mut s.xn[..n * d]);
             quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
@@ -208,17 +204,13 @@ impl CpuBackend {
                 let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
                 crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff]);
             }
-            if std::env::var_os("DBG").is_some() { eprintln!("ffn_gate-{l} {:?}", &gu[..c.n_ff]); }
-if std::env::var_os("DBG").is_some() { eprintln!("ffn_swiglu-{l} {:?}", &s.act[..n*c.n_ff]); }
             quantize_q8_1(&s.act[..n * c.n_ff], &mut s.actq[..n * c.n_ff / QK]);
             lw.w_down.matmul(&self.pool, &s.actq[..n * c.n_ff / QK], n, &mut s.proj[..n * d]);
-            if std::env::var_os("DBG").is_some() { eprintln!("ffn_out-{l} {:?}", &s.proj[..n*d]); }
 
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
             }
         }
-        if std::env::var_os("DBG").is_some() { eprintln!("l_out-29 {:?}", &x); }
         let last = &x[(n - 1) * d..n * d];
         rms_norm(last, &w.output_norm, c.rms_eps, &mut s.xn[..d]);
         quantize_q8_1(&s.xn[..d], &mut s.xq[..d / QK]);
@@ -269,8 +261,7 @@ if std::env::var_os("DBG").is_some() { eprintln!("ffn_swiglu-{l} {:?}", &s.act[.
                     // token t, disjoint from every other item; `out` outlives
                     // the parallel section.
                     let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd) };
-                    if std::env::var_os("DBGA").is_some() { eprintln!("HEAD {layer} {t} {h}"); eprintln!("Q {:?}", &q); }
-                    crate::ggml::attention_head(q, &kf[..n_pos * hd], &vf[..n_pos * hd], n_pos, if n == 1 && std::env::var_os("DEC").is_some() { -scale } else { scale }, scores, acc, o);
+                    crate::ggml::attention_head(q, &kf[..n_pos * hd], &vf[..n_pos * hd], n_pos, scale, n == 1, scores, acc, o);
                 }
             }
         });

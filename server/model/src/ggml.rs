@@ -71,10 +71,20 @@ fn f(b: u32) -> f32 {
     f32::from_bits(b)
 }
 
+/// `2^n` as f64 for an integral `n` in [-1022, 1023].
+#[inline(always)]
+fn pow2(n: f32) -> f64 {
+    f64::from_bits(((n as i64 + 1023) as u64) << 52)
+}
+
 /// `j * 2^n` rounded once (AVX-512 `scalef`, and the AVX2 far-range path).
 #[inline(always)]
 fn scale2(j: f32, n: f32) -> f32 {
-    (j as f64 * (n as f64).exp2()) as f32
+    if (-125.0..=127.0).contains(&n) {
+        j * f32::from_bits(((n as i32 + 127) as u32) << 23) // exact power of two
+    } else {
+        (j as f64 * pow2(n)) as f32
+    }
 }
 
 /// ggml's `ggml_v_expf`, one lane.
@@ -100,9 +110,9 @@ fn expf_lane(x: f32, fl: Flavor) -> f32 {
             }
             let j = p.mul_add(u, f(C1) * b);
             if n.abs() > 126.0 {
-                return ((j as f64 + 1.0) * (n as f64).exp2()) as f32;
+                return ((j as f64 + 1.0) * pow2(n)) as f32;
             }
-            let k = (n as f64).exp2() as f32; // exact power of two
+            let k = f32::from_bits(((n as i32 + 127) as u32) << 23); // exact power of two
             j.mul_add(k, k)
         }
     }
@@ -170,32 +180,32 @@ fn reduce8(v: &[f32; 16]) -> f32 {
 /// f64, probabilities rounded to f16, then `V·p16` in the same lane order.
 ///
 /// `q16`: the query already rounded to f16 (`hd` values); `kf`, `vf`:
-/// `n_pos × hd` f32 copies of the f16 cache; `scores`: scratch (≥ n_pos
-/// rounded up to 16); `acc`: scratch (≥ 16·hd); `out`: `hd` values.
+/// `n_pos × hd` f32 copies of the f16 cache; `decode`: a one-token batch
+/// (llama.cpp then uses `ggml_vec_dot_f16` instead of tinyBLAS, a different
+/// summation order); `scores`: scratch (≥ n_pos rounded up to 16); `acc`:
+/// scratch (≥ 64·hd); `out`: `hd` values.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_head(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+pub fn attention_head(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, decode: bool, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
-        unsafe { attention_fma(q16, kf, vf, n_pos, scale, scores, acc, out) };
+        unsafe { attention_fma(q16, kf, vf, n_pos, scale, decode, scores, acc, out) };
         return;
     }
-    attention_body(q16, kf, vf, n_pos, scale, scores, acc, out)
+    attention_body(q16, kf, vf, n_pos, scale, decode, scores, acc, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_fma(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
-    attention_body(q16, kf, vf, n_pos, scale, scores, acc, out)
+unsafe fn attention_fma(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, decode: bool, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    attention_body(q16, kf, vf, n_pos, scale, decode, scores, acc, out)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, decode: bool, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
     let fl = flavor();
-    let decode = scale < 0.0;
-    let scale = scale.abs();
     let w = if fl == Flavor::Avx512 { 16 } else { 8 };
     let hd = q16.len();
     let reduce = |v: &[f32; 16]| if w == 16 { reduce16(v) } else { reduce8(v) };
@@ -239,7 +249,6 @@ fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32,
     for s in scores[..n_pos].iter_mut() {
         *s = half::f16::from_f32(*s * inv).to_f32();
     }
-    if std::env::var_os("DBGA").is_some() { eprintln!("P {:?}", &scores[..n_pos]); }
     // kqv: out[d] = Σ_p p16[p] · v[p][d] with lanes over positions:
     // prefill p mod w (tinyBLAS), decode p mod 4w (four vectors).
     let nl = if decode { 4 * w } else { w };
@@ -346,8 +355,9 @@ mod tests {
         let q: Vec<f32> = (0..hd).map(|i| half::f16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
         let k: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.11).cos()).collect();
         let v: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.07).sin()).collect();
-        let (mut sc, mut acc, mut out) = (vec![0f32; 48], vec![0f32; 16 * hd], vec![0f32; hd]);
-        attention_head(&q, &k, &v, n, 0.125, &mut sc, &mut acc, &mut out);
+        let (mut sc, mut acc, mut out) = (vec![0f32; 48], vec![0f32; 64 * hd], vec![0f32; hd]);
+        for decode in [false, true] {
+        attention_head(&q, &k, &v, n, 0.125, decode, &mut sc, &mut acc, &mut out);
         let s: Vec<f32> = (0..n).map(|p| (0..hd).map(|d| q[d] * k[p * hd + d]).sum::<f32>() * 0.125).collect();
         let m = s.iter().cloned().fold(f32::MIN, f32::max);
         let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
@@ -355,6 +365,7 @@ mod tests {
         for d in 0..hd {
             let want: f32 = (0..n).map(|p| e[p] / z * v[p * hd + d]).sum();
             assert!((out[d] - want).abs() < 2e-3, "dim {d}: {} vs {want}", out[d]);
+        }
         }
     }
 }

@@ -207,7 +207,8 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (q, v) in b.qs.iter_mut().zip(x) {
-            let r = (v * id).round_ties_even() as i32;
+            // Round half to even without a libm call (|v * id| <= 127).
+            let r = (((v * id) + 12_582_912.0) - 12_582_912.0) as i32;
             *q = r as i8;
             sum += r;
         }
@@ -313,47 +314,70 @@ mod avx2 {
         }
     }
 
+    /// One Q8_0 block product (llama.cpp's `mul_sum_i8_pairs_float`).
+    #[inline(always)]
+    unsafe fn q8_block(w: &BlockQ8_0, qy: __m256i, ones: __m256i) -> __m256 {
+        // SAFETY: callers run with avx2 enabled; the 32-byte load is `w.qs`.
+        unsafe {
+            let qx = _mm256_loadu_si256(w.qs.as_ptr() as *const __m256i);
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones))
+        }
+    }
+
+    /// One Q4_1 block product (llama.cpp's `mul_sum_us8_pairs_float`).
+    #[inline(always)]
+    unsafe fn q41_block(w: &BlockQ4_1, qy: __m256i, ones: __m256i, low: __m256i) -> __m256 {
+        // SAFETY: callers run with avx2 enabled; the 16-byte load is `w.qs`.
+        unsafe {
+            let b = _mm_loadu_si128(w.qs.as_ptr() as *const __m128i);
+            let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low);
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones))
+        }
+    }
+
+    // Both kernels keep llama.cpp's per-row order exactly (one accumulator
+    // per row, blocks in order, `hsum_float_8`, then + the min term) and
+    // run four rows at once so the four fma chains overlap.
+
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
         let nb = a.len();
         assert!(w.len() >= out.len() * nb);
         let ones = _mm256_set1_epi16(1);
-        for (r, o) in out.iter_mut().enumerate() {
-            let row = &w[r * nb..(r + 1) * nb];
-            let mut acc0 = _mm256_setzero_ps();
-            let mut acc1 = _mm256_setzero_ps();
-            let mut i = 0;
-            while i + 1 < nb {
-                // SAFETY: `i + 1 < nb` = row.len() = a.len(); unaligned loads of
-                // 32-byte `qs` arrays that lie inside the blocks.
+        let mut r = 0;
+        while r + 4 <= out.len() {
+            let rows = [&w[r * nb..], &w[(r + 1) * nb..], &w[(r + 2) * nb..], &w[(r + 3) * nb..]];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in 0..nb {
+                // SAFETY: `i < nb`; every row slice has at least `nb` blocks.
                 unsafe {
-                    let (w0, a0, w1, a1) = (&row[i], &a[i], &row[i + 1], &a[i + 1]);
-                    let qx0 = _mm256_loadu_si256(w0.qs.as_ptr() as *const __m256i);
-                    let qy0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
-                    let qx1 = _mm256_loadu_si256(w1.qs.as_ptr() as *const __m256i);
-                    let qy1 = _mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i);
-                    let p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx0, qx0), _mm256_sign_epi8(qy0, qx0));
-                    let p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx1, qx1), _mm256_sign_epi8(qy1, qx1));
-                    let s0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones));
-                    let s1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p1, ones));
-                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w0.d * a0.d), s0, acc0);
-                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w1.d * a1.d), s1, acc0);
+                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
+                    for k in 0..4 {
+                        let b = &rows[k][i];
+                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(b.d * a[i].d), q8_block(b, qy, ones), acc[k]);
+                    }
                 }
-                i += 2;
             }
-            if i < nb {
-                // SAFETY: `i < nb`; as above.
+            for k in 0..4 {
+                // SAFETY: avx2 is enabled in this function.
+                out[r + k] = unsafe { hsum(acc[k]) };
+            }
+            r += 4;
+        }
+        while r < out.len() {
+            let row = &w[r * nb..(r + 1) * nb];
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                // SAFETY: `i < nb`.
                 unsafe {
-                    let (w0, a0) = (&row[i], &a[i]);
-                    let qx0 = _mm256_loadu_si256(w0.qs.as_ptr() as *const __m256i);
-                    let qy0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
-                    let p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx0, qx0), _mm256_sign_epi8(qy0, qx0));
-                    let s0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p0, ones));
-                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w0.d * a0.d), s0, acc0);
+                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(row[i].d * a[i].d), q8_block(&row[i], qy, ones), acc);
                 }
             }
             // SAFETY: avx2 is enabled in this function.
-            *o = unsafe { hsum(_mm256_add_ps(acc0, acc1)) };
+            out[r] = unsafe { hsum(acc) };
+            r += 1;
         }
     }
 
@@ -363,28 +387,43 @@ mod avx2 {
         assert!(w.len() >= out.len() * nb);
         let ones = _mm256_set1_epi16(1);
         let low = _mm256_set1_epi8(0x0F);
-        for (r, o) in out.iter_mut().enumerate() {
-            let row = &w[r * nb..(r + 1) * nb];
-            let mut acc0 = _mm256_setzero_ps();
-            let mut acc1 = _mm256_setzero_ps();
-            let mut summs = 0f32;
-            let mut i = 0;
-            while i < nb {
-                let (w0, a0) = (&row[i], &a[i]);
-                // SAFETY: `i < nb`; unaligned loads of the 16-byte nibble array
-                // and the 32-byte activation array, both inside their blocks.
+        let mut r = 0;
+        while r + 4 <= out.len() {
+            let rows = [&w[r * nb..], &w[(r + 1) * nb..], &w[(r + 2) * nb..], &w[(r + 3) * nb..]];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0f32; 4];
+            for i in 0..nb {
+                // SAFETY: `i < nb`; every row slice has at least `nb` blocks.
                 unsafe {
-                    let b = _mm_loadu_si128(w0.qs.as_ptr() as *const __m128i);
-                    let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low);
-                    let qy = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
-                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones));
-                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(w0.d * a0.d), s, acc0);
+                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
+                    for k in 0..4 {
+                        let b = &rows[k][i];
+                        summs[k] += b.m * a[i].s;
+                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(b.d * a[i].d), q41_block(b, qy, ones, low), acc[k]);
+                    }
                 }
-                summs += w0.m * a0.s;
-                i += 1;
+            }
+            for k in 0..4 {
+                // SAFETY: avx2 is enabled in this function.
+                out[r + k] = unsafe { hsum(acc[k]) } + summs[k];
+            }
+            r += 4;
+        }
+        while r < out.len() {
+            let row = &w[r * nb..(r + 1) * nb];
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            for i in 0..nb {
+                // SAFETY: `i < nb`.
+                unsafe {
+                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
+                    summs += row[i].m * a[i].s;
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(row[i].d * a[i].d), q41_block(&row[i], qy, ones, low), acc);
+                }
             }
             // SAFETY: avx2 is enabled in this function.
-            *o = unsafe { hsum(_mm256_add_ps(acc0, acc1)) } + summs;
+            out[r] = unsafe { hsum(acc) } + summs;
+            r += 1;
         }
     }
 }

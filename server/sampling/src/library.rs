@@ -40,8 +40,27 @@ unsafe fn static_str(p: *const c_char) -> Option<&'static str> {
     unsafe { CStr::from_ptr(p) }.to_str().ok()
 }
 
+/// An error and its sources as one line (libloading puts dlerror's text in
+/// the source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
 /// Loads the library at `path` and validates its descriptor.
 pub fn load_library(path: &Path) -> Result<Library, LoadError> {
+    // dlopen treats a name without a slash as a library to search for in the
+    // system paths; a plugin is always a file, so resolve it first.
+    let path = &std::fs::canonicalize(path).map_err(|e| LoadError::Open {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL | RTLD_NODELETE;
     // SAFETY: loading runs the library's initialisers. Plugins are trusted
     // native code from the configured directories (see docs/PLUGINS.md), and
@@ -49,7 +68,7 @@ pub fn load_library(path: &Path) -> Result<Library, LoadError> {
     let lib = unsafe { libloading::os::unix::Library::open(Some(path), flags) }.map_err(|e| {
         LoadError::Open {
             path: path.to_owned(),
-            reason: e.to_string(),
+            reason: error_chain(&e),
         }
     })?;
     // SAFETY: the symbol, when present, has the documented entry signature.

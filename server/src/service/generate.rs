@@ -15,15 +15,24 @@ use crate::model::{MODEL_NOT_WIRED_MESSAGE, NO_MODEL_MESSAGE, ResolvedSampling};
 const EVENT_BUFFER: usize = 16;
 
 /// The `Generate` RPC.
-pub fn handle(state: Arc<AppState>, req: v1::GenerateRequest) -> Result<BoxStream<v1::GenerateResponse>, Status> {
+pub fn handle(
+    state: Arc<AppState>,
+    req: v1::GenerateRequest,
+) -> Result<BoxStream<v1::GenerateResponse>, Status> {
     let Some(generator) = state.generator.clone() else {
-        let msg = if state.model_configured { MODEL_NOT_WIRED_MESSAGE } else { NO_MODEL_MESSAGE };
+        let msg = if state.model_configured {
+            MODEL_NOT_WIRED_MESSAGE
+        } else {
+            NO_MODEL_MESSAGE
+        };
         return Err(Status::failed_precondition(msg));
     };
     if !generator.ready() {
         return Err(Status::unavailable("the model is still loading"));
     }
-    let (chain, seed) = state.defaults.resolve(&state.registry, req.params.as_ref())?;
+    let (chain, seed) = state
+        .defaults
+        .resolve(&state.registry, req.params.as_ref())?;
     let permit = state.stream_permit()?;
     let span = tracing::info_span!("generate", request_id = state.request_id(), chain = %chain.describe(), seed);
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);

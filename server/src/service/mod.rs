@@ -56,11 +56,22 @@ impl Defaults {
     pub fn build(cfg: &Config, registry: &StageRegistry) -> Result<Self, DefaultChainError> {
         let params = cfg.sampling.params(&cfg.chain.order);
         let (key, spec) = if cfg.chain.stages.is_empty() {
-            let key = if cfg.chain.order.is_empty() { "sampling" } else { "chain.order" };
-            let spec = params.chain_spec().map_err(|error| DefaultChainError { key, error })?;
+            let key = if cfg.chain.order.is_empty() {
+                "sampling"
+            } else {
+                "chain.order"
+            };
+            let spec = params
+                .chain_spec()
+                .map_err(|error| DefaultChainError { key, error })?;
             (key, spec)
         } else {
-            ("chain.stages", ChainSpec { stages: cfg.chain.stages.clone() })
+            (
+                "chain.stages",
+                ChainSpec {
+                    stages: cfg.chain.stages.clone(),
+                },
+            )
         };
         let chain = registry
             .build_chain(&spec, None)
@@ -80,7 +91,9 @@ impl Defaults {
         registry: &StageRegistry,
         p: Option<&v1::SamplingParams>,
     ) -> Result<(Chain, u64), RequestError> {
-        let seed = p.and_then(|p| p.seed).unwrap_or_else(|| self.default_seed());
+        let seed = p
+            .and_then(|p| p.seed)
+            .unwrap_or_else(|| self.default_seed());
         let Some(p) = p else {
             return Ok((self.chain.clone(), seed));
         };
@@ -91,9 +104,15 @@ impl Defaults {
                 .map_err(|e| RequestError::from_chain(e, true))?
         } else if convert::sets_typed_fields(p) {
             let merged = convert::merge_params(&self.params, p);
-            let spec = merged.chain_spec().map_err(|e| RequestError::from_chain(e, false))?;
+            let spec = merged
+                .chain_spec()
+                .map_err(|e| RequestError::from_chain(e, false))?;
             registry.build_chain(&spec, None).map_err(|e| {
-                let field = if p.samplers.is_empty() { "params" } else { "params.samplers" };
+                let field = if p.samplers.is_empty() {
+                    "params"
+                } else {
+                    "params.samplers"
+                };
                 RequestError::invalid(field, e.to_string())
             })?
         } else {
@@ -189,8 +208,13 @@ pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 's
 
 #[tonic::async_trait]
 impl Sampler for SamplerService {
-    async fn sample(&self, request: Request<v1::SampleRequest>) -> Result<Response<v1::SampleResponse>, Status> {
-        sample::handle(self.state.clone(), request.into_inner()).await.map(Response::new)
+    async fn sample(
+        &self,
+        request: Request<v1::SampleRequest>,
+    ) -> Result<Response<v1::SampleResponse>, Status> {
+        sample::handle(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     type SampleStreamStream = BoxStream<v1::SampleResponse>;

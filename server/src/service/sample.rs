@@ -29,7 +29,10 @@ pub fn check_n_probs(n_probs: u32, state: &AppState) -> Result<(), RequestError>
     if n_probs > state.limits.max_n_probs {
         return Err(RequestError::invalid(
             "n_probs",
-            format!("{n_probs} exceeds the limit of {} (limits.max_n_probs)", state.limits.max_n_probs),
+            format!(
+                "{n_probs} exceeds the limit of {} (limits.max_n_probs)",
+                state.limits.max_n_probs
+            ),
         ));
     }
     Ok(())
@@ -50,7 +53,10 @@ pub fn load(buf: &mut TokenBuffer, input: LogitsInput<'_>) -> Result<(), Request
 /// Ids of `tokens` inside the vocabulary (ids >= `n_vocab` are skipped,
 /// as llama.cpp does).
 pub fn in_vocab(tokens: &[u32], n_vocab: usize) -> impl Iterator<Item = u32> + '_ {
-    tokens.iter().copied().filter(move |&t| (t as usize) < n_vocab)
+    tokens
+        .iter()
+        .copied()
+        .filter(move |&t| (t as usize) < n_vocab)
 }
 
 /// Runs the chain on logits already loaded into `buf` (see [`load`]) and
@@ -99,7 +105,10 @@ pub fn run_step(
 }
 
 /// The whole stateless step, on a blocking thread.
-fn sample_blocking(state: &AppState, req: &v1::SampleRequest) -> Result<v1::SampleResponse, RequestError> {
+fn sample_blocking(
+    state: &AppState,
+    req: &v1::SampleRequest,
+) -> Result<v1::SampleResponse, RequestError> {
     let input = LogitsInput::from_request(&req.logits, &req.logits_f32le, state.limits.max_vocab)?;
     if req.previous_tokens.len() > state.limits.max_window_tokens {
         return Err(RequestError::invalid(
@@ -112,7 +121,9 @@ fn sample_blocking(state: &AppState, req: &v1::SampleRequest) -> Result<v1::Samp
         ));
     }
     check_n_probs(req.n_probs, state)?;
-    let (chain, seed) = state.defaults.resolve(&state.registry, req.params.as_ref())?;
+    let (chain, seed) = state
+        .defaults
+        .resolve(&state.registry, req.params.as_ref())?;
     let span = tracing::Span::current();
     span.record("seed", seed);
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -142,7 +153,10 @@ fn sample_blocking(state: &AppState, req: &v1::SampleRequest) -> Result<v1::Samp
 }
 
 /// The `Sample` RPC.
-pub async fn handle(state: Arc<AppState>, req: v1::SampleRequest) -> Result<v1::SampleResponse, Status> {
+pub async fn handle(
+    state: Arc<AppState>,
+    req: v1::SampleRequest,
+) -> Result<v1::SampleResponse, Status> {
     let span = tracing::debug_span!(
         "sample",
         request_id = state.request_id(),
@@ -153,10 +167,11 @@ pub async fn handle(state: Arc<AppState>, req: v1::SampleRequest) -> Result<v1::
     );
     let inner = span.clone();
     let start = Instant::now();
-    let result = tokio::task::spawn_blocking(move || inner.in_scope(|| sample_blocking(&state, &req)))
-        .instrument(span.clone())
-        .await
-        .map_err(|e| Status::internal(format!("sampling task failed: {e}")))?;
+    let result =
+        tokio::task::spawn_blocking(move || inner.in_scope(|| sample_blocking(&state, &req)))
+            .instrument(span.clone())
+            .await
+            .map_err(|e| Status::internal(format!("sampling task failed: {e}")))?;
     span.record("us", start.elapsed().as_micros() as u64);
     let _e = span.enter();
     match result {

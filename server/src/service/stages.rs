@@ -8,7 +8,12 @@ use crate::convert;
 /// Builds the ListStages response.
 pub fn list(state: &AppState) -> v1::ListStagesResponse {
     v1::ListStagesResponse {
-        stages: state.registry.stages().iter().map(convert::stage_info_to_proto).collect(),
+        stages: state
+            .registry
+            .stages()
+            .iter()
+            .map(convert::stage_info_to_proto)
+            .collect(),
         default_chain: convert::chain_to_proto(&state.defaults.spec),
         default_chain_description: state.defaults.chain.describe(),
     }

@@ -69,7 +69,10 @@ impl Session {
                     ),
                 ));
             }
-            let (chain, seed) = self.state.defaults.resolve(&self.state.registry, msg.params.as_ref())?;
+            let (chain, seed) = self
+                .state
+                .defaults
+                .resolve(&self.state.registry, msg.params.as_ref())?;
             let mut seq = chain
                 .new_sequence()
                 .map_err(|e| RequestError::from_sample(e, input.field()))?;
@@ -106,7 +109,9 @@ impl Session {
             }
         }
         let (Some(seq), Some(buf)) = (self.seq.as_mut(), self.buf.as_mut()) else {
-            return Err(RequestError::Internal("stream session not initialised".into()));
+            return Err(RequestError::Internal(
+                "stream session not initialised".into(),
+            ));
         };
         load(buf, input)?;
         let resp = run_step(
@@ -185,7 +190,9 @@ pub fn handle(
                 let (s, result) = match joined {
                     Ok(v) => v,
                     Err(e) => {
-                        let _ = tx.send(Err(Status::internal(format!("sampling task failed: {e}")))).await;
+                        let _ = tx
+                            .send(Err(Status::internal(format!("sampling task failed: {e}"))))
+                            .await;
                         end = "sampling task failed";
                         break;
                     }
@@ -204,11 +211,18 @@ pub fn handle(
                     break;
                 }
             }
-            let (steps, sampling) = session.as_ref().map(|s| (s.steps, s.sampling)).unwrap_or_default();
+            let (steps, sampling) = session
+                .as_ref()
+                .map(|s| (s.steps, s.sampling))
+                .unwrap_or_default();
             tracing::info!(
                 steps,
                 elapsed_ms = opened.elapsed().as_secs_f64() * 1e3,
-                sampling_us_per_step = if steps > 0 { sampling.as_secs_f64() * 1e6 / steps as f64 } else { 0.0 },
+                sampling_us_per_step = if steps > 0 {
+                    sampling.as_secs_f64() * 1e6 / steps as f64
+                } else {
+                    0.0
+                },
                 end,
                 "stream closed"
             );

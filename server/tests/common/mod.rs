@@ -40,8 +40,10 @@ pub fn test_plugin() -> PathBuf {
 
 /// A config for tests: ephemeral port, the core plugin only.
 pub fn test_config() -> Config {
-    let mut c = Config::default();
-    c.listen = "127.0.0.1:0".parse().unwrap();
+    let mut c = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
     c.plugins.files = vec![core_plugin()];
     c
 }
@@ -67,7 +69,9 @@ impl TestServer {
     pub async fn assert_serving(&self) {
         let mut h = HealthClient::new(self.channel.clone());
         let r = h
-            .check(HealthCheckRequest { service: String::new() })
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
             .await
             .expect("health check")
             .into_inner();
@@ -105,7 +109,9 @@ pub async fn wait_serving(channel: Channel) {
     let mut h = HealthClient::new(channel);
     tokio::time::timeout(HEALTH_TIMEOUT, async {
         let mut watch = h
-            .watch(HealthCheckRequest { service: String::new() })
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
             .await
             .expect("health watch")
             .into_inner();
@@ -122,10 +128,14 @@ pub async fn wait_serving(channel: Channel) {
 
 /// Deterministic pseudo-random logits (a fixed LCG; no RNG dependency).
 pub fn logits(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
         })
         .collect()
