@@ -177,7 +177,14 @@ async fn main() {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
     };
-    cfg.plugins.files = vec![profile_dir().join("libsamplerd_core_stages.so")];
+    // cargo leaves a dev-dependency's cdylib in deps/.
+    let lib = "libsamplerd_core_stages.so";
+    let dir = profile_dir();
+    let core = [dir.join(lib), dir.join("deps").join(lib)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("core plugin built (cargo bench builds it as a dev-dependency)");
+    cfg.plugins.files = vec![core];
     let server = samplerd::server::spawn(cfg, None)
         .await
         .expect("samplerd starts");

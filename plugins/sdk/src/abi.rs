@@ -117,8 +117,11 @@ pub type ConfigNewFn = unsafe extern "C" fn(
     err: *mut SdError,
 ) -> c_int;
 pub type ConfigFreeFn = unsafe extern "C" fn(config: *mut c_void);
-pub type StateNewFn =
-    unsafe extern "C" fn(config: *const c_void, out_state: *mut *mut c_void, err: *mut SdError) -> c_int;
+pub type StateNewFn = unsafe extern "C" fn(
+    config: *const c_void,
+    out_state: *mut *mut c_void,
+    err: *mut SdError,
+) -> c_int;
 pub type StateCloneFn = unsafe extern "C" fn(
     config: *const c_void,
     state: *const c_void,

@@ -17,9 +17,7 @@ pub mod export;
 pub mod stage;
 pub mod testing;
 
-pub use stage::{
-    HostRng, Params, Stage, Tokens, ViewKind, Vocab, number_param, param_spec,
-};
+pub use stage::{HostRng, Params, Stage, Tokens, ViewKind, Vocab, number_param, param_spec};
 
 /// Everything a stage implementation usually needs.
 pub mod prelude {

@@ -147,9 +147,7 @@ impl<'a> Params<'a> {
 
     /// A list-of-strings parameter, if given.
     pub fn strings(&self, name: &str) -> Option<Vec<&'a str>> {
-        let p = self
-            .find(name)
-            .filter(|p| p.kind == SD_PARAM_STRING_LIST)?;
+        let p = self.find(name).filter(|p| p.kind == SD_PARAM_STRING_LIST)?;
         if p.strings.is_null() {
             return Some(Vec::new());
         }

@@ -80,15 +80,34 @@ fn header_and_rust_agree() {
     let c = c_layout();
     let mut checked = 0;
     let mut check = |key: &str, rust: u64| {
-        let got = c.get(key).unwrap_or_else(|| panic!("probe printed no {key}"));
-        assert_eq!(got, &rust.to_string(), "{key}: C says {got}, Rust says {rust}");
+        let got = c
+            .get(key)
+            .unwrap_or_else(|| panic!("probe printed no {key}"));
+        assert_eq!(
+            got,
+            &rust.to_string(),
+            "{key}: C says {got}, Rust says {rust}"
+        );
         checked += 1;
     };
-    macro_rules! size { ($c:literal, $t:ty) => { check(concat!("size ", $c), size_of::<$t>() as u64) }; }
-    macro_rules! off { ($c:literal, $t:ty, $f:ident) => {
-        check(concat!("off ", $c, ".", stringify!($f)), offset_of!($t, $f) as u64)
-    }; }
-    macro_rules! constant { ($c:ident) => { check(concat!("const ", stringify!($c)), $c as u64) }; }
+    macro_rules! size {
+        ($c:literal, $t:ty) => {
+            check(concat!("size ", $c), size_of::<$t>() as u64)
+        };
+    }
+    macro_rules! off {
+        ($c:literal, $t:ty, $f:ident) => {
+            check(
+                concat!("off ", $c, ".", stringify!($f)),
+                offset_of!($t, $f) as u64,
+            )
+        };
+    }
+    macro_rules! constant {
+        ($c:ident) => {
+            check(concat!("const ", stringify!($c)), $c as u64)
+        };
+    }
 
     size!("sd_candidate", SdCandidate);
     off!("sd_candidate", SdCandidate, id);
@@ -169,7 +188,12 @@ fn header_and_rust_agree() {
     constant!(SD_STAGE_SELECTS);
     constant!(SD_STAGE_DENSE_OK);
     constant!(SD_STAGE_NEEDS_VOCAB);
-    let sym = std::str::from_utf8(&SD_PLUGIN_ENTRY_SYMBOL[..SD_PLUGIN_ENTRY_SYMBOL.len() - 1]).unwrap();
-    assert_eq!(c.get("symbol entry").map(String::as_str), Some(sym), "entry symbol differs");
+    let sym =
+        std::str::from_utf8(&SD_PLUGIN_ENTRY_SYMBOL[..SD_PLUGIN_ENTRY_SYMBOL.len() - 1]).unwrap();
+    assert_eq!(
+        c.get("symbol entry").map(String::as_str),
+        Some(sym),
+        "entry symbol differs"
+    );
     assert!(checked > 60);
 }

@@ -21,7 +21,10 @@ use samplerd_sampling::{ChainSpec, SamplingParams, StageRegistry, StageSpec, Tok
 fn core_plugin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
-    let name = format!("libsamplerd_core_stages.{}", std::env::consts::DLL_EXTENSION);
+    let name = format!(
+        "libsamplerd_core_stages.{}",
+        std::env::consts::DLL_EXTENSION
+    );
     [dir.join(&name), dir.join("deps").join(&name)]
         .into_iter()
         .find(|p| p.exists())
@@ -29,7 +32,9 @@ fn core_plugin() -> PathBuf {
 }
 
 fn window(vocab: usize) -> Vec<u32> {
-    (0..64u32).map(|i| (i.wrapping_mul(2_654_435_761)) % vocab as u32).collect()
+    (0..64u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761)) % vocab as u32)
+        .collect()
 }
 
 /// The seed document's pipeline, ported as written there (§3.2).
@@ -41,7 +46,7 @@ mod seed_port {
         for &t in prev {
             *counts.entry(t).or_insert(0) += 1;
         }
-        for (&t, _) in &counts {
+        for &t in counts.keys() {
             let idx = t as usize;
             if idx >= logits.len() {
                 continue;
@@ -72,8 +77,13 @@ mod seed_port {
             .filter(|(_, v)| **v > f32::NEG_INFINITY)
             .map(|(i, &v)| (i, v))
             .collect();
-        let max_val = survivors.iter().fold(f32::NEG_INFINITY, |a, &(_, v)| a.max(v));
-        let sum: f64 = survivors.iter().map(|&(_, v)| ((v - max_val) as f64).exp()).sum();
+        let max_val = survivors
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &(_, v)| a.max(v));
+        let sum: f64 = survivors
+            .iter()
+            .map(|&(_, v)| ((v - max_val) as f64).exp())
+            .sum();
         let mut cand: Vec<(usize, f32)> = survivors
             .iter()
             .map(|&(i, v)| (i, (v - max_val).exp() / sum as f32))
@@ -101,7 +111,11 @@ mod seed_port {
         let max_val = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
         let mut sum = 0.0f64;
         for v in logits.iter_mut() {
-            *v = if *v > f32::NEG_INFINITY { (*v - max_val).exp() } else { 0.0 };
+            *v = if *v > f32::NEG_INFINITY {
+                (*v - max_val).exp()
+            } else {
+                0.0
+            };
             sum += *v as f64;
         }
         for v in logits.iter_mut() {
@@ -135,25 +149,66 @@ fn chain_of(reg: &StageRegistry, spec: &ChainSpec) -> samplerd_sampling::Chain {
 fn bench_chain(c: &mut Criterion) {
     let reg = StageRegistry::load(&[], &[core_plugin()]).unwrap();
     let defaults = SamplingParams::default();
-    let greedy = SamplingParams { temperature: 0.0, ..Default::default() };
-    let top_p_only = SamplingParams { top_k: 0, ..Default::default() };
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let top_p_only = SamplingParams {
+        top_k: 0,
+        ..Default::default()
+    };
     let configs: Vec<(&str, ChainSpec)> = vec![
         ("default_chain", defaults.chain_spec().unwrap()),
         ("greedy", greedy.chain_spec().unwrap()),
         ("top_p_only", top_p_only.chain_spec().unwrap()),
-        ("stage/penalties", ChainSpec { stages: vec![
-            StageSpec::new("penalties").number("repeat_penalty", 1.1), StageSpec::new("greedy")] }),
-        ("stage/top_k", ChainSpec { stages: vec![StageSpec::new("top_k").number("k", 40.0), StageSpec::new("greedy")] }),
-        ("stage/temperature", ChainSpec { stages: vec![StageSpec::new("temperature").number("t", 0.8), StageSpec::new("greedy")] }),
-        ("stage/greedy", ChainSpec { stages: vec![StageSpec::new("greedy")] }),
-        ("stage/dist", ChainSpec { stages: vec![StageSpec::new("dist")] }),
+        (
+            "stage/penalties",
+            ChainSpec {
+                stages: vec![
+                    StageSpec::new("penalties").number("repeat_penalty", 1.1),
+                    StageSpec::new("greedy"),
+                ],
+            },
+        ),
+        (
+            "stage/top_k",
+            ChainSpec {
+                stages: vec![
+                    StageSpec::new("top_k").number("k", 40.0),
+                    StageSpec::new("greedy"),
+                ],
+            },
+        ),
+        (
+            "stage/temperature",
+            ChainSpec {
+                stages: vec![
+                    StageSpec::new("temperature").number("t", 0.8),
+                    StageSpec::new("greedy"),
+                ],
+            },
+        ),
+        (
+            "stage/greedy",
+            ChainSpec {
+                stages: vec![StageSpec::new("greedy")],
+            },
+        ),
+        (
+            "stage/dist",
+            ChainSpec {
+                stages: vec![StageSpec::new("dist")],
+            },
+        ),
     ];
     for vocab in [151_936usize, 49_152] {
         let mut group = c.benchmark_group(format!("vocab_{vocab}"));
         let input = random_logits(vocab, 3.0, 7);
         let prev = window(vocab);
 
-        group.bench_function("max_scan", |b| b.iter(|| black_box(logits::max(black_box(&input)))));
+        group.bench_function("max_scan", |b| {
+            b.iter(|| black_box(logits::max(black_box(&input))))
+        });
 
         let mut scratch = input.clone();
         group.bench_function("seed_port", |b| {

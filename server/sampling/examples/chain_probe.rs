@@ -50,7 +50,9 @@ fn main() {
             seq.accept_all(&case.window).map_err(|e| e.to_string())?;
             buf.load(&all[case.offset..case.offset + case.vocab])
                 .map_err(|e| e.to_string())?;
-            let tok = seq.sample(&mut buf, case.seed, 0).map_err(|e| e.to_string())?;
+            let tok = seq
+                .sample(&mut buf, case.seed, 0)
+                .map_err(|e| e.to_string())?;
             let (mut dist, _) = buf.distribution(usize::MAX, tok.token_id);
             dist.sort_by_key(|&(id, _)| id);
             Ok(serde_json::json!({

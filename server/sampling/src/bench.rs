@@ -44,7 +44,11 @@ impl fmt::Display for BenchReport {
         for s in &self.stages {
             writeln!(f, "{:<16} {:>10.2} {:>10.2}", s.name, s.us_p50, s.us_p99)?;
         }
-        writeln!(f, "{:<16} {:>10.2} {:>10.2}", "total", self.total_us_p50, self.total_us_p99)?;
+        writeln!(
+            f,
+            "{:<16} {:>10.2} {:>10.2}",
+            "total", self.total_us_p50, self.total_us_p99
+        )?;
         write!(
             f,
             "max-scan floor   {:>10.2}   (total / floor = {:.2}x)",
@@ -96,9 +100,13 @@ pub fn run(
 ) -> Result<BenchReport, BenchError> {
     let chain = registry.build_chain(spec, None)?;
     let mut seq = chain.new_sequence()?;
-    let window: Vec<u32> = (0..64u32).map(|i| (i * 2_654_435_761u32) % vocab as u32).collect();
+    let window: Vec<u32> = (0..64u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % vocab as u32)
+        .collect();
     seq.accept_all(&window)?;
-    let inputs: Vec<Vec<f32>> = (0..8).map(|i| random_logits(vocab, 3.0, 1000 + i)).collect();
+    let inputs: Vec<Vec<f32>> = (0..8)
+        .map(|i| random_logits(vocab, 3.0, 1000 + i))
+        .collect();
     let n_stages = chain.stage_names().len();
     let iterations = iterations.max(1);
     let mut buf = TokenBuffer::new();
@@ -151,7 +159,11 @@ pub fn run(
         total_us_p50: total_p50,
         total_us_p99: percentile(&totals, 0.99),
         max_scan_us_p50: scan_p50,
-        ratio_to_max_scan: if scan_p50 > 0.0 { total_p50 / scan_p50 } else { 0.0 },
+        ratio_to_max_scan: if scan_p50 > 0.0 {
+            total_p50 / scan_p50
+        } else {
+            0.0
+        },
         stages,
     })
 }

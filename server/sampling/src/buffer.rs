@@ -85,21 +85,30 @@ impl TokenBuffer {
 
     /// Decodes raw little-endian f32 bytes into the dense view.
     pub fn load_f32le(&mut self, bytes: &[u8]) -> Result<(), LogitsError> {
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(LogitsError::ByteLength { len: bytes.len() });
         }
         let n = bytes.len() / 4;
         self.check_len(n)?;
         self.resize(n);
-        for (d, c) in self.dense.iter_mut().zip(bytes.chunks_exact(4)) {
-            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        if cfg!(target_endian = "little") {
+            // The wire format is the memory format: one memcpy.
+            bytemuck::cast_slice_mut::<f32, u8>(&mut self.dense).copy_from_slice(bytes);
+        } else {
+            for (d, c) in self.dense.iter_mut().zip(bytes.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
         }
         self.finish_load()
     }
 
     /// Lets the caller write `n` logits in place (e.g. a model's output),
     /// then validates them.
-    pub fn load_with(&mut self, n: usize, fill: impl FnOnce(&mut [f32])) -> Result<(), LogitsError> {
+    pub fn load_with(
+        &mut self,
+        n: usize,
+        fill: impl FnOnce(&mut [f32]),
+    ) -> Result<(), LogitsError> {
         self.check_len(n)?;
         self.resize(n);
         fill(&mut self.dense);
@@ -127,7 +136,10 @@ impl TokenBuffer {
     pub(crate) fn materialize(&mut self) {
         if self.raw.view == SD_VIEW_DENSE {
             for (i, (c, &l)) in self.cand.iter_mut().zip(&self.dense).enumerate() {
-                *c = SdCandidate { id: i as u32, logit: l };
+                *c = SdCandidate {
+                    id: i as u32,
+                    logit: l,
+                };
             }
             self.raw.size = self.dense.len();
             self.raw.view = SD_VIEW_CANDIDATES;

@@ -44,6 +44,8 @@ impl ParamValue {
 impl fmt::Display for ParamValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // Request values are f32; print them as the f32 they were.
+            Self::Number(n) if (*n as f32) as f64 == *n => write!(f, "{}", *n as f32),
             Self::Number(n) => write!(f, "{n}"),
             Self::String(s) => write!(f, "{s:?}"),
             Self::TokenMap(m) => write!(f, "{{{} entries}}", m.len()),
@@ -215,7 +217,10 @@ fn raw_params(stage: &str, params: &BTreeMap<String, ParamValue>) -> Result<RawP
                 r._strings.push(c);
             }
             ParamValue::TokenMap(m) => {
-                let v: Vec<SdTokenValue> = m.iter().map(|&(id, value)| SdTokenValue { id, value }).collect();
+                let v: Vec<SdTokenValue> = m
+                    .iter()
+                    .map(|&(id, value)| SdTokenValue { id, value })
+                    .collect();
                 p.kind = SD_PARAM_TOKEN_MAP;
                 p.map = v.as_ptr();
                 p.map_len = v.len();
@@ -254,7 +259,8 @@ impl Chain {
             let st = registry.registered(&s.name)?;
             for (pname, value) in &s.params {
                 let Some(pinfo) = st.info.params.iter().find(|p| &p.name == pname) else {
-                    let accepted: Vec<&str> = st.info.params.iter().map(|p| p.name.as_str()).collect();
+                    let accepted: Vec<&str> =
+                        st.info.params.iter().map(|p| p.name.as_str()).collect();
                     return Err(ChainError::UnknownParam {
                         stage: s.name.clone(),
                         param: pname.clone(),
@@ -310,7 +316,13 @@ impl Chain {
             // SAFETY: params/vocab are valid for the call (vocab for the
             // config's life: `inner` holds the Arc); out-pointers are valid.
             let rc = unsafe {
-                config_new(raw.params.as_ptr(), raw.params.len(), vocab_ptr, &mut config, &mut err)
+                config_new(
+                    raw.params.as_ptr(),
+                    raw.params.len(),
+                    vocab_ptr,
+                    &mut config,
+                    &mut err,
+                )
             };
             if rc != SD_OK {
                 // `inner` drops the configs built so far.
@@ -461,7 +473,12 @@ impl Sequence {
 
     /// Runs the chain over the logits loaded in `buf` with the randomness
     /// of `(seed, step)`. Does not accept the token: call `accept` for that.
-    pub fn sample(&mut self, buf: &mut TokenBuffer, seed: u64, step: u64) -> Result<Sampled, SampleError> {
+    pub fn sample(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
+    ) -> Result<Sampled, SampleError> {
         self.run(buf, seed, step, None)
     }
 
@@ -523,7 +540,9 @@ impl Sequence {
             });
         };
         let survived = if buf.is_dense() {
-            buf.dense().get(id as usize).is_some_and(|&l| l > f32::NEG_INFINITY)
+            buf.dense()
+                .get(id as usize)
+                .is_some_and(|&l| l > f32::NEG_INFINITY)
         } else {
             buf.candidates()
                 .iter()
@@ -562,7 +581,10 @@ fn check_after_stage(
     }
     if raw.view == SD_VIEW_CANDIDATES {
         if raw.size > before || raw.size > n_vocab {
-            return Err(bad(format!("grew the candidates from {before} to {}", raw.size)));
+            return Err(bad(format!(
+                "grew the candidates from {before} to {}",
+                raw.size
+            )));
         }
         if let Some(c) = buf
             .candidates()
@@ -576,7 +598,10 @@ fn check_after_stage(
         }
     }
     if raw.selected >= n_vocab as i64 || raw.selected < -1 {
-        return Err(bad(format!("selected token {} outside the vocabulary of {n_vocab}", raw.selected)));
+        return Err(bad(format!(
+            "selected token {} outside the vocabulary of {n_vocab}",
+            raw.selected
+        )));
     }
     Ok(())
 }

@@ -54,16 +54,23 @@ pub enum ChainError {
     },
     #[error("stage `{stage}`: {message}")]
     Invalid { stage: String, message: String },
-    #[error("the last stage `{stage}` does not select a token; end the chain with dist, greedy or another selecting stage")]
+    #[error(
+        "the last stage `{stage}` does not select a token; end the chain with dist, greedy or another selecting stage"
+    )]
     NoSelectingStage { stage: String },
-    #[error("stage `{stage}` selects a token, so it must be the last stage (position {position} of {len})")]
+    #[error(
+        "stage `{stage}` selects a token, so it must be the last stage (position {position} of {len})"
+    )]
     SelectingNotLast {
         stage: String,
         position: usize,
         len: usize,
     },
     #[error("{field} {message}")]
-    Param { field: &'static str, message: String },
+    Param {
+        field: &'static str,
+        message: String,
+    },
 }
 
 /// Logits that cannot be sampled from.

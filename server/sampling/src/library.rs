@@ -179,7 +179,9 @@ pub fn load_library(path: &Path) -> Result<Library, LoadError> {
             ("apply", st.apply.is_none()),
         ];
         if let Some((f, _)) = missing.iter().find(|(_, m)| *m) {
-            return Err(bad(&format!("stage `{stage_name}`: callback `{f}` is NULL")));
+            return Err(bad(&format!(
+                "stage `{stage_name}`: callback `{f}` is NULL"
+            )));
         }
         if st.n_params_spec > 0 && st.params_spec.is_null() {
             return Err(bad(&format!(

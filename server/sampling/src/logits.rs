@@ -5,33 +5,70 @@
 
 use crate::error::LogitsError;
 
-const CHUNK: usize = 64;
+/// Runs `$body(arg)` compiled for AVX2+FMA when the CPU has them (checked
+/// at run time; std caches the answer), else for the baseline (SSE2). The
+/// body is `#[inline(always)]`, so the wrapper gets its own AVX2 copy.
+macro_rules! dispatch {
+    ($body:ident($arg:ident: $ty:ty) -> $ret:ty) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($arg: $ty) -> $ret {
+                $body($arg)
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+                return unsafe { avx2($arg) };
+            }
+        }
+        $body($arg)
+    }};
+}
+
+/// NaN or +∞: not a logit (−∞ is, meaning "removed"). Branch-free.
+#[inline(always)]
+fn is_bad(x: f32) -> bool {
+    x.is_nan() | (x == f32::INFINITY)
+}
 
 /// Checks that no logit is NaN or +∞ (−∞ means "removed" and is allowed)
 /// and that not all are −∞. One pass; the error names the first bad index.
 pub fn validate(logits: &[f32]) -> Result<(), LogitsError> {
+    dispatch!(validate_body(logits: &[f32]) -> Result<(), LogitsError>)
+}
+
+#[inline(always)]
+fn validate_body(logits: &[f32]) -> Result<(), LogitsError> {
     if logits.is_empty() {
         return Err(LogitsError::Empty);
     }
-    let mut max = f32::NEG_INFINITY;
-    for (ci, chunk) in logits.chunks(CHUNK).enumerate() {
-        let mut bad = false;
-        for &x in chunk {
-            // `!(x < inf)` is true exactly for NaN and +inf.
-            bad |= !(x < f32::INFINITY);
-            max = max.max(x);
+    // 16 independent lanes (no loop-carried dependency) so LLVM vectorises;
+    // the exact index is searched only once something bad was seen.
+    let mut bad = [false; 16];
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for c in &mut chunks {
+        for i in 0..16 {
+            let x = c[i];
+            bad[i] |= is_bad(x);
+            lanes[i] = if x > lanes[i] { x } else { lanes[i] };
         }
-        if bad {
-            let (i, &value) = chunk
-                .iter()
-                .enumerate()
-                .find(|&(_, x)| !(*x < f32::INFINITY))
-                .expect("a bad value was seen in this chunk");
-            return Err(LogitsError::NotFinite {
-                index: ci * CHUNK + i,
-                value,
-            });
-        }
+    }
+    let mut any_bad = bad.iter().any(|&b| b);
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    for &x in chunks.remainder() {
+        any_bad |= is_bad(x);
+        max = max.max(x);
+    }
+    if any_bad {
+        let (index, &value) = logits
+            .iter()
+            .enumerate()
+            .find(|&(_, x)| is_bad(*x))
+            .expect("a bad value was seen");
+        return Err(LogitsError::NotFinite { index, value });
     }
     if max == f32::NEG_INFINITY {
         return Err(LogitsError::AllMasked);
@@ -41,6 +78,11 @@ pub fn validate(logits: &[f32]) -> Result<(), LogitsError> {
 
 /// The largest logit (−∞ for an empty slice).
 pub fn max(logits: &[f32]) -> f32 {
+    dispatch!(max_body(logits: &[f32]) -> f32)
+}
+
+#[inline(always)]
+fn max_body(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut chunks = logits.chunks_exact(16);
     for c in &mut chunks {
@@ -48,7 +90,10 @@ pub fn max(logits: &[f32]) -> f32 {
             *l = l.max(x);
         }
     }
-    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     lanes.iter().fold(tail, |m, &x| m.max(x))
 }
 
@@ -63,7 +108,8 @@ pub fn fast_exp(x: f32) -> f32 {
     // 1.5 * 2^23: adding and subtracting rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let xc = x.max(-87.0);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    let k = xc * LOG2E + ROUND;
+    let n = k - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     // Cephes expf minimax polynomial.
     let mut p = 1.987_569_1e-4_f32;
@@ -73,7 +119,9 @@ pub fn fast_exp(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    // 2^n from the rounding trick's bits (k = 1.5·2^23 + n exactly):
+    // integer ops only, so the loop vectorises (an `as i32` cast does not).
+    let scale = f32::from_bits(k.to_bits().wrapping_sub(0x4B40_0000).wrapping_add(127) << 23);
     if x < -87.0 { 0.0 } else { y * scale }
 }
 
@@ -87,7 +135,12 @@ pub fn exp_f32(x: f32) -> f32 {
 /// log Σ exp(logits), with the sum accumulated per chunk in f32 and across
 /// chunks in f64.
 pub fn log_sum_exp(logits: &[f32]) -> f32 {
-    let m = max(logits);
+    dispatch!(log_sum_exp_body(logits: &[f32]) -> f32)
+}
+
+#[inline(always)]
+fn log_sum_exp_body(logits: &[f32]) -> f32 {
+    let m = max_body(logits);
     if m == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
@@ -114,7 +167,11 @@ pub fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     }
     let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if n > 256 {
-        let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut all: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         all.select_nth_unstable_by(n - 1, by_logit);
         all.truncate(n);
         all.sort_by(by_logit);
@@ -153,11 +210,17 @@ mod tests {
             "logits[130] is NaN: logits must be finite or -inf"
         );
         v[130] = f32::NEG_INFINITY;
-        assert!(matches!(validate(&v), Err(LogitsError::NotFinite { index: 200, .. })));
+        assert!(matches!(
+            validate(&v),
+            Err(LogitsError::NotFinite { index: 200, .. })
+        ));
         v[200] = 1.0;
         assert!(validate(&v).is_ok());
         assert_eq!(validate(&[]), Err(LogitsError::Empty));
-        assert_eq!(validate(&[f32::NEG_INFINITY; 3]), Err(LogitsError::AllMasked));
+        assert_eq!(
+            validate(&[f32::NEG_INFINITY; 3]),
+            Err(LogitsError::AllMasked)
+        );
     }
 
     #[test]
@@ -178,8 +241,13 @@ mod tests {
 
     #[test]
     fn log_sum_exp_matches_f64_reference() {
-        let v: Vec<f32> = (0..10_000).map(|i| ((i * 7919) % 1000) as f32 / 77.0 - 6.0).collect();
-        let m = v.iter().cloned().fold(f64::NEG_INFINITY, |a, b| a.max(b as f64));
+        let v: Vec<f32> = (0..10_000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 77.0 - 6.0)
+            .collect();
+        let m = v
+            .iter()
+            .cloned()
+            .fold(f64::NEG_INFINITY, |a, b| a.max(b as f64));
         let reference = m + v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
         assert!((log_sum_exp(&v) as f64 - reference).abs() < 1e-5);
     }

@@ -114,19 +114,34 @@ impl SamplingParams {
             finite(field, v)?;
         }
         if self.temperature < 0.0 {
-            return Err(invalid("temperature", format!("must be >= 0, got {}", self.temperature)));
+            return Err(invalid(
+                "temperature",
+                format!("must be >= 0, got {}", self.temperature),
+            ));
         }
         if self.top_k < 0 {
-            return Err(invalid("top_k", format!("must be >= 0 (0 = off), got {}", self.top_k)));
+            return Err(invalid(
+                "top_k",
+                format!("must be >= 0 (0 = off), got {}", self.top_k),
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(invalid("top_p", format!("must be in (0, 1], got {}", self.top_p)));
+            return Err(invalid(
+                "top_p",
+                format!("must be in (0, 1], got {}", self.top_p),
+            ));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(invalid("min_p", format!("must be in [0, 1], got {}", self.min_p)));
+            return Err(invalid(
+                "min_p",
+                format!("must be in [0, 1], got {}", self.min_p),
+            ));
         }
         if !(self.typical_p > 0.0 && self.typical_p <= 1.0) {
-            return Err(invalid("typical_p", format!("must be in (0, 1], got {}", self.typical_p)));
+            return Err(invalid(
+                "typical_p",
+                format!("must be in (0, 1], got {}", self.typical_p),
+            ));
         }
         if self.repeat_penalty <= 0.0 {
             return Err(invalid(
@@ -149,7 +164,10 @@ impl SamplingParams {
         if self.repeat_last_n < -1 || self.repeat_last_n > MAX_REPEAT_LAST_N {
             return Err(invalid(
                 "repeat_last_n",
-                format!("must be in [-1, {MAX_REPEAT_LAST_N}] (-1 = whole history), got {}", self.repeat_last_n),
+                format!(
+                    "must be in [-1, {MAX_REPEAT_LAST_N}] (-1 = whole history), got {}",
+                    self.repeat_last_n
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&self.xtc_probability) {
@@ -164,15 +182,24 @@ impl SamplingParams {
                 format!("must be in [0, 1], got {}", self.xtc_threshold),
             ));
         }
-        if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| b.is_nan() || *b == f32::INFINITY) {
-            return Err(invalid("logit_bias", format!("bias of token {id} must be finite or -inf, got {b}")));
+        if let Some((id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| b.is_nan() || *b == f32::INFINITY)
+        {
+            return Err(invalid(
+                "logit_bias",
+                format!("bias of token {id} must be finite or -inf, got {b}"),
+            ));
         }
         Ok(())
     }
 
     fn penalties_active(&self) -> bool {
         self.repeat_last_n != 0
-            && (self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0)
+            && (self.repeat_penalty != 1.0
+                || self.frequency_penalty != 0.0
+                || self.presence_penalty != 0.0)
     }
 
     /// The stage (with parameters) for one name of the order, or None when
@@ -180,8 +207,10 @@ impl SamplingParams {
     fn stage_for(&self, name: &str) -> Option<StageSpec> {
         let n = |v: f32| v as f64;
         match name {
-            "logit_bias" => (!self.logit_bias.is_empty())
-                .then(|| StageSpec::new("logit_bias").with("bias", ParamValue::TokenMap(self.logit_bias.clone()))),
+            "logit_bias" => (!self.logit_bias.is_empty()).then(|| {
+                StageSpec::new("logit_bias")
+                    .with("bias", ParamValue::TokenMap(self.logit_bias.clone()))
+            }),
             "penalties" => self.penalties_active().then(|| {
                 StageSpec::new("penalties")
                     .number("repeat_last_n", self.repeat_last_n as f64)
@@ -191,11 +220,17 @@ impl SamplingParams {
             }),
             "top_n_sigma" => (self.top_n_sigma > 0.0)
                 .then(|| StageSpec::new("top_n_sigma").number("n", n(self.top_n_sigma))),
-            "top_k" => (self.top_k > 0).then(|| StageSpec::new("top_k").number("k", self.top_k as f64)),
+            "top_k" => {
+                (self.top_k > 0).then(|| StageSpec::new("top_k").number("k", self.top_k as f64))
+            }
             "typical_p" => (self.typical_p < 1.0)
                 .then(|| StageSpec::new("typical_p").number("p", n(self.typical_p))),
-            "top_p" => (self.top_p < 1.0).then(|| StageSpec::new("top_p").number("p", n(self.top_p))),
-            "min_p" => (self.min_p > 0.0).then(|| StageSpec::new("min_p").number("p", n(self.min_p))),
+            "top_p" => {
+                (self.top_p < 1.0).then(|| StageSpec::new("top_p").number("p", n(self.top_p)))
+            }
+            "min_p" => {
+                (self.min_p > 0.0).then(|| StageSpec::new("min_p").number("p", n(self.min_p)))
+            }
             "xtc" => (self.xtc_probability > 0.0).then(|| {
                 StageSpec::new("xtc")
                     .number("probability", n(self.xtc_probability))
@@ -247,7 +282,10 @@ mod tests {
     #[test]
     fn defaults_give_the_seed_documents_chain() {
         let spec = SamplingParams::default().chain_spec().unwrap();
-        assert_eq!(names(&spec), ["penalties", "top_k", "top_p", "temperature", "dist"]);
+        assert_eq!(
+            names(&spec),
+            ["penalties", "top_k", "top_p", "temperature", "dist"]
+        );
     }
 
     #[test]
@@ -258,7 +296,14 @@ mod tests {
         };
         assert_eq!(
             names(&p.chain_spec().unwrap()),
-            ["penalties", "top_k", "top_p", "min_p", "temperature", "dist"]
+            [
+                "penalties",
+                "top_k",
+                "top_p",
+                "min_p",
+                "temperature",
+                "dist"
+            ]
         );
     }
 
@@ -269,7 +314,10 @@ mod tests {
             logit_bias: vec![(3, 1.0)],
             ..Default::default()
         };
-        assert_eq!(names(&p.chain_spec().unwrap()), ["logit_bias", "penalties", "greedy"]);
+        assert_eq!(
+            names(&p.chain_spec().unwrap()),
+            ["logit_bias", "penalties", "greedy"]
+        );
     }
 
     #[test]
@@ -287,12 +335,48 @@ mod tests {
     #[test]
     fn invalid_values_name_the_field() {
         let cases: [(SamplingParams, &str); 6] = [
-            (SamplingParams { top_p: 1.5, ..Default::default() }, "top_p must be in (0, 1], got 1.5"),
-            (SamplingParams { temperature: -1.0, ..Default::default() }, "temperature must be >= 0, got -1"),
-            (SamplingParams { top_k: -3, ..Default::default() }, "top_k must be >= 0 (0 = off), got -3"),
-            (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature must be a finite number, got NaN"),
-            (SamplingParams { presence_penalty: -0.5, ..Default::default() }, "presence_penalty must be >= 0, got -0.5"),
-            (SamplingParams { repeat_last_n: -2, ..Default::default() }, "repeat_last_n must be in"),
+            (
+                SamplingParams {
+                    top_p: 1.5,
+                    ..Default::default()
+                },
+                "top_p must be in (0, 1], got 1.5",
+            ),
+            (
+                SamplingParams {
+                    temperature: -1.0,
+                    ..Default::default()
+                },
+                "temperature must be >= 0, got -1",
+            ),
+            (
+                SamplingParams {
+                    top_k: -3,
+                    ..Default::default()
+                },
+                "top_k must be >= 0 (0 = off), got -3",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..Default::default()
+                },
+                "temperature must be a finite number, got NaN",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: -0.5,
+                    ..Default::default()
+                },
+                "presence_penalty must be >= 0, got -0.5",
+            ),
+            (
+                SamplingParams {
+                    repeat_last_n: -2,
+                    ..Default::default()
+                },
+                "repeat_last_n must be in",
+            ),
         ];
         for (p, want) in cases {
             let msg = p.chain_spec().unwrap_err().to_string();

@@ -192,7 +192,8 @@ impl StageRegistry {
             tracing::debug!(stage = %name, library = %lib.name, path = %lib.path.display(), "registered stage");
             self.by_name.insert(name, self.stages.len());
             self.infos.push(info.clone());
-            self.stages.push(Arc::new(RegisteredStage { info, vtable: st }));
+            self.stages
+                .push(Arc::new(RegisteredStage { info, vtable: st }));
         }
         Ok(())
     }

@@ -68,7 +68,10 @@ impl StopFilter {
         if let Some(start) = hit {
             let emit = self.pending[..start].to_vec();
             self.pending.clear();
-            return StopStep { emit, stopped: true };
+            return StopStep {
+                emit,
+                stopped: true,
+            };
         }
         // Hold back the longest suffix that is a proper prefix of a stop.
         let hold = self
@@ -79,7 +82,10 @@ impl StopFilter {
             .unwrap_or(0);
         let cut = self.pending.len() - hold;
         let emit: Vec<u8> = self.pending.drain(..cut).collect();
-        StopStep { emit, stopped: false }
+        StopStep {
+            emit,
+            stopped: false,
+        }
     }
 
     /// End of generation without a stop: everything held back is text.
@@ -118,8 +124,14 @@ mod tests {
     #[test]
     fn suffix_longest_match_wins() {
         // Both match at the end; the earlier start (longer string) decides.
-        assert_eq!(match_stop_suffix(b"on the mat", &[b"mat", b"the mat"]), Some(3));
-        assert_eq!(match_stop_suffix(b"on the mat", &[b"the mat", b"mat"]), Some(3));
+        assert_eq!(
+            match_stop_suffix(b"on the mat", &[b"mat", b"the mat"]),
+            Some(3)
+        );
+        assert_eq!(
+            match_stop_suffix(b"on the mat", &[b"the mat", b"mat"]),
+            Some(3)
+        );
     }
 
     #[test]
@@ -173,12 +185,18 @@ mod tests {
 
     #[test]
     fn filter_earliest_start_wins() {
-        assert_eq!(run(&["b c", "a b"], &[b"x a", b" b c"]), (b"x ".to_vec(), true));
+        assert_eq!(
+            run(&["b c", "a b"], &[b"x a", b" b c"]),
+            (b"x ".to_vec(), true)
+        );
     }
 
     #[test]
     fn filter_multibyte_stop_split_across_tokens() {
-        let (out, stopped) = run(&["中文"], &[b"ok ", &[0xE4, 0xB8], &[0xAD, 0xE6, 0x96], &[0x87, b'!']]);
+        let (out, stopped) = run(
+            &["中文"],
+            &[b"ok ", &[0xE4, 0xB8], &[0xAD, 0xE6, 0x96], &[0x87, b'!']],
+        );
         assert!(stopped);
         assert_eq!(out, b"ok ");
     }

@@ -15,7 +15,9 @@ fn registry() -> &'static StageRegistry {
 }
 
 fn chain(p: &SamplingParams) -> Chain {
-    registry().build_chain(&p.chain_spec().unwrap(), None).unwrap()
+    registry()
+        .build_chain(&p.chain_spec().unwrap(), None)
+        .unwrap()
 }
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {
@@ -76,8 +78,8 @@ fn a_stream_equals_stateless_calls_with_the_same_steps() {
     for step in 0..30u64 {
         // Peaked logits so the window matters: the same few tokens win.
         let mut l = logits(300, 100 + step);
-        for t in 0..10 {
-            l[t] += 8.0;
+        for v in &mut l[..10] {
+            *v += 8.0;
         }
         buf.load(&l).unwrap();
         let streamed = stream.sample(&mut buf, 9, step).unwrap().token_id;
@@ -156,17 +158,21 @@ fn arb_params() -> impl Strategy<Value = SamplingParams> {
         0.0f32..1.0,
         0.0f32..1.0,
     )
-        .prop_map(|(temperature, top_k, top_p, min_p, typical_p, repeat_penalty, f, pres)| SamplingParams {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            typical_p,
-            repeat_penalty,
-            frequency_penalty: f,
-            presence_penalty: pres,
-            ..Default::default()
-        })
+        .prop_map(
+            |(temperature, top_k, top_p, min_p, typical_p, repeat_penalty, f, pres)| {
+                SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    typical_p,
+                    repeat_penalty,
+                    frequency_penalty: f,
+                    presence_penalty: pres,
+                    ..Default::default()
+                }
+            },
+        )
 }
 
 proptest! {

@@ -20,14 +20,29 @@ fn core_library_registers_its_stages() {
     let reg = StageRegistry::load(&[], &[core_plugin()]).unwrap();
     let names = reg.names();
     for want in [
-        "logit_bias", "penalties", "top_k", "top_p", "min_p", "typical_p", "temperature", "greedy",
+        "logit_bias",
+        "penalties",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical_p",
+        "temperature",
+        "greedy",
         "dist",
     ] {
-        assert!(names.iter().any(|n| n == want), "core lacks {want}: {names:?}");
+        assert!(
+            names.iter().any(|n| n == want),
+            "core lacks {want}: {names:?}"
+        );
     }
     let top_k = reg.get("top_k").unwrap();
     assert_eq!(top_k.library, "core");
-    assert!(top_k.params.iter().any(|p| p.name == "k" && p.default == 40.0));
+    assert!(
+        top_k
+            .params
+            .iter()
+            .any(|p| p.name == "k" && p.default == 40.0)
+    );
     assert!(reg.get("dist").unwrap().selects);
     assert!(!top_k.selects);
 }
@@ -36,7 +51,7 @@ fn core_library_registers_its_stages() {
 fn c_plugin_loads_from_a_directory_and_bans_ids() {
     let dir = scratch("c-plugin");
     build_c_plugin("ban_tokens.c", &dir, "ban_tokens", &[]);
-    let reg = StageRegistry::load(&[dir.clone()], &[core_plugin()]).unwrap();
+    let reg = StageRegistry::load(std::slice::from_ref(&dir), &[core_plugin()]).unwrap();
     let info = reg.get("ban_tokens").expect("C stage registered");
     assert_eq!(info.library, "ban_tokens_example");
     assert!(info.path.starts_with(&dir));
@@ -44,7 +59,8 @@ fn c_plugin_loads_from_a_directory_and_bans_ids() {
     let chain = reg
         .build_chain(
             &spec(&[
-                StageSpec::new("ban_tokens").with("ids", samplerd_sampling::ParamValue::String("3, 1".into())),
+                StageSpec::new("ban_tokens")
+                    .with("ids", samplerd_sampling::ParamValue::String("3, 1".into())),
                 StageSpec::new("greedy"),
             ]),
             None,
@@ -61,7 +77,8 @@ fn c_plugin_loads_from_a_directory_and_bans_ids() {
         .build_chain(
             &spec(&[
                 StageSpec::new("top_k").number("k", 3.0),
-                StageSpec::new("ban_tokens").with("ids", samplerd_sampling::ParamValue::String("3".into())),
+                StageSpec::new("ban_tokens")
+                    .with("ids", samplerd_sampling::ParamValue::String("3".into())),
                 StageSpec::new("greedy"),
             ]),
             None,
@@ -75,7 +92,8 @@ fn c_plugin_loads_from_a_directory_and_bans_ids() {
     let err = reg
         .build_chain(
             &spec(&[
-                StageSpec::new("ban_tokens").with("ids", samplerd_sampling::ParamValue::String("x".into())),
+                StageSpec::new("ban_tokens")
+                    .with("ids", samplerd_sampling::ParamValue::String("x".into())),
                 StageSpec::new("greedy"),
             ]),
             None,
@@ -83,7 +101,8 @@ fn c_plugin_loads_from_a_directory_and_bans_ids() {
         .err()
         .unwrap();
     assert!(
-        err.to_string().starts_with("stage `ban_tokens`: ids must be a comma-separated list"),
+        err.to_string()
+            .starts_with("stage `ban_tokens`: ids must be a comma-separated list"),
         "{err}"
     );
 }
@@ -96,7 +115,10 @@ fn wrong_abi_version_is_refused_naming_the_file() {
     assert!(matches!(err, LoadError::Abi { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains(&lib.display().to_string()), "{msg}");
-    assert!(msg.contains("built for ABI 2.0, this host speaks 1.0"), "{msg}");
+    assert!(
+        msg.contains("built for ABI 2.0, this host speaks 1.0"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -112,10 +134,14 @@ fn a_file_that_is_not_a_library_is_refused() {
 #[test]
 fn a_library_without_the_entry_symbol_is_refused() {
     // libm is a real shared library that is not a samplerd plugin.
-    let libm = ["/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6", "/lib64/libm.so.6"]
-        .into_iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.exists());
+    let libm = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.exists());
     let Some(libm) = libm else {
         eprintln!("no libm found; skipping");
         return;
@@ -126,15 +152,23 @@ fn a_library_without_the_entry_symbol_is_refused() {
 
 #[test]
 fn missing_directory_and_empty_config_are_errors() {
-    let err = StageRegistry::load(&["/nonexistent/plugins".into()], &[]).err().unwrap();
-    assert!(err.to_string().starts_with("plugin directory /nonexistent/plugins"), "{err}");
+    let err = StageRegistry::load(&["/nonexistent/plugins".into()], &[])
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("plugin directory /nonexistent/plugins"),
+        "{err}"
+    );
     let err = StageRegistry::load(&[], &[]).err().unwrap();
     assert!(matches!(err, LoadError::Empty { .. }));
 }
 
 #[test]
 fn duplicate_stage_names_are_refused() {
-    let err = StageRegistry::load(&[], &[core_plugin(), core_plugin()]).err().unwrap();
+    let err = StageRegistry::load(&[], &[core_plugin(), core_plugin()])
+        .err()
+        .unwrap();
     assert!(matches!(err, LoadError::Duplicate { .. }), "{err:?}");
 }
 
@@ -143,7 +177,10 @@ fn a_panicking_plugin_fails_only_that_call() {
     let reg = StageRegistry::load(&[], &[core_plugin(), test_plugin()]).unwrap();
     let chain = reg
         .build_chain(
-            &spec(&[StageSpec::new("test_panic").number("threshold", 5.0), StageSpec::new("greedy")]),
+            &spec(&[
+                StageSpec::new("test_panic").number("threshold", 5.0),
+                StageSpec::new("greedy"),
+            ]),
             None,
         )
         .unwrap();
@@ -175,7 +212,10 @@ fn misbehaving_plugins_are_caught_by_the_post_checks() {
     let mut buf = TokenBuffer::new();
     for (stage, want) in [("test_nan", "NaN"), ("test_grow", "outside the vocabulary")] {
         let chain = reg
-            .build_chain(&spec(&[StageSpec::new(stage), StageSpec::new("greedy")]), None)
+            .build_chain(
+                &spec(&[StageSpec::new(stage), StageSpec::new("greedy")]),
+                None,
+            )
             .unwrap();
         let mut seq = chain.new_sequence().unwrap();
         buf.load(&[1.0, 2.0, 3.0]).unwrap();
@@ -192,27 +232,43 @@ fn chain_validation_names_stage_param_and_value() {
     let reg = StageRegistry::load(&[], &[core_plugin()]).unwrap();
     let cases: Vec<(ChainSpec, &str)> = vec![
         (spec(&[]), "chain is empty"),
-        (spec(&[StageSpec::new("nope"), StageSpec::new("dist")]), "unknown stage `nope`"),
         (
-            spec(&[StageSpec::new("top_k").number("kk", 1.0), StageSpec::new("dist")]),
+            spec(&[StageSpec::new("nope"), StageSpec::new("dist")]),
+            "unknown stage `nope`",
+        ),
+        (
+            spec(&[
+                StageSpec::new("top_k").number("kk", 1.0),
+                StageSpec::new("dist"),
+            ]),
             "stage `top_k`: unknown parameter `kk` (accepted: k",
         ),
         (
-            spec(&[StageSpec::new("top_p").number("p", 1.5), StageSpec::new("dist")]),
+            spec(&[
+                StageSpec::new("top_p").number("p", 1.5),
+                StageSpec::new("dist"),
+            ]),
             "stage `top_p`:",
         ),
         (
-            spec(&[StageSpec::new("temperature").number("t", f64::NAN), StageSpec::new("dist")]),
+            spec(&[
+                StageSpec::new("temperature").number("t", f64::NAN),
+                StageSpec::new("dist"),
+            ]),
             "stage `temperature`: parameter `t` is NaN",
         ),
-        (spec(&[StageSpec::new("top_k")]), "the last stage `top_k` does not select a token"),
+        (
+            spec(&[StageSpec::new("top_k")]),
+            "the last stage `top_k` does not select a token",
+        ),
         (
             spec(&[StageSpec::new("greedy"), StageSpec::new("dist")]),
             "stage `greedy` selects a token, so it must be the last stage",
         ),
         (
             spec(&[
-                StageSpec::new("top_k").with("k", samplerd_sampling::ParamValue::String("x".into())),
+                StageSpec::new("top_k")
+                    .with("k", samplerd_sampling::ParamValue::String("x".into())),
                 StageSpec::new("dist"),
             ]),
             "stage `top_k`: parameter `k` must be a number",
@@ -220,6 +276,9 @@ fn chain_validation_names_stage_param_and_value() {
     ];
     for (s, want) in cases {
         let err: ChainError = reg.build_chain(&s, None).err().expect("must fail");
-        assert!(err.to_string().starts_with(want), "{err} should start with {want}");
+        assert!(
+            err.to_string().starts_with(want),
+            "{err} should start with {want}"
+        );
     }
 }

@@ -26,16 +26,25 @@ pub fn profile_dir() -> PathBuf {
     deps.parent().expect("profile dir").to_path_buf()
 }
 
+/// A plugin library built by cargo: `target/<profile>/NAME` when it was
+/// built as a root unit, else `target/<profile>/deps/NAME` (cargo does not
+/// copy the cdylib of a dev-dependency up from `deps/`).
+pub fn plugin_lib(name: &str) -> PathBuf {
+    let dir = profile_dir();
+    let candidates = [dir.join(name), dir.join("deps").join(name)];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not built in {} or its deps/", dir.display()))
+}
+
 pub fn core_plugin() -> PathBuf {
-    let p = profile_dir().join("libsamplerd_core_stages.so");
-    assert!(p.is_file(), "core plugin not built at {}", p.display());
-    p
+    plugin_lib("libsamplerd_core_stages.so")
 }
 
 pub fn test_plugin() -> PathBuf {
-    let p = profile_dir().join("libsamplerd_test_plugins.so");
-    assert!(p.is_file(), "test plugin not built at {}", p.display());
-    p
+    plugin_lib("libsamplerd_test_plugins.so")
 }
 
 /// A config for tests: ephemeral port, the core plugin only.

@@ -23,7 +23,11 @@ fn cdylib(name: &str) -> PathBuf {
         return top;
     }
     let deps = target_profile_dir().join("deps").join(&file);
-    assert!(deps.exists(), "{file} was not built (looked in {} and deps/)", top.display());
+    assert!(
+        deps.exists(),
+        "{file} was not built (looked in {} and deps/)",
+        top.display()
+    );
     deps
 }
 
@@ -53,13 +57,19 @@ pub fn build_c_plugin(src: &str, out_dir: &Path, lib: &str, defines: &[&str]) ->
     let out = out_dir.join(format!("lib{lib}.{}", std::env::consts::DLL_EXTENSION));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut cmd = Command::new(&cc);
-    cmd.args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I"])
-        .arg(root.join("plugins/sdk/include"));
+    cmd.args([
+        "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
+    ])
+    .arg(root.join("plugins/sdk/include"));
     for d in defines {
         cmd.arg(format!("-D{d}"));
     }
-    cmd.arg(root.join("plugins/examples").join(src)).arg("-o").arg(&out);
-    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run C compiler {cc:?}: {e}"));
+    cmd.arg(root.join("plugins/examples").join(src))
+        .arg("-o")
+        .arg(&out);
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run C compiler {cc:?}: {e}"));
     assert!(status.success(), "compiling {src} failed");
     out
 }

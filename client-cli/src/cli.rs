@@ -1,0 +1,380 @@
+//! Command-line arguments: the global connection flags, the sampling flags
+//! shared by `generate`, `sample` and `bench` (llama.cpp names), and one
+//! struct per subcommand. Parsing only; behaviour lives in `commands/`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Default server address (also `$SAMPLERD_ADDR`).
+pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
+
+const EXAMPLES: &str = "\
+Examples:
+  samplerctl health
+  samplerctl stages
+  samplerctl generate \"Tell me a story\" -n 64 --seed 1
+  samplerctl sample logits.npy --greedy --n-probs 5
+  samplerctl bench --rpc sample --concurrency 8 --duration 10 --json
+  SAMPLERD_ADDR=http://samplerd.example:50051 samplerctl stages";
+
+/// samplerctl: talk to a running samplerd, see what it does, measure it.
+#[derive(Debug, Parser)]
+#[command(
+    name = "samplerctl",
+    version,
+    about = "Command-line client for samplerd (samplerd.v1.Sampler)",
+    long_about = "Command-line client for samplerd (samplerd.v1.Sampler): generate text, \
+                  sample one token from a logits file, list the loaded stages, check health \
+                  and benchmark a running server.\n\n\
+                  Exit codes: 0 ok, 1 server or transport error (the gRPC status is printed), \
+                  2 usage error, 130 interrupted (Ctrl-C).",
+    after_help = EXAMPLES
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Connection flags, accepted by every subcommand.
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// Server address; `host:port` gets `http://` prepended.
+    #[arg(
+        long,
+        global = true,
+        env = "SAMPLERD_ADDR",
+        default_value = DEFAULT_ADDR,
+        value_name = "URL",
+        value_parser = parse_addr
+    )]
+    pub addr: String,
+
+    /// Timeout in seconds for connecting and for each unary RPC (for a
+    /// streaming RPC: until the stream opens; a long generation is not cut).
+    #[arg(long, global = true, default_value_t = 30.0, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub timeout: f64,
+
+    /// Bearer token, sent as `authorization: Bearer TOKEN` metadata.
+    #[arg(
+        long,
+        global = true,
+        env = "SAMPLERD_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    // TLS flags (`--ca-cert`, `--client-cert`, `--client-key`) go here once
+    // samplerd serves TLS; see `connect::connect`.
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate text with the server's model, streamed as it arrives.
+    #[command(after_help = "Examples:\n  \
+        samplerctl generate \"Tell me a story\" -n 64 --seed 1\n  \
+        samplerctl generate --chat --system \"You are terse.\" \"What is 2+2?\"\n  \
+        samplerctl generate \"Once upon\" --samplers \"penalties;top_k;top_p;temperature\" --json")]
+    Generate(GenerateArgs),
+    /// Sample one token from a logits file (.npy, raw f32 LE, JSON) or stdin.
+    #[command(after_help = "Examples:\n  \
+        samplerctl sample logits.npy --greedy\n  \
+        samplerctl sample logits.f32 --seed 7 --prev-tokens 1,2,3 --step 4 --n-probs 5\n  \
+        echo '[0.1, 2.5, -1.0]' | samplerctl sample - --greedy")]
+    Sample(SampleArgs),
+    /// List the loaded stages, their parameters and defaults, and the default chain.
+    #[command(after_help = "Example:\n  samplerctl stages")]
+    Stages(StagesArgs),
+    /// Check the server's health: exit 0 when SERVING, 1 otherwise.
+    #[command(after_help = "Example:\n  samplerctl health && echo up")]
+    Health(HealthArgs),
+    /// Load generator: run Sample or Generate concurrently and report
+    /// latency percentiles and throughput.
+    #[command(after_help = "Examples:\n  \
+        samplerctl bench --rpc sample --concurrency 4 --duration 10\n  \
+        samplerctl bench --rpc sample --requests 1000 --vocab 32000 --json\n  \
+        samplerctl bench --rpc generate --prompt \"Hello\" --max-tokens 32 --concurrency 2")]
+    Bench(BenchArgs),
+}
+
+/// Sampling parameters with llama.cpp's flag names. Only flags given on the
+/// command line are sent; anything unset takes the server's configured
+/// default (the llama.cpp defaults quoted below unless samplerd.toml
+/// changes them).
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Sampling (unset = server default)")]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy [llama.cpp default: 0.8].
+    #[arg(long = "temp", visible_alias = "temperature", value_name = "T")]
+    pub temp: Option<f32>,
+    /// Greedy decoding (same as --temp 0).
+    #[arg(long, conflicts_with = "temp")]
+    pub greedy: bool,
+    /// Keep the K most likely tokens; 0 disables [default: 40].
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<i32>,
+    /// Nucleus sampling threshold; 1.0 disables [default: 0.95].
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
+    /// Min-p threshold relative to the top token; 0 disables [default: 0.0].
+    #[arg(long, value_name = "P")]
+    pub min_p: Option<f32>,
+    /// Locally typical sampling; 1.0 disables [default: 1.0].
+    #[arg(long = "typical", value_name = "P")]
+    pub typical_p: Option<f32>,
+    /// Repetition penalty; 1.0 disables [default: 1.1].
+    #[arg(long, value_name = "X")]
+    pub repeat_penalty: Option<f32>,
+    /// Tokens of history the penalties look at; 0 disables, -1 = all [default: 64].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub repeat_last_n: Option<i32>,
+    /// Frequency penalty; 0 disables [default: 0.0].
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Presence penalty; 0 disables [default: 0.0].
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// top-n-sigma: keep tokens within N standard deviations of the top logit; <= 0 disables [default: -1].
+    #[arg(long = "top-nsigma", value_name = "N", allow_negative_numbers = true)]
+    pub top_n_sigma: Option<f32>,
+    /// XTC probability; 0 disables [default: 0.0].
+    #[arg(long, value_name = "P")]
+    pub xtc_probability: Option<f32>,
+    /// XTC threshold [default: 0.1].
+    #[arg(long, value_name = "P")]
+    pub xtc_threshold: Option<f32>,
+    /// RNG seed [default: the server's, 42 unless configured].
+    #[arg(short = 's', long, value_name = "SEED")]
+    pub seed: Option<u64>,
+    /// Logit bias, llama.cpp style TOKEN_ID(+|-)BIAS, e.g. `15043+1` or
+    /// `15043-inf` (ban); repeatable.
+    #[arg(short = 'l', long = "logit-bias", value_name = "ID(+|-)BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Stage order, `;`-separated stage names (llama.cpp --samplers), e.g.
+    /// "penalties;top_k;top_p;temperature"; the final draw is appended by
+    /// the server [default: the server's chain order].
+    #[arg(long, value_name = "NAMES")]
+    pub samplers: Option<String>,
+}
+
+/// `samplerctl generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// The prompt (with --chat: the user message).
+    #[arg(value_name = "PROMPT")]
+    pub prompt: String,
+    /// Send the prompt as a chat conversation (rendered with the model's
+    /// chat template) instead of a raw prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message before the prompt (implies --chat).
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Extra user messages after the prompt (implies --chat); repeatable.
+    #[arg(long, value_name = "TEXT")]
+    pub user: Vec<String>,
+    /// Maximum tokens to generate [default: the server's].
+    #[arg(
+        short = 'n',
+        long = "max-tokens",
+        visible_alias = "n-predict",
+        value_name = "N"
+    )]
+    pub max_tokens: Option<u32>,
+    /// Stop string; repeatable.
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Keep generating after the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Return this many top candidates with each token (shown with --json).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub n_probs: u32,
+    /// Print one JSON object per streamed message (stdout) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// Logits file formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogitsFormat {
+    /// NumPy .npy, float32 (or float64, converted), one row.
+    Npy,
+    /// Raw little-endian f32, no header (.f32, .bin).
+    Raw,
+    /// A JSON array of numbers (.json).
+    Json,
+}
+
+/// `samplerctl sample`.
+#[derive(Debug, Args)]
+pub struct SampleArgs {
+    /// Logits file (.npy, .f32/.bin raw little-endian f32, .json), or `-` for stdin.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// File format; by default from the extension (stdin: sniffed, JSON or raw).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<LogitsFormat>,
+    /// Penalty window, oldest first, comma-separated token ids.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub prev_tokens: Vec<u32>,
+    /// Position of this step in the seeded random stream.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub step: u64,
+    /// Show the top N candidates before (raw logits) and after the chain.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub n_probs: u32,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// `samplerctl stages`.
+#[derive(Debug, Args)]
+pub struct StagesArgs {
+    /// Print the raw response as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `samplerctl health`.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Service name to check ("" = the server as a whole).
+    #[arg(long, default_value = "", value_name = "NAME")]
+    pub service: String,
+}
+
+/// Which RPC `bench` drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchRpc {
+    /// Sample with random logits (one token per request).
+    Sample,
+    /// Generate with the server's model (completion tokens per request).
+    Generate,
+}
+
+impl BenchRpc {
+    /// The lower-case name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchRpc::Sample => "sample",
+            BenchRpc::Generate => "generate",
+        }
+    }
+}
+
+/// `samplerctl bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// RPC to benchmark.
+    #[arg(long, value_enum, default_value = "sample")]
+    pub rpc: BenchRpc,
+    /// Requests in flight at once.
+    #[arg(short = 'c', long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+    /// Run for this many seconds [default: 10 unless --requests is given].
+    #[arg(short = 'd', long, value_name = "SECONDS", conflicts_with = "requests", value_parser = parse_timeout)]
+    pub duration: Option<f64>,
+    /// Run exactly this many requests in total.
+    #[arg(short = 'r', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+    /// Vocabulary size of the random logits (sample).
+    #[arg(long, default_value_t = 151_936, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub vocab: u32,
+    /// Prompt (generate).
+    #[arg(long, default_value = "Tell me a story", value_name = "TEXT")]
+    pub prompt: String,
+    /// Tokens per request (generate).
+    #[arg(short = 'n', long, default_value_t = 32, value_name = "N")]
+    pub max_tokens: u32,
+    /// Print one JSON object (rpc, concurrency, requests, errors, duration_s,
+    /// rps, tokens_per_s, latency_ms {p50, p90, p99}) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// `--addr`: accepts `host:port` or a full http(s) URL.
+fn parse_addr(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty address".into());
+    }
+    let url = if s.contains("://") {
+        s.to_string()
+    } else {
+        format!("http://{s}")
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "unsupported scheme in {url:?} (use http://HOST:PORT)"
+        ));
+    }
+    tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|e| format!("invalid address {url:?}: {e}"))?;
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+/// Positive, finite seconds.
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {s:?}"))?;
+    if v.is_finite() && v > 0.0 && v < 1e9 {
+        Ok(v)
+    } else {
+        Err(format!("must be a positive number of seconds, got {s}"))
+    }
+}
+
+/// llama.cpp's `--logit-bias TOKEN_ID(+|-)BIAS`; also accepts `ID=BIAS`.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let bad = || format!("expected TOKEN_ID(+|-)BIAS such as 15043+1 or 15043-inf, got {s:?}");
+    let (id, bias) = if let Some((id, b)) = s.split_once('=') {
+        (id, b.to_string())
+    } else {
+        let pos = s.find(['+', '-']).ok_or_else(bad)?;
+        (&s[..pos], s[pos..].to_string())
+    };
+    let id: u32 = id.trim().parse().map_err(|_| bad())?;
+    let bias: f32 = bias.trim().parse().map_err(|_| bad())?;
+    Ok((id, bias))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logit_bias_forms() {
+        assert_eq!(parse_logit_bias("15043+1").unwrap(), (15043, 1.0));
+        assert_eq!(parse_logit_bias("7-0.5").unwrap(), (7, -0.5));
+        assert_eq!(parse_logit_bias("7=2").unwrap(), (7, 2.0));
+        let (id, b) = parse_logit_bias("3-inf").unwrap();
+        assert_eq!(id, 3);
+        assert!(b.is_infinite() && b < 0.0);
+        assert!(parse_logit_bias("abc").is_err());
+    }
+
+    #[test]
+    fn addr_forms() {
+        assert_eq!(parse_addr("127.0.0.1:1").unwrap(), "http://127.0.0.1:1");
+        assert_eq!(parse_addr("http://h:2/").unwrap(), "http://h:2");
+        assert!(parse_addr("ftp://h:2").is_err());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,401 @@
+//! `samplerctl bench`: a closed-loop load generator. `--concurrency` workers
+//! share one HTTP/2 connection and send Sample (random logits of `--vocab`
+//! entries, as raw f32) or Generate requests back to back, for
+//! `--duration` seconds or `--requests` in total. A live progress bar runs
+//! on a terminal; the report gives p50/p90/p99 latency, requests/s,
+//! tokens/s and errors (`--json`: one object for scripts and the project's
+//! benchmarks). Ctrl-C stops early and still reports.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use samplerd_api::v1::generate_response::Event;
+use samplerd_api::v1::{GenerateRequest, SampleRequest, SamplingParams};
+use serde_json::json;
+
+use crate::cli::{BenchArgs, BenchRpc, ConnArgs};
+use crate::connect::{Sampler, connect};
+use crate::output::{Style, paint, status_line, warn};
+use crate::params::sampling_params;
+
+/// Duration when neither --duration nor --requests is given.
+const DEFAULT_DURATION_S: f64 = 10.0;
+
+/// What one worker measured.
+#[derive(Default)]
+struct WorkerStats {
+    /// Latency of each successful request, microseconds.
+    latencies_us: Vec<u64>,
+    tokens: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// The final numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub rpc: &'static str,
+    pub concurrency: u32,
+    pub requests: u64,
+    pub errors: u64,
+    pub duration_s: f64,
+    pub rps: f64,
+    pub tokens_per_s: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Report {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "rpc": self.rpc,
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "errors": self.errors,
+            "duration_s": self.duration_s,
+            "rps": self.rps,
+            "tokens_per_s": self.tokens_per_s,
+            "latency_ms": {
+                "p50": self.p50_ms,
+                "p90": self.p90_ms,
+                "p99": self.p99_ms,
+                "mean": self.mean_ms,
+                "max": self.max_ms,
+            },
+        })
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "{}\n  requests     {} ok, {} errors in {:.2}s\n  throughput   {:.1} requests/s, {:.1} tokens/s\n  latency ms   p50 {:.3}  p90 {:.3}  p99 {:.3}  mean {:.3}  max {:.3}\n",
+            paint(
+                Style::Bold,
+                &format!("bench {} (concurrency {})", self.rpc, self.concurrency)
+            ),
+            self.requests,
+            self.errors,
+            self.duration_s,
+            self.rps,
+            self.tokens_per_s,
+            self.p50_ms,
+            self.p90_ms,
+            self.p99_ms,
+            self.mean_ms,
+            self.max_ms,
+        )
+    }
+}
+
+/// Nearest-rank percentile of sorted values (`q` in [0, 1]).
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Deterministic pseudo-random logits in [-4, 4) as raw LE f32.
+fn random_logits(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut out = Vec::with_capacity(n * 4);
+    for _ in 0..n {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let v = ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0;
+        out.extend(v.to_le_bytes());
+    }
+    out
+}
+
+/// Shared run state.
+struct Shared {
+    stop: AtomicBool,
+    /// Requests started (for --requests).
+    started: AtomicU64,
+    /// Requests finished, ok or not (for the progress bar).
+    done: AtomicU64,
+    limit: Option<u64>,
+    deadline: Option<Instant>,
+}
+
+impl Shared {
+    /// Claims the next request, or None when the run is over.
+    fn next(&self) -> Option<u64> {
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Some(d) = self.deadline
+            && Instant::now() >= d
+        {
+            return None;
+        }
+        let n = self.started.fetch_add(1, Ordering::Relaxed);
+        match self.limit {
+            Some(l) if n >= l => None,
+            _ => Some(n),
+        }
+    }
+}
+
+async fn worker(
+    id: u32,
+    mut client: Sampler,
+    rpc: BenchRpc,
+    args: Arc<(BenchArgs, SamplingParams)>,
+    shared: Arc<Shared>,
+) -> WorkerStats {
+    let (args, params) = &*args;
+    let mut stats = WorkerStats::default();
+    let logits = match rpc {
+        BenchRpc::Sample => {
+            tonic::codegen::Bytes::from(random_logits(args.vocab as usize, u64::from(id) + 1))
+        }
+        BenchRpc::Generate => tonic::codegen::Bytes::new(),
+    };
+    while let Some(n) = shared.next() {
+        let t0 = Instant::now();
+        let result: Result<u64, tonic::Status> = match rpc {
+            BenchRpc::Sample => client
+                .sample(SampleRequest {
+                    logits: Vec::new(),
+                    logits_f32le: logits.clone(),
+                    previous_tokens: Vec::new(),
+                    params: Some(params.clone()),
+                    step: n,
+                    n_probs: 0,
+                    post_sampling_probs: false,
+                })
+                .await
+                .map(|_| 1),
+            BenchRpc::Generate => generate_once(&mut client, args, params).await,
+        };
+        let us = t0.elapsed().as_micros() as u64;
+        match result {
+            Ok(tokens) => {
+                stats.latencies_us.push(us);
+                stats.tokens += tokens;
+            }
+            Err(s) => {
+                stats.errors += 1;
+                stats.first_error.get_or_insert_with(|| status_line(&s));
+            }
+        }
+        shared.done.fetch_add(1, Ordering::Relaxed);
+    }
+    stats
+}
+
+/// One full Generate stream; returns the completion tokens.
+async fn generate_once(
+    client: &mut Sampler,
+    args: &BenchArgs,
+    params: &SamplingParams,
+) -> Result<u64, tonic::Status> {
+    let mut stream = client
+        .generate(GenerateRequest {
+            prompt: args.prompt.clone(),
+            messages: Vec::new(),
+            max_tokens: args.max_tokens,
+            params: Some(params.clone()),
+            stop: Vec::new(),
+            ignore_eos: true,
+            n_probs: 0,
+        })
+        .await?
+        .into_inner();
+    let mut tokens = 0u64;
+    while let Some(msg) = stream.message().await? {
+        match msg.event {
+            Some(Event::Token(_)) => tokens += 1,
+            Some(Event::Finished(f)) => {
+                if let Some(u) = f.usage {
+                    tokens = u64::from(u.completion_tokens);
+                }
+            }
+            None => {}
+        }
+    }
+    Ok(tokens)
+}
+
+/// Runs the benchmark.
+pub async fn run(conn: &ConnArgs, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let c = connect(conn).await?;
+    let rpc = args.rpc;
+    let concurrency = args.concurrency;
+    let duration = match (args.duration, args.requests) {
+        (Some(d), _) => Some(Duration::from_secs_f64(d)),
+        (None, None) => Some(Duration::from_secs_f64(DEFAULT_DURATION_S)),
+        (None, Some(_)) => None,
+    };
+    let params = sampling_params(&args.sampling);
+    let json_out = args.json;
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        started: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        limit: args.requests,
+        deadline: duration.map(|d| start + d),
+    });
+
+    let bar = progress_bar(duration, args.requests);
+    let shared_args = Arc::new((args, params));
+    let mut handles = Vec::new();
+    for id in 0..concurrency {
+        handles.push(tokio::spawn(worker(
+            id,
+            c.sampler(),
+            rpc,
+            shared_args.clone(),
+            shared.clone(),
+        )));
+    }
+
+    // Progress + Ctrl-C until every worker is done.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let all = futures_join(handles);
+    tokio::pin!(all);
+    let results = loop {
+        tokio::select! {
+            r = &mut all => break r,
+            _ = tick.tick() => {
+                let done = shared.done.load(Ordering::Relaxed);
+                match duration {
+                    Some(_) => bar.set_position(start.elapsed().as_millis() as u64),
+                    None => bar.set_position(done),
+                }
+                let secs = start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!("{done} requests, {:.0}/s", done as f64 / secs));
+            }
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                shared.stop.store(true, Ordering::Relaxed);
+            }
+        }
+    };
+    bar.finish_and_clear();
+    let elapsed = start.elapsed().as_secs_f64();
+
+    let mut latencies = Vec::new();
+    let (mut tokens, mut errors, mut first_error) = (0u64, 0u64, None);
+    for r in results {
+        let s = r?;
+        latencies.extend(s.latencies_us);
+        tokens += s.tokens;
+        errors += s.errors;
+        if first_error.is_none() {
+            first_error = s.first_error;
+        }
+    }
+    latencies.sort_unstable();
+    let ms = |us: u64| us as f64 / 1000.0;
+    let requests = latencies.len() as u64;
+    let report = Report {
+        rpc: rpc.name(),
+        concurrency,
+        requests,
+        errors,
+        duration_s: elapsed,
+        rps: requests as f64 / elapsed.max(1e-9),
+        tokens_per_s: tokens as f64 / elapsed.max(1e-9),
+        p50_ms: ms(percentile(&latencies, 0.50)),
+        p90_ms: ms(percentile(&latencies, 0.90)),
+        p99_ms: ms(percentile(&latencies, 0.99)),
+        mean_ms: if latencies.is_empty() {
+            0.0
+        } else {
+            ms(latencies.iter().sum::<u64>()) / latencies.len() as f64
+        },
+        max_ms: ms(latencies.last().copied().unwrap_or(0)),
+    };
+    if json_out {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.text());
+    }
+    if interrupted {
+        warn("interrupted: partial results");
+    }
+    if let Some(e) = first_error {
+        warn(&format!("{errors} requests failed; first error: {e}"));
+    }
+    Ok(if interrupted {
+        ExitCode::from(super::EXIT_INTERRUPTED)
+    } else if errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Awaits every worker, in order.
+async fn futures_join(
+    handles: Vec<tokio::task::JoinHandle<WorkerStats>>,
+) -> Vec<Result<WorkerStats, tokio::task::JoinError>> {
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
+
+/// A bar over time (--duration) or requests (--requests); hidden when
+/// stderr is not a terminal.
+fn progress_bar(duration: Option<Duration>, requests: Option<u64>) -> ProgressBar {
+    let (len, template) = match duration {
+        Some(d) => (
+            d.as_millis() as u64,
+            "{spinner} [{elapsed_precise}] [{wide_bar}] {msg}",
+        ),
+        None => (
+            requests.unwrap_or(0),
+            "{spinner} [{elapsed_precise}] [{wide_bar}] {pos}/{len} {msg}",
+        ),
+    };
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::hidden());
+    if std::io::stderr().is_terminal() {
+        bar.set_draw_target(ProgressDrawTarget::stderr());
+    }
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.9), 90);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn logits_are_deterministic() {
+        let a = random_logits(8, 1);
+        assert_eq!(a.len(), 32);
+        assert_eq!(a, random_logits(8, 1));
+        assert_ne!(a, random_logits(8, 2));
+    }
+}

@@ -1,0 +1,70 @@
+//! Sampling flags → the proto's `SamplingParams`. Only what the user set is
+//! sent (`optional` fields stay unset otherwise), so the server's configured
+//! defaults apply to everything else.
+
+use samplerd_api::v1::SamplingParams;
+
+use crate::cli::SamplingArgs;
+
+/// Builds the request's `SamplingParams` from the flags the user gave.
+/// `--greedy` is `temperature = 0`; `--samplers` splits on `;` (and `,`).
+pub fn sampling_params(a: &SamplingArgs) -> SamplingParams {
+    let temperature = if a.greedy { Some(0.0) } else { a.temp };
+    SamplingParams {
+        temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        typical_p: a.typical_p,
+        repeat_penalty: a.repeat_penalty,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed: a.seed,
+        logit_bias: a.logit_bias.iter().copied().collect(),
+        chain: Vec::new(),
+        top_n_sigma: a.top_n_sigma,
+        xtc_probability: a.xtc_probability,
+        xtc_threshold: a.xtc_threshold,
+        samplers: a
+            .samplers
+            .as_deref()
+            .map(split_samplers)
+            .unwrap_or_default(),
+    }
+}
+
+/// `"penalties;top_k; top_p"` → `["penalties", "top_k", "top_p"]`.
+fn split_samplers(s: &str) -> Vec<String> {
+    s.split([';', ','])
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_flags_stay_unset() {
+        let p = sampling_params(&SamplingArgs::default());
+        assert_eq!(p, SamplingParams::default());
+    }
+
+    #[test]
+    fn greedy_and_samplers() {
+        let a = SamplingArgs {
+            greedy: true,
+            top_k: Some(5),
+            samplers: Some("penalties; top_k;;top_p,temperature".into()),
+            ..Default::default()
+        };
+        let p = sampling_params(&a);
+        assert_eq!(p.temperature, Some(0.0));
+        assert_eq!(p.top_k, Some(5));
+        assert_eq!(p.top_p, None);
+        assert_eq!(p.samplers, ["penalties", "top_k", "top_p", "temperature"]);
+    }
+}

@@ -1,0 +1,637 @@
+//! End-to-end tests: the real `samplerctl` binary against a real
+//! `samplerd serve` on a free loopback port.
+//!
+//! `samplerd` must already be built next to this test's target directory
+//! (`cargo test --workspace` builds every binary first; otherwise run
+//! `cargo build -p samplerd`). Each test starts its own server, waits for
+//! SERVING by polling `samplerctl health` within a bounded deadline, and
+//! kills it on drop.
+//!
+//! Set `SAMPLERD_MODEL=/path/to/model.gguf` to also run the Generate tests
+//! against a real model.
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Upper bound on waiting for a server to report SERVING.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Env vars of the client that must not leak into a test's commands.
+const CLIENT_ENV: [&str; 2] = ["SAMPLERD_ADDR", "SAMPLERD_TOKEN"];
+
+fn samplerctl() -> &'static str {
+    env!("CARGO_BIN_EXE_samplerctl")
+}
+
+/// `target/<profile>/` (this test binary lives in `target/<profile>/deps/`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/..")
+        .to_path_buf()
+}
+
+fn samplerd_bin() -> PathBuf {
+    let p = profile_dir().join(format!("samplerd{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        p.is_file(),
+        "samplerd is not built at {}: run `cargo build -p samplerd` (or `cargo test --workspace`, \
+         which builds every binary) first",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `samplerctl` command aimed at `addr`, with the client env cleared.
+fn ctl(addr: &str) -> Command {
+    let mut c = Command::new(samplerctl());
+    for v in CLIENT_ENV {
+        c.env_remove(v);
+    }
+    c.env("NO_COLOR", "1").arg("--addr").arg(addr);
+    c
+}
+
+/// A running `samplerd serve`; killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Starts `samplerd serve --listen 127.0.0.1:PORT EXTRA…` in an empty
+    /// directory (no stray samplerd.toml) without any SAMPLERD_* variable
+    /// (the server reads its config from them), and waits for SERVING.
+    fn start_with(extra: &[&str]) -> Server {
+        let bin = samplerd_bin();
+        let mut last_err = String::new();
+        // A free port can be taken between probing and binding: retry.
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = free_port();
+            let mut cmd = Command::new(&bin);
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("SAMPLERD_") {
+                    cmd.env_remove(&k);
+                }
+            }
+            let log = std::fs::File::create(dir.path().join("samplerd.log")).unwrap();
+            let child = cmd
+                .current_dir(dir.path())
+                .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("spawn samplerd");
+            let mut server = Server {
+                child,
+                addr: format!("http://127.0.0.1:{port}"),
+                _dir: dir,
+            };
+            match server.wait_ready() {
+                Ok(()) => return server,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("samplerd did not become SERVING: {last_err}");
+    }
+
+    /// Polls `samplerctl health` until it exits 0, the server exits, or
+    /// READY_TIMEOUT passes.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let out = ctl(&self.addr)
+                .args(["--timeout", "2", "health"])
+                .output()
+                .expect("run samplerctl health");
+            if out.status.success() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Err(format!("samplerd exited early ({status}): {}", self.log()));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "not SERVING after {READY_TIMEOUT:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            // Back off between polls (bounded by the deadline above).
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("samplerd.log")).unwrap_or_default()
+    }
+
+    fn ctl(&self) -> Command {
+        ctl(&self.addr)
+    }
+
+    /// Kills the server and waits for it to exit.
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run samplerctl")
+}
+
+fn run_stdin(mut cmd: Command, input: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn samplerctl");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[track_caller]
+fn assert_code(o: &Output, code: i32) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "exit status\nstdout:\n{}\nstderr:\n{}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// Deterministic pseudo-random logits with a unique maximum.
+fn logits(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+        })
+        .collect()
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn raw_bytes(l: &[f32]) -> Vec<u8> {
+    l.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// What `np.save` writes for a 1-D float32 array (format version 1.0).
+fn npy_bytes(l: &[f32]) -> Vec<u8> {
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        l.len()
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(raw_bytes(l));
+    out
+}
+
+fn json_array(l: &[f32]) -> String {
+    let items: Vec<String> = l.iter().map(|v| format!("{v}")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// The first stdout line, parsed as a token id.
+fn token_id(o: &Output) -> u32 {
+    let out = stdout(o);
+    let line = out.lines().next().unwrap_or_default();
+    line.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("first line is not a token id: {out:?}"))
+}
+
+#[test]
+fn sample_greedy_from_every_format_gives_the_argmax() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let l = logits(1000, 7);
+    let want = argmax(&l);
+
+    let files = [
+        ("logits.npy", npy_bytes(&l)),
+        ("logits.f32", raw_bytes(&l)),
+        ("logits.bin", raw_bytes(&l)),
+        ("logits.json", json_array(&l).into_bytes()),
+    ];
+    for (name, bytes) in &files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let mut c = server.ctl();
+        c.arg("sample").arg(&path).arg("--greedy");
+        let o = run(c);
+        assert_code(&o, 0);
+        assert_eq!(token_id(&o), want, "{name}");
+        assert_eq!(stdout(&o).trim(), want.to_string(), "{name}: only the id");
+    }
+
+    // --format overrides the extension.
+    let odd = dir.path().join("logits.dat");
+    std::fs::write(&odd, raw_bytes(&l)).unwrap();
+    let mut c = server.ctl();
+    c.arg("sample")
+        .arg(&odd)
+        .args(["--format", "raw", "--greedy"]);
+    let o = run(c);
+    assert_code(&o, 0);
+    assert_eq!(token_id(&o), want);
+
+    // stdin: JSON (sniffed), raw (sniffed and explicit).
+    let mut c = server.ctl();
+    c.args(["sample", "-", "--greedy"]);
+    let o = run_stdin(c, json_array(&l).as_bytes());
+    assert_code(&o, 0);
+    assert_eq!(token_id(&o), want, "stdin json");
+
+    let mut c = server.ctl();
+    c.args(["sample", "-", "--format", "raw", "--greedy"]);
+    let o = run_stdin(c, &raw_bytes(&l));
+    assert_code(&o, 0);
+    assert_eq!(token_id(&o), want, "stdin raw");
+
+    // Seeded sampling is reproducible and honours --prev-tokens/--step.
+    let path = dir.path().join("logits.f32");
+    let seeded = |step: &str| {
+        let mut c = server.ctl();
+        c.arg("sample")
+            .arg(&path)
+            .args(["--seed", "3", "--prev-tokens", "1,2,3", "--step", step]);
+        let o = run(c);
+        assert_code(&o, 0);
+        token_id(&o)
+    };
+    assert_eq!(seeded("5"), seeded("5"));
+}
+
+#[test]
+fn sample_n_probs_shows_raw_and_post_chain_tables() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let l = logits(500, 11);
+    let want = argmax(&l);
+    let path = dir.path().join("l.json");
+    std::fs::write(&path, json_array(&l)).unwrap();
+
+    let mut c = server.ctl();
+    c.arg("sample")
+        .arg(&path)
+        .args(["--top-k", "3", "--n-probs", "5", "--seed", "1"]);
+    let o = run(c);
+    assert_code(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("Top 5 of the raw logits"), "{out}");
+    assert!(out.contains("Top 5 after the chain"), "{out}");
+    // The raw table's first row is the argmax.
+    let raw_first = out
+        .lines()
+        .skip_while(|l| !l.starts_with("Top 5 of the raw"))
+        .nth(2)
+        .expect("raw table row");
+    let cols: Vec<&str> = raw_first.split_whitespace().collect();
+    assert_eq!(cols[0], "1", "{raw_first}");
+    assert_eq!(cols[1], want.to_string(), "{raw_first}");
+    // The raw table has 5 rows; after top_k(3) only 3 candidates survive.
+    let rows_after = |title: &str| {
+        out.lines()
+            .skip_while(|l| !l.starts_with(title))
+            .skip(2)
+            .take_while(|l| !l.trim().is_empty())
+            .count()
+    };
+    assert_eq!(rows_after("Top 5 of the raw"), 5, "{out}");
+    assert_eq!(rows_after("Top 5 after the chain"), 3, "{out}");
+
+    // --json carries both lists.
+    let mut c = server.ctl();
+    c.arg("sample")
+        .arg(&path)
+        .args(["--greedy", "--n-probs", "2", "--json"]);
+    let o = run(c);
+    assert_code(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["token_id"], want);
+    assert_eq!(v["probs"].as_array().unwrap().len(), 2);
+    assert!(v["post_sampling_probs"].is_array());
+}
+
+#[test]
+fn stages_lists_top_k_and_the_default_chain() {
+    let server = Server::start();
+    let o = run({
+        let mut c = server.ctl();
+        c.arg("stages");
+        c
+    });
+    assert_code(&o, 0);
+    let out = stdout(&o);
+    assert!(out.lines().any(|l| l.starts_with("top_k ")), "{out}");
+    assert!(out.contains("top_k parameters"), "{out}");
+    assert!(out.contains("Default chain"), "{out}");
+    assert!(out.contains("top_k k=40"), "{out}");
+    assert!(
+        out.contains("penalties → top_k → top_p → temperature → dist"),
+        "{out}"
+    );
+
+    let o = run({
+        let mut c = server.ctl();
+        c.args(["stages", "--json"]);
+        c
+    });
+    assert_code(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let names: Vec<&str> = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"top_k"), "{names:?}");
+    assert!(!v["default_chain"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn health_is_zero_when_serving_and_one_when_gone() {
+    let mut server = Server::start();
+    let o = run({
+        let mut c = server.ctl();
+        c.arg("health");
+        c
+    });
+    assert_code(&o, 0);
+    assert!(stdout(&o).contains("SERVING"), "{}", stdout(&o));
+
+    let addr = server.addr.clone();
+    server.stop();
+    let o = run({
+        let mut c = ctl(&addr);
+        c.args(["--timeout", "5", "health"]);
+        c
+    });
+    assert_code(&o, 1);
+    assert!(stderr(&o).contains(&addr), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_reports_sane_json() {
+    let server = Server::start();
+    let o = run({
+        let mut c = server.ctl();
+        c.args([
+            "bench",
+            "--rpc",
+            "sample",
+            "--concurrency",
+            "2",
+            "--duration",
+            "2",
+            "--vocab",
+            "32000",
+            "--json",
+        ]);
+        c
+    });
+    assert_code(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(&o)));
+    assert_eq!(v["rpc"], "sample");
+    assert_eq!(v["concurrency"], 2);
+    let requests = v["requests"].as_u64().unwrap();
+    assert!(requests > 0, "{v}");
+    assert_eq!(v["errors"], 0, "{v}");
+    let duration = v["duration_s"].as_f64().unwrap();
+    assert!((1.5..30.0).contains(&duration), "{v}");
+    assert!(v["rps"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    let p = |k: &str| v["latency_ms"][k].as_f64().unwrap();
+    assert!(
+        p("p50") > 0.0 && p("p50") <= p("p90") && p("p90") <= p("p99"),
+        "{v}"
+    );
+
+    // --requests runs exactly that many.
+    let o = run({
+        let mut c = server.ctl();
+        c.args([
+            "bench",
+            "--requests",
+            "7",
+            "-c",
+            "3",
+            "--vocab",
+            "1000",
+            "--json",
+        ]);
+        c
+    });
+    assert_code(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["requests"], 7, "{v}");
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_helpful_message() {
+    // Usage errors never need a server.
+    let addr = "http://127.0.0.1:9";
+    let cases: [&[&str]; 5] = [
+        &["sample", "x.json", "--top-k", "many"],
+        &["sample", "x.json", "--greedy", "--temp", "0.5"],
+        &["bench", "--rpc", "nope"],
+        &["bench", "--duration", "1", "--requests", "5"],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let o = run({
+            let mut c = ctl(addr);
+            c.args(args);
+            c
+        });
+        assert_code(&o, 2);
+        let err = stderr(&o);
+        assert!(err.starts_with("error:"), "{args:?}: {err}");
+        assert!(
+            err.contains("--help") || err.contains("Usage"),
+            "{args:?}: {err}"
+        );
+    }
+    // --help explains the flags and shows an example.
+    let o = run({
+        let mut c = ctl(addr);
+        c.args(["generate", "--help"]);
+        c
+    });
+    assert_code(&o, 0);
+    let out = stdout(&o);
+    for flag in [
+        "--temp",
+        "--top-k",
+        "--top-p",
+        "--seed",
+        "--samplers",
+        "--max-tokens",
+        "Example",
+    ] {
+        assert!(out.contains(flag), "help lacks {flag}: {out}");
+    }
+}
+
+#[test]
+fn server_invalid_argument_exits_1_with_the_message() {
+    let server = Server::start();
+    let o = run_stdin(
+        {
+            let mut c = server.ctl();
+            c.args(["sample", "-", "--top-p", "1.5"]);
+            c
+        },
+        b"[1.0, 2.0, 3.0]",
+    );
+    assert_code(&o, 1);
+    let err = stderr(&o);
+    assert!(err.starts_with("error: INVALID_ARGUMENT: "), "{err}");
+    assert!(err.contains("top_p"), "{err}");
+    assert!(err.contains("1.5"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn unreachable_server_names_the_address() {
+    let port = free_port();
+    let addr = format!("http://127.0.0.1:{port}");
+    for args in [&["health"][..], &["stages"][..]] {
+        let o = run({
+            let mut c = ctl(&addr);
+            c.args(["--timeout", "5"]).args(args);
+            c
+        });
+        assert_code(&o, 1);
+        let err = stderr(&o);
+        assert!(
+            err.starts_with(&format!("error: cannot reach samplerd at {addr}: ")),
+            "{err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    // SAMPLERD_ADDR is honoured (host:port form).
+    let o = run({
+        let mut c = Command::new(samplerctl());
+        c.env("SAMPLERD_ADDR", format!("127.0.0.1:{port}"))
+            .env_remove("SAMPLERD_TOKEN")
+            .arg("health");
+        c
+    });
+    assert_code(&o, 1);
+    assert!(stderr(&o).contains(&addr), "{}", stderr(&o));
+}
+
+#[test]
+fn generate_without_a_model_is_failed_precondition() {
+    let server = Server::start();
+    let o = run({
+        let mut c = server.ctl();
+        c.args(["generate", "Tell me a story", "-n", "4"]);
+        c
+    });
+    assert_code(&o, 1);
+    let err = stderr(&o);
+    assert!(err.starts_with("error: FAILED_PRECONDITION: "), "{err}");
+    assert!(err.contains("model"), "{err}");
+}
+
+/// Runs only when `SAMPLERD_MODEL` names an existing GGUF file.
+#[test]
+fn generate_with_a_model_streams_deterministically() {
+    let Some(model) = std::env::var_os("SAMPLERD_MODEL").map(PathBuf::from) else {
+        eprintln!("skipped: set SAMPLERD_MODEL=/path/to/model.gguf to run");
+        return;
+    };
+    if !model.is_file() {
+        eprintln!("skipped: SAMPLERD_MODEL={} is not a file", model.display());
+        return;
+    }
+    let model = model.to_str().expect("UTF-8 model path").to_string();
+    let server = Server::start_with(&["--model", &model]);
+    let gen_once = || {
+        let o = run({
+            let mut c = server.ctl();
+            c.args([
+                "--timeout",
+                "120",
+                "generate",
+                "Tell me a story",
+                "-n",
+                "16",
+                "--seed",
+                "1",
+            ]);
+            c
+        });
+        assert_code(&o, 0);
+        o
+    };
+    let a = gen_once();
+    assert!(!stdout(&a).trim().is_empty(), "no text streamed");
+    let summary = stderr(&a);
+    assert!(
+        summary.contains("tokens/s") && summary.contains("finish:") && summary.contains("seed: 1"),
+        "summary line: {summary}"
+    );
+    let b = gen_once();
+    assert_eq!(a.stdout, b.stdout, "same seed, different text");
+}

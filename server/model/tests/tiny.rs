@@ -1,0 +1,273 @@
+//! Loading and forward-pass tests on tiny GGUF files the tests write
+//! themselves (random weights, 2 layers, byte-level vocabulary), so they run
+//! without the real model.
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use samplerd_model::{ChatMessage, Model, ModelError, ModelOptions, attr};
+use std::path::{Path, PathBuf};
+
+const D: usize = 64;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const FF: usize = 96;
+const LAYERS: usize = 2;
+
+fn byte_chars() -> Vec<char> {
+    let mut out = Vec::new();
+    let mut n = 0u32;
+    for b in 0..256u32 {
+        let keep = (33..=126).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        out.push(if keep {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        });
+    }
+    out
+}
+
+fn vocab() -> Vec<String> {
+    let mut v: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    v.extend(byte_chars().into_iter().map(|c| c.to_string()));
+    v.push("Ġt".into());
+    v.push("he".into());
+    v
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn matrix(rng: &mut Rng, rows: usize, cols: usize, scale: f32, dtype: GgmlDType) -> QTensor {
+    let v: Vec<f32> = (0..rows * cols).map(|_| rng.next() * scale).collect();
+    let t = Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap();
+    QTensor::quantize(&t, dtype).unwrap()
+}
+
+fn vector(rng: &mut Rng, n: usize, base: f32, scale: f32) -> QTensor {
+    let v: Vec<f32> = (0..n).map(|_| base + rng.next() * scale).collect();
+    QTensor::quantize(&Tensor::from_vec(v, n, &Device::Cpu).unwrap(), GgmlDType::F32).unwrap()
+}
+
+/// Writes a tiny model; `arch` is written to `general.architecture` (and
+/// used as the metadata prefix); qwen2 gets q/k/v biases.
+fn write_tiny(path: &Path, arch: &str) {
+    let mut rng = Rng(42);
+    let toks = vocab();
+    let n_vocab = toks.len();
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    tensors.push(("token_embd.weight".into(), matrix(&mut rng, n_vocab, D, 1.0, GgmlDType::Q8_0)));
+    let dkv = KV_HEADS * D / HEADS;
+    for l in 0..LAYERS {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        // Mixed formats: Q4_1 and Q8_0 kept, F32/F16 requantised at load.
+        tensors.push((n("attn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
+        tensors.push((n("attn_q.weight"), matrix(&mut rng, D, D, 0.3, GgmlDType::Q4_1)));
+        tensors.push((n("attn_k.weight"), matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q4_1)));
+        tensors.push((n("attn_v.weight"), matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q8_0)));
+        tensors.push((n("attn_output.weight"), matrix(&mut rng, D, D, 0.2, GgmlDType::F16)));
+        tensors.push((n("ffn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
+        tensors.push((n("ffn_gate.weight"), matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1)));
+        tensors.push((n("ffn_up.weight"), matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1)));
+        tensors.push((n("ffn_down.weight"), matrix(&mut rng, D, FF, 0.2, GgmlDType::F32)));
+        if arch == "qwen2" {
+            tensors.push((n("attn_q.bias"), vector(&mut rng, D, 0.0, 0.1)));
+            tensors.push((n("attn_k.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
+            tensors.push((n("attn_v.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
+        }
+    }
+    tensors.push(("output_norm.weight".into(), vector(&mut rng, D, 1.0, 0.1)));
+    let mut types = vec![Value::I32(3); 3];
+    types.extend((3..n_vocab).map(|_| Value::I32(1)));
+    let meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (format!("{arch}.context_length"), Value::U32(256)),
+        (format!("{arch}.embedding_length"), Value::U32(D as u32)),
+        (format!("{arch}.block_count"), Value::U32(LAYERS as u32)),
+        (format!("{arch}.feed_forward_length"), Value::U32(FF as u32)),
+        (format!("{arch}.attention.head_count"), Value::U32(HEADS as u32)),
+        (format!("{arch}.attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(toks.iter().map(|t| Value::String(t.clone())).collect())),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+        ("tokenizer.ggml.merges".into(), Value::Array(vec![Value::String("Ġ t".into()), Value::String("h e".into())])),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ];
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut f, &meta_refs, &tensor_refs).unwrap();
+}
+
+fn tiny(dir: &tempfile::TempDir, arch: &str) -> PathBuf {
+    let p = dir.path().join(format!("tiny-{arch}.gguf"));
+    write_tiny(&p, arch);
+    p
+}
+
+fn opts() -> ModelOptions {
+    ModelOptions { n_threads: 2, n_ctx: 64 }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn loads_and_runs_llama_and_qwen2() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["llama", "qwen2"] {
+        let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
+        let c = m.config();
+        assert_eq!((c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.head_dim, c.n_ff), (D, LAYERS, HEADS, KV_HEADS, D / HEADS, FF));
+        assert_eq!(c.rope_neox, arch == "qwen2");
+        assert_eq!(m.n_vocab(), vocab().len());
+        assert_eq!(m.n_ctx(), 64);
+        let mut s = m.new_session();
+        let logits = s.prefill(&[1, 50, 60, 70, 2]).unwrap().to_vec();
+        assert_eq!(logits.len(), m.n_vocab());
+        assert!(logits.iter().all(|x| x.is_finite()));
+        assert!(logits.iter().any(|&x| x != logits[0]), "logits must depend on the vocabulary row");
+        assert_eq!(s.position(), 5);
+        let next = s.decode(80).unwrap();
+        assert_eq!(next.len(), m.n_vocab());
+        assert_eq!(s.position(), 6);
+    }
+}
+
+#[test]
+fn kv_cache_decode_matches_full_prefill() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["llama", "qwen2"] {
+        let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
+        let toks: Vec<u32> = vec![1, 40, 41, 42, 100, 7, 9, 250, 33, 12, 2, 44];
+        // Token by token through the cache…
+        let mut inc = m.new_session();
+        inc.prefill(&toks[..3]).unwrap();
+        for (i, &t) in toks.iter().enumerate().skip(3) {
+            let step = inc.decode(t).unwrap().to_vec();
+            // …equals one prefill of the whole prefix.
+            let mut full = m.new_session();
+            let whole = full.prefill(&toks[..=i]).unwrap();
+            let d = max_diff(&step, whole);
+            assert!(d <= 1e-4, "{arch}: position {i}: decode vs prefill differ by {d}");
+        }
+    }
+}
+
+#[test]
+fn sessions_are_independent_and_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
+    let mut a = m.new_session();
+    let mut b = m.new_session();
+    let la = a.prefill(&[5, 6, 7]).unwrap().to_vec();
+    b.prefill(&[9, 9]).unwrap();
+    let lb = b.decode(9).unwrap().to_vec();
+    let la2 = m.new_session().prefill(&[5, 6, 7]).unwrap().to_vec();
+    assert_eq!(la, la2);
+    assert_ne!(la, lb);
+    // Truncate and replay gives the same logits.
+    a.truncate(2);
+    assert_eq!(a.position(), 2);
+    assert_eq!(a.decode(7).unwrap(), &la[..]);
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
+    let mut s = m.new_session_with_capacity(4);
+    assert!(matches!(s.prefill(&[]), Err(ModelError::EmptyInput)));
+    let e = s.prefill(&[100_000]).unwrap_err();
+    assert!(e.to_string().contains("100000"), "{e}");
+    s.prefill(&[1, 2, 3]).unwrap();
+    let e = s.prefill(&[4, 5]).unwrap_err();
+    assert!(matches!(e, ModelError::ContextFull { position: 3, n_tokens: 2, capacity: 4 }), "{e}");
+}
+
+#[test]
+fn missing_file_is_named() {
+    let p = Path::new("/nonexistent/dir/model.gguf");
+    let e = Model::load(p, &opts()).unwrap_err();
+    assert!(matches!(e, ModelError::NotFound { .. }), "{e:?}");
+    assert!(e.to_string().contains("/nonexistent/dir/model.gguf"), "{e}");
+}
+
+#[test]
+fn non_gguf_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("notes.txt");
+    std::fs::write(&p, "this is not a model\n").unwrap();
+    let e = Model::load(&p, &opts()).unwrap_err();
+    assert!(matches!(e, ModelError::NotGguf { .. }), "{e:?}");
+    assert!(e.to_string().contains("notes.txt") && e.to_string().contains("GGUF"), "{e}");
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(Model::load(&empty, &opts()), Err(ModelError::NotGguf { .. })));
+}
+
+#[test]
+fn truncated_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(&dir, "llama");
+    let bytes = std::fs::read(&p).unwrap();
+    for keep in [bytes.len() - 100, bytes.len() / 2, 64, 10] {
+        let t = dir.path().join(format!("cut-{keep}.gguf"));
+        std::fs::write(&t, &bytes[..keep]).unwrap();
+        let e = Model::load(&t, &opts()).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("cut-{keep}.gguf")), "{msg}");
+        assert!(matches!(e, ModelError::Truncated { .. }), "keep {keep}: {e:?}");
+    }
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = tiny(&dir, "gpt2");
+    let e = Model::load(&p, &opts()).unwrap_err();
+    assert!(matches!(&e, ModelError::UnsupportedArchitecture { arch, .. } if arch == "gpt2"), "{e:?}");
+    assert!(e.to_string().contains("tiny-gpt2.gguf"), "{e}");
+}
+
+#[test]
+fn tokenizer_from_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
+    let tk = m.tokenizer();
+    let im_start = tk.token_id("<|im_start|>").unwrap();
+    let gt = tk.token_id("Ġt").unwrap();
+    let ids = tk.encode("<|im_start|>he t1", false, true).unwrap();
+    assert_eq!(ids[0], im_start);
+    assert!(ids.contains(&gt) && ids.contains(&tk.token_id("he").unwrap()), "{ids:?}");
+    // Special parsing off: the markup is plain bytes.
+    let plain = tk.encode("<|im_start|>", false, false).unwrap();
+    assert!(!plain.contains(&im_start) && plain.len() > 1, "{plain:?}");
+    // Byte-level decode round-trips any text, including split characters.
+    for text in ["he said \"hi\"\n\tok", "日本語 😀", "  spaces  "] {
+        let ids = tk.encode(text, false, true).unwrap();
+        assert_eq!(tk.decode(&ids, false), text);
+    }
+    assert!(tk.is_eog(2) && tk.is_eog(0) && !tk.is_eog(1));
+    let v = m.vocabulary();
+    assert_eq!(v.len(), m.n_vocab());
+    assert_eq!(v[2].attrs & (attr::CONTROL | attr::END_OF_GENERATION), attr::CONTROL | attr::END_OF_GENERATION);
+    assert_eq!(v[usize::try_from(gt).unwrap()].bytes, b" t");
+    // No chat template in the file: the ChatML fallback.
+    assert!(!m.chat_template().is_model_template());
+    let p = m.render_chat(&[ChatMessage::new("user", "hi")]).unwrap();
+    assert_eq!(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}

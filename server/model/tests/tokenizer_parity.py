@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Tokenizer parity: our token ids (via `model_probe tokenize`) must equal
+llama.cpp's for every case (`Llama(vocab_only=True).tokenize(text,
+add_bos=False, special=True)`, as llama-server tokenizes prompts).
+
+Run: $HOME/.cache/samplerd/venv/bin/python server/model/tests/tokenizer_parity.py
+(needs models/SmolLM2-135M-Instruct.Q4_1.gguf; exits 0 with a notice if absent).
+Also checks byte-level decoding: our bytes for each id list == llama.cpp's detokenize.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llamacpp_ref as R  # noqa: E402
+
+CASES = [
+    "Hello", "Hello world", "hello World!", " leading space", "trailing space ", "",
+    "a  b   c    d", "     ", "\n", "line one\nline two\n\nline four", "\ttab\tseparated\t",
+    " \n \t mixed \r\n whitespace", "1234567890", "3.14159 and 2,718 and -42", "x=1+2*3/4",
+    "I'm, you're, it's, we'll, they'd, I've", "CamelCaseWords and snake_case_words",
+    "URL: https://example.com/path?q=1&r=2", "email@example.org", "naïve café résumé",
+    "日本語のテキスト", "中文字符和数字123", "한국어 텍스트", "Привет, мир!", "مرحبا بالعالم",
+    "emoji 😀👍🏽🎉 family 👨‍👩‍👧", "math ∑∫√∞ ≠ ≤", "code: fn main() { println!(\"hi\"); }",
+    "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n日本語?<|im_end|>\n",
+    "text<|endoftext|>more", "<|im_end|><|im_end|>", "<|im_start|", "< |im_start| >",
+    "<repo_name>samplerd<filename>main.rs", "multiple   \n\n\n   newlines   \n",
+    "repeated!!!!!!!!!!!! ??? ...", "   \t\t\n\n  ", "A" * 300, "ab " * 100,
+]
+
+
+def main():
+    if not os.path.exists(R.MODEL):
+        print(f"NOTICE: {R.MODEL} absent (run scripts/fetch-model.sh); skipping")
+        return 0
+    llm = R.load(vocab_only=True)
+    ours = R.probe("tokenize", R.MODEL, stdin=json.dumps(CASES))["ids"]
+    bad = 0
+    for text, mine in zip(CASES, ours):
+        ref = llm.tokenize(text.encode(), add_bos=False, special=True)
+        if ref != mine:
+            bad += 1
+            print(f"MISMATCH {text!r}\n  llama.cpp {ref}\n  ours      {mine}")
+    refs = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in CASES]
+    our_bytes = R.probe("detokenize", R.MODEL, stdin=json.dumps(refs))["bytes"]
+    for text, ids, b in zip(CASES, refs, our_bytes):
+        want = llm.detokenize(ids, special=True)
+        if bytes(b) != want:
+            bad += 1
+            print(f"DECODE MISMATCH {text!r}: llama.cpp {want!r} ours {bytes(b)!r}")
+    print(f"tokenizer parity: {len(CASES)} cases (ids and decoded bytes), {bad} mismatches")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
