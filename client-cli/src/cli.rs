@@ -176,12 +176,14 @@ pub struct GenerateArgs {
     /// Extra user messages after the prompt (implies --chat); repeatable.
     #[arg(long, value_name = "TEXT")]
     pub user: Vec<String>,
-    /// Maximum tokens to generate [default: the server's].
+    /// Maximum tokens to generate, >= 1 [default: the server's
+    /// `model.default_max_tokens`; above the server's cap is refused].
     #[arg(
         short = 'n',
         long = "max-tokens",
         visible_alias = "n-predict",
-        value_name = "N"
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_tokens: Option<u32>,
     /// Stop string; repeatable.
@@ -293,7 +295,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "Tell me a story", value_name = "TEXT")]
     pub prompt: String,
     /// Tokens per request (generate).
-    #[arg(short = 'n', long, default_value_t = 32, value_name = "N")]
+    #[arg(short = 'n', long, default_value_t = 32, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: u32,
     /// Print one JSON object (rpc, concurrency, requests, errors, duration_s,
     /// rps, tokens_per_s, latency_ms {p50, p90, p99}) instead of text.

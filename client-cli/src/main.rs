@@ -42,6 +42,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) if e.downcast_ref::<Interrupted>().is_some() => ExitCode::from(EXIT_INTERRUPTED),
+        // The reader closed stdout (`samplerctl stages | head`): not an error.
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             output::print_error(&e);
             ExitCode::FAILURE

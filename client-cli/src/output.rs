@@ -125,6 +125,25 @@ pub fn print_error(err: &anyhow::Error) {
     eprintln!("{} {text}", paint_err(Style::Red, "error:"));
 }
 
+/// Writes `text` to stdout and flushes. Unlike `print!` this returns the
+/// error (a closed pipe, as in `samplerctl stages | head`, is then a quiet
+/// exit; see [`is_broken_pipe`]).
+pub fn emit(text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// True when the error chain holds a broken-pipe I/O error (stdout closed
+/// by the reader): not worth an error message.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Prints a warning line on stderr.
 pub fn warn(text: &str) {
     eprintln!("{} {text}", paint_err(Style::Yellow, "warning:"));
@@ -164,6 +183,7 @@ pub fn generate_response_json(r: &v1::GenerateResponse) -> Value {
                 "completion_tokens": u.completion_tokens,
             })),
             "seed": f.seed,
+            "text": f.text,
             "timings": f.timings.as_ref().map(|t| json!({
                 "prefill_ms": t.prefill_ms,
                 "decode_tokens_per_second": t.decode_tokens_per_second,

@@ -489,8 +489,9 @@ fn bench_reports_sane_json() {
 fn bad_flags_exit_2_with_a_helpful_message() {
     // Usage errors never need a server.
     let addr = "http://127.0.0.1:9";
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 6] = [
         &["sample", "x.json", "--top-k", "many"],
+        &["generate", "hi", "-n", "0"],
         &["sample", "x.json", "--greedy", "--temp", "0.5"],
         &["bench", "--rpc", "nope"],
         &["bench", "--duration", "1", "--requests", "5"],

@@ -40,6 +40,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub logging: LoggingConfig,
     pub model: ModelConfig,
+    pub generate: crate::generation::GenerateConfig,
 }
 
 impl Default for Config {
@@ -54,6 +55,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             logging: LoggingConfig::default(),
             model: ModelConfig::default(),
+            generate: crate::generation::GenerateConfig::default(),
         }
     }
 }

@@ -106,16 +106,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = loaded.config;
     samplerd::telemetry::init(&cfg.logging);
     let registry = server::load_registry(&cfg).context("loading plugins")?;
-    if let Some(path) = &cfg.model.path {
-        anyhow::ensure!(
-            path.is_file(),
-            "model.path {} is not a file",
-            path.display()
-        );
-        tracing::warn!(path = %path.display(), "{}", samplerd::model::MODEL_NOT_WIRED_MESSAGE);
-    }
-    // The model host is wired in here once it lands (Some(Arc<dyn Generator>)).
-    let state = server::build_state(&cfg, registry, None)?;
+    let generator: Option<std::sync::Arc<dyn samplerd::model::Generator>> = match &cfg.model.path {
+        Some(path) => Some(std::sync::Arc::new(samplerd::generation::ModelHost::load(
+            path,
+            cfg.generate.clone(),
+        )?)),
+        None => None,
+    };
+    let state = server::build_state(&cfg, registry, generator)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

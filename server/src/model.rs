@@ -1,4 +1,4 @@
-//! The seam to the model host (`samplerd-model`, wired by the lead): the
+//! The seam to the model host (`crate::generation::ModelHost`): the
 //! `Generate` RPC delegates to a [`Generator`]; with none configured it
 //! answers FAILED_PRECONDITION saying how to configure a model.
 
@@ -34,8 +34,3 @@ pub trait Generator: Send + Sync + 'static {
 /// The FAILED_PRECONDITION message of Generate without a model.
 pub const NO_MODEL_MESSAGE: &str = "no model is configured: start the server with `samplerd serve --model PATH` \
      or set `model.path` in samplerd.toml (env SAMPLERD_MODEL__PATH)";
-
-/// The message when `model.path` is set but this build has no model host
-/// wired in yet.
-pub const MODEL_NOT_WIRED_MESSAGE: &str =
-    "model.path is set but this build of samplerd has no model host wired in yet";

@@ -63,7 +63,6 @@ pub fn build_state(
         defaults,
         config.limits.clone(),
         generator,
-        config.model.path.is_some(),
     )))
 }
 

@@ -32,14 +32,13 @@ RTOL = 1e-5
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
 assert TOKEN_DATA.itemsize == ctypes.sizeof(L.llama_token_data)
 
-# llama-cpp-python 0.3.36 still declares the pre-2025 five-argument
-# llama_sampler_init_penalties(n_vocab, last_n, ...), while the llama.cpp it
-# bundles takes four (last_n, repeat, freq, present). Bind it ourselves;
-# `check_penalties_binding` proves the binding on a hand-checked case.
-_lib = L.llama_cpp._lib
-init_penalties = _lib.llama_sampler_init_penalties
-init_penalties.argtypes = [ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_float]
-init_penalties.restype = L.llama_sampler_p_ctypes
+# The bundled libllama takes five arguments, (n_vocab, last_n, repeat, freq,
+# present), as its own include/llama.h and llama-cpp-python's binding say.
+# (An earlier version of this script bound a four-argument form; on x86-64
+# that put last_n into n_vocab and left last_n as register garbage, so the
+# window size was ignored.) `check_penalties_binding` proves the binding on
+# hand-checked cases, including one where last_n cuts the window.
+init_penalties = L.llama_sampler_init_penalties
 
 DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0, typical_p=1.0,
                 repeat_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0,
@@ -57,7 +56,7 @@ def llama_chain(params, n_vocab, window):
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
     last_n = p["repeat_last_n"] if p["repeat_last_n"] >= 0 else 65536
     L.llama_sampler_chain_add(chain, init_penalties(
-        last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
+        n_vocab, last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_n_sigma(p["top_n_sigma"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(p["top_k"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_typical(p["typical_p"], 1))
@@ -93,10 +92,16 @@ def llama_survivors(logits, params, window):
 
 
 def check_penalties_binding():
-    """The seed document's "the / cat" case: 8.5 / 1.1 for a repeated token."""
+    """The seed document's "the / cat" case: 8.5 / 1.1 for a repeated token;
+    then last_n = 2 over the window [0, 0, 1]: only the last two count."""
     ids, probs = llama_survivors(np.array([8.5, 7.9], dtype=np.float32),
                                  {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, [0, 0, 0])
     want = np.exp([8.5 / 1.1, 7.9]) / np.exp([8.5 / 1.1, 7.9]).sum()
+    assert np.allclose(probs, want, rtol=1e-5), (probs, want)
+    ids, probs = llama_survivors(np.array([2.0, 2.0, 2.0], dtype=np.float32),
+                                 {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "repeat_last_n": 2,
+                                  "repeat_penalty": 1.0, "frequency_penalty": 1.0}, [0, 0, 1])
+    want = np.exp([1.0, 1.0, 2.0]) / np.exp([1.0, 1.0, 2.0]).sum()
     assert np.allclose(probs, want, rtol=1e-5), (probs, want)
 
 

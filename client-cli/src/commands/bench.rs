@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::cli::{BenchArgs, BenchRpc, ConnArgs};
 use crate::connect::{Sampler, connect};
-use crate::output::{Style, paint, status_line, warn};
+use crate::output::{Style, emit, paint, status_line, warn};
 use crate::params::sampling_params;
 
 /// Duration when neither --duration nor --requests is given.
@@ -206,7 +206,7 @@ async fn generate_once(
         .generate(GenerateRequest {
             prompt: args.prompt.clone(),
             messages: Vec::new(),
-            max_tokens: args.max_tokens,
+            max_tokens: Some(args.max_tokens),
             params: Some(params.clone()),
             stop: Vec::new(),
             ignore_eos: true,
@@ -324,9 +324,9 @@ pub async fn run(conn: &ConnArgs, args: BenchArgs) -> anyhow::Result<ExitCode> {
         max_ms: ms(latencies.last().copied().unwrap_or(0)),
     };
     if json_out {
-        println!("{}", report.json());
+        emit(&format!("{}\n", report.json()))?;
     } else {
-        print!("{}", report.text());
+        emit(&report.text())?;
     }
     if interrupted {
         warn("interrupted: partial results");

@@ -40,7 +40,7 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
     GenerateRequest {
         prompt,
         messages,
-        max_tokens: args.max_tokens.unwrap_or(0),
+        max_tokens: args.max_tokens,
         params: Some(sampling_params(&args.sampling)),
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
@@ -104,6 +104,12 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
                 }
             }
             Some(Event::Finished(f)) => {
+                // Text held back until the end (a possible stop-string
+                // prefix, an incomplete character) is released here.
+                if !args.json && !f.text.is_empty() {
+                    stdout.write_all(f.text.as_bytes())?;
+                    stdout.flush()?;
+                }
                 finished = Some(f);
             }
             None => {}
@@ -176,7 +182,7 @@ mod tests {
         let r = request(&args("hi"));
         assert_eq!(r.prompt, "hi");
         assert!(r.messages.is_empty());
-        assert_eq!(r.max_tokens, 16);
+        assert_eq!(r.max_tokens, Some(16));
 
         let mut a = args("hi");
         a.system = Some("be brief".into());

@@ -9,7 +9,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::cli::{ConnArgs, HealthArgs};
 use crate::connect::connect;
-use crate::output::{Style, paint};
+use crate::output::{Style, emit, paint};
 
 /// Runs the health check.
 pub async fn run(conn: &ConnArgs, args: HealthArgs) -> anyhow::Result<ExitCode> {
@@ -24,10 +24,10 @@ pub async fn run(conn: &ConnArgs, args: HealthArgs) -> anyhow::Result<ExitCode> 
     let status = ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown);
     let name = status.as_str_name();
     if status == ServingStatus::Serving {
-        println!("{} ({})", paint(Style::Green, name), c.addr);
+        emit(&format!("{} ({})\n", paint(Style::Green, name), c.addr))?;
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("{} ({})", paint(Style::Red, name), c.addr);
+        emit(&format!("{} ({})\n", paint(Style::Red, name), c.addr))?;
         Ok(ExitCode::FAILURE)
     }
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::cli::{ConnArgs, SampleArgs};
 use crate::connect::connect;
 use crate::logits_file;
-use crate::output::{Style, paint, prob_json, sample_response_json, table};
+use crate::output::{Style, emit, paint, prob_json, sample_response_json, table};
 use crate::params::sampling_params;
 
 /// Runs `sample`.
@@ -54,41 +54,33 @@ pub async fn run(conn: &ConnArgs, args: SampleArgs) -> anyhow::Result<ExitCode> 
             obj["probs"] = json!(raw.probs.iter().map(prob_json).collect::<Vec<_>>());
             obj["post_sampling_probs"] = json!(p.probs.iter().map(prob_json).collect::<Vec<_>>());
         }
-        println!("{obj}");
+        emit(&format!("{obj}\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
 
-    println!("{}", raw.token_id);
+    let mut text = format!("{}\n", raw.token_id);
     if let Some(post) = &post {
-        println!();
-        println!(
-            "{}",
-            paint(
-                Style::Bold,
-                &format!("Top {} of the raw logits (softmax)", args.n_probs)
-            )
-        );
-        print!("{}", probs_table(&raw.probs, raw.token_id));
-        println!();
-        println!(
-            "{}",
-            paint(
-                Style::Bold,
-                &format!("Top {} after the chain", args.n_probs)
-            )
-        );
-        print!("{}", probs_table(&post.probs, raw.token_id));
-        println!();
-        println!(
-            "chosen {} (p={:.4}, logprob={:.4}), seed {}, step {}, vocab {}",
+        let n = args.n_probs;
+        let raw_title = format!("Top {n} of the raw logits (softmax)");
+        let post_title = format!("Top {n} after the chain");
+        text.push_str(&format!(
+            "\n{}\n{}\n{}\n{}\n",
+            paint(Style::Bold, &raw_title),
+            probs_table(&raw.probs, raw.token_id),
+            paint(Style::Bold, &post_title),
+            probs_table(&post.probs, raw.token_id),
+        ));
+        text.push_str(&format!(
+            "chosen {} (p={:.4}, logprob={:.4}), seed {}, step {}, vocab {}\n",
             raw.token_id,
             raw.probability,
             raw.logprob,
             raw.seed,
             raw.step,
             logits.values.len()
-        );
+        ));
     }
+    emit(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 

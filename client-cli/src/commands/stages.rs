@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cli::{ConnArgs, StagesArgs};
 use crate::connect::connect;
-use crate::output::{Style, paint, param_value_json, param_value_text, table};
+use crate::output::{Style, emit, paint, param_value_json, param_value_text, table};
 
 /// Lists the stages.
 pub async fn run(conn: &ConnArgs, args: StagesArgs) -> anyhow::Result<ExitCode> {
@@ -20,9 +20,12 @@ pub async fn run(conn: &ConnArgs, args: StagesArgs) -> anyhow::Result<ExitCode> 
         .await?
         .into_inner();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&resp))?);
+        emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&to_json(&resp))?
+        ))?;
     } else {
-        print!("{}", render(&resp));
+        emit(&render(&resp))?;
     }
     Ok(ExitCode::SUCCESS)
 }

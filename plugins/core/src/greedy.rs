@@ -68,15 +68,24 @@ impl Stage for Greedy {
         tokens: &mut Tokens<'_>,
         _: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        let id = match tokens.view() {
-            ViewKind::Dense => argmax_dense(tokens.dense()).map(|i| i as u32),
+        // llama.cpp's temperature 0 leaves only the maximum (the others at
+        // -inf, post-chain probability 1): switch to the candidate view
+        // holding just the winner.
+        let winner = match tokens.view() {
+            ViewKind::Dense => argmax_dense(tokens.dense()).map(|i| SdCandidate {
+                id: i as u32,
+                logit: tokens.dense()[i],
+            }),
             ViewKind::Candidates => {
-                argmax_candidates(tokens.candidates()).map(|i| tokens.candidates()[i].id)
+                argmax_candidates(tokens.candidates()).map(|i| tokens.candidates()[i])
             }
         };
-        match id {
-            Some(id) => {
-                tokens.select(id);
+        match winner {
+            Some(w) => {
+                let (_, cand) = tokens.dense_and_buffer();
+                cand[0] = w;
+                tokens.set_candidates(1, true);
+                tokens.select(w.id);
                 Ok(())
             }
             None => Err("greedy: no candidate with a finite logit is left".into()),

@@ -30,7 +30,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             p => path = p.to_string(),
         }
     }
-    let model = Model::load(path.as_ref(), &ModelOptions { n_threads: threads, n_ctx: 1024 })?;
+    let model = Model::load(
+        path.as_ref(),
+        &ModelOptions {
+            n_threads: threads,
+            n_ctx: 1024,
+        },
+    )?;
     let prompt = model.render_chat(&[ChatMessage::new("user", PROMPT)])?;
     let ids = model.tokenizer().encode(&prompt, true, true)?;
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
@@ -43,7 +49,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t1 = Instant::now();
         let mut n = 0;
         while n < new {
-            let next = logits.iter().enumerate().fold(0, |b, (i, &x)| if x > logits[b] { i } else { b }) as u32;
+            let next = logits
+                .iter()
+                .enumerate()
+                .fold(0, |b, (i, &x)| if x > logits[b] { i } else { b })
+                as u32;
             logits = s.decode(next)?; // no EOG stop: fixed work per run
             n += 1;
         }

@@ -35,18 +35,36 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         [c, p, ..] => (c.as_str(), Path::new(p)),
         _ => return Err("usage: model_probe tokenize|detokenize|greedy|info MODEL [N]".into()),
     };
-    let threads = std::env::var("SAMPLERD_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
-    let model = Model::load(path, &ModelOptions { n_threads: threads, n_ctx: 2048 })?;
+    let threads = std::env::var("SAMPLERD_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let model = Model::load(
+        path,
+        &ModelOptions {
+            n_threads: threads,
+            n_ctx: 2048,
+        },
+    )?;
     let out = match cmd {
         "tokenize" => {
             let texts: Vec<String> = serde_json::from_value(stdin_json()?)?;
-            let ids = texts.iter().map(|t| model.tokenizer().encode(t, false, true)).collect::<Result<Vec<_>, _>>()?;
+            let ids = texts
+                .iter()
+                .map(|t| model.tokenizer().encode(t, false, true))
+                .collect::<Result<Vec<_>, _>>()?;
             json!({ "ids": ids })
         }
         "detokenize" => {
             let ids: Vec<Vec<u32>> = serde_json::from_value(stdin_json()?)?;
-            let bytes: Vec<Vec<u8>> =
-                ids.iter().map(|v| v.iter().flat_map(|&i| model.tokenizer().token_bytes(i).to_vec()).collect()).collect();
+            let bytes: Vec<Vec<u8>> = ids
+                .iter()
+                .map(|v| {
+                    v.iter()
+                        .flat_map(|&i| model.tokenizer().token_bytes(i).to_vec())
+                        .collect()
+                })
+                .collect();
             json!({ "bytes": bytes })
         }
         "logits" => {
@@ -54,7 +72,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             // (prefill, then one decode call per id).
             let v = stdin_json()?;
             let (pre, dec): (Vec<u32>, Vec<u32>) = match v.get("prefill") {
-                Some(p) => (serde_json::from_value(p.clone())?, serde_json::from_value(v.get("decode").cloned().unwrap_or(json!([])))?),
+                Some(p) => (
+                    serde_json::from_value(p.clone())?,
+                    serde_json::from_value(v.get("decode").cloned().unwrap_or(json!([])))?,
+                ),
                 None => (serde_json::from_value(v)?, Vec::new()),
             };
             let mut session = model.new_session();
@@ -74,7 +95,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let n: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(32);
             let req = stdin_json()?;
             let prompt = match (req.get("messages"), req.get("prompt")) {
-                (Some(m), _) => model.render_chat(&serde_json::from_value::<Vec<ChatMessage>>(m.clone())?)?,
+                (Some(m), _) => {
+                    model.render_chat(&serde_json::from_value::<Vec<ChatMessage>>(m.clone())?)?
+                }
                 (None, Some(Value::String(p))) => p.clone(),
                 _ => return Err("stdin needs \"messages\" or \"prompt\"".into()),
             };

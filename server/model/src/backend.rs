@@ -26,5 +26,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn new_state(&self, capacity: usize) -> Box<dyn SequenceState>;
     /// Runs `tokens` at positions `state.position()..`, appends them to the
     /// cache and writes the last token's logits into `logits` (`n_vocab`).
-    fn forward(&self, state: &mut dyn SequenceState, tokens: &[u32], logits: &mut [f32]) -> Result<(), ModelError>;
+    fn forward(
+        &self,
+        state: &mut dyn SequenceState,
+        tokens: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), ModelError>;
 }

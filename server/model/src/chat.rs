@@ -17,7 +17,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -33,7 +36,10 @@ pub struct ChatTemplate {
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 fn raise_exception(msg: String) -> Result<String, minijinja::Error> {
-    Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    Err(minijinja::Error::new(
+        minijinja::ErrorKind::InvalidOperation,
+        msg,
+    ))
 }
 
 impl ChatTemplate {
@@ -44,8 +50,14 @@ impl ChatTemplate {
         env.set_lstrip_blocks(false);
         env.add_function("raise_exception", raise_exception);
         let src = source.unwrap_or(CHATML).to_string();
-        env.add_template_owned("chat", src).map_err(|e| ModelError::ChatTemplate(format!("compiling: {e:#}")))?;
-        Ok(ChatTemplate { source: source.map(str::to_string), env, bos: bos.into(), eos: eos.into() })
+        env.add_template_owned("chat", src)
+            .map_err(|e| ModelError::ChatTemplate(format!("compiling: {e:#}")))?;
+        Ok(ChatTemplate {
+            source: source.map(str::to_string),
+            env,
+            bos: bos.into(),
+            eos: eos.into(),
+        })
     }
 
     /// Whether this is the model's own template (false: the ChatML fallback).
@@ -55,7 +67,10 @@ impl ChatTemplate {
 
     /// Renders `messages` with `add_generation_prompt = true`.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
-        let t = self.env.get_template("chat").map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
         t.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => true,

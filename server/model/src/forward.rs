@@ -19,7 +19,7 @@ use crate::pool::{ThreadPool, split_range};
 use crate::quant::{BlockQ8_1, QK, QMatrix, quantize_q8_1};
 use crate::weights::{Fused, Weights};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
@@ -36,8 +36,10 @@ pub struct CpuState {
     capacity: usize,
     pos: usize,
     /// `[layer][kv_head][position][head_dim]`.
-    k: Vec<f16>,
-    v: Vec<f16>,
+    /// Stored as raw f16 bits so a new cache is a zeroed (lazily paged)
+    /// allocation rather than a 100 MB write per session.
+    k: Vec<u16>,
+    v: Vec<u16>,
     s: Scratch,
 }
 
@@ -81,7 +83,11 @@ unsafe impl<T> Sync for SyncPtr<T> {}
 
 impl CpuBackend {
     pub fn new(config: Config, weights: Arc<Weights>, n_threads: usize) -> Self {
-        CpuBackend { config, weights, pool: ThreadPool::new(n_threads) }
+        CpuBackend {
+            config,
+            weights,
+            pool: ThreadPool::new(n_threads),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -92,15 +98,27 @@ impl CpuBackend {
         let c = &self.config;
         if s.per_thread.len() != self.pool.n_threads() {
             let per = capacity * c.head_dim * 2 + 64 * c.head_dim + capacity.div_ceil(16) * 16;
-            s.per_thread = (0..self.pool.n_threads()).map(|_| Mutex::new(vec![0f32; per])).collect();
+            s.per_thread = (0..self.pool.n_threads())
+                .map(|_| Mutex::new(vec![0f32; per]))
+                .collect();
             s.rope = vec![(0.0, 0.0); c.rope_dim / 2];
         }
         if s.n_tok >= n {
             return;
         }
         let d = c.n_embd;
-        let qkv = self.weights.layers.first().map(|l| l.wqkv.rows()).unwrap_or(0);
-        let gu = self.weights.layers.first().map(|l| l.wgu.rows()).unwrap_or(0);
+        let qkv = self
+            .weights
+            .layers
+            .first()
+            .map(|l| l.wqkv.rows())
+            .unwrap_or(0);
+        let gu = self
+            .weights
+            .layers
+            .first()
+            .map(|l| l.wgu.rows())
+            .unwrap_or(0);
         s.n_tok = n;
         s.x.resize(n * d, 0.0);
         s.xn.resize(n * d, 0.0);
@@ -124,7 +142,8 @@ impl CpuBackend {
                     let mut tmp = vec![0f32; n * m.rows()];
                     m.matmul(&self.pool, xq, n, &mut tmp);
                     for t in 0..n {
-                        out[t * total + col..t * total + col + m.rows()].copy_from_slice(&tmp[t * m.rows()..(t + 1) * m.rows()]);
+                        out[t * total + col..t * total + col + m.rows()]
+                            .copy_from_slice(&tmp[t * m.rows()..(t + 1) * m.rows()]);
                     }
                     col += m.rows();
                 }
@@ -132,7 +151,12 @@ impl CpuBackend {
         }
     }
 
-    fn forward_cpu(&self, st: &mut CpuState, tokens: &[u32], logits: &mut [f32]) -> Result<(), ModelError> {
+    fn forward_cpu(
+        &self,
+        st: &mut CpuState,
+        tokens: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let w = &*self.weights;
         let n = tokens.len();
@@ -140,15 +164,26 @@ impl CpuBackend {
             return Err(ModelError::EmptyInput);
         }
         if st.pos + n > st.capacity {
-            return Err(ModelError::ContextFull { position: st.pos, n_tokens: n, capacity: st.capacity });
+            return Err(ModelError::ContextFull {
+                position: st.pos,
+                n_tokens: n,
+                capacity: st.capacity,
+            });
         }
         for &t in tokens {
             if t as usize >= c.n_vocab {
-                return Err(ModelError::TokenOutOfRange { id: t, n_vocab: c.n_vocab });
+                return Err(ModelError::TokenOutOfRange {
+                    id: t,
+                    n_vocab: c.n_vocab,
+                });
             }
         }
         if logits.len() != c.n_vocab {
-            return Err(ModelError::Backend(format!("logits buffer has {} entries, vocabulary {}", logits.len(), c.n_vocab)));
+            return Err(ModelError::Backend(format!(
+                "logits buffer has {} entries, vocabulary {}",
+                logits.len(),
+                c.n_vocab
+            )));
         }
         self.ensure_scratch(&mut st.s, n, st.capacity);
         let (d, hd, dkv) = (c.n_embd, c.head_dim, c.n_head_kv * c.head_dim);
@@ -157,7 +192,8 @@ impl CpuBackend {
         let pos0 = st.pos;
         let s = &mut st.s;
         for (t, &tok) in tokens.iter().enumerate() {
-            w.tok_embd.dequant_row(tok as usize, &mut s.x[t * d..(t + 1) * d]);
+            w.tok_embd
+                .dequant_row(tok as usize, &mut s.x[t * d..(t + 1) * d]);
         }
         let x = &mut s.x[..n * d];
         for (l, lw) in w.layers.iter().enumerate() {
@@ -185,13 +221,28 @@ impl CpuBackend {
                 let p = pos0 + t;
                 for h in 0..c.n_head_kv {
                     let base = ((l * c.n_head_kv + h) * cap + p) * hd;
-                    st.k[base..base + hd].convert_from_f32_slice(&rest[h * hd..(h + 1) * hd]);
-                    st.v[base..base + hd].convert_from_f32_slice(&rest[dkv + h * hd..dkv + (h + 1) * hd]);
+                    st.k[base..base + hd]
+                        .reinterpret_cast_mut::<f16>()
+                        .convert_from_f32_slice(&rest[h * hd..(h + 1) * hd]);
+                    st.v[base..base + hd]
+                        .reinterpret_cast_mut::<f16>()
+                        .convert_from_f32_slice(&rest[dkv + h * hd..dkv + (h + 1) * hd]);
                 }
             }
-            self.attention(l, pos0, n, cap, &s.qkv[..n * qkv_rows], &st.k, &st.v, &s.per_thread, &mut s.attn[..n * d]);
+            self.attention(
+                l,
+                pos0,
+                n,
+                cap,
+                &s.qkv[..n * qkv_rows],
+                st.k.reinterpret_cast::<f16>(),
+                st.v.reinterpret_cast::<f16>(),
+                &s.per_thread,
+                &mut s.attn[..n * d],
+            );
             quantize_q8_1(&s.attn[..n * d], &mut s.attnq[..n * d / QK]);
-            lw.wo.matmul(&self.pool, &s.attnq[..n * d / QK], n, &mut s.proj[..n * d]);
+            lw.wo
+                .matmul(&self.pool, &s.attnq[..n * d / QK], n, &mut s.proj[..n * d]);
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
             }
@@ -205,7 +256,12 @@ impl CpuBackend {
                 crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff]);
             }
             quantize_q8_1(&s.act[..n * c.n_ff], &mut s.actq[..n * c.n_ff / QK]);
-            lw.w_down.matmul(&self.pool, &s.actq[..n * c.n_ff / QK], n, &mut s.proj[..n * d]);
+            lw.w_down.matmul(
+                &self.pool,
+                &s.actq[..n * c.n_ff / QK],
+                n,
+                &mut s.proj[..n * d],
+            );
 
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
@@ -254,14 +310,29 @@ impl CpuBackend {
                 for h in g * rep..(g + 1) * rep {
                     let mut q = [0f32; 256];
                     let q = &mut q[..hd];
-                    for (a, &b) in q.iter_mut().zip(&qkv[t * qkv_rows + h * hd..t * qkv_rows + (h + 1) * hd]) {
+                    for (a, &b) in q
+                        .iter_mut()
+                        .zip(&qkv[t * qkv_rows + h * hd..t * qkv_rows + (h + 1) * hd])
+                    {
                         *a = f16::from_f32(b).to_f32();
                     }
                     // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
                     // token t, disjoint from every other item; `out` outlives
                     // the parallel section.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd) };
-                    crate::ggml::attention_head(q, &kf[..n_pos * hd], &vf[..n_pos * hd], n_pos, scale, n == 1, scores, acc, o);
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd)
+                    };
+                    crate::ggml::attention_head(
+                        q,
+                        &kf[..n_pos * hd],
+                        &vf[..n_pos * hd],
+                        n_pos,
+                        scale,
+                        n == 1,
+                        scores,
+                        acc,
+                        o,
+                    );
                 }
             }
         });
@@ -293,7 +364,11 @@ fn rope_table(c: &Config, pos: usize, table: &mut [(f32, f32)]) {
 fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
     let half = table.len();
     for (i, &(cos, sin)) in table.iter().enumerate() {
-        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (a, b) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
         let (x0, x1) = (x[a], x[b]);
         // The contraction GCC picks for ggml's rotate_pairs (bit-exact parity).
         x[a] = x0.mul_add(cos, -(x1 * sin));
@@ -309,16 +384,29 @@ impl Backend for CpuBackend {
     fn new_state(&self, capacity: usize) -> Box<dyn SequenceState> {
         let c = &self.config;
         let len = c.n_layer * c.n_head_kv * capacity * c.head_dim;
-        let mut st = CpuState { capacity, pos: 0, k: vec![f16::ZERO; len], v: vec![f16::ZERO; len], s: Scratch::default() };
+        let mut st = CpuState {
+            capacity,
+            pos: 0,
+            k: vec![0u16; len],
+            v: vec![0u16; len],
+            s: Scratch::default(),
+        };
         self.ensure_scratch(&mut st.s, 1, capacity);
         Box::new(st)
     }
 
-    fn forward(&self, state: &mut dyn SequenceState, tokens: &[u32], logits: &mut [f32]) -> Result<(), ModelError> {
+    fn forward(
+        &self,
+        state: &mut dyn SequenceState,
+        tokens: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
         let st = state
             .as_any_mut()
             .downcast_mut::<CpuState>()
-            .ok_or_else(|| ModelError::Backend("sequence state was not created by the CPU backend".into()))?;
+            .ok_or_else(|| {
+                ModelError::Backend("sequence state was not created by the CPU backend".into())
+            })?;
         self.forward_cpu(st, tokens, logits)
     }
 }

@@ -99,14 +99,26 @@ fn expf_lane(x: f32, fl: Flavor) -> f32 {
     match fl {
         Flavor::Avx512 => {
             if n.abs() > 192.0 || n.is_nan() {
-                return if x > 0.0 { f32::INFINITY } else if x.is_nan() { x } else { 0.0 };
+                return if x > 0.0 {
+                    f32::INFINITY
+                } else if x.is_nan() {
+                    x
+                } else {
+                    0.0
+                };
             }
             let j = p.mul_add(u, f(C1).mul_add(b, 1.0));
             scale2(j, n)
         }
         Flavor::Avx2 => {
             if n.abs() > 192.0 || n.is_nan() {
-                return if x > 0.0 { f32::INFINITY } else if x.is_nan() { x } else { 0.0 };
+                return if x > 0.0 {
+                    f32::INFINITY
+                } else if x.is_nan() {
+                    x
+                } else {
+                    0.0
+                };
             }
             let j = p.mul_add(u, f(C1) * b);
             if n.abs() > 126.0 {
@@ -185,7 +197,17 @@ fn reduce8(v: &[f32; 16]) -> f32 {
 /// summation order); `scores`: scratch (≥ n_pos rounded up to 16); `acc`:
 /// scratch (≥ 64·hd); `out`: `hd` values.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_head(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, decode: bool, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+pub fn attention_head(
+    q16: &[f32],
+    kf: &[f32],
+    vf: &[f32],
+    n_pos: usize,
+    scale: f32,
+    decode: bool,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
@@ -198,13 +220,33 @@ pub fn attention_head(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_fma(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, decode: bool, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+unsafe fn attention_fma(
+    q16: &[f32],
+    kf: &[f32],
+    vf: &[f32],
+    n_pos: usize,
+    scale: f32,
+    decode: bool,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
     attention_body(q16, kf, vf, n_pos, scale, decode, scores, acc, out)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32, decode: bool, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+fn attention_body(
+    q16: &[f32],
+    kf: &[f32],
+    vf: &[f32],
+    n_pos: usize,
+    scale: f32,
+    decode: bool,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
     let fl = flavor();
     let w = if fl == Flavor::Avx512 { 16 } else { 8 };
     let hd = q16.len();
@@ -216,7 +258,11 @@ fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32,
     let mut max = f32::NEG_INFINITY;
     for p in 0..n_pos {
         let k = &kf[p * hd..(p + 1) * hd];
-        let s = if decode { vec_dot_f16(q16, k, w) } else { tinyblas_dot(q16, k, w) };
+        let s = if decode {
+            vec_dot_f16(q16, k, w)
+        } else {
+            tinyblas_dot(q16, k, w)
+        };
         let s = s * scale;
         scores[p] = s;
         max = max.max(s);
@@ -239,7 +285,12 @@ fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32,
             reduce16(&lanes)
         } else {
             // ggml_vec_soft_max_f32's AVX2 path: hi+lo, then movehl, then movehdup.
-            let t = [lanes[4] + lanes[0], lanes[5] + lanes[1], lanes[6] + lanes[2], lanes[7] + lanes[3]];
+            let t = [
+                lanes[4] + lanes[0],
+                lanes[5] + lanes[1],
+                lanes[6] + lanes[2],
+                lanes[7] + lanes[3],
+            ];
             (t[0] + t[2]) + (t[1] + t[3])
         };
         sum += s as f64;
@@ -268,7 +319,11 @@ fn attention_body(q16: &[f32], kf: &[f32], vf: &[f32], n_pos: usize, scale: f32,
         for e in 0..nl {
             lanes[e] = acc[e * hd + d];
         }
-        *o = if decode { reduce_vec_dot(&lanes, w) as f32 } else { reduce(lanes[..16].try_into().unwrap()) };
+        *o = if decode {
+            reduce_vec_dot(&lanes, w) as f32
+        } else {
+            reduce(lanes[..16].try_into().unwrap())
+        };
     }
 }
 
@@ -285,7 +340,11 @@ fn tinyblas_dot(a: &[f32], b: &[f32], w: usize) -> f32 {
         }
         c += w;
     }
-    let mut s = if w == 16 { reduce16(&lanes) } else { reduce8(&lanes) };
+    let mut s = if w == 16 {
+        reduce16(&lanes)
+    } else {
+        reduce8(&lanes)
+    };
     for i in c..n {
         s += a[i] * b[i];
     }
@@ -342,7 +401,13 @@ mod tests {
             for i in -2000..2000 {
                 let x = i as f32 * 0.05;
                 let (a, b) = (expf_lane(x, fl), x.exp());
-                let ok = if b.is_infinite() { a == b } else if b > 1e-30 { ((a - b) / b).abs() < 1e-6 } else { (a - b).abs() < 1e-36 };
+                let ok = if b.is_infinite() {
+                    a == b
+                } else if b > 1e-30 {
+                    ((a - b) / b).abs() < 1e-6
+                } else {
+                    (a - b).abs() < 1e-36
+                };
                 assert!(ok, "{fl:?} exp({x}) = {a}, libm {b}");
             }
             assert_eq!(expf_lane(f32::NEG_INFINITY, fl), 0.0);
@@ -353,20 +418,28 @@ mod tests {
     fn attention_matches_plain_softmax() {
         let hd = 64;
         let n = 37;
-        let q: Vec<f32> = (0..hd).map(|i| half::f16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
+        let q: Vec<f32> = (0..hd)
+            .map(|i| half::f16::from_f32((i as f32 * 0.37).sin()).to_f32())
+            .collect();
         let k: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.11).cos()).collect();
         let v: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.07).sin()).collect();
         let (mut sc, mut acc, mut out) = (vec![0f32; 48], vec![0f32; 64 * hd], vec![0f32; hd]);
         for decode in [false, true] {
-        attention_head(&q, &k, &v, n, 0.125, decode, &mut sc, &mut acc, &mut out);
-        let s: Vec<f32> = (0..n).map(|p| (0..hd).map(|d| q[d] * k[p * hd + d]).sum::<f32>() * 0.125).collect();
-        let m = s.iter().cloned().fold(f32::MIN, f32::max);
-        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f32 = e.iter().sum();
-        for d in 0..hd {
-            let want: f32 = (0..n).map(|p| e[p] / z * v[p * hd + d]).sum();
-            assert!((out[d] - want).abs() < 2e-3, "dim {d}: {} vs {want}", out[d]);
-        }
+            attention_head(&q, &k, &v, n, 0.125, decode, &mut sc, &mut acc, &mut out);
+            let s: Vec<f32> = (0..n)
+                .map(|p| (0..hd).map(|d| q[d] * k[p * hd + d]).sum::<f32>() * 0.125)
+                .collect();
+            let m = s.iter().cloned().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f32 = e.iter().sum();
+            for d in 0..hd {
+                let want: f32 = (0..n).map(|p| e[p] / z * v[p * hd + d]).sum();
+                assert!(
+                    (out[d] - want).abs() < 2e-3,
+                    "dim {d}: {} vs {want}",
+                    out[d]
+                );
+            }
         }
     }
 }

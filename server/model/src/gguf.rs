@@ -67,7 +67,9 @@ pub struct GgufFile {
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufFile").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -78,38 +80,74 @@ impl GgufFile {
         let pb = path.to_path_buf();
         let mut file = File::open(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => ModelError::NotFound { path: pb.clone() },
-            _ => ModelError::Io { path: pb.clone(), source: e },
+            _ => ModelError::Io {
+                path: pb.clone(),
+                source: e,
+            },
         })?;
-        let file_len = file.metadata().map_err(|e| ModelError::Io { path: pb.clone(), source: e })?.len();
+        let file_len = file
+            .metadata()
+            .map_err(|e| ModelError::Io {
+                path: pb.clone(),
+                source: e,
+            })?
+            .len();
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-            return Err(ModelError::NotGguf { path: pb, reason: "is a directory".into() });
+            return Err(ModelError::NotGguf {
+                path: pb,
+                reason: "is a directory".into(),
+            });
         }
         let mut magic = [0u8; 4];
-        let got = read_up_to(&mut file, &mut magic).map_err(|e| ModelError::Io { path: pb.clone(), source: e })?;
+        let got = read_up_to(&mut file, &mut magic).map_err(|e| ModelError::Io {
+            path: pb.clone(),
+            source: e,
+        })?;
         if got < 4 || &magic != b"GGUF" {
             return Err(ModelError::NotGguf {
                 path: pb,
-                reason: format!("expected magic \"GGUF\", found {:?} ({} bytes)", String::from_utf8_lossy(&magic[..got]), file_len),
+                reason: format!(
+                    "expected magic \"GGUF\", found {:?} ({} bytes)",
+                    String::from_utf8_lossy(&magic[..got]),
+                    file_len
+                ),
             });
         }
-        file.seek(SeekFrom::Start(0)).map_err(|e| ModelError::Io { path: pb.clone(), source: e })?;
+        file.seek(SeekFrom::Start(0)).map_err(|e| ModelError::Io {
+            path: pb.clone(),
+            source: e,
+        })?;
         let mut reader = std::io::BufReader::with_capacity(1 << 20, &mut file);
         let content = Content::read(&mut reader).map_err(|e| {
             let msg = e.to_string();
             if msg.contains("unknown magic") || msg.contains("version") {
-                ModelError::NotGguf { path: pb.clone(), reason: msg }
+                ModelError::NotGguf {
+                    path: pb.clone(),
+                    reason: msg,
+                }
             } else {
-                ModelError::Truncated { path: pb.clone(), reason: format!("header/metadata: {msg}") }
+                ModelError::Truncated {
+                    path: pb.clone(),
+                    reason: format!("header/metadata: {msg}"),
+                }
             }
         })?;
         drop(reader);
         if content.tensor_data_offset > file_len {
             return Err(ModelError::Truncated {
                 path: pb,
-                reason: format!("tensor data starts at {} but the file has {} bytes", content.tensor_data_offset, file_len),
+                reason: format!(
+                    "tensor data starts at {} but the file has {} bytes",
+                    content.tensor_data_offset, file_len
+                ),
             });
         }
-        Ok(GgufFile { path: pb, content, file, file_len })
+        Ok(GgufFile {
+            path: pb,
+            content,
+            file,
+            file_len,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -125,14 +163,21 @@ impl GgufFile {
     }
 
     fn meta_err(&self, key: &str, problem: impl Into<String>) -> ModelError {
-        ModelError::Metadata { path: self.path.clone(), key: key.into(), problem: problem.into() }
+        ModelError::Metadata {
+            path: self.path.clone(),
+            key: key.into(),
+            problem: problem.into(),
+        }
     }
 
     pub fn get_str(&self, key: &str) -> Result<Option<&str>, ModelError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(self.meta_err(key, format!("expected a string, found {:?}", v.value_type()))),
+            Some(v) => Err(self.meta_err(
+                key,
+                format!("expected a string, found {:?}", v.value_type()),
+            )),
         }
     }
 
@@ -152,13 +197,24 @@ impl GgufFile {
             Value::I64(x) => *x as i128,
             // Some converters write per-layer arrays; take the first value.
             Value::Array(a) if !a.is_empty() => return self.array_first_usize(key, a),
-            other => return Err(self.meta_err(key, format!("expected an integer, found {:?}", other.value_type()))),
+            other => {
+                return Err(self.meta_err(
+                    key,
+                    format!("expected an integer, found {:?}", other.value_type()),
+                ));
+            }
         };
-        usize::try_from(n).map(Some).map_err(|_| self.meta_err(key, format!("value {n} out of range")))
+        usize::try_from(n)
+            .map(Some)
+            .map_err(|_| self.meta_err(key, format!("value {n} out of range")))
     }
 
     fn array_first_usize(&self, key: &str, a: &[Value]) -> Result<Option<usize>, ModelError> {
-        match a[0].to_u64().or_else(|_| a[0].to_u32().map(u64::from)).or_else(|_| a[0].to_i32().map(|x| x as u64)) {
+        match a[0]
+            .to_u64()
+            .or_else(|_| a[0].to_u32().map(u64::from))
+            .or_else(|_| a[0].to_i32().map(|x| x as u64))
+        {
             Ok(x) => Ok(Some(x as usize)),
             Err(_) => Err(self.meta_err(key, "expected an integer array")),
         }
@@ -169,7 +225,9 @@ impl GgufFile {
             None => Ok(None),
             Some(Value::F32(x)) => Ok(Some(*x)),
             Some(Value::F64(x)) => Ok(Some(*x as f32)),
-            Some(v) => Err(self.meta_err(key, format!("expected a float, found {:?}", v.value_type()))),
+            Some(v) => {
+                Err(self.meta_err(key, format!("expected a float, found {:?}", v.value_type())))
+            }
         }
     }
 
@@ -177,21 +235,29 @@ impl GgufFile {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(x)) => Ok(Some(*x)),
-            Some(v) => Err(self.meta_err(key, format!("expected a bool, found {:?}", v.value_type()))),
+            Some(v) => {
+                Err(self.meta_err(key, format!("expected a bool, found {:?}", v.value_type())))
+            }
         }
     }
 
     fn require_usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.get_usize(key)?.ok_or_else(|| self.meta_err(key, "missing"))
+        self.get_usize(key)?
+            .ok_or_else(|| self.meta_err(key, "missing"))
     }
 
     /// The architecture, checked against the supported ones.
     pub fn arch(&self) -> Result<Arch, ModelError> {
-        let a = self.get_str("general.architecture")?.ok_or_else(|| self.meta_err("general.architecture", "missing"))?;
+        let a = self
+            .get_str("general.architecture")?
+            .ok_or_else(|| self.meta_err("general.architecture", "missing"))?;
         match a {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
-            other => Err(ModelError::UnsupportedArchitecture { path: self.path.clone(), arch: other.to_string() }),
+            other => Err(ModelError::UnsupportedArchitecture {
+                path: self.path.clone(),
+                arch: other.to_string(),
+            }),
         }
     }
 
@@ -202,17 +268,30 @@ impl GgufFile {
         let k = |s: &str| format!("{p}.{s}");
         let n_embd = self.require_usize(&k("embedding_length"))?;
         let n_head = self.require_usize(&k("attention.head_count"))?;
-        let n_head_kv = self.get_usize(&k("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_head_kv = self
+            .get_usize(&k("attention.head_count_kv"))?
+            .unwrap_or(n_head);
         if n_head == 0 || n_embd % n_head != 0 {
-            return Err(self.meta_err(&k("attention.head_count"), format!("{n_head} heads do not divide embedding length {n_embd}")));
+            return Err(self.meta_err(
+                &k("attention.head_count"),
+                format!("{n_head} heads do not divide embedding length {n_embd}"),
+            ));
         }
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(self.meta_err(&k("attention.head_count_kv"), format!("{n_head_kv} KV heads do not divide {n_head} heads")));
+            return Err(self.meta_err(
+                &k("attention.head_count_kv"),
+                format!("{n_head_kv} KV heads do not divide {n_head} heads"),
+            ));
         }
         let head_dim = n_embd / n_head;
-        let rope_dim = self.get_usize(&k("rope.dimension_count"))?.unwrap_or(head_dim);
+        let rope_dim = self
+            .get_usize(&k("rope.dimension_count"))?
+            .unwrap_or(head_dim);
         if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(self.meta_err(&k("rope.dimension_count"), format!("{rope_dim} invalid for head size {head_dim}")));
+            return Err(self.meta_err(
+                &k("rope.dimension_count"),
+                format!("{rope_dim} invalid for head size {head_dim}"),
+            ));
         }
         let n_vocab = match self.content.tensor_infos.get("token_embd.weight") {
             Some(t) => t.shape.dims()[0],
@@ -229,14 +308,20 @@ impl GgufFile {
             n_ff: self.require_usize(&k("feed_forward_length"))?,
             rope_freq_base: self.get_f32(&k("rope.freq_base"))?.unwrap_or(10000.0),
             rope_dim,
-            rope_neox: arch == Arch::Qwen2 || std::env::var_os("NEOX").is_some(),
-            rms_eps: self.get_f32(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+            rope_neox: arch == Arch::Qwen2,
+            rms_eps: self
+                .get_f32(&k("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5),
             n_vocab,
         })
     }
 
     fn tensor_err(&self, name: &str, problem: impl Into<String>) -> ModelError {
-        ModelError::Tensor { path: self.path.clone(), tensor: name.into(), problem: problem.into() }
+        ModelError::Tensor {
+            path: self.path.clone(),
+            tensor: name.into(),
+            problem: problem.into(),
+        }
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {
@@ -244,7 +329,10 @@ impl GgufFile {
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
-        self.content.tensor_infos.get(name).ok_or_else(|| self.tensor_err(name, "missing"))
+        self.content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| self.tensor_err(name, "missing"))
     }
 
     /// Shape as (rows, cols) for matrices, (n, 1) for vectors; candle's order
@@ -258,21 +346,34 @@ impl GgufFile {
         let info = self.info(name)?;
         let (dtype, dims) = (info.ggml_dtype, info.shape.dims().to_vec());
         let elems: usize = dims.iter().product();
-        if elems % dtype.block_size() != 0 {
-            return Err(self.tensor_err(name, format!("{elems} elements not a multiple of the {dtype:?} block size")));
+        if !elems.is_multiple_of(dtype.block_size()) {
+            return Err(self.tensor_err(
+                name,
+                format!("{elems} elements not a multiple of the {dtype:?} block size"),
+            ));
         }
         let size = (elems / dtype.block_size() * dtype.type_size()) as u64;
         let start = self.content.tensor_data_offset.saturating_add(info.offset);
         if start.saturating_add(size) > self.file_len {
             return Err(ModelError::Truncated {
                 path: self.path.clone(),
-                reason: format!("tensor {name} needs bytes {start}..{} but the file has {}", start + size, self.file_len),
+                reason: format!(
+                    "tensor {name} needs bytes {start}..{} but the file has {}",
+                    start + size,
+                    self.file_len
+                ),
             });
         }
         let mut buf = vec![0u8; size as usize];
-        let io = |e| ModelError::Io { path: self.path.clone(), source: e };
+        let io = |e| ModelError::Io {
+            path: self.path.clone(),
+            source: e,
+        };
         self.file.seek(SeekFrom::Start(start)).map_err(io)?;
-        self.file.read_exact(&mut buf).map_err(|e| ModelError::Io { path: self.path.clone(), source: e })?;
+        self.file.read_exact(&mut buf).map_err(|e| ModelError::Io {
+            path: self.path.clone(),
+            source: e,
+        })?;
         Ok((dtype, dims, buf))
     }
 
@@ -280,10 +381,18 @@ impl GgufFile {
     pub fn f32_values(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {
         let (dtype, dims, raw) = self.raw(name)?;
         if dtype == GgmlDType::F32 {
-            return Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+            return Ok(raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect());
         }
-        let qt = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &raw, dims, &candle_core::Device::Cpu)
-            .map_err(|e| self.tensor_err(name, format!("decoding {dtype:?}: {e}")))?;
+        let qt = candle_core::quantized::ggml_file::qtensor_from_ggml(
+            dtype,
+            &raw,
+            dims,
+            &candle_core::Device::Cpu,
+        )
+        .map_err(|e| self.tensor_err(name, format!("decoding {dtype:?}: {e}")))?;
         qt.dequantize(&candle_core::Device::Cpu)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
@@ -304,9 +413,12 @@ impl GgufFile {
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
         let dims = self.dims(name)?;
         if dims != [rows, cols] {
-            return Err(self.tensor_err(name, format!("expected shape [{rows}, {cols}], found {dims:?}")));
+            return Err(self.tensor_err(
+                name,
+                format!("expected shape [{rows}, {cols}], found {dims:?}"),
+            ));
         }
-        if cols % crate::quant::QK != 0 {
+        if !cols.is_multiple_of(crate::quant::QK) {
             return Err(self.tensor_err(name, format!("row length {cols} is not a multiple of 32")));
         }
         let dtype = self.info(name)?.ggml_dtype;

@@ -47,7 +47,10 @@ pub struct ModelOptions {
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { n_threads: 0, n_ctx: 4096 }
+        ModelOptions {
+            n_threads: 0,
+            n_ctx: 4096,
+        }
     }
 }
 
@@ -73,15 +76,42 @@ impl Model {
             return Err(ModelError::Metadata {
                 path: path.to_path_buf(),
                 key: "tokenizer.ggml.tokens".into(),
-                problem: format!("{} tokens but token_embd.weight has {} rows", tokenizer.n_vocab(), config.n_vocab),
+                problem: format!(
+                    "{} tokens but token_embd.weight has {} rows",
+                    tokenizer.n_vocab(),
+                    config.n_vocab
+                ),
             });
         }
-        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
-        let template = ChatTemplate::new(g.get_str("tokenizer.chat_template")?, &text(tokenizer.bos()), &text(tokenizer.eos()))?;
+        let text = |id: Option<u32>| {
+            id.and_then(|i| tokenizer.token_text(i))
+                .unwrap_or("")
+                .to_string()
+        };
+        let template = ChatTemplate::new(
+            g.get_str("tokenizer.chat_template")?,
+            &text(tokenizer.bos()),
+            &text(tokenizer.eos()),
+        )?;
         let weights = Arc::new(weights::Weights::load(&mut g, &config)?);
-        let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx.min(config.n_ctx_train) };
-        let backend = Arc::new(forward::CpuBackend::new(config.clone(), weights, opts.n_threads));
-        Ok(Arc::new(Model { path: path.to_path_buf(), config, tokenizer, template, backend, n_ctx }))
+        let n_ctx = if opts.n_ctx == 0 {
+            config.n_ctx_train
+        } else {
+            opts.n_ctx.min(config.n_ctx_train)
+        };
+        let backend = Arc::new(forward::CpuBackend::new(
+            config.clone(),
+            weights,
+            opts.n_threads,
+        ));
+        Ok(Arc::new(Model {
+            path: path.to_path_buf(),
+            config,
+            tokenizer,
+            template,
+            backend,
+            n_ctx,
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -138,14 +168,18 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("position", &self.position()).field("capacity", &self.capacity()).finish()
+        f.debug_struct("Session")
+            .field("position", &self.position())
+            .field("capacity", &self.capacity())
+            .finish()
     }
 }
 
 impl Session {
     /// Runs `tokens` (one or many) and returns the last position's logits.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
-        self.backend.forward(self.state.as_mut(), tokens, &mut self.logits)?;
+        self.backend
+            .forward(self.state.as_mut(), tokens, &mut self.logits)?;
         Ok(&self.logits)
     }
     /// Runs one token and returns its logits.

@@ -53,7 +53,9 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("n_threads", &self.shared.n_threads).finish()
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.shared.n_threads)
+            .finish()
     }
 }
 
@@ -64,7 +66,9 @@ impl ThreadPool {
     /// workers); `0` means the number of available CPUs.
     pub fn new(n_threads: usize) -> Self {
         let n = if n_threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         } else {
             n_threads
         };
@@ -88,7 +92,11 @@ impl ThreadPool {
                     .expect("spawning a forward-pass worker thread")
             })
             .collect();
-        ThreadPool { shared, busy: Mutex::new(()), handles }
+        ThreadPool {
+            shared,
+            busy: Mutex::new(()),
+            handles,
+        }
     }
 
     /// Threads a job is split over.
@@ -116,7 +124,8 @@ impl ThreadPool {
         // lifetime is erased, but `f` outlives its use: we do not return until
         // every worker has finished calling it (`remaining == 0` below).
         unsafe {
-            let erased: *const Job = std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), *const Job>(f);
+            let erased: *const Job =
+                std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), *const Job>(f);
             *s.job.get() = erased;
         }
         s.remaining.store(n - 1, Ordering::SeqCst);
@@ -130,7 +139,7 @@ impl ThreadPool {
         let mut spins = 0u32;
         while s.remaining.load(Ordering::Acquire) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
+            if spins.is_multiple_of(4096) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -158,13 +167,14 @@ fn worker(shared: Arc<Shared>, idx: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || since.elapsed() < SPIN_FOR {
+            if !spins.is_multiple_of(1024) || since.elapsed() < SPIN_FOR {
                 std::hint::spin_loop();
                 continue;
             }
             let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.sleepers.fetch_add(1, Ordering::SeqCst);
-            while s.generation.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst) {
+            while s.generation.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::SeqCst)
+            {
                 g = s.cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
             s.sleepers.fetch_sub(1, Ordering::SeqCst);

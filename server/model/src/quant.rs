@@ -10,7 +10,7 @@
 //! compute, up to the order of float additions.
 //!
 //! Kernels: AVX2+FMA chosen at run time (`is_x86_feature_detected!`), with a
-//! portable scalar fallback; [`QMatrix::matmul`] splits output rows over the
+//! portable scalar fallback (forced with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows over the
 //! [`ThreadPool`].
 
 use crate::pool::{ThreadPool, split_range};
@@ -50,8 +50,16 @@ pub struct BlockQ8_1 {
 /// A weight matrix, `rows × cols`, row-major, in one of the kernel formats.
 #[derive(Debug, Clone)]
 pub enum QMatrix {
-    Q8_0 { rows: usize, cols: usize, blocks: Vec<BlockQ8_0> },
-    Q4_1 { rows: usize, cols: usize, blocks: Vec<BlockQ4_1> },
+    Q8_0 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ8_0>,
+    },
+    Q4_1 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ4_1>,
+    },
 }
 
 fn f16_le(b: &[u8]) -> f32 {
@@ -79,7 +87,7 @@ impl QMatrix {
     /// From raw GGUF Q8_0 bytes (34 bytes per block: f16 d, 32 × i8).
     pub fn from_q8_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
         let nb = rows * cols / QK;
-        if cols % QK != 0 || raw.len() != nb * 34 {
+        if !cols.is_multiple_of(QK) || raw.len() != nb * 34 {
             return None;
         }
         let blocks = raw
@@ -98,7 +106,7 @@ impl QMatrix {
     /// From raw GGUF Q4_1 bytes (20 bytes per block: f16 d, f16 m, 16 × u8).
     pub fn from_q4_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
         let nb = rows * cols / QK;
-        if cols % QK != 0 || raw.len() != nb * 20 {
+        if !cols.is_multiple_of(QK) || raw.len() != nb * 20 {
             return None;
         }
         let blocks = raw
@@ -106,7 +114,11 @@ impl QMatrix {
             .map(|c| {
                 let mut qs = [0u8; QK / 2];
                 qs.copy_from_slice(&c[4..20]);
-                BlockQ4_1 { d: f16_le(c), m: f16_le(&c[2..]), qs }
+                BlockQ4_1 {
+                    d: f16_le(c),
+                    m: f16_le(&c[2..]),
+                    qs,
+                }
             })
             .collect();
         Some(QMatrix::Q4_1 { rows, cols, blocks })
@@ -115,7 +127,7 @@ impl QMatrix {
     /// Quantises f32 rows to Q8_0 (llama.cpp's reference `quantize_row_q8_0`,
     /// scale rounded to f16).
     pub fn q8_0_from_f32(rows: usize, cols: usize, data: &[f32]) -> Option<Self> {
-        if cols % QK != 0 || data.len() != rows * cols {
+        if !cols.is_multiple_of(QK) || data.len() != rows * cols {
             return None;
         }
         let blocks = data
@@ -128,7 +140,10 @@ impl QMatrix {
                 for (q, v) in qs.iter_mut().zip(x) {
                     *q = (v * id).round() as i8;
                 }
-                BlockQ8_0 { d: f16::from_f32(d).to_f32(), qs }
+                BlockQ8_0 {
+                    d: f16::from_f32(d).to_f32(),
+                    qs,
+                }
             })
             .collect();
         Some(QMatrix::Q8_0 { rows, cols, blocks })
@@ -139,7 +154,10 @@ impl QMatrix {
         match self {
             QMatrix::Q8_0 { cols, blocks, .. } => {
                 let nb = cols / QK;
-                for (b, o) in blocks[r * nb..(r + 1) * nb].iter().zip(out.chunks_exact_mut(QK)) {
+                for (b, o) in blocks[r * nb..(r + 1) * nb]
+                    .iter()
+                    .zip(out.chunks_exact_mut(QK))
+                {
                     for (x, &q) in o.iter_mut().zip(&b.qs) {
                         *x = b.d * q as f32;
                     }
@@ -147,7 +165,10 @@ impl QMatrix {
             }
             QMatrix::Q4_1 { cols, blocks, .. } => {
                 let nb = cols / QK;
-                for (b, o) in blocks[r * nb..(r + 1) * nb].iter().zip(out.chunks_exact_mut(QK)) {
+                for (b, o) in blocks[r * nb..(r + 1) * nb]
+                    .iter()
+                    .zip(out.chunks_exact_mut(QK))
+                {
                     for j in 0..QK / 2 {
                         o[j] = b.d * (b.qs[j] & 0x0F) as f32 + b.m;
                         o[j + QK / 2] = b.d * (b.qs[j] >> 4) as f32 + b.m;
@@ -180,7 +201,9 @@ impl QMatrix {
                     // output row (`split_range` partitions `0..rows`), and
                     // `out` outlives `pool.run`, which returns only after all
                     // parts finish; `t * rows + r1 <= out.len()`.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), r1 - r0) };
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), r1 - r0)
+                    };
                     match self {
                         QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
@@ -232,10 +255,18 @@ fn kernels() -> &'static Kernels {
                 && is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
             {
-                return Kernels { name: "avx2", q8_0: avx2::rows_q8_0_safe, q4_1: avx2::rows_q4_1_safe };
+                return Kernels {
+                    name: "avx2",
+                    q8_0: avx2::rows_q8_0_safe,
+                    q4_1: avx2::rows_q4_1_safe,
+                };
             }
         }
-        Kernels { name: "scalar", q8_0: scalar::rows_q8_0, q4_1: scalar::rows_q4_1 }
+        Kernels {
+            name: "scalar",
+            q8_0: scalar::rows_q8_0,
+            q4_1: scalar::rows_q4_1,
+        }
     })
 }
 
@@ -248,26 +279,55 @@ pub fn kernel_name() -> &'static str {
 pub mod scalar {
     use super::*;
 
+    // Same arithmetic as the AVX2 kernels, lane by lane: eight int32 lanes
+    // of four products each, one fma per lane and block, `hsum_float_8`.
+
+    #[inline(always)]
+    fn hsum8(acc: &[f32; 8]) -> f32 {
+        let t = [
+            acc[0] + acc[4],
+            acc[1] + acc[5],
+            acc[2] + acc[6],
+            acc[3] + acc[7],
+        ];
+        (t[0] + t[2]) + (t[1] + t[3])
+    }
+
     pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1]) -> f32 {
-        let mut acc = 0f32;
+        let mut acc = [0f32; 8];
         for (w, a) in w.iter().zip(a) {
-            let s: i32 = w.qs.iter().zip(&a.qs).map(|(&x, &y)| x as i32 * y as i32).sum();
-            acc += w.d * a.d * s as f32;
+            let d = w.d * a.d;
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let s: i32 = (4 * l..4 * l + 4)
+                    .map(|j| w.qs[j] as i32 * a.qs[j] as i32)
+                    .sum();
+                *acc = d.mul_add(s as f32, *acc);
+            }
         }
-        acc
+        hsum8(&acc)
     }
 
     pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
-        let mut acc = 0f32;
+        let mut acc = [0f32; 8];
+        let mut summs = 0f32;
         for (w, a) in w.iter().zip(a) {
-            let mut s = 0i32;
-            for j in 0..QK / 2 {
-                s += (w.qs[j] & 0x0F) as i32 * a.qs[j] as i32;
-                s += (w.qs[j] >> 4) as i32 * a.qs[j + QK / 2] as i32;
+            summs += w.m * a.s;
+            let d = w.d * a.d;
+            for (l, acc) in acc.iter_mut().enumerate() {
+                let s: i32 = (4 * l..4 * l + 4)
+                    .map(|j| {
+                        let q = if j < QK / 2 {
+                            w.qs[j] & 0x0F
+                        } else {
+                            w.qs[j - QK / 2] >> 4
+                        };
+                        q as i32 * a.qs[j] as i32
+                    })
+                    .sum();
+                *acc = d.mul_add(s as f32, *acc);
             }
-            acc += w.d * a.d * s as f32 + w.m * a.s;
         }
-        acc
+        hsum8(&acc) + summs
     }
 
     pub fn rows_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
@@ -347,7 +407,12 @@ mod avx2 {
         let ones = _mm256_set1_epi16(1);
         let mut r = 0;
         while r + 4 <= out.len() {
-            let rows = [&w[r * nb..], &w[(r + 1) * nb..], &w[(r + 2) * nb..], &w[(r + 3) * nb..]];
+            let rows = [
+                &w[r * nb..],
+                &w[(r + 1) * nb..],
+                &w[(r + 2) * nb..],
+                &w[(r + 3) * nb..],
+            ];
             let mut acc = [_mm256_setzero_ps(); 4];
             for i in 0..nb {
                 // SAFETY: `i < nb`; every row slice has at least `nb` blocks.
@@ -355,7 +420,11 @@ mod avx2 {
                     let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
                     for k in 0..4 {
                         let b = &rows[k][i];
-                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(b.d * a[i].d), q8_block(b, qy, ones), acc[k]);
+                        acc[k] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(b.d * a[i].d),
+                            q8_block(b, qy, ones),
+                            acc[k],
+                        );
                     }
                 }
             }
@@ -372,7 +441,11 @@ mod avx2 {
                 // SAFETY: `i < nb`.
                 unsafe {
                     let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(row[i].d * a[i].d), q8_block(&row[i], qy, ones), acc);
+                    acc = _mm256_fmadd_ps(
+                        _mm256_set1_ps(row[i].d * a[i].d),
+                        q8_block(&row[i], qy, ones),
+                        acc,
+                    );
                 }
             }
             // SAFETY: avx2 is enabled in this function.
@@ -389,7 +462,12 @@ mod avx2 {
         let low = _mm256_set1_epi8(0x0F);
         let mut r = 0;
         while r + 4 <= out.len() {
-            let rows = [&w[r * nb..], &w[(r + 1) * nb..], &w[(r + 2) * nb..], &w[(r + 3) * nb..]];
+            let rows = [
+                &w[r * nb..],
+                &w[(r + 1) * nb..],
+                &w[(r + 2) * nb..],
+                &w[(r + 3) * nb..],
+            ];
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut summs = [0f32; 4];
             for i in 0..nb {
@@ -399,7 +477,11 @@ mod avx2 {
                     for k in 0..4 {
                         let b = &rows[k][i];
                         summs[k] += b.m * a[i].s;
-                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(b.d * a[i].d), q41_block(b, qy, ones, low), acc[k]);
+                        acc[k] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(b.d * a[i].d),
+                            q41_block(b, qy, ones, low),
+                            acc[k],
+                        );
                     }
                 }
             }
@@ -418,7 +500,11 @@ mod avx2 {
                 unsafe {
                     let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
                     summs += row[i].m * a[i].s;
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(row[i].d * a[i].d), q41_block(&row[i], qy, ones, low), acc);
+                    acc = _mm256_fmadd_ps(
+                        _mm256_set1_ps(row[i].d * a[i].d),
+                        q41_block(&row[i], qy, ones, low),
+                        acc,
+                    );
                 }
             }
             // SAFETY: avx2 is enabled in this function.
@@ -433,7 +519,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
     }
 
@@ -463,13 +551,29 @@ mod tests {
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 let reference = match m {
-                    QMatrix::Q8_0 { blocks, .. } => scalar::dot_q8_0(&blocks[r * 3..r * 3 + 3], &xq),
-                    QMatrix::Q4_1 { blocks, .. } => scalar::dot_q4_1(&blocks[r * 3..r * 3 + 3], &xq),
+                    QMatrix::Q8_0 { blocks, .. } => {
+                        scalar::dot_q8_0(&blocks[r * 3..r * 3 + 3], &xq)
+                    }
+                    QMatrix::Q4_1 { blocks, .. } => {
+                        scalar::dot_q4_1(&blocks[r * 3..r * 3 + 3], &xq)
+                    }
                 };
-                assert!((out[r] - reference).abs() < 1e-3 * (1.0 + reference.abs()), "{} row {r}", m.format());
+                // The SIMD kernels and the scalar reference do the same float
+                // operations in the same order: equal bits.
+                assert_eq!(
+                    out[r].to_bits(),
+                    reference.to_bits(),
+                    "{} row {r}",
+                    m.format()
+                );
                 m.dequant_row(r, &mut row);
                 let exact: f32 = row.iter().zip(&x).map(|(a, b)| a * b).sum();
-                assert!((out[r] - exact).abs() < 0.05 * (1.0 + exact.abs()), "{} row {r}: {} vs {exact}", m.format(), out[r]);
+                assert!(
+                    (out[r] - exact).abs() < 0.05 * (1.0 + exact.abs()),
+                    "{} row {r}: {} vs {exact}",
+                    m.format(),
+                    out[r]
+                );
             }
         }
     }

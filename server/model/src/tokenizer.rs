@@ -55,13 +55,22 @@ pub struct TokenInfo {
     pub attrs: u32,
 }
 
-const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const GPT2_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Strings llama.cpp treats as end-of-generation when they are tokens.
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-    "<|end_of_text|>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
 ];
 
 /// The model's tokenizer (see the module docs).
@@ -81,7 +90,10 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer").field("n_vocab", &self.vocab.len()).field("pre", &self.pre).finish_non_exhaustive()
+        f.debug_struct("Tokenizer")
+            .field("n_vocab", &self.vocab.len())
+            .field("pre", &self.pre)
+            .finish_non_exhaustive()
     }
 }
 
@@ -89,7 +101,9 @@ fn bytes_to_unicode() -> [char; 256] {
     let mut map = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
-        let keep = (b'!' as u32..=b'~' as u32).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let keep = (b'!' as u32..=b'~' as u32).contains(&b)
+            || (0xA1..=0xAC).contains(&b)
+            || (0xAE..=0xFF).contains(&b);
         map[b as usize] = if keep {
             char::from_u32(b).unwrap_or('\0')
         } else {
@@ -102,7 +116,11 @@ fn bytes_to_unicode() -> [char; 256] {
 }
 
 fn tok_err(gguf: &GgufFile, key: &str, problem: impl Into<String>) -> ModelError {
-    ModelError::Metadata { path: gguf.path().to_path_buf(), key: key.into(), problem: problem.into() }
+    ModelError::Metadata {
+        path: gguf.path().to_path_buf(),
+        key: key.into(),
+        problem: problem.into(),
+    }
 }
 
 impl Tokenizer {
@@ -110,7 +128,11 @@ impl Tokenizer {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
         let model = gguf.get_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
         if model != "gpt2" {
-            return Err(tok_err(gguf, "tokenizer.ggml.model", format!("unsupported tokenizer model {model:?} (supported: gpt2 byte-level BPE)")));
+            return Err(tok_err(
+                gguf,
+                "tokenizer.ggml.model",
+                format!("unsupported tokenizer model {model:?} (supported: gpt2 byte-level BPE)"),
+            ));
         }
         let texts: Vec<String> = match gguf.get("tokenizer.ggml.tokens") {
             Some(Value::Array(a)) => a
@@ -118,34 +140,73 @@ impl Tokenizer {
                 .map(|v| v.to_string().cloned())
                 .collect::<Result<_, _>>()
                 .map_err(|e| tok_err(gguf, "tokenizer.ggml.tokens", e.to_string()))?,
-            _ => return Err(tok_err(gguf, "tokenizer.ggml.tokens", "missing or not an array")),
+            _ => {
+                return Err(tok_err(
+                    gguf,
+                    "tokenizer.ggml.tokens",
+                    "missing or not an array",
+                ));
+            }
         };
         let n = texts.len();
         let types: Vec<i32> = match gguf.get("tokenizer.ggml.token_type") {
-            Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().or_else(|_| v.to_u32().map(|x| x as i32)).unwrap_or(1)).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.to_i32()
+                        .or_else(|_| v.to_u32().map(|x| x as i32))
+                        .unwrap_or(1)
+                })
+                .collect(),
             _ => vec![token_type::NORMAL; n],
         };
         if types.len() != n {
-            return Err(tok_err(gguf, "tokenizer.ggml.token_type", format!("{} entries for {n} tokens", types.len())));
+            return Err(tok_err(
+                gguf,
+                "tokenizer.ggml.token_type",
+                format!("{} entries for {n} tokens", types.len()),
+            ));
         }
         let merges: Vec<(String, String)> = match gguf.get("tokenizer.ggml.merges") {
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|v| {
-                    let s = v.to_string().map_err(|e| tok_err(gguf, "tokenizer.ggml.merges", e.to_string()))?;
-                    let (l, r) = s.split_once(' ').ok_or_else(|| tok_err(gguf, "tokenizer.ggml.merges", format!("merge {s:?} has no space")))?;
+                    let s = v
+                        .to_string()
+                        .map_err(|e| tok_err(gguf, "tokenizer.ggml.merges", e.to_string()))?;
+                    let (l, r) = s.split_once(' ').ok_or_else(|| {
+                        tok_err(
+                            gguf,
+                            "tokenizer.ggml.merges",
+                            format!("merge {s:?} has no space"),
+                        )
+                    })?;
                     Ok((l.to_string(), r.to_string()))
                 })
                 .collect::<Result<_, ModelError>>()?,
-            _ => return Err(tok_err(gguf, "tokenizer.ggml.merges", "missing (needed for BPE)")),
+            _ => {
+                return Err(tok_err(
+                    gguf,
+                    "tokenizer.ggml.merges",
+                    "missing (needed for BPE)",
+                ));
+            }
         };
         let id = |key: &str| -> Result<Option<u32>, ModelError> {
-            Ok(gguf.get_usize(key)?.map(|x| x as u32).filter(|&x| (x as usize) < n))
+            Ok(gguf
+                .get_usize(key)?
+                .map(|x| x as u32)
+                .filter(|&x| (x as usize) < n))
         };
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
-        let add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-        let pre = gguf.get_str("tokenizer.ggml.pre")?.unwrap_or("default").to_string();
+        let add_bos = gguf
+            .get_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(false);
+        let pre = gguf
+            .get_str("tokenizer.ggml.pre")?
+            .unwrap_or("default")
+            .to_string();
 
         // Vocabulary for BPE. Duplicate strings keep their first id (as llama.cpp's map does… last wins there; duplicates are rare).
         let mut vocab = Vocab::default();
@@ -158,18 +219,30 @@ impl Tokenizer {
             .build()
             .map_err(|e| ModelError::Tokenizer(format!("building BPE: {e}")))?;
         let pre_tok: PreTokenizerWrapper = match pre.as_str() {
-            "smollm" => Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, false, true).into()]).into(),
+            "smollm" => Sequence::new(vec![
+                Digits::new(true).into(),
+                ByteLevel::new(false, false, true).into(),
+            ])
+            .into(),
             "qwen2" => Sequence::new(vec![
-                Split::new(SplitPattern::Regex(QWEN2_REGEX.into()), SplitDelimiterBehavior::Isolated, false)
-                    .map_err(|e| ModelError::Tokenizer(format!("qwen2 regex: {e}")))?
-                    .into(),
+                Split::new(
+                    SplitPattern::Regex(QWEN2_REGEX.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| ModelError::Tokenizer(format!("qwen2 regex: {e}")))?
+                .into(),
                 ByteLevel::new(false, false, false).into(),
             ])
             .into(),
             _ => Sequence::new(vec![
-                Split::new(SplitPattern::Regex(GPT2_REGEX.into()), SplitDelimiterBehavior::Isolated, false)
-                    .map_err(|e| ModelError::Tokenizer(format!("gpt2 regex: {e}")))?
-                    .into(),
+                Split::new(
+                    SplitPattern::Regex(GPT2_REGEX.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| ModelError::Tokenizer(format!("gpt2 regex: {e}")))?
+                .into(),
                 ByteLevel::new(false, false, false).into(),
             ])
             .into(),
@@ -185,9 +258,15 @@ impl Tokenizer {
             .filter(|&i| types[i] == token_type::CONTROL)
             .map(|i| AddedToken::from(texts[i].clone(), true).normalized(false))
             .collect();
-        plain.add_special_tokens(user.clone()).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        with_special.add_special_tokens(user.clone()).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        with_special.add_special_tokens(control).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        plain
+            .add_special_tokens(user.clone())
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        with_special
+            .add_special_tokens(user.clone())
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        with_special
+            .add_special_tokens(control)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
 
         let mut eog: Vec<u32> = Vec::new();
         eog.extend(eos);
@@ -195,7 +274,9 @@ impl Tokenizer {
             eog.extend(id(key)?);
         }
         for (i, t) in texts.iter().enumerate() {
-            if EOG_TEXTS.contains(&t.as_str()) && matches!(types[i], token_type::CONTROL | token_type::USER_DEFINED) {
+            if EOG_TEXTS.contains(&t.as_str())
+                && matches!(types[i], token_type::CONTROL | token_type::USER_DEFINED)
+            {
                 eog.push(i as u32);
             }
         }
@@ -225,21 +306,52 @@ impl Tokenizer {
                 let bytes = match ty {
                     token_type::CONTROL | token_type::USER_DEFINED => t.as_bytes().to_vec(),
                     token_type::UNUSED => Vec::new(),
-                    token_type::BYTE => parse_byte_token(t).map(|b| vec![b]).unwrap_or_else(|| t.as_bytes().to_vec()),
-                    _ => t.chars().map(|c| u2b.get(&c).copied().map(|b| vec![b]).unwrap_or_else(|| c.to_string().into_bytes())).flatten().collect(),
+                    token_type::BYTE => parse_byte_token(t)
+                        .map(|b| vec![b])
+                        .unwrap_or_else(|| t.as_bytes().to_vec()),
+                    _ => t
+                        .chars()
+                        .flat_map(|c| {
+                            u2b.get(&c)
+                                .copied()
+                                .map(|b| vec![b])
+                                .unwrap_or_else(|| c.to_string().into_bytes())
+                        })
+                        .collect(),
                 };
                 TokenInfo { bytes, attrs }
             })
             .collect();
-        Ok(Tokenizer { with_special, plain, vocab: vocab_info, texts, bos, eos, add_bos, eog, pre })
+        Ok(Tokenizer {
+            with_special,
+            plain,
+            vocab: vocab_info,
+            texts,
+            bos,
+            eos,
+            add_bos,
+            eog,
+            pre,
+        })
     }
 
     /// Token ids of `text`. `add_bos`: prepend BOS when the model asks for it
     /// (`tokenizer.ggml.add_bos_token`); `parse_special`: control tokens
     /// written in the text become their ids (otherwise they are plain text).
-    pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>, ModelError> {
-        let tk = if parse_special { &self.with_special } else { &self.plain };
-        let enc = tk.encode_fast(text, false).map_err(|e| ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len())))?;
+    pub fn encode(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        let tk = if parse_special {
+            &self.with_special
+        } else {
+            &self.plain
+        };
+        let enc = tk
+            .encode_fast(text, false)
+            .map_err(|e| ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len())))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_bos && self.add_bos {
             ids.extend(self.bos);
@@ -251,7 +363,10 @@ impl Tokenizer {
     /// The raw bytes token `id` stands for (control tokens: their text;
     /// unknown ids: empty).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
-        self.vocab.get(id as usize).map(|t| t.bytes.as_slice()).unwrap_or(&[])
+        self.vocab
+            .get(id as usize)
+            .map(|t| t.bytes.as_slice())
+            .unwrap_or(&[])
     }
 
     /// The token's string as stored in the GGUF (byte-level encoded).

@@ -107,12 +107,24 @@ impl Weights {
                 bqkv,
                 wo: g.matrix(&n("attn_output.weight"), d, d)?,
                 ffn_norm: g.vector(&n("ffn_norm.weight"), d)?,
-                wgu: Fused::new(vec![g.matrix(&n("ffn_gate.weight"), c.n_ff, d)?, g.matrix(&n("ffn_up.weight"), c.n_ff, d)?]),
+                wgu: Fused::new(vec![
+                    g.matrix(&n("ffn_gate.weight"), c.n_ff, d)?,
+                    g.matrix(&n("ffn_up.weight"), c.n_ff, d)?,
+                ]),
                 w_down: g.matrix(&n("ffn_down.weight"), d, c.n_ff)?,
             });
         }
         let output_norm = g.vector("output_norm.weight", d)?;
-        let output = if g.has_tensor("output.weight") { Some(g.matrix("output.weight", c.n_vocab, d)?) } else { None };
-        Ok(Weights { tok_embd, layers, output_norm, output })
+        let output = if g.has_tensor("output.weight") {
+            Some(g.matrix("output.weight", c.n_vocab, d)?)
+        } else {
+            None
+        };
+        Ok(Weights {
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+        })
     }
 }

@@ -10,24 +10,45 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 fn model() -> Option<Arc<Model>> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !p.exists() {
-        eprintln!("NOTICE: {} absent (run scripts/fetch-model.sh); skipping real-model test", p.display());
+        eprintln!(
+            "NOTICE: {} absent (run scripts/fetch-model.sh); skipping real-model test",
+            p.display()
+        );
         return None;
     }
-    Some(Model::load(&p, &ModelOptions { n_threads: 2, n_ctx: 512 }).expect("loading the real model"))
+    Some(
+        Model::load(
+            &p,
+            &ModelOptions {
+                n_threads: 2,
+                n_ctx: 512,
+            },
+        )
+        .expect("loading the real model"),
+    )
 }
 
 #[test]
 fn smollm2_config_template_and_vocab() {
     let Some(m) = model() else { return };
     let c = m.config();
-    assert_eq!((c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab), (30, 576, 9, 3, 49152));
+    assert_eq!(
+        (c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab),
+        (30, 576, 9, 3, 49152)
+    );
     assert!(!c.rope_neox);
     assert!(m.chat_template().is_model_template());
-    let p = m.render_chat(&[ChatMessage::new("user", "What is 2+2?")]).unwrap();
+    let p = m
+        .render_chat(&[ChatMessage::new("user", "What is 2+2?")])
+        .unwrap();
     assert!(p.starts_with("<|im_start|>system\n"), "{p}");
-    assert!(p.ends_with("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"), "{p}");
+    assert!(
+        p.ends_with("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"),
+        "{p}"
+    );
     let tk = m.tokenizer();
     let im_end = tk.token_id("<|im_end|>").unwrap();
     assert!(tk.is_eog(im_end) && tk.is_eog(tk.token_id("<|endoftext|>").unwrap()));
@@ -41,7 +62,13 @@ fn smollm2_config_template_and_vocab() {
 fn smollm2_byte_level_round_trip() {
     let Some(m) = model() else { return };
     let tk = m.tokenizer();
-    for text in ["Hello world", "  many   spaces\n\n\ttabs", "数字 12345 and 日本語", "emoji 😀👍🏽", "naïve café"] {
+    for text in [
+        "Hello world",
+        "  many   spaces\n\n\ttabs",
+        "数字 12345 and 日本語",
+        "emoji 😀👍🏽",
+        "naïve café",
+    ] {
         let ids = tk.encode(text, false, false).unwrap();
         assert_eq!(tk.decode(&ids, false), text);
         let mut s = Utf8Streamer::new();
@@ -57,13 +84,18 @@ fn smollm2_byte_level_round_trip() {
 #[test]
 fn smollm2_decode_matches_prefill() {
     let Some(m) = model() else { return };
-    let prompt = m.render_chat(&[ChatMessage::new("user", "Name three colours.")]).unwrap();
+    let prompt = m
+        .render_chat(&[ChatMessage::new("user", "Name three colours.")])
+        .unwrap();
     let ids = m.tokenizer().encode(&prompt, true, true).unwrap();
     let mut s = m.new_session();
     let mut logits = s.prefill(&ids).unwrap().to_vec();
     let mut seq = ids.clone();
     for _ in 0..2 {
-        let next = logits.iter().enumerate().fold(0, |b, (i, &x)| if x > logits[b] { i } else { b }) as u32;
+        let next = logits
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > logits[b] { i } else { b }) as u32;
         seq.push(next);
         logits = s.decode(next).unwrap().to_vec();
     }
@@ -71,10 +103,25 @@ fn smollm2_decode_matches_prefill() {
     // Decode and prefill sum attention in different orders (exactly as
     // llama.cpp does; its own decode and prefill logits differ as much), and
     // 8-bit activation rounding amplifies that, so compare shapes, not bits.
-    let dot: f64 = logits.iter().zip(&full).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
-    let na: f64 = logits.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+    let dot: f64 = logits
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (*a as f64) * (*b as f64))
+        .sum();
+    let na: f64 = logits
+        .iter()
+        .map(|a| (*a as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let nb: f64 = full.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
     let cos = dot / (na * nb);
-    let d = logits.iter().zip(&full).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(cos > 0.999 && d < 2.0, "decode vs prefill: cosine {cos}, max diff {d}");
+    let d = logits
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        cos > 0.999 && d < 2.0,
+        "decode vs prefill: cosine {cos}, max diff {d}"
+    );
 }

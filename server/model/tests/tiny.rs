@@ -18,7 +18,8 @@ fn byte_chars() -> Vec<char> {
     let mut out = Vec::new();
     let mut n = 0u32;
     for b in 0..256u32 {
-        let keep = (33..=126).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        let keep =
+            (33..=126).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         out.push(if keep {
             char::from_u32(b).unwrap()
         } else {
@@ -30,7 +31,11 @@ fn byte_chars() -> Vec<char> {
 }
 
 fn vocab() -> Vec<String> {
-    let mut v: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut v: Vec<String> = vec![
+        "<|endoftext|>".into(),
+        "<|im_start|>".into(),
+        "<|im_end|>".into(),
+    ];
     v.extend(byte_chars().into_iter().map(|c| c.to_string()));
     v.push("Ġt".into());
     v.push("he".into());
@@ -40,7 +45,10 @@ fn vocab() -> Vec<String> {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
@@ -53,7 +61,11 @@ fn matrix(rng: &mut Rng, rows: usize, cols: usize, scale: f32, dtype: GgmlDType)
 
 fn vector(rng: &mut Rng, n: usize, base: f32, scale: f32) -> QTensor {
     let v: Vec<f32> = (0..n).map(|_| base + rng.next() * scale).collect();
-    QTensor::quantize(&Tensor::from_vec(v, n, &Device::Cpu).unwrap(), GgmlDType::F32).unwrap()
+    QTensor::quantize(
+        &Tensor::from_vec(v, n, &Device::Cpu).unwrap(),
+        GgmlDType::F32,
+    )
+    .unwrap()
 }
 
 /// Writes a tiny model; `arch` is written to `general.architecture` (and
@@ -63,20 +75,44 @@ fn write_tiny(path: &Path, arch: &str) {
     let toks = vocab();
     let n_vocab = toks.len();
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    tensors.push(("token_embd.weight".into(), matrix(&mut rng, n_vocab, D, 1.0, GgmlDType::Q8_0)));
+    tensors.push((
+        "token_embd.weight".into(),
+        matrix(&mut rng, n_vocab, D, 1.0, GgmlDType::Q8_0),
+    ));
     let dkv = KV_HEADS * D / HEADS;
     for l in 0..LAYERS {
         let n = |s: &str| format!("blk.{l}.{s}");
         // Mixed formats: Q4_1 and Q8_0 kept, F32/F16 requantised at load.
         tensors.push((n("attn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
-        tensors.push((n("attn_q.weight"), matrix(&mut rng, D, D, 0.3, GgmlDType::Q4_1)));
-        tensors.push((n("attn_k.weight"), matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q4_1)));
-        tensors.push((n("attn_v.weight"), matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q8_0)));
-        tensors.push((n("attn_output.weight"), matrix(&mut rng, D, D, 0.2, GgmlDType::F16)));
+        tensors.push((
+            n("attn_q.weight"),
+            matrix(&mut rng, D, D, 0.3, GgmlDType::Q4_1),
+        ));
+        tensors.push((
+            n("attn_k.weight"),
+            matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q4_1),
+        ));
+        tensors.push((
+            n("attn_v.weight"),
+            matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q8_0),
+        ));
+        tensors.push((
+            n("attn_output.weight"),
+            matrix(&mut rng, D, D, 0.2, GgmlDType::F16),
+        ));
         tensors.push((n("ffn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
-        tensors.push((n("ffn_gate.weight"), matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1)));
-        tensors.push((n("ffn_up.weight"), matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1)));
-        tensors.push((n("ffn_down.weight"), matrix(&mut rng, D, FF, 0.2, GgmlDType::F32)));
+        tensors.push((
+            n("ffn_gate.weight"),
+            matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1),
+        ));
+        tensors.push((
+            n("ffn_up.weight"),
+            matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1),
+        ));
+        tensors.push((
+            n("ffn_down.weight"),
+            matrix(&mut rng, D, FF, 0.2, GgmlDType::F32),
+        ));
         if arch == "qwen2" {
             tensors.push((n("attn_q.bias"), vector(&mut rng, D, 0.0, 0.1)));
             tensors.push((n("attn_k.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
@@ -92,15 +128,33 @@ fn write_tiny(path: &Path, arch: &str) {
         (format!("{arch}.embedding_length"), Value::U32(D as u32)),
         (format!("{arch}.block_count"), Value::U32(LAYERS as u32)),
         (format!("{arch}.feed_forward_length"), Value::U32(FF as u32)),
-        (format!("{arch}.attention.head_count"), Value::U32(HEADS as u32)),
-        (format!("{arch}.attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (
+            format!("{arch}.attention.head_count"),
+            Value::U32(HEADS as u32),
+        ),
+        (
+            format!("{arch}.attention.head_count_kv"),
+            Value::U32(KV_HEADS as u32),
+        ),
         (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
-        (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        ),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(toks.iter().map(|t| Value::String(t.clone())).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(toks.iter().map(|t| Value::String(t.clone())).collect()),
+        ),
         ("tokenizer.ggml.token_type".into(), Value::Array(types)),
-        ("tokenizer.ggml.merges".into(), Value::Array(vec![Value::String("Ġ t".into()), Value::String("h e".into())])),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(vec![
+                Value::String("Ġ t".into()),
+                Value::String("h e".into()),
+            ]),
+        ),
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
@@ -118,11 +172,17 @@ fn tiny(dir: &tempfile::TempDir, arch: &str) -> PathBuf {
 }
 
 fn opts() -> ModelOptions {
-    ModelOptions { n_threads: 2, n_ctx: 64 }
+    ModelOptions {
+        n_threads: 2,
+        n_ctx: 64,
+    }
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -131,7 +191,17 @@ fn loads_and_runs_llama_and_qwen2() {
     for arch in ["llama", "qwen2"] {
         let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
         let c = m.config();
-        assert_eq!((c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.head_dim, c.n_ff), (D, LAYERS, HEADS, KV_HEADS, D / HEADS, FF));
+        assert_eq!(
+            (
+                c.n_embd,
+                c.n_layer,
+                c.n_head,
+                c.n_head_kv,
+                c.head_dim,
+                c.n_ff
+            ),
+            (D, LAYERS, HEADS, KV_HEADS, D / HEADS, FF)
+        );
         assert_eq!(c.rope_neox, arch == "qwen2");
         assert_eq!(m.n_vocab(), vocab().len());
         assert_eq!(m.n_ctx(), 64);
@@ -139,7 +209,10 @@ fn loads_and_runs_llama_and_qwen2() {
         let logits = s.prefill(&[1, 50, 60, 70, 2]).unwrap().to_vec();
         assert_eq!(logits.len(), m.n_vocab());
         assert!(logits.iter().all(|x| x.is_finite()));
-        assert!(logits.iter().any(|&x| x != logits[0]), "logits must depend on the vocabulary row");
+        assert!(
+            logits.iter().any(|&x| x != logits[0]),
+            "logits must depend on the vocabulary row"
+        );
         assert_eq!(s.position(), 5);
         let next = s.decode(80).unwrap();
         assert_eq!(next.len(), m.n_vocab());
@@ -162,7 +235,10 @@ fn kv_cache_decode_matches_full_prefill() {
             let mut full = m.new_session();
             let whole = full.prefill(&toks[..=i]).unwrap();
             let d = max_diff(&step, whole);
-            assert!(d <= 1e-4, "{arch}: position {i}: decode vs prefill differ by {d}");
+            assert!(
+                d <= 1e-4,
+                "{arch}: position {i}: decode vs prefill differ by {d}"
+            );
         }
     }
 }
@@ -195,7 +271,17 @@ fn errors_name_the_problem() {
     assert!(e.to_string().contains("100000"), "{e}");
     s.prefill(&[1, 2, 3]).unwrap();
     let e = s.prefill(&[4, 5]).unwrap_err();
-    assert!(matches!(e, ModelError::ContextFull { position: 3, n_tokens: 2, capacity: 4 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ModelError::ContextFull {
+                position: 3,
+                n_tokens: 2,
+                capacity: 4
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -213,10 +299,16 @@ fn non_gguf_file_is_named() {
     std::fs::write(&p, "this is not a model\n").unwrap();
     let e = Model::load(&p, &opts()).unwrap_err();
     assert!(matches!(e, ModelError::NotGguf { .. }), "{e:?}");
-    assert!(e.to_string().contains("notes.txt") && e.to_string().contains("GGUF"), "{e}");
+    assert!(
+        e.to_string().contains("notes.txt") && e.to_string().contains("GGUF"),
+        "{e}"
+    );
     let empty = dir.path().join("empty.gguf");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(Model::load(&empty, &opts()), Err(ModelError::NotGguf { .. })));
+    assert!(matches!(
+        Model::load(&empty, &opts()),
+        Err(ModelError::NotGguf { .. })
+    ));
 }
 
 #[test]
@@ -230,7 +322,10 @@ fn truncated_file_is_named() {
         let e = Model::load(&t, &opts()).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains(&format!("cut-{keep}.gguf")), "{msg}");
-        assert!(matches!(e, ModelError::Truncated { .. }), "keep {keep}: {e:?}");
+        assert!(
+            matches!(e, ModelError::Truncated { .. }),
+            "keep {keep}: {e:?}"
+        );
     }
 }
 
@@ -239,7 +334,10 @@ fn unsupported_architecture_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let p = tiny(&dir, "gpt2");
     let e = Model::load(&p, &opts()).unwrap_err();
-    assert!(matches!(&e, ModelError::UnsupportedArchitecture { arch, .. } if arch == "gpt2"), "{e:?}");
+    assert!(
+        matches!(&e, ModelError::UnsupportedArchitecture { arch, .. } if arch == "gpt2"),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("tiny-gpt2.gguf"), "{e}");
 }
 
@@ -252,7 +350,10 @@ fn tokenizer_from_metadata() {
     let gt = tk.token_id("Ġt").unwrap();
     let ids = tk.encode("<|im_start|>he t1", false, true).unwrap();
     assert_eq!(ids[0], im_start);
-    assert!(ids.contains(&gt) && ids.contains(&tk.token_id("he").unwrap()), "{ids:?}");
+    assert!(
+        ids.contains(&gt) && ids.contains(&tk.token_id("he").unwrap()),
+        "{ids:?}"
+    );
     // Special parsing off: the markup is plain bytes.
     let plain = tk.encode("<|im_start|>", false, false).unwrap();
     assert!(!plain.contains(&im_start) && plain.len() > 1, "{plain:?}");
@@ -264,7 +365,10 @@ fn tokenizer_from_metadata() {
     assert!(tk.is_eog(2) && tk.is_eog(0) && !tk.is_eog(1));
     let v = m.vocabulary();
     assert_eq!(v.len(), m.n_vocab());
-    assert_eq!(v[2].attrs & (attr::CONTROL | attr::END_OF_GENERATION), attr::CONTROL | attr::END_OF_GENERATION);
+    assert_eq!(
+        v[2].attrs & (attr::CONTROL | attr::END_OF_GENERATION),
+        attr::CONTROL | attr::END_OF_GENERATION
+    );
     assert_eq!(v[usize::try_from(gt).unwrap()].bytes, b" t");
     // No chat template in the file: the ChatML fallback.
     assert!(!m.chat_template().is_model_template());

@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{AppState, BoxStream};
-use crate::model::{MODEL_NOT_WIRED_MESSAGE, NO_MODEL_MESSAGE, ResolvedSampling};
+use crate::model::{NO_MODEL_MESSAGE, ResolvedSampling};
 
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;
@@ -20,12 +20,7 @@ pub fn handle(
     req: v1::GenerateRequest,
 ) -> Result<BoxStream<v1::GenerateResponse>, Status> {
     let Some(generator) = state.generator.clone() else {
-        let msg = if state.model_configured {
-            MODEL_NOT_WIRED_MESSAGE
-        } else {
-            NO_MODEL_MESSAGE
-        };
-        return Err(Status::failed_precondition(msg));
+        return Err(Status::failed_precondition(NO_MODEL_MESSAGE));
     };
     if !generator.ready() {
         return Err(Status::unavailable("the model is still loading"));

@@ -150,8 +150,6 @@ pub struct AppState {
     /// Open SampleStream sessions (for tests and diagnostics).
     pub open_sessions: AtomicUsize,
     pub generator: Option<Arc<dyn Generator>>,
-    /// Set when `model.path` is configured but no generator is wired in.
-    pub model_configured: bool,
     next_request_id: AtomicU64,
 }
 
@@ -161,7 +159,6 @@ impl AppState {
         defaults: Defaults,
         limits: LimitsConfig,
         generator: Option<Arc<dyn Generator>>,
-        model_configured: bool,
     ) -> Self {
         AppState {
             registry,
@@ -171,7 +168,6 @@ impl AppState {
             limits,
             open_sessions: AtomicUsize::new(0),
             generator,
-            model_configured,
             next_request_id: AtomicU64::new(1),
         }
     }

@@ -1,8 +1,8 @@
-//! The client side of Generate against an in-process mock Sampler service
-//! (samplerd serves Generate only with a model, which CI does not have):
+//! The client against an in-process mock Sampler service, for what a real
+//! samplerd cannot show in CI: Generate (served only with a model) —
 //! streaming text and the summary line, `--json`, which parameters are
-//! sent, chat messages, the bearer token, and Ctrl-C (exit 130, the server
-//! sees the stream cancelled).
+//! sent, chat messages, the bearer token, Ctrl-C (exit 130, the server sees
+//! the stream cancelled) — and a health check answering NOT_SERVING.
 
 use std::io::Read as _;
 use std::process::{Command, Output, Stdio};
@@ -24,6 +24,8 @@ use tonic::{Request, Response, Status, Streaming};
 const ENDLESS: &str = "endless";
 /// The tokens of a normal mock generation.
 const PIECES: [&str; 5] = ["Once", " upon", " a", " time", "."];
+/// Text the mock holds back until `Finished`.
+const TAIL: &str = " The end";
 
 #[derive(Default)]
 struct Seen {
@@ -104,6 +106,7 @@ impl Sampler for Mock {
                             completion_tokens: PIECES.len() as u32,
                         }),
                         seed,
+                        text: TAIL.into(),
                         timings: Some(Timings {
                             prefill_ms: 1.0,
                             decode_tokens_per_second: 123.0,
@@ -146,7 +149,13 @@ fn start_mock() -> MockServer {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            // The mock never reports SERVING.
+            let (reporter, health) = tonic_health::server::health_reporter();
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
             let _ = tonic::transport::Server::builder()
+                .add_service(health)
                 .add_service(svc)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stop_rx.await;
@@ -187,7 +196,7 @@ fn generate_streams_text_and_prints_a_summary() {
         .unwrap();
     let (stdout, stderr) = out(&o);
     assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert_eq!(stdout, format!("{}\n", PIECES.concat()));
+    assert_eq!(stdout, format!("{}{TAIL}\n", PIECES.concat()));
     let summary = stderr.trim();
     assert_eq!(summary.lines().count(), 1, "{summary}");
     assert!(summary.starts_with("5 tokens"), "{summary}");
@@ -198,7 +207,7 @@ fn generate_streams_text_and_prints_a_summary() {
     let req = mock.seen.requests.lock().unwrap()[0].clone();
     assert_eq!(req.prompt, "Tell me a story");
     assert!(req.messages.is_empty());
-    assert_eq!(req.max_tokens, 16);
+    assert_eq!(req.max_tokens, Some(16));
     let p = req.params.unwrap();
     assert_eq!(p.seed, Some(1));
     // Unset flags are not sent (the server's defaults apply).
@@ -259,7 +268,7 @@ fn generate_sends_the_flags_given_chat_messages_and_the_token() {
         .collect();
     assert_eq!(msgs, [("system", "Be terse."), ("user", "What is 2+2?")]);
     assert_eq!(req.stop, ["\n", "END"]);
-    assert_eq!(req.max_tokens, 0, "unset -n = server default");
+    assert_eq!(req.max_tokens, None, "unset -n = server default");
     let p = req.params.unwrap();
     assert_eq!(p.temperature, Some(0.0));
     assert_eq!(p.top_k, Some(5));
@@ -299,6 +308,7 @@ fn generate_json_prints_one_object_per_message() {
     assert_eq!(fin["finish_reason"], "MAX_TOKENS");
     assert_eq!(fin["usage"]["completion_tokens"], PIECES.len());
     assert_eq!(fin["seed"], 42);
+    assert_eq!(fin["text"], TAIL);
 }
 
 #[cfg(unix)]
@@ -346,4 +356,13 @@ fn ctrl_c_cancels_the_stream_and_exits_130() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn health_not_serving_exits_1() {
+    let mock = start_mock();
+    let o = ctl(&mock.addr).arg("health").output().unwrap();
+    let (stdout, stderr) = out(&o);
+    assert_eq!(o.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("NOT_SERVING"), "{stdout}");
 }

@@ -1,0 +1,438 @@
+//! The model host behind `Generate`: validates a request, renders and
+//! tokenizes the prompt, then runs the decode loop — forward pass, the
+//! request's sampler chain over the logits, stop gates (end-of-generation
+//! token, stop strings with hold-back, `max_tokens`, context) — streaming one
+//! `Token` per step and one `Finished` at the end. A bounded admission queue
+//! limits concurrent generations; a client that goes away stops its
+//! generation within one step and frees its KV cache.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use samplerd_api::v1;
+use samplerd_model::{ChatMessage, Model, ModelOptions, Session, Utf8Streamer};
+use samplerd_sampling::{StopFilter, TokenBuffer, logits};
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+
+use crate::errors::RequestError;
+use crate::model::{GenerateSink, Generator, ResolvedSampling};
+
+/// Generate settings (config `[model]`), defaults in one place.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GenerateConfig {
+    /// Forward-pass threads (0: all CPUs).
+    pub n_threads: usize,
+    /// KV-cache size of each sequence (clamped to the model's context).
+    pub n_ctx: usize,
+    /// `max_tokens` when a request leaves it unset.
+    pub default_max_tokens: u32,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_cap: u32,
+    /// Most stop strings per request.
+    pub max_stop_strings: usize,
+    /// Longest stop string, in bytes.
+    pub max_stop_bytes: usize,
+    /// Generations running at once; more wait in the queue.
+    pub max_concurrent_generations: usize,
+    /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
+    pub max_queued_generations: usize,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        GenerateConfig {
+            n_threads: 0,
+            n_ctx: 4096,
+            default_max_tokens: 512,
+            max_tokens_cap: 4096,
+            max_stop_strings: 16,
+            max_stop_bytes: 256,
+            max_concurrent_generations: 4,
+            max_queued_generations: 64,
+        }
+    }
+}
+
+/// How often a queued request checks whether its client went away.
+const QUEUE_POLL: Duration = Duration::from_millis(50);
+
+/// Counting semaphore with a bounded wait queue, for blocking threads.
+struct Slots {
+    state: Mutex<(usize, usize)>, // (running, waiting)
+    freed: Condvar,
+    max_running: usize,
+    max_waiting: usize,
+}
+
+/// A held generation slot; released on drop.
+struct Slot<'a>(&'a Slots);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+impl Slots {
+    fn new(max_running: usize, max_waiting: usize) -> Self {
+        Slots {
+            state: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+            max_running: max_running.max(1),
+            max_waiting,
+        }
+    }
+
+    /// Waits for a slot; `None` if the queue is full or `gone()` turns true.
+    fn acquire(&self, gone: impl Fn() -> bool) -> Result<Option<Slot<'_>>, RequestError> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.0 < self.max_running {
+            s.0 += 1;
+            return Ok(Some(Slot(self)));
+        }
+        if s.1 >= self.max_waiting {
+            return Err(RequestError::Exhausted(format!(
+                "{} generations running and {} queued (model.max_concurrent_generations, \
+                 model.max_queued_generations): try again later",
+                s.0, s.1
+            )));
+        }
+        s.1 += 1;
+        loop {
+            let (guard, _) = self
+                .freed
+                .wait_timeout(s, QUEUE_POLL)
+                .unwrap_or_else(|e| e.into_inner());
+            s = guard;
+            if s.0 < self.max_running {
+                s.1 -= 1;
+                s.0 += 1;
+                return Ok(Some(Slot(self)));
+            }
+            if gone() {
+                s.1 -= 1;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// A loaded model serving Generate.
+pub struct ModelHost {
+    model: Arc<Model>,
+    config: GenerateConfig,
+    slots: Slots,
+}
+
+/// Why the model could not be loaded (names the path).
+#[derive(Debug, thiserror::Error)]
+#[error("model.path {path}: {source}")]
+pub struct ModelLoadError {
+    pub path: String,
+    #[source]
+    pub source: samplerd_model::ModelError,
+}
+
+impl ModelHost {
+    /// Loads the GGUF at `path`.
+    pub fn load(path: &std::path::Path, config: GenerateConfig) -> Result<Self, ModelLoadError> {
+        let opts = ModelOptions {
+            n_threads: config.n_threads,
+            n_ctx: config.n_ctx,
+        };
+        let model = Model::load(path, &opts).map_err(|source| ModelLoadError {
+            path: path.display().to_string(),
+            source,
+        })?;
+        tracing::info!(
+            path = %path.display(),
+            arch = ?model.config().arch,
+            vocab = model.n_vocab(),
+            n_ctx = model.n_ctx(),
+            backend = %model.backend_name(),
+            "model loaded"
+        );
+        Ok(ModelHost {
+            slots: Slots::new(
+                config.max_concurrent_generations,
+                config.max_queued_generations,
+            ),
+            model,
+            config,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Request checks that need no model work; returns the prompt tokens.
+    fn prepare(&self, req: &v1::GenerateRequest) -> Result<Prepared, RequestError> {
+        let cfg = &self.config;
+        let max_tokens = match req.max_tokens {
+            None => cfg.default_max_tokens,
+            Some(0) => {
+                return Err(RequestError::invalid(
+                    "max_tokens",
+                    "must be at least 1, got 0",
+                ));
+            }
+            Some(n) if n > cfg.max_tokens_cap => {
+                return Err(RequestError::invalid(
+                    "max_tokens",
+                    format!(
+                        "{n} exceeds the cap of {} (model.max_tokens_cap)",
+                        cfg.max_tokens_cap
+                    ),
+                ));
+            }
+            Some(n) => n,
+        };
+        if req.stop.len() > cfg.max_stop_strings {
+            return Err(RequestError::invalid(
+                "stop",
+                format!(
+                    "{} stop strings exceed the limit of {} (model.max_stop_strings)",
+                    req.stop.len(),
+                    cfg.max_stop_strings
+                ),
+            ));
+        }
+        for (i, s) in req.stop.iter().enumerate() {
+            if s.is_empty() {
+                return Err(RequestError::invalid(format!("stop[{i}]"), "is empty"));
+            }
+            if s.len() > cfg.max_stop_bytes {
+                return Err(RequestError::invalid(
+                    format!("stop[{i}]"),
+                    format!(
+                        "is {} bytes, longer than the limit of {} (model.max_stop_bytes)",
+                        s.len(),
+                        cfg.max_stop_bytes
+                    ),
+                ));
+            }
+        }
+        let text = match (req.prompt.is_empty(), req.messages.is_empty()) {
+            (true, true) => {
+                return Err(RequestError::invalid(
+                    "prompt",
+                    "is empty and no messages were given: set one of prompt or messages",
+                ));
+            }
+            (false, false) => {
+                return Err(RequestError::invalid(
+                    "messages",
+                    "both prompt and messages are set: set exactly one",
+                ));
+            }
+            (false, true) => req.prompt.clone(),
+            (true, false) => {
+                let mut msgs = Vec::with_capacity(req.messages.len());
+                for (i, m) in req.messages.iter().enumerate() {
+                    if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
+                        return Err(RequestError::invalid(
+                            format!("messages[{i}].role"),
+                            format!(
+                                "unknown role {:?} (system, user, assistant or tool)",
+                                m.role
+                            ),
+                        ));
+                    }
+                    msgs.push(ChatMessage::new(m.role.clone(), m.content.clone()));
+                }
+                self.model
+                    .render_chat(&msgs)
+                    .map_err(|e| RequestError::invalid("messages", e.to_string()))?
+            }
+        };
+        let tok = self.model.tokenizer();
+        let tokens = tok
+            .encode(&text, tok.add_bos(), true)
+            .map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
+        if tokens.is_empty() {
+            return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
+        }
+        if tokens.len() >= self.model.n_ctx() {
+            return Err(RequestError::invalid(
+                "prompt",
+                format!(
+                    "{} tokens do not fit the context of {} (leave room for at least one new token)",
+                    tokens.len(),
+                    self.model.n_ctx()
+                ),
+            ));
+        }
+        if req.n_probs > 64 {
+            return Err(RequestError::invalid(
+                "n_probs",
+                format!("must be at most 64, got {}", req.n_probs),
+            ));
+        }
+        Ok(Prepared { tokens, max_tokens })
+    }
+
+    fn run(
+        &self,
+        req: &v1::GenerateRequest,
+        sampling: &ResolvedSampling,
+        prepared: Prepared,
+        sink: &GenerateSink,
+    ) -> Result<(), RequestError> {
+        let start = Instant::now();
+        let tok = self.model.tokenizer();
+        let mut seq = sampling
+            .chain
+            .new_sequence()
+            .map_err(RequestError::Plugin)?;
+        // Seed the penalty window with the prompt's tail (the stage keeps
+        // only its last repeat_last_n ids).
+        let n_vocab = self.model.n_vocab() as u32;
+        for &t in prepared.tokens.iter().filter(|&&t| t < n_vocab) {
+            seq.accept(t).map_err(RequestError::Plugin)?;
+        }
+        let mut session: Session = self.model.new_session();
+        let mut buf = TokenBuffer::new();
+        let mut filter = StopFilter::new(&req.stop);
+        let mut utf8 = Utf8Streamer::new();
+        let prefill_start = Instant::now();
+        let mut logits = session
+            .prefill(&prepared.tokens)
+            .map_err(|e| RequestError::Internal(format!("forward pass failed: {e}")))?;
+        let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
+        let decode_start = Instant::now();
+        let mut sampling_ns = 0u128;
+        let mut generated = 0u32;
+        let reason = loop {
+            if sink.is_closed() {
+                tracing::debug!(generated, "client went away; generation stopped");
+                return Ok(());
+            }
+            let t0 = Instant::now();
+            buf.load(logits).map_err(|e| {
+                RequestError::Internal(format!("the model produced bad logits: {e}"))
+            })?;
+            let token = seq
+                .sample(&mut buf, sampling.seed, generated as u64)
+                .map_err(RequestError::Plugin)?
+                .token_id;
+            sampling_ns += t0.elapsed().as_nanos();
+            if !req.ignore_eos && tok.is_eog(token) {
+                break v1::FinishReason::StopToken;
+            }
+            seq.accept(token).map_err(RequestError::Plugin)?;
+            generated += 1;
+            let lse = logits::log_sum_exp(logits);
+            let logprob = logits[token as usize] - lse;
+            let probs = logits::top_n(logits, req.n_probs as usize)
+                .into_iter()
+                .map(|(token_id, l)| v1::TokenProbability {
+                    token_id,
+                    probability: (l - lse).exp(),
+                    logprob: l - lse,
+                })
+                .collect();
+            let step = filter.push(tok.token_bytes(token));
+            let text = utf8.push(&step.emit);
+            let event = v1::generate_response::Event::Token(v1::Token {
+                token_id: token,
+                text,
+                logprob,
+                probs,
+            });
+            if sink
+                .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
+                .is_err()
+            {
+                tracing::debug!(generated, "client went away; generation stopped");
+                return Ok(());
+            }
+            if step.stopped {
+                break v1::FinishReason::StopString;
+            }
+            if generated >= prepared.max_tokens {
+                break v1::FinishReason::MaxTokens;
+            }
+            if session.position() >= session.capacity() {
+                break v1::FinishReason::ContextFull;
+            }
+            logits = session
+                .decode(token)
+                .map_err(|e| RequestError::Internal(format!("forward pass failed: {e}")))?;
+        };
+        // Release what was held back: a partial stop-string candidate (not a
+        // stop, since none matched) and any incomplete character.
+        let mut rest = String::new();
+        if reason != v1::FinishReason::StopString {
+            rest.push_str(&utf8.push(&filter.finish()));
+        }
+        rest.push_str(&utf8.finish());
+        let decode_s = decode_start.elapsed().as_secs_f64();
+        let finished = v1::Finished {
+            finish_reason: reason as i32,
+            usage: Some(v1::Usage {
+                prompt_tokens: prepared.tokens.len() as u32,
+                completion_tokens: generated,
+            }),
+            seed: sampling.seed,
+            timings: Some(v1::Timings {
+                prefill_ms,
+                decode_tokens_per_second: if decode_s > 0.0 {
+                    generated as f64 / decode_s
+                } else {
+                    0.0
+                },
+                sampling_us_per_token: if generated > 0 {
+                    sampling_ns as f64 / 1e3 / generated as f64
+                } else {
+                    0.0
+                },
+            }),
+            text: rest,
+        };
+        tracing::info!(
+            prompt_tokens = prepared.tokens.len(),
+            completion_tokens = generated,
+            reason = ?reason,
+            ms = start.elapsed().as_millis() as u64,
+            "generation finished"
+        );
+        let _ = sink.blocking_send(Ok(v1::GenerateResponse {
+            event: Some(v1::generate_response::Event::Finished(finished)),
+        }));
+        Ok(())
+    }
+}
+
+struct Prepared {
+    tokens: Vec<u32>,
+    max_tokens: u32,
+}
+
+impl Generator for ModelHost {
+    fn ready(&self) -> bool {
+        true
+    }
+
+    fn generate(
+        &self,
+        request: v1::GenerateRequest,
+        sampling: ResolvedSampling,
+        sink: GenerateSink,
+    ) {
+        let result = self.prepare(&request).and_then(|prepared| {
+            let Some(_slot) = self.slots.acquire(|| sink.is_closed())? else {
+                return Ok(());
+            };
+            self.run(&request, &sampling, prepared, &sink)
+        });
+        if let Err(e) = result {
+            let status: Status = e.into();
+            let _ = sink.blocking_send(Err(status));
+        }
+    }
+}
