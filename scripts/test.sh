@@ -28,12 +28,14 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
-step "cargo test"
-cargo test --release --workspace
-
+# Where the scripts find the binaries and the model (also enables the
+# real-model tests of `cargo test`).
 BIN="$TARGET_DIR/release"
 export SAMPLERD_BIN="$BIN/samplerd" SAMPLERD_PLUGIN="$BIN/libsamplerd_core_stages.so"
 export SAMPLERD_MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+step "cargo test"
+cargo test --release --workspace
 
 failed=0
 run_py() {

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 /// Upper bound on waiting for a server to report SERVING.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same with a model to load (debug builds load slowly).
+const MODEL_READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// Env vars of the client that must not leak into a test's commands.
 const CLIENT_ENV: [&str; 2] = ["SAMPLERD_ADDR", "SAMPLERD_TOKEN"];
 
@@ -106,7 +108,12 @@ impl Server {
                 addr: format!("http://127.0.0.1:{port}"),
                 _dir: dir,
             };
-            match server.wait_ready() {
+            let limit = if extra.contains(&"--model") {
+                MODEL_READY_TIMEOUT
+            } else {
+                READY_TIMEOUT
+            };
+            match server.wait_ready(limit) {
                 Ok(()) => return server,
                 Err(e) => last_err = e,
             }
@@ -115,9 +122,9 @@ impl Server {
     }
 
     /// Polls `samplerctl health` until it exits 0, the server exits, or
-    /// READY_TIMEOUT passes.
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+    /// `limit` passes.
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
         let mut pause = Duration::from_millis(10);
         loop {
             let out = ctl(&self.addr)
@@ -132,7 +139,7 @@ impl Server {
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "not SERVING after {READY_TIMEOUT:?}: {}",
+                    "not SERVING after {limit:?}: {}",
                     String::from_utf8_lossy(&out.stderr)
                 ));
             }

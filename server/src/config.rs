@@ -407,9 +407,29 @@ pub fn figment(config_file: Option<&Path>, cli: &CliOverrides) -> Figment {
         Some(path) => f.merge(Toml::file_exact(path)),
         None => f.merge(Toml::file("samplerd.toml")),
     };
-    f.merge(Env::prefixed(ENV_PREFIX).ignore(&["config"]).split("__"))
-        .merge(cli.clone())
+    // Only variables naming a configuration section are config: other
+    // SAMPLERD_* variables (samplerctl's SAMPLERD_ADDR / SAMPLERD_TOKEN, test
+    // and script settings) share the prefix and must not break start-up.
+    let env = Env::prefixed(ENV_PREFIX)
+        .filter(|key| {
+            let key = key.as_str().to_ascii_lowercase();
+            match key.split_once("__") {
+                Some((section, _)) => CONFIG_SECTIONS.contains(&section),
+                // A bare name can only be a scalar key: `SAMPLERD_MODEL`
+                // is not the `[model]` table.
+                None => CONFIG_SCALARS.contains(&key.as_str()),
+            }
+        })
+        .split("__");
+    f.merge(env).merge(cli.clone())
 }
+
+/// Top-level tables of [`Config`] (set as `SAMPLERD_<TABLE>__<KEY>`).
+const CONFIG_SECTIONS: &[&str] = &[
+    "plugins", "chain", "sampling", "limits", "logging", "model", "generate",
+];
+/// Top-level scalar keys of [`Config`] (set as `SAMPLERD_<KEY>`).
+const CONFIG_SCALARS: &[&str] = &["listen"];
 
 /// Loads and type-checks the configuration (no plugin checks; see
 /// `check::check_config` for the chain).
@@ -491,6 +511,29 @@ pub fn to_toml(config: &Config) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn env_sections_are_exactly_the_config_sections() {
+        let v = serde_json::to_value(Config::default()).unwrap();
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut sections = [CONFIG_SECTIONS, CONFIG_SCALARS].concat();
+        sections.sort_unstable();
+        assert_eq!(keys, sections);
+    }
+
+    #[test]
+    fn unrelated_samplerd_variables_are_not_config() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SAMPLERD_ADDR", "http://x:1");
+            jail.set_env("SAMPLERD_MODEL", "/nope.gguf");
+            jail.set_env("SAMPLERD_LIMITS__MAX_VOCAB", "1000");
+            let c: Config = figment(None, &CliOverrides::default()).extract().unwrap();
+            assert_eq!(c.limits.max_vocab, 1000);
+            assert_eq!(c.model.path, None);
+            Ok(())
+        });
+    }
+
     use super::*;
 
     #[test]

@@ -1,9 +1,10 @@
 //! `top_n_sigma`: keeps the tokens whose logit is >= max - n·σ, σ the
 //! standard deviation of the finite logits (llama.cpp `top-n-sigma`).
 //! n <= 0 (default -1): no-op. Mean and σ are computed in f64 (llama.cpp:
-//! f32 sum). Removed tokens are dropped from the list; the survivors are
-//! sorted descending when at most 1,024 (llama.cpp always sorts), else left
-//! in id/position order with `sorted = 0`. Two vectorisable passes plus a
+//! f32 sum). Removed tokens stay in the list at -inf, after the survivors
+//! (as llama.cpp); the survivors are sorted descending when at most 1,024
+//! (llama.cpp always sorts), else left in id/position order with
+//! `sorted = 0`. Two vectorisable passes plus a
 //! gather; the dense view is handled without conversion.
 
 use std::ffi::CStr;
@@ -152,6 +153,21 @@ impl Stage for TopNSigma {
                         len += 1;
                     }
                 }
+                // llama.cpp keeps the masked tokens in the list at -inf
+                // (later stages see the same list size: top_k keeps -inf
+                // entries when fewer finite remain, typical_p's entropy
+                // becomes NaN): append them after the survivors.
+                let mut pos = len;
+                for (i, &l) in dense.iter().enumerate() {
+                    if l < bound {
+                        cand[pos] = SdCandidate {
+                            id: i as u32,
+                            logit: f32::NEG_INFINITY,
+                        };
+                        pos += 1;
+                    }
+                }
+                debug_assert_eq!(pos, dense.len());
                 len
             }
             ViewKind::Candidates => {
@@ -160,18 +176,28 @@ impl Stage for TopNSigma {
                     return Ok(());
                 };
                 let bound = max - self.n * std as f32;
+                // Survivors first (their order kept), the masked tokens
+                // after them at -inf (llama.cpp keeps them in the list).
                 let mut len = 0;
                 for i in 0..cands.len() {
-                    let c = cands[i];
-                    cands[len] = c;
-                    len += (c.logit >= bound) as usize;
+                    if cands[i].logit >= bound {
+                        cands.swap(i, len);
+                        len += 1;
+                    }
+                }
+                for c in &mut cands[len..] {
+                    c.logit = f32::NEG_INFINITY;
                 }
                 len
             }
         };
-        tokens.set_candidates(len, was_sorted);
-        if !was_sorted && len <= SORT_LIMIT {
-            tokens.candidates_mut().sort_unstable_by(desc);
+        let n = tokens.len();
+        tokens.set_candidates(n, false);
+        // sorted: the survivors are sorted and the tail is all -inf
+        if was_sorted {
+            tokens.set_sorted(true);
+        } else if len <= SORT_LIMIT {
+            tokens.candidates_mut()[..len].sort_unstable_by(desc);
             tokens.set_sorted(true);
         }
         Ok(())

@@ -27,8 +27,7 @@ use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;
 
-use crate::top_k::{self, Selector};
-use crate::util::{self, SORT_LIMIT, desc};
+use crate::util::{self, desc};
 
 /// Candidate lists up to this size use the sort-then-cut path.
 pub const SMALL_PATH: usize = 4096;
@@ -48,7 +47,6 @@ pub struct TopPState {
     idx: Vec<u32>,
     boundary: Vec<(SdCandidate, f32)>,
     out: Vec<SdCandidate>,
-    sel: Selector,
 }
 
 #[inline(always)]
@@ -58,20 +56,28 @@ fn bucket(e: f32) -> usize {
 
 impl TopP {
     fn small(&self, st: &mut TopPState, tokens: &mut Tokens<'_>) {
-        util::sort_candidates(tokens);
-        let z = util::softmax_into(tokens.candidates(), &mut st.probs);
-        if z <= 0.0 {
+        // llama.cpp: softmax in the list's current order (max, libm expf,
+        // f32 running sum), then sort, then an f32 running sum of the f32
+        // probabilities.
+        let max = util::max_logit(tokens);
+        if max == f32::NEG_INFINITY {
             return; // nothing finite left
         }
+        let mut z = 0.0f32;
+        for c in tokens.candidates() {
+            z += (c.logit - max).exp();
+        }
+        util::sort_candidates(tokens);
         let mut cum = 0.0f32;
-        let mut last = st.probs.len();
-        for (i, &p) in st.probs.iter().enumerate() {
-            cum += p;
+        let mut last = tokens.len();
+        for (i, c) in tokens.candidates().iter().enumerate() {
+            cum += (c.logit - max).exp() / z;
             if cum >= self.p && i + 1 >= self.min_keep {
                 last = i + 1;
                 break;
             }
         }
+        st.probs.clear();
         tokens.truncate(last);
     }
 
@@ -89,14 +95,22 @@ impl TopP {
             st.vals = vals;
             return;
         }
+        // llama.cpp's softmax: libm expf and an f32 running sum in list
+        // order (not vectorisable: the rounding of that sum decides the cut).
         let e = &mut st.probs;
         e.resize(n, 0.0);
-        let z = util::exp_shifted(x, max, e, None);
-        let target = self.p as f64 * z;
+        let mut z = 0.0f32;
+        for (o, &v) in e.iter_mut().zip(x) {
+            let ev = (v - max).exp();
+            *o = ev;
+            z += ev;
+        }
+        let target = self.p as f64 * z as f64;
 
         // A floor under the cut: estimated from every 16th token, one
-        // octave of margin, then checked exactly (the mass at or above it
-        // must reach p); else lowered, down to 0 (= every token).
+        // octave of margin, then checked (the mass at or above it must
+        // reach p, with 0.1% to spare for the f32 walk); else lowered, down
+        // to 0 (= every token).
         let sums = &mut st.sums;
         sums.clear();
         sums.resize(NBUCKETS, 0.0);
@@ -116,97 +130,57 @@ impl TopP {
             }
         }
         let mut floor = f32::from_bits((fb as u32) << SHIFT);
-        while floor > 0.0 && util::sum_at_least(e, floor) < target * (1.0 + 1e-6) {
+        while floor > 0.0 && util::sum_at_least(e, floor) < target * (1.0 + 1e-3) {
             floor = if floor > 1e-30 {
                 floor * (1.0 / 65536.0)
             } else {
                 0.0
             };
         }
-        util::indices_at_least(e, floor, &mut st.idx);
-
-        // Exact histogram of the tokens at or above the floor.
-        hist.fill(0.0);
-        for &i in &st.idx {
-            let v = e[i as usize];
-            hist[bucket(v) & (NBUCKETS - 1)] += v as f64;
-        }
-        let mut cum = 0.0f64;
-        let mut b = usize::MAX;
-        let mut lowest = 0usize;
-        for k in (0..NBUCKETS).rev() {
-            if hist[k] > 0.0 {
-                lowest = k;
-                if cum + hist[k] >= target {
-                    b = k;
+        let cands = (!dense).then(|| tokens.candidates());
+        let last = loop {
+            util::indices_at_least(e, floor, &mut st.idx);
+            let bnd = &mut st.boundary;
+            bnd.clear();
+            for &i in st.idx.iter() {
+                let i = i as usize;
+                let c = match cands {
+                    Some(c) => c[i],
+                    None => SdCandidate {
+                        id: i as u32,
+                        logit: x[i],
+                    },
+                };
+                bnd.push((c, e[i]));
+            }
+            bnd.sort_unstable_by(|a, c| c.1.total_cmp(&a.1).then(desc(&a.0, &c.0)));
+            // llama.cpp's walk: f32 running sum of the f32 probabilities
+            let mut cum = 0.0f32;
+            let mut found = None;
+            for (i, &(_, v)) in bnd.iter().enumerate() {
+                cum += v / z;
+                if cum >= self.p && i + 1 >= self.min_keep {
+                    found = Some(i + 1);
                     break;
                 }
             }
-            cum += hist[k];
-        }
-        if b == usize::MAX {
-            // rounding: the floor's mass fell short of p*Z by a hair; keep
-            // the whole gathered set (the lowest bucket is the boundary)
-            b = lowest;
-            cum -= hist[b];
-        }
-        let idx = &st.idx;
-        // Split (branch-free for the common case): strictly above the
-        // boundary bucket -> `out` (kept), in it -> `boundary`.
-        let need = idx.len() + 1;
-        if st.out.len() < need {
-            st.out.resize(need, SdCandidate { id: 0, logit: 0.0 });
-        }
-        let out = &mut st.out[..need];
-        let bnd = &mut st.boundary;
-        bnd.clear();
-        let cands = (!dense).then(|| tokens.candidates());
-        let mut sure = 0usize;
-        for &i in idx.iter() {
-            let i = i as usize;
-            let c = match cands {
-                Some(c) => c[i],
-                None => SdCandidate {
-                    id: i as u32,
-                    logit: x[i],
-                },
-            };
-            let k = bucket(e[i]);
-            out[sure] = c;
-            sure += (k > b) as usize;
-            if k == b {
-                bnd.push((c, e[i]));
+            match found {
+                Some(k) => break k,
+                None if floor == 0.0 => break bnd.len(),
+                None => floor = 0.0,
             }
-        }
-        bnd.sort_unstable_by(|a, c| c.1.total_cmp(&a.1).then(desc(&a.0, &c.0)));
-        let mut kept_b = bnd.len();
-        for (i, &(_, v)) in bnd.iter().enumerate() {
-            cum += v as f64;
-            if cum >= target {
-                kept_b = i + 1;
-                break;
-            }
-        }
-        let total = sure + kept_b;
+        };
         st.vals = vals;
-        if total < self.min_keep {
-            top_k::keep_top(tokens, self.min_keep, &mut st.sel);
-            return;
+        if st.out.len() < last {
+            st.out.resize(last, SdCandidate { id: 0, logit: 0.0 });
         }
-        if st.out.len() < total {
-            st.out.resize(total, SdCandidate { id: 0, logit: 0.0 });
-        }
-        let out = &mut st.out[..total];
-        for (o, (c, _)) in out[sure..].iter_mut().zip(&st.boundary[..kept_b]) {
+        let out = &mut st.out[..last];
+        for (o, (c, _)) in out.iter_mut().zip(&st.boundary[..last]) {
             *o = *c;
         }
-        let sorted = total <= SORT_LIMIT;
-        if sorted {
-            out.sort_unstable_by(desc);
-        }
         let (_, cand) = tokens.dense_and_buffer();
-        cand[..total].copy_from_slice(out);
-        tokens.set_candidates(total, sorted);
+        cand[..last].copy_from_slice(out);
+        tokens.set_candidates(last, true);
     }
 }
 

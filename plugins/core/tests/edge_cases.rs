@@ -458,7 +458,7 @@ fn top_n_sigma_basics() {
         OwnedTokens::dense_as_candidates(&logits),
     ] {
         run::<TopNSigma>(&[("n", 1.0)], &mut buf);
-        assert_eq!(buf.entries(), vec![(4, 4.0), (3, 3.0)]);
+        assert_eq!(buf.survivors(), vec![(4, 4.0), (3, 3.0)]);
         assert!(buf.is_sorted());
     }
     let mut buf = OwnedTokens::dense(&logits);
@@ -580,7 +580,7 @@ fn greedy_picks_first_max_everywhere() {
     let mut buf = OwnedTokens::candidates(5, &[(3, 1.0), (1, 2.0), (4, 2.0)], false);
     run::<Greedy>(&[], &mut buf);
     assert_eq!(buf.selected(), Some(1));
-    assert_eq!(buf.entries(), vec![(3, 1.0), (1, 2.0), (4, 2.0)]);
+    assert_eq!(buf.entries(), vec![(1, 2.0)]);
     let mut buf = OwnedTokens::dense(&[NEG, NEG]);
     assert!(
         apply_once::<Greedy>(&OwnedParams::new(), &mut buf, &mut TestRng::constant(0)).is_err()
@@ -742,4 +742,102 @@ fn logit_bias_dense_and_candidates() {
     apply(&lb, &mut (), &mut buf, &mut TestRng::constant(0)).unwrap();
     assert_eq!(buf.entries(), vec![(2, NEG), (1, 2.5)]);
     assert!(!buf.is_sorted());
+}
+
+// ------------------------------------------------------ llama.cpp parity fixes
+
+#[test]
+fn greedy_leaves_only_the_winner() {
+    // llama.cpp's temperature 0 keeps only the max (probability 1 after
+    // the chain): greedy switches to a one-candidate view.
+    let mut logits = normal_logits(1000, 1.0, 7);
+    logits[321] = 40.0;
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<Greedy>(&[], &mut buf);
+    assert_eq!(buf.selected(), Some(321));
+    assert_eq!(buf.entries(), vec![(321, 40.0)]);
+    assert!(buf.is_sorted());
+}
+
+#[test]
+fn top_n_sigma_keeps_masked_tokens_at_neg_inf() {
+    // llama.cpp sets the masked tokens to -inf and keeps them in the list,
+    // so a following top_k keeps -inf entries when fewer finite remain.
+    let logits = [0.0f32, 1.0, 2.0, 3.0, 4.0, NEG];
+    for mut buf in [
+        OwnedTokens::dense(&logits),
+        OwnedTokens::dense_as_candidates(&logits),
+    ] {
+        run::<TopNSigma>(&[("n", 1.0)], &mut buf);
+        assert_eq!(buf.len(), 6);
+        let e = buf.entries();
+        assert_eq!(&e[..2], &[(4, 4.0), (3, 3.0)]);
+        assert!(e[2..].iter().all(|&(_, l)| l == NEG));
+        let mut ids: Vec<u32> = e.iter().map(|&(i, _)| i).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![0, 1, 2, 3, 4, 5]);
+    }
+}
+
+#[test]
+fn typical_p_follows_llama_cpp_when_the_entropy_is_nan() {
+    // A -inf candidate has p = 0, so llama.cpp's entropy (-p·ln p summed in
+    // f32) is NaN, every typicality score is NaN and std::sort sees all 17
+    // positions as equal: libstdc++ yields positions 8, 16, 15, .., 9, 0, ..
+    // The walk adds p(8), p(16) = 0, p(15) .. p(9) (all tiny), then p(0)
+    // (0.63) crosses 0.5.
+    let mut logits: Vec<f32> = (0..16).map(|i| -(i as f32)).collect();
+    logits.push(NEG);
+    for mut buf in [
+        OwnedTokens::dense(&logits),
+        OwnedTokens::dense_as_candidates(&logits),
+    ] {
+        run::<TypicalP>(&[("p", 0.5)], &mut buf);
+        assert_eq!(buf.survivor_ids(), vec![0, 8, 9, 10, 11, 12, 13, 14, 15]);
+    }
+}
+
+/// llama.cpp's top-p: softmax in list order (expf, f32 running sum), sort
+/// descending, f32 running sum of the f32 probabilities, cut at >= p.
+fn llama_top_p(logits: &[f32], p: f32) -> Vec<u32> {
+    let max = logits.iter().copied().fold(NEG, f32::max);
+    let mut z = 0.0f32;
+    for &l in logits {
+        z += (l - max).exp();
+    }
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    let mut cum = 0.0f32;
+    let mut last = order.len();
+    for (i, &id) in order.iter().enumerate() {
+        cum += (logits[id as usize] - max).exp() / z;
+        if cum >= p {
+            last = i + 1;
+            break;
+        }
+    }
+    let mut kept = order[..last].to_vec();
+    kept.sort_unstable();
+    kept
+}
+
+#[test]
+fn top_p_uses_llama_cpp_f32_sums() {
+    // With ~10k tokens in the nucleus the f32 rounding of llama.cpp's sums
+    // moves the cut by dozens of tokens against an exact (f64) sum.
+    for (n, seed) in [(151_936usize, 11u64), (3000, 12)] {
+        let logits = normal_logits(n, 3.0, seed);
+        let want = llama_top_p(&logits, 0.95);
+        let mut buf = OwnedTokens::dense(&logits);
+        run::<TopP>(&[("p", 0.95)], &mut buf);
+        assert_eq!(buf.survivor_ids(), want, "dense, n = {n}");
+        let mut buf = OwnedTokens::dense_as_candidates(&logits);
+        run::<TopP>(&[("p", 0.95)], &mut buf);
+        assert_eq!(buf.survivor_ids(), want, "candidates, n = {n}");
+        assert!(buf.is_sorted());
+    }
 }
