@@ -42,7 +42,7 @@ run_py() {
   step "$*"
   if ! "$PY" "$@"; then failed=$((failed + 1)); fi
 }
-for t in tests/parity/*.py tests/python/test_*.py; do
+for t in tests/parity/*.py server/model/tests/*_parity.py tests/python/test_*.py; do
   [ -f "$t" ] && run_py "$t"
 done
 for t in tests/grpcurl/*.sh; do

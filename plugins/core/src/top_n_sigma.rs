@@ -157,15 +157,18 @@ impl Stage for TopNSigma {
                 // (later stages see the same list size: top_k keeps -inf
                 // entries when fewer finite remain, typical_p's entropy
                 // becomes NaN): append them after the survivors.
+                // Branch-free: write every id, advance only past masked
+                // ones (the last write may land one past the end: guarded).
                 let mut pos = len;
+                let n = dense.len();
                 for (i, &l) in dense.iter().enumerate() {
-                    if l < bound {
+                    if pos < n {
                         cand[pos] = SdCandidate {
                             id: i as u32,
                             logit: f32::NEG_INFINITY,
                         };
-                        pos += 1;
                     }
+                    pos += (l < bound) as usize;
                 }
                 debug_assert_eq!(pos, dense.len());
                 len

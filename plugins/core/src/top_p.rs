@@ -3,31 +3,27 @@
 //! least `min_keep` (llama.cpp `top-p`). Survivors keep their raw logits;
 //! probabilities are only computed internally. p >= 1: no-op.
 //!
-//! Small candidate lists (<= 4096, e.g. after top_k): softmax (normaliser
-//! summed in f64), sort descending if needed (ties: lower id first), then
-//! walk with an f32 running sum exactly like llama.cpp. Output sorted.
+//! The arithmetic is llama.cpp's, since the f32 rounding of its sums
+//! decides the cut: softmax in the list's current order (libm `expf`, f32
+//! running sum Z), then in descending order an f32 running sum of `e / Z`,
+//! cut at the first `cum >= p` with at least `min_keep` kept. Output sorted.
+//!
+//! Small candidate lists (<= 4096, e.g. after top_k) or sorted ones: Z,
+//! sort if needed, walk.
 //!
 //! Dense view or large lists (top_k off): no sort of the vocabulary. One
-//! vectorised exp pass gives exp(l - max) and the normaliser Z. A floor under
-//! the cut is estimated from every 16th token (one octave of margin) and
-//! checked exactly with a vectorised masked sum (the mass at or above it
-//! must reach p·Z; otherwise the floor is lowered). The tokens at or above
-//! the floor are gathered with compare masks and binned in a 2,048-bucket
-//! histogram (1/16 octave each, keyed by the float's exponent and top 4
-//! mantissa bits, sums in f64) that finds the bucket where the cumulative
-//! mass crosses p·Z; everything above it is kept unsorted, only the
-//! boundary bucket is sorted and walked. The survivor set equals "sort then
-//! cut" except when the cumulative sum lands within float rounding of p (the
-//! histogram sums in f64 in bucket order, llama.cpp in f32 in sorted order).
-//! The output is sorted when it has at most 1,024 survivors, otherwise it is
-//! left unsorted (`sorted = 0`: the above-boundary tokens in id/position
-//! order, then the boundary tokens descending).
+//! scalar pass gives `expf(l - max)` and Z. A floor under the cut is
+//! estimated from every 16th token (a 2,048-bucket histogram, one octave of
+//! margin) and checked with a vectorised masked sum (the mass at or above it
+//! must reach p·Z with 0.1% to spare; otherwise the floor is lowered). Only
+//! the tokens at or above the floor are gathered, sorted and walked; if the
+//! walk does not reach p inside them, every token is.
 
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;
 
-use crate::util::{self, desc};
+use crate::util;
 
 /// Candidate lists up to this size use the sort-then-cut path.
 pub const SMALL_PATH: usize = 4096;
@@ -45,7 +41,7 @@ pub struct TopPState {
     vals: Vec<f32>,
     sums: Vec<f64>,
     idx: Vec<u32>,
-    boundary: Vec<(SdCandidate, f32)>,
+    keys: Vec<u64>,
     out: Vec<SdCandidate>,
 }
 
@@ -138,27 +134,26 @@ impl TopP {
             };
         }
         let cands = (!dense).then(|| tokens.candidates());
+        // Sort keys: the logit mapped to an order-preserving u32 (high
+        // half), then the position (ties: lower position first), sorted
+        // descending as plain integers.
+        let key = |i: usize| -> u64 {
+            let b = x[i].to_bits();
+            let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+            ((ord as u64) << 32) | (u32::MAX - i as u32) as u64
+        };
+        let pos = |k: u64| (u32::MAX - k as u32) as usize;
         let last = loop {
             util::indices_at_least(e, floor, &mut st.idx);
-            let bnd = &mut st.boundary;
-            bnd.clear();
-            for &i in st.idx.iter() {
-                let i = i as usize;
-                let c = match cands {
-                    Some(c) => c[i],
-                    None => SdCandidate {
-                        id: i as u32,
-                        logit: x[i],
-                    },
-                };
-                bnd.push((c, e[i]));
-            }
-            bnd.sort_unstable_by(|a, c| c.1.total_cmp(&a.1).then(desc(&a.0, &c.0)));
+            let keys = &mut st.keys;
+            keys.clear();
+            keys.extend(st.idx.iter().map(|&i| key(i as usize)));
+            keys.sort_unstable_by(|a, b| b.cmp(a));
             // llama.cpp's walk: f32 running sum of the f32 probabilities
             let mut cum = 0.0f32;
             let mut found = None;
-            for (i, &(_, v)) in bnd.iter().enumerate() {
-                cum += v / z;
+            for (i, &k) in keys.iter().enumerate() {
+                cum += e[pos(k)] / z;
                 if cum >= self.p && i + 1 >= self.min_keep {
                     found = Some(i + 1);
                     break;
@@ -166,18 +161,25 @@ impl TopP {
             }
             match found {
                 Some(k) => break k,
-                None if floor == 0.0 => break bnd.len(),
+                None if floor == 0.0 => break keys.len(),
                 None => floor = 0.0,
             }
         };
-        st.vals = vals;
         if st.out.len() < last {
             st.out.resize(last, SdCandidate { id: 0, logit: 0.0 });
         }
         let out = &mut st.out[..last];
-        for (o, (c, _)) in out.iter_mut().zip(&st.boundary[..last]) {
-            *o = *c;
+        for (o, &k) in out.iter_mut().zip(&st.keys[..last]) {
+            let i = pos(k);
+            *o = match cands {
+                Some(c) => c[i],
+                None => SdCandidate {
+                    id: i as u32,
+                    logit: x[i],
+                },
+            };
         }
+        st.vals = vals;
         let (_, cand) = tokens.dense_and_buffer();
         cand[..last].copy_from_slice(out);
         tokens.set_candidates(last, true);

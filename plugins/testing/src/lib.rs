@@ -29,9 +29,18 @@ impl Stage for PanicOnApply {
 
     fn new_state(&self) {}
 
-    fn apply(&self, _: &mut (), tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
+    fn apply(
+        &self,
+        _: &mut (),
+        tokens: &mut Tokens<'_>,
+        _: &mut HostRng<'_>,
+    ) -> Result<(), String> {
         let max = match tokens.view() {
-            ViewKind::Dense => tokens.dense().iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            ViewKind::Dense => tokens
+                .dense()
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max),
             ViewKind::Candidates => tokens
                 .candidates()
                 .iter()
@@ -61,7 +70,12 @@ impl Stage for GrowSize {
 
     fn new_state(&self) {}
 
-    fn apply(&self, _: &mut (), tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
+    fn apply(
+        &self,
+        _: &mut (),
+        tokens: &mut Tokens<'_>,
+        _: &mut HostRng<'_>,
+    ) -> Result<(), String> {
         // Bypass the SDK's clamp on purpose: write the raw size through a
         // fresh view of the same buffer.
         let n = tokens.len();
@@ -94,7 +108,12 @@ impl Stage for WriteNan {
 
     fn new_state(&self) {}
 
-    fn apply(&self, _: &mut (), tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
+    fn apply(
+        &self,
+        _: &mut (),
+        tokens: &mut Tokens<'_>,
+        _: &mut HostRng<'_>,
+    ) -> Result<(), String> {
         if let Some(c) = tokens.candidates_mut().first_mut() {
             c.logit = f32::NAN;
         }
