@@ -522,6 +522,8 @@ mod tests {
     }
 
     #[test]
+    // figment::Jail's closure must return figment's own (large) error type.
+    #[allow(clippy::result_large_err)]
     fn unrelated_samplerd_variables_are_not_config() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("SAMPLERD_ADDR", "http://x:1");
