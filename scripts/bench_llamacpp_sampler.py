@@ -19,15 +19,12 @@ import numpy as np
 import llama_cpp as L
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
-_lib = L.llama_cpp._lib
-init_penalties = _lib.llama_sampler_init_penalties
-init_penalties.argtypes = [ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_float]
-init_penalties.restype = L.llama_sampler_p_ctypes
 
 
-def chain(kind):
+def chain(kind, vocab):
     c = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    L.llama_sampler_chain_add(c, init_penalties(64, 1.1, 0.0, 0.0))
+    # The bundled libllama takes (n_vocab, last_n, repeat, freq, present).
+    L.llama_sampler_chain_add(c, L.llama_sampler_init_penalties(vocab, 64, 1.1, 0.0, 0.0))
     if kind == "greedy":
         L.llama_sampler_chain_add(c, L.llama_sampler_init_greedy())
         return c
@@ -41,7 +38,7 @@ def chain(kind):
 def measure(kind, vocab, iterations):
     rng = np.random.default_rng(7)
     inputs = [rng.normal(0, 3, vocab).astype(np.float32) for _ in range(8)]
-    c = chain(kind)
+    c = chain(kind, vocab)
     for i in range(64):
         L.llama_sampler_accept(c, (i * 2654435761) % vocab)
     data = np.zeros(vocab, dtype=TOKEN_DATA)

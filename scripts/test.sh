@@ -34,6 +34,12 @@ BIN="$TARGET_DIR/release"
 export SAMPLERD_BIN="$BIN/samplerd" SAMPLERD_PLUGIN="$BIN/libsamplerd_core_stages.so"
 export SAMPLERD_MODEL="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# Builds every library and binary into target/release/ — including the core
+# plugin cdylib, which `cargo test` alone leaves only in deps/ (a stale copy
+# could otherwise be loaded by the scripts below).
+step "cargo build"
+cargo build --release --workspace
+
 step "cargo test"
 cargo test --release --workspace
 

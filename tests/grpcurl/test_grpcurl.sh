@@ -9,7 +9,7 @@
 # built by scripts/setup-python.sh (override with GRPCURL=...).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-BIN="$(realpath "${1:-$ROOT/target/debug/samplerd}")"
+BIN="$(realpath "${1:-${SAMPLERD_BIN:-$ROOT/target/debug/samplerd}}")"
 VENV="${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}"
 GRPCURL="${GRPCURL:-$VENV/bin/grpcurl}"
 HEALTH_TIMEOUT_S=20

@@ -97,7 +97,7 @@ def wait_serving(channel, health_pb2, health_grpc, proc):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--server-bin", default=os.path.join(ROOT, "target", "debug", "samplerd"))
+    ap.add_argument("--server-bin", default=os.environ.get("SAMPLERD_BIN", os.path.join(ROOT, "target", "debug", "samplerd")))
     args = ap.parse_args()
     server_bin = os.path.abspath(args.server_bin)
 
