@@ -1,6 +1,6 @@
 //! Deliberately misbehaving stages for the host's loader and fault tests:
-//! a stage that panics, one that grows the candidate list, one that writes
-//! NaN, and one that never selects. Never shipped.
+//! a stage that panics, one that selects a token outside the vocabulary and
+//! one that writes NaN. Never shipped.
 
 use samplerd_plugin_sdk::prelude::*;
 
@@ -54,12 +54,14 @@ impl Stage for PanicOnApply {
     }
 }
 
-/// Claims more candidates than it was given.
-pub struct GrowSize;
+/// Selects a token id outside the vocabulary (what a buggy C plugin could
+/// do; the SDK's safe `Tokens` API cannot grow the candidate count).
+pub struct SelectOutOfRange;
 
-impl Stage for GrowSize {
-    const NAME: &'static std::ffi::CStr = c"test_grow";
-    const DESCRIPTION: &'static std::ffi::CStr = c"raises the candidate count (test fixture)";
+impl Stage for SelectOutOfRange {
+    const NAME: &'static std::ffi::CStr = c"test_bad_select";
+    const DESCRIPTION: &'static std::ffi::CStr =
+        c"selects a token outside the vocabulary (test fixture)";
     const PARAMS: &'static [SdParamSpec] = &[];
     const FLAGS: u32 = 0;
     type State = ();
@@ -76,20 +78,9 @@ impl Stage for GrowSize {
         tokens: &mut Tokens<'_>,
         _: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        // Bypass the SDK's clamp on purpose: write the raw size through a
-        // fresh view of the same buffer.
-        let n = tokens.len();
-        tokens.truncate(n.saturating_sub(1));
-        tokens.set_candidates(n, false);
-        grow_raw(tokens);
+        tokens.select(tokens.n_vocab() as u32 + 7);
         Ok(())
     }
-}
-
-fn grow_raw(tokens: &mut Tokens<'_>) {
-    // Tokens does not expose size writes beyond the clamp; emulate a buggy C
-    // plugin by selecting an id outside the vocabulary instead.
-    tokens.select(tokens.n_vocab() as u32 + 7);
 }
 
 /// Writes NaN into the first candidate.
@@ -124,5 +115,5 @@ impl Stage for WriteNan {
 samplerd_plugin_sdk::export_plugin!(
     name: c"testing",
     version: c"0.1.0",
-    stages: [PanicOnApply, GrowSize, WriteNan]
+    stages: [PanicOnApply, SelectOutOfRange, WriteNan]
 );

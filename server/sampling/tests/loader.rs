@@ -210,7 +210,10 @@ fn a_panicking_plugin_fails_only_that_call() {
 fn misbehaving_plugins_are_caught_by_the_post_checks() {
     let reg = StageRegistry::load(&[], &[core_plugin(), test_plugin()]).unwrap();
     let mut buf = TokenBuffer::new();
-    for (stage, want) in [("test_nan", "NaN"), ("test_grow", "outside the vocabulary")] {
+    for (stage, want) in [
+        ("test_nan", "NaN"),
+        ("test_bad_select", "outside the vocabulary"),
+    ] {
         let chain = reg
             .build_chain(
                 &spec(&[StageSpec::new(stage), StageSpec::new("greedy")]),
