@@ -180,7 +180,7 @@ async fn main() {
     // cargo leaves a dev-dependency's cdylib in deps/.
     let lib = "libsamplerd_core_stages.so";
     let dir = profile_dir();
-    let core = [dir.join(lib), dir.join("deps").join(lib)]
+    let core = [dir.join("deps").join(lib), dir.join(lib)]
         .into_iter()
         .find(|p| p.is_file())
         .expect("core plugin built (cargo bench builds it as a dev-dependency)");

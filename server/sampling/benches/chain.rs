@@ -25,7 +25,7 @@ fn core_plugin() -> PathBuf {
         "libsamplerd_core_stages.{}",
         std::env::consts::DLL_EXTENSION
     );
-    [dir.join(&name), dir.join("deps").join(&name)]
+    [dir.join("deps").join(&name), dir.join(&name)]
         .into_iter()
         .find(|p| p.exists())
         .expect("core plugin built (cargo bench builds dev-dependencies)")

@@ -26,12 +26,13 @@ pub fn profile_dir() -> PathBuf {
     deps.parent().expect("profile dir").to_path_buf()
 }
 
-/// A plugin library built by cargo: `target/<profile>/NAME` when it was
-/// built as a root unit, else `target/<profile>/deps/NAME` (cargo does not
-/// copy the cdylib of a dev-dependency up from `deps/`).
+/// A plugin library built by cargo: `target/<profile>/deps/NAME` first
+/// (cargo refreshes a dev-dependency's cdylib there and does not copy it
+/// up), else `target/<profile>/NAME` (only updated by a build of that
+/// package, so possibly stale).
 pub fn plugin_lib(name: &str) -> PathBuf {
     let dir = profile_dir();
-    let candidates = [dir.join(name), dir.join("deps").join(name)];
+    let candidates = [dir.join("deps").join(name), dir.join(name)];
     candidates
         .iter()
         .find(|p| p.is_file())

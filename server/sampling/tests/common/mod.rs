@@ -16,19 +16,21 @@ pub fn target_profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The cdylib cargo built for this test run. `deps/` first: cargo refreshes
+/// a dev-dependency's cdylib there, while the copy in `target/<profile>/`
+/// is only updated by a build of that package and may be stale.
 fn cdylib(name: &str) -> PathBuf {
     let file = format!("lib{name}.{}", std::env::consts::DLL_EXTENSION);
-    let top = target_profile_dir().join(&file);
-    if top.exists() {
-        return top;
-    }
-    let deps = target_profile_dir().join("deps").join(&file);
-    assert!(
-        deps.exists(),
-        "{file} was not built (looked in {} and deps/)",
-        top.display()
-    );
-    deps
+    let dir = target_profile_dir();
+    [dir.join("deps").join(&file), dir.join(&file)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{file} was not built (looked in {} and deps/)",
+                dir.display()
+            )
+        })
 }
 
 pub fn core_plugin() -> PathBuf {
