@@ -18,7 +18,7 @@ use tonic::Status;
 use crate::errors::RequestError;
 use crate::model::{GenerateSink, Generator, ResolvedSampling};
 
-/// Generate settings (config `[model]`), defaults in one place.
+/// Generate settings (config `[generate]`), defaults in one place.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GenerateConfig {
@@ -38,6 +38,8 @@ pub struct GenerateConfig {
     pub max_concurrent_generations: usize,
     /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
     pub max_queued_generations: usize,
+    /// Largest `n_probs` (top candidates returned with each token).
+    pub max_n_probs: u32,
 }
 
 impl Default for GenerateConfig {
@@ -51,6 +53,7 @@ impl Default for GenerateConfig {
             max_stop_bytes: 256,
             max_concurrent_generations: 4,
             max_queued_generations: 64,
+            max_n_probs: 64,
         }
     }
 }
@@ -96,8 +99,8 @@ impl Slots {
         }
         if s.1 >= self.max_waiting {
             return Err(RequestError::Exhausted(format!(
-                "{} generations running and {} queued (model.max_concurrent_generations, \
-                 model.max_queued_generations): try again later",
+                "{} generations running and {} queued (generate.max_concurrent_generations, \
+                 generate.max_queued_generations): try again later",
                 s.0, s.1
             )));
         }
@@ -185,7 +188,7 @@ impl ModelHost {
                 return Err(RequestError::invalid(
                     "max_tokens",
                     format!(
-                        "{n} exceeds the cap of {} (model.max_tokens_cap)",
+                        "{n} exceeds the cap of {} (generate.max_tokens_cap)",
                         cfg.max_tokens_cap
                     ),
                 ));
@@ -196,7 +199,7 @@ impl ModelHost {
             return Err(RequestError::invalid(
                 "stop",
                 format!(
-                    "{} stop strings exceed the limit of {} (model.max_stop_strings)",
+                    "{} stop strings exceed the limit of {} (generate.max_stop_strings)",
                     req.stop.len(),
                     cfg.max_stop_strings
                 ),
@@ -210,7 +213,7 @@ impl ModelHost {
                 return Err(RequestError::invalid(
                     format!("stop[{i}]"),
                     format!(
-                        "is {} bytes, longer than the limit of {} (model.max_stop_bytes)",
+                        "is {} bytes, longer than the limit of {} (generate.max_stop_bytes)",
                         s.len(),
                         cfg.max_stop_bytes
                     ),
