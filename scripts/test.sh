@@ -27,6 +27,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
+step "dependency audit (cargo deny: licenses, bans, sources)"; scripts/ci/audit.sh
+step "CUDA feature (builds and lints without a toolkit)"; scripts/ci/cuda-build.sh
 
 # Where the scripts find the binaries and the model (also enables the
 # real-model tests of `cargo test`).
@@ -42,6 +44,7 @@ cargo build --release --workspace
 
 step "cargo test"
 cargo test --release --workspace
+step "fuzzing (cargo fuzz, 40 s per target)"; scripts/ci/fuzz.sh
 
 failed=0
 run_py() {
@@ -56,6 +59,7 @@ for t in tests/grpcurl/*.sh; do
   step "$t"
   if ! PATH="$SAMPLERD_VENV/bin:$PATH" bash "$t"; then failed=$((failed + 1)); fi
 done
+step "Kubernetes manifests and Dockerfile (scripts/ci/k8s.sh)"; scripts/ci/k8s.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then
   echo "scripts/test.sh: $failed script test suite(s) failed"
   exit 1

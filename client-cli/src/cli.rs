@@ -66,8 +66,41 @@ pub struct ConnArgs {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
-    // TLS flags (`--ca-cert`, `--client-cert`, `--client-key`) go here once
-    // samplerd serves TLS; see `connect::connect`.
+
+    /// Connect with TLS (implied by an `https://` address or any of the
+    /// flags below). Without `--ca-cert` the system's root certificates are
+    /// trusted.
+    #[arg(long, global = true, env = "SAMPLERD_TLS")]
+    pub tls: bool,
+
+    /// PEM CA certificate(s) to verify the server with.
+    #[arg(long, global = true, env = "SAMPLERD_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with `--client-key`).
+    #[arg(
+        long,
+        global = true,
+        env = "SAMPLERD_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of `--client-cert`.
+    #[arg(
+        long,
+        global = true,
+        env = "SAMPLERD_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
+
+    /// Name to verify the server certificate against [default: the
+    /// address's host].
+    #[arg(long, global = true, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
 }
 
 /// The subcommands.
@@ -259,6 +292,9 @@ pub struct HealthArgs {
 pub enum BenchRpc {
     /// Sample with random logits (one token per request).
     Sample,
+    /// SampleStream: one long-lived stream per worker, one message (random
+    /// logits) per request.
+    SampleStream,
     /// Generate with the server's model (completion tokens per request).
     Generate,
 }
@@ -268,6 +304,7 @@ impl BenchRpc {
     pub fn name(self) -> &'static str {
         match self {
             BenchRpc::Sample => "sample",
+            BenchRpc::SampleStream => "sample-stream",
             BenchRpc::Generate => "generate",
         }
     }
@@ -288,7 +325,7 @@ pub struct BenchArgs {
     /// Run exactly this many requests in total.
     #[arg(short = 'r', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,
-    /// Vocabulary size of the random logits (sample).
+    /// Vocabulary size of the random logits (sample, sample-stream).
     #[arg(long, default_value_t = 151_936, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub vocab: u32,
     /// Prompt (generate).

@@ -1,7 +1,7 @@
 //! Connecting to samplerd: one eager connection (so an unreachable server is
 //! reported once, naming the address), the per-RPC timeout, and the
-//! `authorization: Bearer …` interceptor. TLS (`--ca-cert`) plugs in here
-//! via `Endpoint::tls_config` once the server speaks it.
+//! `authorization: Bearer …` interceptor, and TLS (`--tls`, `--ca-cert`,
+//! `--client-cert`/`--client-key` for mutual TLS).
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::cli::ConnArgs;
@@ -27,6 +27,51 @@ pub enum ConnectError {
     /// The bearer token is not valid header text.
     #[error("--token / SAMPLERD_TOKEN is not valid header text (visible ASCII only)")]
     BadToken,
+    /// A TLS file could not be read.
+    #[error("{flag} {path}: cannot read: {reason}")]
+    TlsFile {
+        flag: &'static str,
+        path: String,
+        reason: String,
+    },
+    /// The TLS settings were refused.
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+/// Whether the flags ask for TLS.
+fn wants_tls(args: &ConnArgs) -> bool {
+    args.tls
+        || args.ca_cert.is_some()
+        || args.client_cert.is_some()
+        || args.addr.starts_with("https://")
+}
+
+fn read_tls_file(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConnectError> {
+    std::fs::read(path).map_err(|e| ConnectError::TlsFile {
+        flag,
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// The client TLS configuration from the flags.
+fn tls_config(args: &ConnArgs) -> Result<ClientTlsConfig, ConnectError> {
+    let mut tls = ClientTlsConfig::new();
+    tls = match &args.ca_cert {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(read_tls_file("--ca-cert", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&args.client_cert, &args.client_key) {
+        tls = tls.identity(Identity::from_pem(
+            read_tls_file("--client-cert", cert)?,
+            read_tls_file("--client-key", key)?,
+        ));
+    }
+    if let Some(name) = &args.tls_server_name {
+        tls = tls.domain_name(name.clone());
+    }
+    Ok(tls)
 }
 
 /// Adds `authorization: Bearer TOKEN` when a token is configured.
@@ -82,9 +127,20 @@ pub async fn connect(args: &ConnArgs) -> Result<Conn, ConnectError> {
         addr: args.addr.clone(),
         reason,
     };
+    let tls = wants_tls(args);
+    // tonic only speaks TLS to an https:// URI.
+    let url = match args.addr.strip_prefix("http://") {
+        Some(rest) if tls => format!("https://{rest}"),
+        _ => args.addr.clone(),
+    };
     // `--addr` was validated by clap; this cannot fail in practice.
-    let endpoint = Endpoint::from_shared(args.addr.clone())
-        .map_err(|e| unreachable(e.to_string()))?
+    let mut endpoint = Endpoint::from_shared(url).map_err(|e| unreachable(e.to_string()))?;
+    if tls {
+        endpoint = endpoint
+            .tls_config(tls_config(args)?)
+            .map_err(|e| ConnectError::Tls(root_cause(&e)))?;
+    }
+    let endpoint = endpoint
         .connect_timeout(timeout)
         .timeout(timeout)
         .initial_stream_window_size(8 << 20)

@@ -5,9 +5,8 @@
 use std::io::IsTerminal;
 use std::sync::OnceLock;
 
-use samplerd_api::v1;
+use samplerd_api::{code_name, v1};
 use serde_json::{Value, json};
-use tonic::Code;
 
 static STDOUT_COLOR: OnceLock<bool> = OnceLock::new();
 static STDERR_COLOR: OnceLock<bool> = OnceLock::new();
@@ -66,29 +65,6 @@ pub fn paint_err(style: Style, text: &str) -> String {
     paint_if(stderr_color(), style, text)
 }
 
-/// The canonical name of a gRPC status code (`INVALID_ARGUMENT`).
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 /// `INVALID_ARGUMENT: params.top_p must be …` — code and message, no dump.
 pub fn status_line(s: &tonic::Status) -> String {
     let msg = s.message().trim();
@@ -138,6 +114,14 @@ pub fn emit(text: &str) -> std::io::Result<()> {
 /// True when the error chain holds a broken-pipe I/O error (stdout closed
 /// by the reader): not worth an error message.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    // A broken pipe under an RPC error is the connection failing (e.g. the
+    // server closing a TLS handshake it refused), not stdout.
+    if err
+        .chain()
+        .any(|e| e.is::<tonic::Status>() || e.is::<tonic::transport::Error>())
+    {
+        return false;
+    }
     err.chain().any(|e| {
         e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)

@@ -2,19 +2,26 @@
 //! 151,936 logits through the default chain — `Sample` with raw bytes,
 //! `Sample` with repeated float, `SampleStream` steps/s — beside the
 //! transport floor, the test-only `samplerd.testing.v1.Noop` service that
-//! receives the same messages and does nothing.
+//! receives the same messages and does nothing. Floor and samplerd calls
+//! alternate (floor, ours, ours, floor, …) so both see the same load on a
+//! shared machine; the whole comparison is repeated in rounds and the
+//! median printed. Both servers use the same HTTP/2 settings. Last, an
+//! in-process breakdown of one step (no transport).
 //!
-//! Run: `cargo bench -p samplerd --bench rpc` (env RPC_BENCH_ITERS to
-//! change the number of timed calls).
+//! Run: `cargo bench -p samplerd --bench rpc` (env RPC_BENCH_ITERS: timed
+//! calls per series and round, RPC_BENCH_ROUNDS: rounds).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use samplerd::config::Config;
+use samplerd::service::{AppState, sample};
 use samplerd_api::testing::v1::noop_client::NoopClient;
 use samplerd_api::testing::v1::noop_server::{Noop, NoopServer};
 use samplerd_api::v1::sampler_client::SamplerClient;
 use samplerd_api::v1::{SampleRequest, SampleResponse, SampleStreamRequest};
+use samplerd_sampling::logits;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -24,6 +31,7 @@ use tonic::{Request, Response, Status, Streaming};
 const VOCAB: usize = 151_936;
 const WARMUP: usize = 50;
 const DEFAULT_ITERS: usize = 1000;
+const DEFAULT_ROUNDS: usize = 3;
 const MAX_MESSAGE: usize = 64 << 20;
 const STREAM_WINDOW: u32 = 8 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
@@ -98,72 +106,86 @@ fn pct(sorted: &[Duration], q: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
+/// p50 / p99 of one series, µs.
+#[derive(Clone, Copy)]
 struct Row {
-    name: &'static str,
     p50: f64,
     p99: f64,
 }
 
-async fn time_unary<F, Fut>(name: &'static str, iters: usize, mut call: F) -> Row
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    for _ in 0..WARMUP {
-        call().await;
-    }
-    let mut lat = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        call().await;
-        lat.push(t.elapsed());
-    }
-    lat.sort();
-    Row {
-        name,
-        p50: pct(&lat, 0.5),
-        p99: pct(&lat, 0.99),
+impl Row {
+    fn of(mut lat: Vec<Duration>) -> Row {
+        lat.sort();
+        Row {
+            p50: pct(&lat, 0.5),
+            p99: pct(&lat, 0.99),
+        }
     }
 }
 
-/// Steps/s of a stream driven one message at a time (send, await reply).
-async fn stream_rate<S, Fut>(
+/// Times `floor` and `ours` alternately (order swapped every call), so
+/// both see the same load on a shared machine; returns (floor, ours)
+/// latencies.
+async fn interleaved<A, B, FA, FB>(
     iters: usize,
-    logits: &[u8],
-    open: impl FnOnce(ReceiverStream<SampleStreamRequest>) -> Fut,
-) -> (f64, Row)
+    mut floor: A,
+    mut ours: B,
+) -> (Vec<Duration>, Vec<Duration>)
 where
-    Fut: std::future::Future<Output = S>,
+    A: FnMut() -> FA,
+    B: FnMut() -> FB,
+    FA: std::future::Future<Output = ()>,
+    FB: std::future::Future<Output = ()>,
+{
+    for _ in 0..WARMUP {
+        floor().await;
+        ours().await;
+    }
+    let (mut lf, mut lo) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    for i in 0..iters {
+        for first in [i % 2 == 0, i % 2 != 0] {
+            let t = Instant::now();
+            if first {
+                floor().await;
+                lf.push(t.elapsed());
+            } else {
+                ours().await;
+                lo.push(t.elapsed());
+            }
+        }
+    }
+    (lf, lo)
+}
+
+/// One open stream driven one message at a time (send, await the reply).
+struct Driver<S> {
+    tx: mpsc::Sender<SampleStreamRequest>,
+    out: S,
+    msg: SampleStreamRequest,
+}
+
+impl<S> Driver<S>
+where
     S: tokio_stream::Stream<Item = Result<SampleResponse, Status>> + Unpin,
 {
-    let (tx, rx) = mpsc::channel(2);
-    let mut out = open(ReceiverStream::new(rx)).await;
-    let msg = SampleStreamRequest {
-        logits_f32le: logits.to_vec().into(),
-        ..Default::default()
-    };
-    for _ in 0..WARMUP {
-        tx.send(msg.clone()).await.unwrap();
-        out.next().await.unwrap().unwrap();
+    async fn step(&mut self) {
+        self.tx.send(self.msg.clone()).await.unwrap();
+        self.out.next().await.unwrap().unwrap();
     }
-    let mut lat = Vec::with_capacity(iters);
-    let start = Instant::now();
-    for _ in 0..iters {
-        let t = Instant::now();
-        tx.send(msg.clone()).await.unwrap();
-        out.next().await.unwrap().unwrap();
-        lat.push(t.elapsed());
-    }
-    let rate = iters as f64 / start.elapsed().as_secs_f64();
-    lat.sort();
-    (
-        rate,
-        Row {
-            name: "",
-            p50: pct(&lat, 0.5),
-            p99: pct(&lat, 0.99),
-        },
-    )
+}
+
+/// One round: [bytes floor, bytes, floats floor, floats, stream floor,
+/// stream] rows, then the floor's and samplerd's stream rates.
+type Round = ([Row; 6], f64, f64);
+
+/// Steps/s of a stream driven one step at a time: steps / Σ step latency.
+fn rate(lat: &[Duration]) -> f64 {
+    lat.len() as f64 / lat.iter().sum::<Duration>().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -173,6 +195,11 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_ITERS);
+    let rounds_n: usize = std::env::var("RPC_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_ROUNDS)
+        .max(1);
     let mut cfg = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
@@ -201,6 +228,7 @@ async fn main() {
         tonic::transport::Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(samplerd::server::HTTP2_MAX_FRAME_BYTES)
             .add_service(
                 NoopServer::new(NoopService)
                     .max_decoding_message_size(MAX_MESSAGE)
@@ -230,101 +258,267 @@ async fn main() {
     println!("samplerd RPC benchmark: vocab {VOCAB}, {iters} calls each, default chain");
     println!("chain: {}", server.state.defaults.chain.describe());
 
-    let mut rows = Vec::new();
-    {
-        let c = noop.clone();
-        let r = req_bytes.clone();
-        rows.push(
-            time_unary("noop raw bytes (floor)", iters, || {
-                let mut c = c.clone();
-                let r = r.clone();
-                async move {
-                    c.sample(r).await.unwrap();
+    let (tx_n, rx_n) = mpsc::channel(2);
+    let (tx_s, rx_s) = mpsc::channel(2);
+    let msg = SampleStreamRequest {
+        logits_f32le: bytes.clone().into(),
+        ..Default::default()
+    };
+    let mut noop_stream = Driver {
+        tx: tx_n,
+        out: noop
+            .clone()
+            .sample_stream(ReceiverStream::new(rx_n))
+            .await
+            .unwrap()
+            .into_inner(),
+        msg: msg.clone(),
+    };
+    let mut our_stream = Driver {
+        tx: tx_s,
+        out: sampler
+            .clone()
+            .sample_stream(ReceiverStream::new(rx_s))
+            .await
+            .unwrap()
+            .into_inner(),
+        msg,
+    };
+
+    let mut rounds: Vec<Round> = Vec::new();
+    for round in 1..=rounds_n {
+        let unary = |req: SampleRequest| {
+            let (n, s) = (noop.clone(), sampler.clone());
+            let r2 = req.clone();
+            interleaved(
+                iters,
+                move || {
+                    let (mut c, r) = (n.clone(), req.clone());
+                    async move {
+                        c.sample(r).await.unwrap();
+                    }
+                },
+                move || {
+                    let (mut c, r) = (s.clone(), r2.clone());
+                    async move {
+                        c.sample(r).await.unwrap();
+                    }
+                },
+            )
+        };
+        let (bf, bo) = unary(req_bytes.clone()).await;
+        let (ff, fo) = unary(req_floats.clone()).await;
+        for _ in 0..WARMUP {
+            noop_stream.step().await;
+            our_stream.step().await;
+        }
+        let (mut sf, mut so) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+        for i in 0..iters {
+            for first in [i % 2 == 0, i % 2 != 0] {
+                let t = Instant::now();
+                if first {
+                    noop_stream.step().await;
+                    sf.push(t.elapsed());
+                } else {
+                    our_stream.step().await;
+                    so.push(t.elapsed());
                 }
-            })
-            .await,
+            }
+        }
+        let (rf, ro) = (rate(&sf), rate(&so));
+        let rows = [bf, bo, ff, fo, sf, so].map(Row::of);
+        println!("\nround {round}/{rounds_n}");
+        print_tables(&rows, rf, ro);
+        rounds.push((rows, rf, ro));
+    }
+    if rounds_n > 1 {
+        let med = |f: &dyn Fn(&Round) -> f64| median(rounds.iter().map(f).collect());
+        let rows: [Row; 6] = std::array::from_fn(|i| Row {
+            p50: med(&|r| r.0[i].p50),
+            p99: med(&|r| r.0[i].p99),
+        });
+        println!("\nmedian of {rounds_n} rounds (ratios: median of the per-round ratios)");
+        print_tables(&rows, med(&|r| r.1), med(&|r| r.2));
+        println!(
+            "per-round p50 ratios, raw bytes: {:?}; stream rates (floor, ours): {:?}",
+            rounds
+                .iter()
+                .map(|r| format!("{:.2}", r.0[1].p50 / r.0[0].p50))
+                .collect::<Vec<_>>(),
+            rounds
+                .iter()
+                .map(|r| (r.1.round(), r.2.round()))
+                .collect::<Vec<_>>()
+        );
+        println!(
+            "median ratio raw bytes {:.2}x, repeated float {:.2}x, stream rate {:.2}",
+            med(&|r| r.0[1].p50 / r.0[0].p50),
+            med(&|r| r.0[3].p50 / r.0[2].p50),
+            med(&|r| r.2 / r.1)
         );
     }
-    {
-        let c = sampler.clone();
-        let r = req_bytes.clone();
-        rows.push(
-            time_unary("Sample raw bytes", iters, || {
-                let mut c = c.clone();
-                let r = r.clone();
-                async move {
-                    c.sample(r).await.unwrap();
-                }
-            })
-            .await,
-        );
-    }
-    {
-        let c = noop.clone();
-        let r = req_floats.clone();
-        rows.push(
-            time_unary("noop repeated float (floor)", iters, || {
-                let mut c = c.clone();
-                let r = r.clone();
-                async move {
-                    c.sample(r).await.unwrap();
-                }
-            })
-            .await,
-        );
-    }
-    {
-        let c = sampler.clone();
-        let r = req_floats.clone();
-        rows.push(
-            time_unary("Sample repeated float", iters, || {
-                let mut c = c.clone();
-                let r = r.clone();
-                async move {
-                    c.sample(r).await.unwrap();
-                }
-            })
-            .await,
-        );
-    }
+
+    // Transport + layers + offload with no sampling: a request one byte
+    // short, which samplerd rejects before touching the logits.
+    let short = SampleRequest {
+        logits_f32le: bytes[..bytes.len() - 1].to_vec().into(),
+        ..Default::default()
+    };
+    let (n, s) = (noop.clone(), sampler.clone());
+    let (ff, fo) = interleaved(
+        iters,
+        || {
+            let (mut c, r) = (n.clone(), short.clone());
+            async move {
+                c.sample(r).await.unwrap();
+            }
+        },
+        || {
+            let (mut c, r) = (s.clone(), short.clone());
+            async move {
+                c.sample(r).await.unwrap_err();
+            }
+        },
+    )
+    .await;
+    let (ff, fo) = (Row::of(ff), Row::of(fo));
     println!(
-        "\n{:<30} {:>10} {:>10} {:>12}",
+        "\nrejected at once (no sampling): noop p50 {:.1} µs, samplerd p50 {:.1} µs ({:.2}x)",
+        ff.p50,
+        fo.p50,
+        fo.p50 / ff.p50
+    );
+
+    breakdown(&server.state, &bytes, iters).await;
+
+    let _ = server.stop().await;
+}
+
+fn print_tables(rows: &[Row; 6], floor_rate: f64, rate: f64) {
+    println!(
+        "{:<30} {:>10} {:>10} {:>12}",
         "unary", "p50 µs", "p99 µs", "p50 / floor"
     );
-    for (i, r) in rows.iter().enumerate() {
+    let names = [
+        "noop raw bytes (floor)",
+        "Sample raw bytes",
+        "noop repeated float (floor)",
+        "Sample repeated float",
+    ];
+    for (i, name) in names.iter().enumerate() {
         let floor = rows[i - i % 2].p50;
+        let r = rows[i];
         println!(
-            "{:<30} {:>10.1} {:>10.1} {:>11.2}x",
-            r.name,
+            "{name:<30} {:>10.1} {:>10.1} {:>11.2}x",
             r.p50,
             r.p99,
             r.p50 / floor
         );
     }
-
-    let mut nc = noop.clone();
-    let (noop_rate, noop_row) = stream_rate(iters, &bytes, |rx| async move {
-        nc.sample_stream(rx).await.unwrap().into_inner()
-    })
-    .await;
-    let mut sc = sampler.clone();
-    let (rate, row) = stream_rate(iters, &bytes, |rx| async move {
-        sc.sample_stream(rx).await.unwrap().into_inner()
-    })
-    .await;
     println!(
-        "\n{:<30} {:>10} {:>10} {:>12}",
+        "{:<30} {:>10} {:>10} {:>12}",
         "stream (raw bytes)", "steps/s", "p50 µs", "p99 µs"
     );
-    println!(
-        "{:<30} {:>10.0} {:>10.1} {:>12.1}",
-        "noop stream (floor)", noop_rate, noop_row.p50, noop_row.p99
-    );
-    println!(
-        "{:<30} {:>10.0} {:>10.1} {:>12.1}",
-        "SampleStream", rate, row.p50, row.p99
-    );
-    println!("\nSampleStream / floor rate: {:.2}", rate / noop_rate);
+    for (name, rate, r) in [
+        ("noop stream (floor)", floor_rate, rows[4]),
+        ("SampleStream", rate, rows[5]),
+    ] {
+        println!("{name:<30} {rate:>10.0} {:>10.1} {:>12.1}", r.p50, r.p99);
+    }
+}
 
-    let _ = server.stop().await;
+/// (min, median) of `iters` timings of `f` (after a warm-up), in µs. The
+/// minimum is the better estimate of CPU-bound work on a busy machine.
+fn median_us(iters: usize, mut f: impl FnMut() -> Duration) -> (f64, f64) {
+    for _ in 0..WARMUP {
+        f();
+    }
+    let mut t: Vec<Duration> = (0..iters).map(|_| f()).collect();
+    t.sort();
+    (pct(&t, 0.0), pct(&t, 0.5))
+}
+
+/// Where the server's time goes, in-process (no transport): each phase of
+/// one raw-bytes `Sample` step timed on its own, plus the whole handler.
+async fn breakdown(state: &Arc<AppState>, bytes: &[u8], iters: usize) {
+    let chain = state.defaults.chain.clone();
+    let mut buf = state.pool.take();
+    let mut rows: Vec<(&str, (f64, f64))> = Vec::new();
+    rows.push((
+        "load: copy + validate",
+        median_us(iters, || {
+            let t = Instant::now();
+            buf.load_f32le(bytes).unwrap();
+            t.elapsed()
+        }),
+    ));
+    rows.push((
+        "fused load + log-sum-exp",
+        median_us(iters, || {
+            let t = Instant::now();
+            std::hint::black_box(buf.load_f32le_scan(bytes).unwrap());
+            t.elapsed()
+        }),
+    ));
+    rows.push((
+        "log-sum-exp (raw logits)",
+        median_us(iters, || {
+            let t = Instant::now();
+            std::hint::black_box(logits::log_sum_exp(buf.dense()));
+            t.elapsed()
+        }),
+    ));
+    rows.push((
+        "new_sequence + drop",
+        median_us(iters, || {
+            let t = Instant::now();
+            drop(chain.new_sequence().unwrap());
+            t.elapsed()
+        }),
+    ));
+    let mut seq = chain.new_sequence().unwrap();
+    rows.push((
+        "chain (Sequence::sample)",
+        median_us(iters, || {
+            buf.load_f32le(bytes).unwrap();
+            let t = Instant::now();
+            std::hint::black_box(seq.sample(&mut buf, 42, 0).unwrap());
+            t.elapsed()
+        }),
+    ));
+    state.pool.put(buf);
+    let mut hops = Vec::with_capacity(iters);
+    for i in 0..iters + WARMUP {
+        let t = Instant::now();
+        tokio::task::spawn_blocking(|| ()).await.unwrap();
+        if i >= WARMUP {
+            hops.push(t.elapsed());
+        }
+    }
+    hops.sort();
+    rows.push((
+        "spawn_blocking round trip",
+        (pct(&hops, 0.0), pct(&hops, 0.5)),
+    ));
+    let req = SampleRequest {
+        logits_f32le: bytes.to_vec().into(),
+        ..Default::default()
+    };
+    let mut whole = Vec::with_capacity(iters);
+    for i in 0..iters + WARMUP {
+        let t = Instant::now();
+        sample::handle(state.clone(), req.clone()).await.unwrap();
+        if i >= WARMUP {
+            whole.push(t.elapsed());
+        }
+    }
+    whole.sort();
+    rows.push(("whole Sample handler", (pct(&whole, 0.0), pct(&whole, 0.5))));
+    println!(
+        "\n{:<30} {:>10} {:>10}",
+        "in-process, one step", "min µs", "p50 µs"
+    );
+    for (name, (min, p50)) in rows {
+        println!("{name:<30} {min:>10.1} {p50:>10.1}");
+    }
 }

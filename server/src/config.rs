@@ -41,6 +41,13 @@ pub struct Config {
     pub logging: LoggingConfig,
     pub model: ModelConfig,
     pub generate: crate::generation::GenerateConfig,
+    pub metrics: crate::metrics::MetricsConfig,
+    pub shutdown: crate::shutdown::ShutdownConfig,
+    /// Serve gRPC reflection (grpcurl without a .proto). Behind the bearer
+    /// token when `[auth]` is on.
+    pub reflection: bool,
+    pub tls: crate::tls::TlsConfig,
+    pub auth: crate::auth::AuthConfig,
 }
 
 impl Default for Config {
@@ -56,6 +63,11 @@ impl Default for Config {
             logging: LoggingConfig::default(),
             model: ModelConfig::default(),
             generate: crate::generation::GenerateConfig::default(),
+            metrics: crate::metrics::MetricsConfig::default(),
+            shutdown: crate::shutdown::ShutdownConfig::default(),
+            reflection: true,
+            tls: crate::tls::TlsConfig::default(),
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 }
@@ -68,6 +80,12 @@ pub struct PluginsConfig {
     pub dirs: Vec<PathBuf>,
     /// Individual plugin libraries.
     pub files: Vec<PathBuf>,
+    /// Load plugins even when they (or their directory) are group/world-
+    /// writable or owned by another user than the service user or root.
+    pub allow_untrusted_permissions: bool,
+    /// SHA-256 pins by library file name: `{ "libfoo.so" = "<64 hex>" }`;
+    /// a mismatch refuses start-up.
+    pub sha256: std::collections::BTreeMap<String, String>,
 }
 
 impl PluginsConfig {
@@ -83,6 +101,15 @@ impl PluginsConfig {
             (Vec::new(), vec![exe_dir.join(CORE_PLUGIN_FILE)])
         } else {
             (self.dirs.clone(), self.files.clone())
+        }
+    }
+
+    /// The trust checks every plugin passes before it is opened.
+    pub fn trust_policy(&self) -> samplerd_sampling::TrustPolicy {
+        samplerd_sampling::TrustPolicy {
+            allow_untrusted_permissions: self.allow_untrusted_permissions,
+            sha256: self.sha256.clone(),
+            ..Default::default()
         }
     }
 }
@@ -237,6 +264,16 @@ pub struct LimitsConfig {
     pub http2_stream_window_bytes: u32,
     /// HTTP/2 flow-control window per connection, in bytes.
     pub http2_connection_window_bytes: u32,
+    /// Most concurrent RPCs (HTTP/2 streams) on one connection, advertised
+    /// in SETTINGS_MAX_CONCURRENT_STREAMS; well-behaved clients queue above
+    /// it, others get REFUSED_STREAM.
+    pub max_streams_per_connection: u32,
+    /// Server-side cap on any request's duration (including its response
+    /// stream), in seconds; a client's shorter `grpc-timeout` wins. Past it
+    /// the RPC ends with DEADLINE_EXCEEDED.
+    pub max_request_duration_secs: u64,
+    /// Most stages in a request's `params.chain` or `params.samplers`.
+    pub max_chain_stages: usize,
 }
 
 impl Default for LimitsConfig {
@@ -250,6 +287,9 @@ impl Default for LimitsConfig {
             max_n_probs: 1024,
             http2_stream_window_bytes: 8 * 1024 * 1024,
             http2_connection_window_bytes: 32 * 1024 * 1024,
+            max_streams_per_connection: 256,
+            max_request_duration_secs: 600,
+            max_chain_stages: 64,
         }
     }
 }
@@ -289,6 +329,10 @@ pub struct ModelConfig {
     /// GGUF model file; unset = no model (Generate answers
     /// FAILED_PRECONDITION).
     pub path: Option<PathBuf>,
+    /// Where the forward pass runs: "auto" (CUDA when a GPU, its driver and
+    /// NVRTC are present, else the CPU), "cuda" (a start-up error without
+    /// one) or "cpu".
+    pub device: samplerd_model::DeviceRequest,
 }
 
 /// Command-line overrides (the last layer). `None`/empty = not given.
@@ -297,6 +341,7 @@ pub struct CliOverrides {
     pub listen: Option<SocketAddr>,
     pub plugin_dirs: Vec<PathBuf>,
     pub model: Option<PathBuf>,
+    pub auth_tokens_file: Option<PathBuf>,
 }
 
 /// Name of the command-line source in error messages.
@@ -326,6 +371,11 @@ impl Provider for CliOverrides {
             let mut m = Dict::new();
             m.insert("path".into(), model.display().to_string().into());
             root.insert("model".into(), m.into());
+        }
+        if let Some(tokens) = &self.auth_tokens_file {
+            let mut a = Dict::new();
+            a.insert("tokens_file".into(), tokens.display().to_string().into());
+            root.insert("auth".into(), a.into());
         }
         Ok(Profile::Default.collect(root))
     }
@@ -426,10 +476,11 @@ pub fn figment(config_file: Option<&Path>, cli: &CliOverrides) -> Figment {
 
 /// Top-level tables of [`Config`] (set as `SAMPLERD_<TABLE>__<KEY>`).
 const CONFIG_SECTIONS: &[&str] = &[
-    "plugins", "chain", "sampling", "limits", "logging", "model", "generate",
+    "plugins", "chain", "sampling", "limits", "logging", "model", "generate", "metrics",
+    "shutdown", "tls", "auth",
 ];
 /// Top-level scalar keys of [`Config`] (set as `SAMPLERD_<KEY>`).
-const CONFIG_SCALARS: &[&str] = &["listen"];
+const CONFIG_SCALARS: &[&str] = &["listen", "reflection"];
 
 /// Loads and type-checks the configuration (no plugin checks; see
 /// `check::check_config` for the chain).
@@ -486,6 +537,33 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         if v == 0 {
             return Err(loaded.invalid(key, v, "must be > 0"));
         }
+    }
+    if c.shutdown.grace_period_secs > crate::shutdown::MAX_GRACE_PERIOD_SECS {
+        return Err(loaded.invalid(
+            "shutdown.grace_period_secs",
+            c.shutdown.grace_period_secs,
+            format!("must be at most {}", crate::shutdown::MAX_GRACE_PERIOD_SECS),
+        ));
+    }
+    let security: [(&str, u64); 3] = [
+        (
+            "limits.max_streams_per_connection",
+            u64::from(c.limits.max_streams_per_connection),
+        ),
+        (
+            "limits.max_request_duration_secs",
+            c.limits.max_request_duration_secs,
+        ),
+        ("limits.max_chain_stages", c.limits.max_chain_stages as u64),
+    ];
+    for (key, v) in security {
+        if v == 0 {
+            return Err(loaded.invalid(key, v, "must be > 0"));
+        }
+    }
+    if let Err((key, message)) = c.tls.check(c.listen) {
+        let value = figment_value(&loaded.figment, key);
+        return Err(loaded.invalid(key, value, message));
     }
     if tracing_subscriber::EnvFilter::try_new(&c.logging.filter).is_err() {
         return Err(loaded.invalid(

@@ -6,12 +6,14 @@
 //! limits concurrent generations; a client that goes away stops its
 //! generation within one step and frees its KV cache.
 
+mod batcher;
+
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
 use samplerd_model::{ChatMessage, Model, ModelOptions, Session, Utf8Streamer};
-use samplerd_sampling::{StopFilter, TokenBuffer, logits};
+use samplerd_sampling::{StopFilter, TokenBuffer, Vocabulary, logits};
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 
@@ -40,6 +42,13 @@ pub struct GenerateConfig {
     pub max_queued_generations: usize,
     /// Largest `n_probs` (top candidates returned with each token).
     pub max_n_probs: u32,
+    /// Most prompt tokens (after the chat template) a request may send.
+    pub max_prompt_tokens: usize,
+    /// How long a decode step waits, in microseconds, for the generations
+    /// served in the previous step to come back (they are sampling) so it
+    /// can batch them; one held up longer (e.g. by a slow client) is stepped
+    /// on its own later.
+    pub batch_wait_us: u64,
 }
 
 impl Default for GenerateConfig {
@@ -54,6 +63,8 @@ impl Default for GenerateConfig {
             max_concurrent_generations: 4,
             max_queued_generations: 64,
             max_n_probs: 64,
+            max_prompt_tokens: 4096,
+            batch_wait_us: 2000,
         }
     }
 }
@@ -105,6 +116,7 @@ impl Slots {
             )));
         }
         s.1 += 1;
+        metrics::gauge!(crate::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
         loop {
             let (guard, _) = self
                 .freed
@@ -113,11 +125,13 @@ impl Slots {
             s = guard;
             if s.0 < self.max_running {
                 s.1 -= 1;
+                metrics::gauge!(crate::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
                 s.0 += 1;
                 return Ok(Some(Slot(self)));
             }
             if gone() {
                 s.1 -= 1;
+                metrics::gauge!(crate::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
                 return Ok(None);
             }
         }
@@ -129,6 +143,9 @@ pub struct ModelHost {
     model: Arc<Model>,
     config: GenerateConfig,
     slots: Slots,
+    batcher: batcher::Batcher,
+    /// The model's tokens for sampler stages (built once at load).
+    vocab: Arc<Vocabulary>,
 }
 
 /// Why the model could not be loaded (names the path).
@@ -141,13 +158,23 @@ pub struct ModelLoadError {
 }
 
 impl ModelHost {
-    /// Loads the GGUF at `path`.
+    /// Loads the GGUF at `path` for the CPU backend.
     pub fn load(path: &std::path::Path, config: GenerateConfig) -> Result<Self, ModelLoadError> {
+        Self::load_on(path, config, &samplerd_model::Placement::Cpu)
+    }
+
+    /// Loads the GGUF at `path` for the backend of `placement` (`model.device`
+    /// as resolved by [`crate::model::resolve_device`]).
+    pub fn load_on(
+        path: &std::path::Path,
+        config: GenerateConfig,
+        placement: &samplerd_model::Placement,
+    ) -> Result<Self, ModelLoadError> {
         let opts = ModelOptions {
             n_threads: config.n_threads,
             n_ctx: config.n_ctx,
         };
-        let model = Model::load(path, &opts).map_err(|source| ModelLoadError {
+        let model = Model::load_on(path, &opts, placement).map_err(|source| ModelLoadError {
             path: path.display().to_string(),
             source,
         })?;
@@ -159,7 +186,20 @@ impl ModelHost {
             backend = %model.backend_name(),
             "model loaded"
         );
+        let batcher = batcher::Batcher::start(
+            Arc::clone(&model),
+            Duration::from_micros(config.batch_wait_us),
+        )
+        .map_err(|e| ModelLoadError {
+            path: path.display().to_string(),
+            source: samplerd_model::ModelError::Backend(format!(
+                "cannot start the decode thread: {e}"
+            )),
+        })?;
+        let vocab = Arc::new(plugin_vocabulary(model.vocabulary()));
         Ok(ModelHost {
+            vocab,
+            batcher,
             slots: Slots::new(
                 config.max_concurrent_generations,
                 config.max_queued_generations,
@@ -173,8 +213,14 @@ impl ModelHost {
         &self.model
     }
 
-    /// Request checks that need no model work; returns the prompt tokens.
-    fn prepare(&self, req: &v1::GenerateRequest) -> Result<Prepared, RequestError> {
+    /// The most generations one decode step has batched so far.
+    pub fn largest_decode_batch(&self) -> usize {
+        self.batcher.largest_batch()
+    }
+
+    /// Request checks that need no model work; returns the prompt tokens
+    /// (public for the protobuf fuzz target).
+    pub fn prepare(&self, req: &v1::GenerateRequest) -> Result<Prepared, RequestError> {
         let cfg = &self.config;
         let max_tokens = match req.max_tokens {
             None => cfg.default_max_tokens,
@@ -260,6 +306,16 @@ impl ModelHost {
         if tokens.is_empty() {
             return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
         }
+        if tokens.len() > cfg.max_prompt_tokens {
+            return Err(RequestError::invalid(
+                "prompt",
+                format!(
+                    "{} tokens exceed the limit of {} (generate.max_prompt_tokens)",
+                    tokens.len(),
+                    cfg.max_prompt_tokens
+                ),
+            ));
+        }
         if tokens.len() >= self.model.n_ctx() {
             return Err(RequestError::invalid(
                 "prompt",
@@ -270,10 +326,13 @@ impl ModelHost {
                 ),
             ));
         }
-        if req.n_probs > 64 {
+        if req.n_probs > cfg.max_n_probs {
             return Err(RequestError::invalid(
                 "n_probs",
-                format!("must be at most 64, got {}", req.n_probs),
+                format!(
+                    "must be at most {} (generate.max_n_probs), got {}",
+                    cfg.max_n_probs, req.n_probs
+                ),
             ));
         }
         Ok(Prepared { tokens, max_tokens })
@@ -298,14 +357,19 @@ impl ModelHost {
         for &t in prepared.tokens.iter().filter(|&&t| t < n_vocab) {
             seq.accept(t).map_err(RequestError::Plugin)?;
         }
-        let mut session: Session = self.model.new_session();
+        // Forward passes run on the decode engine, batched with the other
+        // generations' steps; dropping `engine` (any return) leaves the batch.
+        let engine = self.batcher.join();
+        let forward = |session: Session, tokens: Vec<u32>| {
+            engine
+                .step(session, tokens)
+                .map_err(|(_, e)| RequestError::Internal(e.to_string()))
+        };
         let mut buf = TokenBuffer::new();
         let mut filter = StopFilter::new(&req.stop);
         let mut utf8 = Utf8Streamer::new();
         let prefill_start = Instant::now();
-        let mut logits = session
-            .prefill(&prepared.tokens)
-            .map_err(|e| RequestError::Internal(format!("forward pass failed: {e}")))?;
+        let mut session = forward(self.model.new_session(), prepared.tokens.clone())?;
         let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
@@ -316,6 +380,7 @@ impl ModelHost {
                 return Ok(());
             }
             let t0 = Instant::now();
+            let logits = session.logits();
             buf.load(logits).map_err(|e| {
                 RequestError::Internal(format!("the model produced bad logits: {e}"))
             })?;
@@ -329,6 +394,7 @@ impl ModelHost {
             }
             seq.accept(token).map_err(RequestError::Plugin)?;
             generated += 1;
+            metrics::counter!(crate::metrics::GENERATED_TOKENS_METRIC).increment(1);
             let lse = logits::log_sum_exp(logits);
             let logprob = logits[token as usize] - lse;
             let probs = logits::top_n(logits, req.n_probs as usize)
@@ -363,9 +429,7 @@ impl ModelHost {
             if session.position() >= session.capacity() {
                 break v1::FinishReason::ContextFull;
             }
-            logits = session
-                .decode(token)
-                .map_err(|e| RequestError::Internal(format!("forward pass failed: {e}")))?;
+            session = forward(session, vec![token])?;
         };
         // Release what was held back: a partial stop-string candidate (not a
         // stop, since none matched) and any incomplete character.
@@ -411,7 +475,8 @@ impl ModelHost {
     }
 }
 
-struct Prepared {
+/// A validated Generate request: its prompt tokens and token budget.
+pub struct Prepared {
     tokens: Vec<u32>,
     max_tokens: u32,
 }
@@ -419,6 +484,10 @@ struct Prepared {
 impl Generator for ModelHost {
     fn ready(&self) -> bool {
         true
+    }
+
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        Some(Arc::clone(&self.vocab))
     }
 
     fn generate(
@@ -438,4 +507,26 @@ impl Generator for ModelHost {
             let _ = sink.blocking_send(Err(status));
         }
     }
+}
+
+/// The model's vocabulary in the plugin ABI's shape: each token's bytes and
+/// its `SD_TOKEN_*` attributes (user-defined tokens count as normal text).
+fn plugin_vocabulary(tokens: &[samplerd_model::TokenInfo]) -> Vocabulary {
+    use samplerd_model::attr;
+    use samplerd_sampling::vocab::token_attr;
+    let abi_attrs = |a: u32| {
+        [
+            (attr::CONTROL, token_attr::CONTROL),
+            (attr::END_OF_GENERATION, token_attr::EOG),
+            (attr::BYTE, token_attr::BYTE),
+            (attr::UNUSED, token_attr::UNUSED),
+        ]
+        .iter()
+        .filter(|(ours, _)| a & ours != 0)
+        .fold(token_attr::NORMAL, |acc, (_, abi)| acc | abi)
+    };
+    Vocabulary::new(
+        tokens.iter().map(|t| t.bytes.clone()).collect(),
+        tokens.iter().map(|t| abi_attrs(t.attrs)).collect(),
+    )
 }

@@ -5,15 +5,23 @@
 //! [`convert`] (proto ↔ sampling types), [`errors`] (→ gRPC status),
 //! [`service`] (the RPCs), [`pool`] (token buffer reuse), [`model`] (the
 //! Generate seam), [`generation`] (the model host's decode loop), [`server`] (assembly: health, reflection, limits) and
-//! [`check`] (`check-config`).
+//! [`check`] (`check-config`), [`metrics`] (Prometheus, request layer) and
+//! [`shutdown`] (draining on SIGTERM); security: [`tls`] (rustls, mutual
+//! TLS, the plaintext rule), [`auth`] (bearer tokens) and [`deadline`]
+//! (per-request deadlines).
 
+pub mod auth;
 pub mod check;
 pub mod config;
 pub mod convert;
+pub mod deadline;
 pub mod errors;
 pub mod generation;
+pub mod metrics;
 pub mod model;
 pub mod pool;
 pub mod server;
 pub mod service;
+pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

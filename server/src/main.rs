@@ -15,6 +15,9 @@ use samplerd::service::Defaults;
 const BENCH_VOCAB: usize = 151_936;
 /// Default iterations of `bench-chain`.
 const BENCH_ITERATIONS: usize = 1000;
+/// After `serve` returns, how long tasks still running (connections cut at
+/// the end of the grace period) get to stop before the process exits.
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Parser)]
 #[command(
@@ -58,6 +61,10 @@ struct ServeArgs {
     /// GGUF model for Generate (config `model.path`).
     #[arg(long, value_name = "PATH")]
     model: Option<PathBuf>,
+    /// Bearer-token file, one token per line; enables authentication
+    /// (config `auth.tokens_file`, env SAMPLERD_AUTH__TOKENS_FILE).
+    #[arg(long, value_name = "FILE")]
+    auth_tokens_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -66,6 +73,7 @@ impl ServeArgs {
             listen: self.listen,
             plugin_dirs: self.plugin_dirs.clone(),
             model: self.model.clone(),
+            auth_tokens_file: self.auth_tokens_file.clone(),
         }
     }
 }
@@ -105,47 +113,56 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = config::load(args.config.config.as_deref(), &args.overrides())?;
     let cfg = loaded.config;
     samplerd::telemetry::init(&cfg.logging);
+    // Before plugins and the model load, so their series are recorded.
+    let metrics = if cfg.metrics.enabled {
+        Some(samplerd::metrics::install()?)
+    } else {
+        None
+    };
     let registry = server::load_registry(&cfg).context("loading plugins")?;
     let generator: Option<std::sync::Arc<dyn samplerd::model::Generator>> = match &cfg.model.path {
-        Some(path) => Some(std::sync::Arc::new(samplerd::generation::ModelHost::load(
-            path,
-            cfg.generate.clone(),
-        )?)),
+        Some(path) => {
+            let started = std::time::Instant::now();
+            let placement = samplerd::model::resolve_device(cfg.model.device)?;
+            let host =
+                samplerd::generation::ModelHost::load_on(path, cfg.generate.clone(), &placement)?;
+            metrics::gauge!(samplerd::metrics::MODEL_LOAD_METRIC)
+                .set(started.elapsed().as_secs_f64());
+            Some(std::sync::Arc::new(host))
+        }
         None => None,
     };
     let state = server::build_state(&cfg, registry, generator)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
+        if let Some(handle) = metrics {
+            match samplerd::metrics::bind(&cfg.metrics).await {
+                Ok(listener) => {
+                    tokio::spawn(async move {
+                        if let Err(e) = samplerd::metrics::serve(listener, handle).await {
+                            tracing::error!(error = %e, "metrics endpoint failed");
+                        }
+                    });
+                }
+                // A second local instance on the default port keeps serving
+                // gRPC; an explicitly configured address must work.
+                Err(e) if cfg.metrics.listen == samplerd::metrics::MetricsConfig::default().listen => {
+                    tracing::warn!(error = %e, "metrics endpoint disabled: set metrics.listen to a free address");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .with_context(|| format!("cannot listen on {} (config `listen`)", cfg.listen))?;
-        server::serve(state, &cfg, listener, shutdown_signal()).await?;
+        server::serve(state, &cfg, listener, samplerd::shutdown::signal()).await?;
         tracing::info!("samplerd stopped");
         Ok(())
-    })
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    });
+    rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+    result
 }
 
 fn check(args: ServeArgs) -> anyhow::Result<()> {

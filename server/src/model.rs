@@ -3,7 +3,9 @@
 //! answers FAILED_PRECONDITION saying how to configure a model.
 
 use samplerd_api::v1::{GenerateRequest, GenerateResponse};
-use samplerd_sampling::Chain;
+use std::sync::Arc;
+
+use samplerd_sampling::{Chain, Vocabulary};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -29,8 +31,29 @@ pub trait Generator: Send + Sync + 'static {
     /// Runs one generation to completion on the calling (blocking) thread,
     /// sending events to `sink` with `blocking_send`.
     fn generate(&self, request: GenerateRequest, sampling: ResolvedSampling, sink: GenerateSink);
+
+    /// The model's vocabulary for the stages of a request's chain (those
+    /// flagged `SD_STAGE_NEEDS_VOCAB` refuse to build without one).
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        None
+    }
 }
 
 /// The FAILED_PRECONDITION message of Generate without a model.
 pub const NO_MODEL_MESSAGE: &str = "no model is configured: start the server with `samplerd serve --model PATH` \
      or set `model.path` in samplerd.toml (env SAMPLERD_MODEL__PATH)";
+
+/// Resolves `model.device` before the model loads and logs the choice:
+/// `cuda` without a usable GPU (or in a build without the `cuda` feature)
+/// is a start-up error naming the reason; `auto` falls back to the CPU.
+pub fn resolve_device(
+    request: samplerd_model::DeviceRequest,
+) -> Result<samplerd_model::Placement, samplerd_model::cuda::DeviceError> {
+    let resolved = samplerd_model::cuda::resolve(request)?;
+    tracing::info!(
+        device = %resolved.placement,
+        reason = %resolved.reason,
+        "model device chosen"
+    );
+    Ok(resolved.placement)
+}

@@ -54,8 +54,12 @@ macro_rules! require_model {
 }
 
 async fn server_with(host: Arc<ModelHost>) -> TestServer {
+    server_with_config(host, test_config()).await
+}
+
+async fn server_with_config(host: Arc<ModelHost>, config: samplerd::config::Config) -> TestServer {
     let generator: Arc<dyn Generator> = host;
-    let server = samplerd::server::spawn(test_config(), Some(generator))
+    let server = samplerd::server::spawn(config, Some(generator))
         .await
         .expect("server starts");
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
@@ -271,8 +275,9 @@ async fn max_tokens_is_honoured() {
 
 #[tokio::test]
 async fn four_concurrent_streams_equal_their_solo_runs() {
-    let host = require_model!(shared_host());
-    let s = server_with(host).await;
+    // Its own host: the batch sizes seen are this test's.
+    let host = require_model!(host_with(GenerateConfig::default()));
+    let s = server_with(Arc::clone(&host)).await;
     let reqs: Vec<v1::GenerateRequest> = (0..4)
         .map(|i| {
             chat(
@@ -286,12 +291,100 @@ async fn four_concurrent_streams_equal_their_solo_runs() {
     for r in &reqs {
         solo.push(generate(&s, r.clone()).await.unwrap());
     }
+    assert_eq!(host.largest_decode_batch(), 1, "solo runs are not batched");
     let together = futures::future::join_all(reqs.iter().map(|r| generate(&s, r.clone()))).await;
     for (a, b) in solo.iter().zip(together) {
         let b = b.unwrap();
         assert_eq!(a.tokens, b.tokens);
         assert_eq!(a.text(), b.text());
     }
+    // The concurrent streams were decoded in shared steps (and still equal
+    // their solo runs bit for bit).
+    assert!(
+        host.largest_decode_batch() >= 2,
+        "largest decode batch {}",
+        host.largest_decode_batch()
+    );
+}
+
+/// Compiles the C stage `tests/fixtures/<src>` into `dir` with the system
+/// C compiler.
+fn build_fixture_plugin(src: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let stem = src.trim_end_matches(".c");
+    let out = dir.join(format!("lib{stem}.{}", std::env::consts::DLL_EXTENSION));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args([
+            "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
+        ])
+        .arg(root.join("../plugins/sdk/include"))
+        .arg(root.join("tests/fixtures").join(src))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run C compiler {cc:?}: {e}"));
+    assert!(status.success(), "compiling {src} failed");
+    out
+}
+
+/// A stage flagged `SD_STAGE_NEEDS_VOCAB` (the `ban_byte` fixture: removes
+/// every text token containing a byte) gets the model's vocabulary in
+/// Generate; Sample, which has no model vocabulary, refuses it by name.
+#[tokio::test]
+async fn stages_that_need_the_vocabulary_work_in_generate() {
+    let host = require_model!(shared_host());
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config
+        .plugins
+        .files
+        .push(build_fixture_plugin("ban_byte.c", dir.path()));
+    let s = server_with_config(host, config).await;
+    let stage = |name: &str, params: &[(&str, &str)]| v1::StageSpec {
+        name: name.into(),
+        params: params
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v1::ParamValue {
+                        kind: Some(v1::param_value::Kind::Text(v.to_string())),
+                    },
+                )
+            })
+            .collect(),
+    };
+    let with_chain = |chain: Vec<v1::StageSpec>| v1::SamplingParams {
+        chain,
+        ..Default::default()
+    };
+    let q = "Describe the sea on a stormy evening.";
+    let plain = generate(&s, chat(q, 32, with_chain(vec![stage("greedy", &[])])))
+        .await
+        .unwrap();
+    assert!(plain.text().contains('e'), "{:?}", plain.text());
+    let banned = with_chain(vec![
+        stage("ban_byte", &[("byte", "e")]),
+        stage("greedy", &[]),
+    ]);
+    let out = generate(&s, chat(q, 32, banned.clone())).await.unwrap();
+    assert!(!out.tokens.is_empty());
+    assert!(!out.text().contains('e'), "{:?}", out.text());
+    assert_ne!(out.tokens, plain.tokens);
+    let err = s
+        .client
+        .clone()
+        .sample(v1::SampleRequest {
+            logits: vec![0.0; 8],
+            params: Some(banned),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("vocabulary"), "{}", err.message());
+    s.stop().await;
 }
 
 #[tokio::test]
@@ -374,7 +467,9 @@ async fn bad_generate_requests_name_the_field() {
                 prompt: long_prompt,
                 ..base.clone()
             },
-            "do not fit the context",
+            // The server-wide cap (4096 by default) is below SmolLM2's
+            // 8192-token context, so it is the limit a long prompt meets.
+            "exceed the limit of 4096 (generate.max_prompt_tokens)",
         ),
         (
             v1::GenerateRequest {

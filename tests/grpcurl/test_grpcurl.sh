@@ -22,7 +22,7 @@ ADDR="127.0.0.1:$PORT"
 WORK="$(mktemp -d)"
 LOG="$WORK/samplerd.log"
 # Run from an empty directory: no ./samplerd.toml, built-in defaults only.
-(cd "$WORK" && env -u SAMPLERD_CONFIG "$BIN" serve --listen "$ADDR" >"$LOG" 2>&1) &
+(cd "$WORK" && exec env -u SAMPLERD_CONFIG "$BIN" serve --listen "$ADDR" >"$LOG" 2>&1) &
 SERVER_PID=$!
 cleanup() { kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT

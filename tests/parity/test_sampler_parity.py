@@ -160,6 +160,40 @@ def main():
         chunks.append(logits)
         offset += vocab
 
+    # top-p over the whole vocabulary (top-k off): nuclei of 3,000-40,000
+    # tokens, where the f32 rounding of llama.cpp's sums decides the cut;
+    # ties inside the nucleus (equal probabilities in the running sum, the
+    # cut itself in untied tokens, since llama.cpp's order among ties at
+    # the cut is std::sort's); a large unsorted candidate list (after
+    # top_n_sigma); a window that changes the order of the top tokens.
+    def tied_top(lg, n_top, step):
+        top = np.argsort(lg)[-n_top:]
+        lg[top] = np.round(lg[top] / step) * step
+        return lg
+    nucleus_cases = [
+        (151936, 3.0, {"top_p": 0.95, "top_k": 0, "temperature": 1.0}, None),
+        (151936, 3.0, {"top_p": 0.99, "top_k": 0}, None),
+        (151936, 3.0, {"top_p": 0.5, "top_k": 0}, None),
+        (151936, 1.0, {"top_p": 0.95, "top_k": 0}, None),
+        (151936, 1.0, {"top_p": 0.9, "top_k": 0, "min_p": 0.05}, None),
+        (151936, 6.0, {"top_p": 0.95, "top_k": 0}, None),
+        (151936, 3.0, {"top_p": 0.95, "top_k": 0}, lambda lg: tied_top(lg, 800, 0.25)),
+        (151936, 2.0, {"top_p": 0.9, "top_k": 0}, lambda lg: tied_top(lg, 3000, 0.125)),
+        (151936, 3.0, {"top_p": 0.95, "top_k": 0, "top_n_sigma": 2.5}, None),
+        (151936, 3.0, {"top_p": 0.95, "top_k": 20000}, None),
+        (49152, 3.0, {"top_p": 0.95, "top_k": 0, "repeat_penalty": 1.5}, None),
+        (32000, 2.0, {"top_p": 0.97, "top_k": 0, "frequency_penalty": 0.5}, None),
+        (5000, 3.0, {"top_p": 0.95, "top_k": 0}, lambda lg: tied_top(lg, 100, 0.5)),
+    ]
+    for vocab, sd, ep, tweak in nucleus_cases:
+        logits = rng.normal(0, sd, vocab).astype(np.float32)
+        if tweak is not None:
+            logits = tweak(logits).astype(np.float32)
+        window = rng.integers(0, vocab, size=64).tolist()
+        cases.append({"offset": offset, "vocab": vocab, "params": ep, "window": window})
+        chunks.append(logits)
+        offset += vocab
+
     all_logits = np.concatenate(chunks).astype("<f4")
     with tempfile.TemporaryDirectory() as tmp:
         lpath = os.path.join(tmp, "logits.f32")

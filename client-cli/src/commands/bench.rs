@@ -1,6 +1,7 @@
 //! `samplerctl bench`: a closed-loop load generator. `--concurrency` workers
 //! share one HTTP/2 connection and send Sample (random logits of `--vocab`
-//! entries, as raw f32) or Generate requests back to back, for
+//! entries, as raw f32), SampleStream messages (one stream per worker) or
+//! Generate requests back to back, for
 //! `--duration` seconds or `--requests` in total. A live progress bar runs
 //! on a terminal; the report gives p50/p90/p99 latency, requests/s,
 //! tokens/s and errors (`--json`: one object for scripts and the project's
@@ -14,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use samplerd_api::v1::generate_response::Event;
-use samplerd_api::v1::{GenerateRequest, SampleRequest, SamplingParams};
+use samplerd_api::v1::{
+    GenerateRequest, SampleRequest, SampleResponse, SampleStreamRequest, SamplingParams,
+};
 use serde_json::json;
 
 use crate::cli::{BenchArgs, BenchRpc, ConnArgs};
@@ -155,10 +158,13 @@ async fn worker(
     args: Arc<(BenchArgs, SamplingParams)>,
     shared: Arc<Shared>,
 ) -> WorkerStats {
+    if rpc == BenchRpc::SampleStream {
+        return stream_worker(id, client, args, shared).await;
+    }
     let (args, params) = &*args;
     let mut stats = WorkerStats::default();
     let logits = match rpc {
-        BenchRpc::Sample => {
+        BenchRpc::Sample | BenchRpc::SampleStream => {
             tonic::codegen::Bytes::from(random_logits(args.vocab as usize, u64::from(id) + 1))
         }
         BenchRpc::Generate => tonic::codegen::Bytes::new(),
@@ -166,7 +172,7 @@ async fn worker(
     while let Some(n) = shared.next() {
         let t0 = Instant::now();
         let result: Result<u64, tonic::Status> = match rpc {
-            BenchRpc::Sample => client
+            BenchRpc::Sample | BenchRpc::SampleStream => client
                 .sample(SampleRequest {
                     logits: Vec::new(),
                     logits_f32le: logits.clone(),
@@ -194,6 +200,77 @@ async fn worker(
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     stats
+}
+
+/// An open SampleStream: the request sender and the response stream.
+type OpenStream = (
+    tokio::sync::mpsc::Sender<SampleStreamRequest>,
+    tonic::Streaming<SampleResponse>,
+);
+
+/// SampleStream: one long-lived stream per worker; a request is one message
+/// and its response (one token). A stream that fails counts one error and
+/// is reopened for the next request.
+async fn stream_worker(
+    id: u32,
+    mut client: Sampler,
+    args: Arc<(BenchArgs, SamplingParams)>,
+    shared: Arc<Shared>,
+) -> WorkerStats {
+    let (args, params) = &*args;
+    let mut stats = WorkerStats::default();
+    let logits = tonic::codegen::Bytes::from(random_logits(args.vocab as usize, u64::from(id) + 1));
+    let mut open: Option<OpenStream> = None;
+    while shared.next().is_some() {
+        let t0 = Instant::now();
+        let msg = SampleStreamRequest {
+            logits_f32le: logits.clone(),
+            // The first message fixes the parameters; later ones may not.
+            params: open.is_none().then(|| params.clone()),
+            ..Default::default()
+        };
+        let result = stream_step(&mut client, &mut open, msg).await;
+        let us = t0.elapsed().as_micros() as u64;
+        match result {
+            Ok(()) => {
+                stats.latencies_us.push(us);
+                stats.tokens += 1;
+            }
+            Err(s) => {
+                open = None;
+                stats.errors += 1;
+                stats.first_error.get_or_insert_with(|| status_line(&s));
+            }
+        }
+        shared.done.fetch_add(1, Ordering::Relaxed);
+    }
+    stats
+}
+
+/// Sends one message on the worker's stream (opening it first if needed)
+/// and waits for its response.
+async fn stream_step(
+    client: &mut Sampler,
+    open: &mut Option<OpenStream>,
+    msg: SampleStreamRequest,
+) -> Result<(), tonic::Status> {
+    let gone = || tonic::Status::unavailable("the server closed the stream");
+    let (tx, rx) = match open {
+        Some(o) => o,
+        None => {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            // Queued before the call so the server sees a message at once.
+            tx.send(msg).await.map_err(|_| gone())?;
+            let responses = client
+                .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            let o = open.insert((tx, responses));
+            return o.1.message().await?.map(|_| ()).ok_or_else(gone);
+        }
+    };
+    tx.send(msg).await.map_err(|_| gone())?;
+    rx.message().await?.map(|_| ()).ok_or_else(gone)
 }
 
 /// One full Generate stream; returns the completion tokens.

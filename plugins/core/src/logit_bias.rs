@@ -8,6 +8,8 @@ use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;
 
+use crate::util;
+
 pub struct LogitBias {
     /// (id, bias), sorted by id, duplicates in the order given.
     bias: Vec<(u32, f32)>,
@@ -58,7 +60,7 @@ impl Stage for LogitBias {
                 let dense = tokens.dense_mut();
                 for &(id, b) in &self.bias {
                     if let Some(l) = dense.get_mut(id as usize) {
-                        *l += b;
+                        *l = add_bias(*l, b);
                     }
                 }
             }
@@ -74,7 +76,7 @@ impl Stage for LogitBias {
                         if id != c.id {
                             break;
                         }
-                        c.logit += b;
+                        c.logit = add_bias(c.logit, b);
                         touched = true;
                     }
                 }
@@ -84,5 +86,36 @@ impl Stage for LogitBias {
             }
         }
         Ok(())
+    }
+}
+
+/// `logit + bias`: a -inf bias bans the token; otherwise saturated (see
+/// `util::saturate`) so a huge logit plus a bias does not become +inf.
+#[inline]
+fn add_bias(logit: f32, bias: f32) -> f32 {
+    if bias == f32::NEG_INFINITY {
+        bias
+    } else {
+        util::saturate(logit, logit + bias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use samplerd_plugin_sdk::testing::{OwnedParams, OwnedTokens, TestRng, apply_once};
+
+    /// Fuzz find: a huge logit plus a positive bias overflowed to +inf.
+    #[test]
+    fn a_huge_biased_logit_saturates() {
+        let params = OwnedParams::new().token_map("bias", &[(0, 1e38), (1, 2.0)]);
+        for mut tokens in [
+            OwnedTokens::dense(&[3e38, 1.0]),
+            OwnedTokens::dense_as_candidates(&[3e38, 1.0]),
+        ] {
+            apply_once::<LogitBias>(&params, &mut tokens, &mut TestRng::constant(0)).unwrap();
+            assert_eq!(tokens.logit(0), Some(f32::MAX));
+            assert_eq!(tokens.logit(1), Some(3.0));
+        }
     }
 }

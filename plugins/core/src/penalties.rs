@@ -119,12 +119,17 @@ impl Penalties {
     #[inline]
     fn penalise(&self, logit: f32, count: u32) -> f32 {
         // llama.cpp order: the ÷/× repeat rule first, then the subtraction.
+        // Saturated (see `util::saturate`): a huge logit stays finite.
         let l = if logit <= 0.0 {
             logit * self.repeat
         } else {
             logit / self.repeat
         };
-        l - (count as f32 * self.frequency + (count > 0) as u32 as f32 * self.presence)
+        let l = util::saturate(logit, l);
+        util::saturate(
+            logit,
+            l - (count as f32 * self.frequency + (count > 0) as u32 as f32 * self.presence),
+        )
     }
 
     fn is_noop(&self) -> bool {
@@ -230,5 +235,32 @@ impl Stage for Penalties {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fuzz find: a huge positive logit divided by a repeat penalty < 1 was
+    /// +inf, +inf minus a huge frequency penalty NaN, and a huge penalty
+    /// masked the token (-inf); a masked token stays masked.
+    #[test]
+    fn a_huge_logit_saturates_instead_of_overflowing() {
+        let p = Penalties {
+            window: 64,
+            repeat: 0.5,
+            frequency: 0.0,
+            presence: 0.0,
+        };
+        assert_eq!(p.penalise(3e38, 1), f32::MAX);
+        let p = Penalties {
+            frequency: 3e38,
+            ..p
+        };
+        assert_eq!(p.penalise(3e38, 2), -f32::MAX);
+        assert_eq!(p.penalise(-3e38, 2), -f32::MAX);
+        assert!(p.penalise(3e38, 1).is_finite());
+        assert_eq!(p.penalise(f32::NEG_INFINITY, 2), f32::NEG_INFINITY);
     }
 }

@@ -48,15 +48,17 @@ fn scale(tokens: &mut Tokens<'_>, t: f32) {
         }
         return;
     }
+    // Saturated: a huge logit over a tiny t must stay finite (see
+    // `util::saturate`).
     match tokens.view() {
         ViewKind::Dense => {
             for v in tokens.dense_mut() {
-                *v /= t;
+                *v = util::saturate(*v, *v / t);
             }
         }
         ViewKind::Candidates => {
             for c in tokens.candidates_mut() {
-                c.logit /= t;
+                c.logit = util::saturate(c.logit, c.logit / t);
             }
         }
     }
@@ -136,5 +138,35 @@ impl Stage for Temperature {
             scale(tokens, self.t);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use samplerd_plugin_sdk::testing::{OwnedParams, OwnedTokens, TestRng, apply_once};
+
+    /// Fuzz find (fuzz/fuzz_targets/chain.rs): 3e38 / 0.8 overflowed to
+    /// +inf and the default chain's `dist` then failed (INTERNAL).
+    #[test]
+    fn huge_logits_saturate_instead_of_overflowing() {
+        let params = OwnedParams::new().number("t", 0.8);
+        for mut tokens in [
+            OwnedTokens::dense(&[3e38, 1.0, f32::NEG_INFINITY]),
+            OwnedTokens::dense_as_candidates(&[3e38, 1.0, f32::NEG_INFINITY]),
+        ] {
+            apply_once::<Temperature>(&params, &mut tokens, &mut TestRng::constant(0)).unwrap();
+            assert_eq!(tokens.logit(0), Some(f32::MAX));
+            assert_eq!(tokens.logit(1), Some(1.25));
+            assert!(tokens.logit(2).is_none_or(|l| l == f32::NEG_INFINITY));
+        }
+        // A tiny t: finite logits stay finite (not masked), -inf stays -inf.
+        let params = OwnedParams::new().number("t", 1e-30);
+        let mut tokens = OwnedTokens::dense(&[-5e30, 3e30, f32::NEG_INFINITY]);
+        apply_once::<Temperature>(&params, &mut tokens, &mut TestRng::constant(0)).unwrap();
+        assert_eq!(
+            tokens.dense_logits(),
+            [-f32::MAX, f32::MAX, f32::NEG_INFINITY]
+        );
     }
 }

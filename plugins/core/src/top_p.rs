@@ -11,24 +11,19 @@
 //! Small candidate lists (<= 4096, e.g. after top_k) or sorted ones: Z,
 //! sort if needed, walk.
 //!
-//! Dense view or large lists (top_k off): no sort of the vocabulary. One
-//! scalar pass gives `expf(l - max)` and Z. A floor under the cut is
-//! estimated from every 16th token (a 2,048-bucket histogram, one octave of
-//! margin) and checked with a vectorised masked sum (the mass at or above it
-//! must reach p·Z with 0.1% to spare; otherwise the floor is lowered). Only
-//! the tokens at or above the floor are gathered, sorted and walked; if the
-//! walk does not reach p inside them, every token is.
+//! Dense view or large lists (top_k off): `nucleus` computes the same f32
+//! sums bit for bit with vectorised block sums, gathers the tokens above an
+//! estimated floor and sorts them in logit buckets as the walk reaches
+//! them; if the cut is not among them, every token is walked.
 
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;
 
-use crate::util;
+use crate::{nucleus, util};
 
 /// Candidate lists up to this size use the sort-then-cut path.
 pub const SMALL_PATH: usize = 4096;
-const NBUCKETS: usize = 2048;
-const SHIFT: u32 = 19;
 
 pub struct TopP {
     p: f32,
@@ -39,15 +34,8 @@ pub struct TopP {
 pub struct TopPState {
     probs: Vec<f32>,
     vals: Vec<f32>,
-    sums: Vec<f64>,
-    idx: Vec<u32>,
-    keys: Vec<u64>,
+    nucleus: nucleus::Scratch,
     out: Vec<SdCandidate>,
-}
-
-#[inline(always)]
-fn bucket(e: f32) -> usize {
-    (e.to_bits() >> SHIFT) as usize
 }
 
 impl TopP {
@@ -85,97 +73,24 @@ impl TopP {
             vals.extend(tokens.candidates().iter().map(|c| c.logit));
         }
         let x: &[f32] = if dense { tokens.dense() } else { &vals };
-        let n = x.len();
         let max = util::max_scan(x);
         if max == f32::NEG_INFINITY {
             st.vals = vals;
             return;
         }
-        // llama.cpp's softmax: libm expf and an f32 running sum in list
-        // order (not vectorisable: the rounding of that sum decides the cut).
-        let e = &mut st.probs;
-        e.resize(n, 0.0);
-        let mut z = 0.0f32;
-        for (o, &v) in e.iter_mut().zip(x) {
-            let ev = (v - max).exp();
-            *o = ev;
-            z += ev;
-        }
-        let target = self.p as f64 * z as f64;
-
-        // A floor under the cut: estimated from every 16th token, one
-        // octave of margin, then checked (the mass at or above it must
-        // reach p, with 0.1% to spare for the f32 walk); else lowered, down
-        // to 0 (= every token).
-        let sums = &mut st.sums;
-        sums.clear();
-        sums.resize(NBUCKETS, 0.0);
-        let hist: &mut [f64; NBUCKETS] = sums.as_mut_slice().try_into().expect("buckets");
-        let mut zs = 0.0f64;
-        for &v in e.iter().step_by(16) {
-            hist[bucket(v) & (NBUCKETS - 1)] += v as f64;
-            zs += v as f64;
-        }
-        let mut fb = 0usize;
-        let mut cum = 0.0f64;
-        for k in (0..NBUCKETS).rev() {
-            cum += hist[k];
-            if cum >= self.p as f64 * zs {
-                fb = k.saturating_sub(16);
-                break;
-            }
-        }
-        let mut floor = f32::from_bits((fb as u32) << SHIFT);
-        while floor > 0.0 && util::sum_at_least(e, floor) < target * (1.0 + 1e-3) {
-            floor = if floor > 1e-30 {
-                floor * (1.0 / 65536.0)
-            } else {
-                0.0
-            };
-        }
-        let cands = (!dense).then(|| tokens.candidates());
-        // Sort keys: the logit mapped to an order-preserving u32 (high
-        // half), then the position (ties: lower position first), sorted
-        // descending as plain integers.
-        let key = |i: usize| -> u64 {
-            let b = x[i].to_bits();
-            let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
-            ((ord as u64) << 32) | (u32::MAX - i as u32) as u64
-        };
-        let pos = |k: u64| (u32::MAX - k as u32) as usize;
-        let last = loop {
-            util::indices_at_least(e, floor, &mut st.idx);
-            let keys = &mut st.keys;
-            keys.clear();
-            keys.extend(st.idx.iter().map(|&i| key(i as usize)));
-            keys.sort_unstable_by(|a, b| b.cmp(a));
-            // llama.cpp's walk: f32 running sum of the f32 probabilities
-            let mut cum = 0.0f32;
-            let mut found = None;
-            for (i, &k) in keys.iter().enumerate() {
-                cum += e[pos(k)] / z;
-                if cum >= self.p && i + 1 >= self.min_keep {
-                    found = Some(i + 1);
-                    break;
-                }
-            }
-            match found {
-                Some(k) => break k,
-                None if floor == 0.0 => break keys.len(),
-                None => floor = 0.0,
-            }
-        };
+        let last = nucleus::nucleus(x, max, self.p, self.min_keep, &mut st.nucleus);
         if st.out.len() < last {
             st.out.resize(last, SdCandidate { id: 0, logit: 0.0 });
         }
+        let cands = (!dense).then(|| tokens.candidates());
         let out = &mut st.out[..last];
-        for (o, &k) in out.iter_mut().zip(&st.keys[..last]) {
-            let i = pos(k);
+        for (o, &k) in out.iter_mut().zip(&st.nucleus.keys[..last]) {
+            let i = k as u32 as usize;
             *o = match cands {
                 Some(c) => c[i],
                 None => SdCandidate {
                     id: i as u32,
-                    logit: x[i],
+                    logit: nucleus::key_logit((k >> 32) as u32),
                 },
             };
         }

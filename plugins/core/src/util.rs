@@ -344,6 +344,34 @@ pub fn ge_mask(c: &[f32; CHUNK], t: f32) -> u64 {
     m
 }
 
+/// Bit j of the result is the sign bit of `c[j]` (SSE2 movemask on
+/// x86_64).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn sign_mask(c: &[f32; CHUNK]) -> u64 {
+    use std::arch::x86_64::*;
+    let p = c.as_ptr();
+    let mut m = 0u64;
+    // SAFETY: SSE2 is baseline; loads stay within the 64-float array.
+    unsafe {
+        for q in 0..CHUNK / 4 {
+            m |= (_mm_movemask_ps(_mm_loadu_ps(p.add(q * 4))) as u64) << (q * 4);
+        }
+    }
+    m
+}
+
+/// Bit j of the result is the sign bit of `c[j]` (portable version).
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+pub fn sign_mask(c: &[f32; CHUNK]) -> u64 {
+    let mut m = 0u64;
+    for (j, &v) in c.iter().enumerate() {
+        m |= ((v.to_bits() >> 31) as u64) << j;
+    }
+    m
+}
+
 /// Replaces `out` with the indices i of `x` where `x[i] >= t`, ascending.
 /// Cost: one vectorised compare pass plus O(hits).
 pub fn indices_at_least(x: &[f32], t: f32, out: &mut Vec<u32>) {
@@ -467,6 +495,19 @@ pub fn softmax_into(cands: &[SdCandidate], probs: &mut Vec<f32>) -> f64 {
         }
     }
     sum
+}
+
+/// `new`, the result of arithmetic on the logit `old`, kept finite: a finite
+/// logit must not overflow to +inf (which poisons every later softmax: inf -
+/// inf = NaN) nor to -inf (which would mask the token); a masked logit
+/// (`old` = -inf) stays masked. Found by fuzzing (fuzz/fuzz_targets/chain.rs).
+#[inline]
+pub fn saturate(old: f32, new: f32) -> f32 {
+    if old == f32::NEG_INFINITY {
+        old
+    } else {
+        new.clamp(-f32::MAX, f32::MAX)
+    }
 }
 
 #[cfg(test)]

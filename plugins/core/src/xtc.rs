@@ -76,7 +76,10 @@ impl Stage for Xtc {
         util::softmax_into(tokens.candidates(), &mut st.probs);
         let mut pos_last = 0;
         for (i, &p) in st.probs.iter().enumerate() {
-            if p >= self.threshold {
+            // A masked candidate (p = 0) is never "above the threshold",
+            // even at threshold 0: counting it removed every finite one
+            // (found by fuzzing).
+            if p > 0.0 && p >= self.threshold {
                 pos_last = i;
             } else {
                 break;
@@ -88,5 +91,23 @@ impl Stage for Xtc {
             tokens.set_candidates(size - pos_last, true);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use samplerd_plugin_sdk::testing::{OwnedParams, OwnedTokens, TestRng, apply_once};
+
+    /// Fuzz find: threshold 0 treated masked (-inf) candidates as above the
+    /// threshold and kept only a masked one, so `dist` had nothing to draw.
+    #[test]
+    fn threshold_zero_never_keeps_only_masked_candidates() {
+        let params = OwnedParams::new()
+            .number("probability", 1.0)
+            .number("threshold", 0.0);
+        let mut tokens = OwnedTokens::dense(&[1.0, 0.5, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        apply_once::<Xtc>(&params, &mut tokens, &mut TestRng::constant(0)).unwrap();
+        assert_eq!(tokens.survivor_ids(), [1]);
     }
 }

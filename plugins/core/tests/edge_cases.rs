@@ -826,6 +826,52 @@ fn llama_top_p(logits: &[f32], p: f32) -> Vec<u32> {
 }
 
 #[test]
+fn top_p_large_nuclei_match_llama_cpp_bit_for_bit() {
+    // Whole-vocabulary nuclei of 1,000-60,000 tokens, several spreads, ties
+    // inside the nucleus, -inf entries and leading tiny values (the f32 sum
+    // starts far below its final binade): the vectorised exact sums must cut
+    // exactly where llama.cpp's sequential f32 sums do.
+    let mut seed = 100u64;
+    for (n, sd) in [
+        (151_936usize, 1.0f32),
+        (151_936, 6.0),
+        (49_152, 3.0),
+        (8_000, 0.5),
+    ] {
+        for p in [0.3f32, 0.9, 0.95, 0.99] {
+            seed += 1;
+            let mut logits = normal_logits(n, sd, seed);
+            if seed.is_multiple_of(2) {
+                for v in logits.iter_mut().filter(|v| **v > 2.0 * sd) {
+                    *v = (*v * 4.0).round() / 4.0;
+                }
+            }
+            if seed.is_multiple_of(3) {
+                logits[0] = -60.0;
+                logits[1] = f32::NEG_INFINITY;
+            }
+            let want = llama_top_p(&logits, p);
+            for dense in [true, false] {
+                let mut buf = if dense {
+                    OwnedTokens::dense(&logits)
+                } else {
+                    OwnedTokens::dense_as_candidates(&logits)
+                };
+                run::<TopP>(&[("p", p as f64)], &mut buf);
+                assert_eq!(
+                    buf.survivor_ids(),
+                    want,
+                    "n {n} sd {sd} p {p} dense {dense}"
+                );
+                assert!(buf.is_sorted());
+                let e = buf.entries();
+                assert!(e.windows(2).all(|w| w[0].1 >= w[1].1));
+            }
+        }
+    }
+}
+
+#[test]
 fn top_p_uses_llama_cpp_f32_sums() {
     // With ~10k tokens in the nucleus the f32 rounding of llama.cpp's sums
     // moves the cut by dozens of tokens against an exact (f64) sum.

@@ -12,7 +12,7 @@
 //! attention probabilities rounded to f16 for the f16 products, f64 sums in
 //! RMSNorm and softmax.
 
-use crate::backend::{Backend, SequenceState};
+use crate::backend::{Backend, SequenceState, check_batch_shape};
 use crate::error::ModelError;
 use crate::gguf::Config;
 use crate::pool::{ThreadPool, split_range};
@@ -29,10 +29,18 @@ pub struct CpuBackend {
     pub(crate) config: Config,
     pub(crate) weights: Arc<Weights>,
     pool: ThreadPool,
+    /// Scratch of batched steps (sized for the largest batch seen).
+    batch_scratch: Mutex<Scratch>,
 }
 
 /// A sequence's KV cache and scratch on the CPU.
 pub struct CpuState {
+    cache: KvCache,
+    s: Scratch,
+}
+
+/// One sequence's f16 K/V cache.
+struct KvCache {
     capacity: usize,
     pos: usize,
     /// `[layer][kv_head][position][head_dim]`.
@@ -40,7 +48,14 @@ pub struct CpuState {
     /// allocation rather than a 100 MB write per session.
     k: Vec<u16>,
     v: Vec<u16>,
-    s: Scratch,
+}
+
+/// One sequence's part of a forward step: its cache, the tokens it runs
+/// and where its last token's logits go.
+struct Segment<'a> {
+    cache: &'a mut KvCache,
+    tokens: &'a [u32],
+    logits: &'a mut [f32],
 }
 
 #[derive(Default)]
@@ -59,17 +74,31 @@ struct Scratch {
     rope: Vec<(f32, f32)>,
     /// Per pool thread: K and V of one head as f32, then scores.
     per_thread: Vec<Mutex<Vec<f32>>>,
+    /// Capacity (positions) `per_thread` is sized for.
+    per_thread_cap: usize,
+    /// A batch's last rows, normalised and quantised for the output product.
+    lastq: Vec<BlockQ8_1>,
+    /// A batch's logits before they are copied to each sequence.
+    logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("n_tok", &self.n_tok)
+            .finish()
+    }
 }
 
 impl SequenceState for CpuState {
     fn position(&self) -> usize {
-        self.pos
+        self.cache.pos
     }
     fn capacity(&self) -> usize {
-        self.capacity
+        self.cache.capacity
     }
     fn truncate(&mut self, position: usize) {
-        self.pos = self.pos.min(position);
+        self.cache.pos = self.cache.pos.min(position);
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -87,6 +116,7 @@ impl CpuBackend {
             config,
             weights,
             pool: ThreadPool::new(n_threads),
+            batch_scratch: Mutex::new(Scratch::default()),
         }
     }
 
@@ -96,11 +126,12 @@ impl CpuBackend {
 
     fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
         let c = &self.config;
-        if s.per_thread.len() != self.pool.n_threads() {
+        if s.per_thread.len() != self.pool.n_threads() || s.per_thread_cap < capacity {
             let per = capacity * c.head_dim * 2 + 64 * c.head_dim + capacity.div_ceil(16) * 16;
             s.per_thread = (0..self.pool.n_threads())
                 .map(|_| Mutex::new(vec![0f32; per]))
                 .collect();
+            s.per_thread_cap = capacity;
             s.rope = vec![(0.0, 0.0); c.rope_dim / 2];
         }
         if s.n_tok >= n {
@@ -151,23 +182,23 @@ impl CpuBackend {
         }
     }
 
-    fn forward_cpu(
+    /// Checks one sequence's part of a step before anything is computed.
+    fn check_segment(
         &self,
-        st: &mut CpuState,
+        cache: &KvCache,
         tokens: &[u32],
-        logits: &mut [f32],
+        logits: &[f32],
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let w = &*self.weights;
         let n = tokens.len();
         if n == 0 {
             return Err(ModelError::EmptyInput);
         }
-        if st.pos + n > st.capacity {
+        if cache.pos + n > cache.capacity {
             return Err(ModelError::ContextFull {
-                position: st.pos,
+                position: cache.pos,
                 n_tokens: n,
-                capacity: st.capacity,
+                capacity: cache.capacity,
             });
         }
         for &t in tokens {
@@ -185,15 +216,32 @@ impl CpuBackend {
                 c.n_vocab
             )));
         }
-        self.ensure_scratch(&mut st.s, n, st.capacity);
+        Ok(())
+    }
+
+    /// One forward step over every segment's tokens together: the weight
+    /// products run once over all rows (each weight tile is read once for
+    /// the whole batch), while RoPE, the cache append and attention use each
+    /// row's own sequence and position. Every row's arithmetic is the same
+    /// as when its sequence runs alone, so results are bit-identical.
+    /// Callers validated every segment with [`Self::check_segment`].
+    fn forward_segments(&self, segs: &mut [Segment<'_>], s: &mut Scratch) {
+        let c = &self.config;
+        let w = &*self.weights;
+        // Row r of the step: (segment, position in its sequence).
+        let rows: Vec<(usize, usize)> = segs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, g)| (0..g.tokens.len()).map(move |j| (i, g.cache.pos + j)))
+            .collect();
+        let n = rows.len();
+        let max_cap = segs.iter().map(|g| g.cache.capacity).max().unwrap_or(1);
+        self.ensure_scratch(s, n, max_cap);
         let (d, hd, dkv) = (c.n_embd, c.head_dim, c.n_head_kv * c.head_dim);
         let qkv_rows = d + 2 * dkv;
-        let cap = st.capacity;
-        let pos0 = st.pos;
-        let s = &mut st.s;
-        for (t, &tok) in tokens.iter().enumerate() {
+        for (t, tok) in segs.iter().flat_map(|g| g.tokens.iter()).enumerate() {
             w.tok_embd
-                .dequant_row(tok as usize, &mut s.x[t * d..(t + 1) * d]);
+                .dequant_row(*tok as usize, &mut s.x[t * d..(t + 1) * d]);
         }
         let x = &mut s.x[..n * d];
         for (l, lw) in w.layers.iter().enumerate() {
@@ -202,14 +250,14 @@ impl CpuBackend {
             quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
             let qkv = &mut s.qkv[..n * qkv_rows];
             self.fused(&lw.wqkv, &s.xq[..n * d / QK], n, qkv);
-            for t in 0..n {
+            for (t, &(seg, p)) in rows.iter().enumerate() {
                 let row = &mut qkv[t * qkv_rows..(t + 1) * qkv_rows];
                 if let Some(b) = &lw.bqkv {
                     for (v, b) in row.iter_mut().zip(b) {
                         *v += b;
                     }
                 }
-                rope_table(c, pos0 + t, &mut s.rope);
+                rope_table(c, p, &mut s.rope);
                 let (q, rest) = row.split_at_mut(d);
                 for h in 0..c.n_head {
                     apply_rope(&mut q[h * hd..(h + 1) * hd], &s.rope, c.rope_neox);
@@ -217,26 +265,33 @@ impl CpuBackend {
                 for h in 0..c.n_head_kv {
                     apply_rope(&mut rest[h * hd..(h + 1) * hd], &s.rope, c.rope_neox);
                 }
-                // Append K and V to the cache.
-                let p = pos0 + t;
+                // Append K and V to the sequence's cache.
+                let cache = &mut *segs[seg].cache;
+                let cap = cache.capacity;
                 for h in 0..c.n_head_kv {
                     let base = ((l * c.n_head_kv + h) * cap + p) * hd;
-                    st.k[base..base + hd]
+                    cache.k[base..base + hd]
                         .reinterpret_cast_mut::<f16>()
                         .convert_from_f32_slice(&rest[h * hd..(h + 1) * hd]);
-                    st.v[base..base + hd]
+                    cache.v[base..base + hd]
                         .reinterpret_cast_mut::<f16>()
                         .convert_from_f32_slice(&rest[dkv + h * hd..dkv + (h + 1) * hd]);
                 }
             }
+            let views: Vec<CacheView<'_>> = segs
+                .iter()
+                .map(|g| CacheView {
+                    k: g.cache.k.reinterpret_cast::<f16>(),
+                    v: g.cache.v.reinterpret_cast::<f16>(),
+                    cap: g.cache.capacity,
+                    decode: g.tokens.len() == 1,
+                })
+                .collect();
             self.attention(
                 l,
-                pos0,
-                n,
-                cap,
+                &rows,
+                &views,
                 &s.qkv[..n * qkv_rows],
-                st.k.reinterpret_cast::<f16>(),
-                st.v.reinterpret_cast::<f16>(),
                 &s.per_thread,
                 &mut s.attn[..n * d],
             );
@@ -267,24 +322,39 @@ impl CpuBackend {
                 *a += b;
             }
         }
-        let last = &x[(n - 1) * d..n * d];
-        rms_norm(last, &w.output_norm, c.rms_eps, &mut s.xn[..d]);
-        quantize_q8_1(&s.xn[..d], &mut s.xq[..d / QK]);
-        w.output().matmul(&self.pool, &s.xq[..d / QK], 1, logits);
-        st.pos += n;
-        Ok(())
+        // The output product for each segment's last row only.
+        let n_seg = segs.len();
+        s.lastq.resize(n_seg * d / QK, BlockQ8_1::default());
+        let mut end = 0;
+        for (i, g) in segs.iter().enumerate() {
+            end += g.tokens.len();
+            let last = &x[(end - 1) * d..end * d];
+            rms_norm(last, &w.output_norm, c.rms_eps, &mut s.xn[..d]);
+            quantize_q8_1(&s.xn[..d], &mut s.lastq[i * d / QK..(i + 1) * d / QK]);
+        }
+        if let [g] = segs {
+            w.output().matmul(&self.pool, &s.lastq, 1, g.logits);
+        } else {
+            s.logits.resize(n_seg * c.n_vocab, 0.0);
+            w.output()
+                .matmul(&self.pool, &s.lastq, n_seg, &mut s.logits);
+            for (g, l) in segs.iter_mut().zip(s.logits.chunks_exact(c.n_vocab)) {
+                g.logits.copy_from_slice(l);
+            }
+        }
+        for g in segs.iter_mut() {
+            g.cache.pos += g.tokens.len();
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Attention of every row of the step over its own sequence's cache;
+    /// parallel over (row, kv head).
     fn attention(
         &self,
         layer: usize,
-        pos0: usize,
-        n: usize,
-        cap: usize,
+        rows: &[(usize, usize)],
+        views: &[CacheView<'_>],
         qkv: &[f32],
-        kc: &[f16],
-        vc: &[f16],
         per_thread: &[Mutex<Vec<f32>>],
         out: &mut [f32],
     ) {
@@ -294,19 +364,22 @@ impl CpuBackend {
         let qkv_rows = d + 2 * n_kv * hd;
         let scale = 1.0 / (hd as f32).sqrt();
         let out_ptr = SyncPtr(out.as_mut_ptr());
-        let items = n * n_kv;
+        let items = rows.len() * n_kv;
         self.pool.run(&|i, nt| {
             let out_ptr = &out_ptr;
             let mut buf = per_thread[i].lock().unwrap_or_else(|e| e.into_inner());
-            let (kf, rest) = buf.split_at_mut(cap * hd);
-            let (vf, rest) = rest.split_at_mut(cap * hd);
-            let (acc, scores) = rest.split_at_mut(64 * hd);
             for item in split_range(items, i, nt, 1) {
                 let (t, g) = (item / n_kv, item % n_kv);
-                let n_pos = pos0 + t + 1;
+                let (seg, p) = rows[t];
+                let view = &views[seg];
+                let cap = view.cap;
+                let (kf, rest) = buf.split_at_mut(cap * hd);
+                let (vf, rest) = rest.split_at_mut(cap * hd);
+                let (acc, scores) = rest.split_at_mut(64 * hd);
+                let n_pos = p + 1;
                 let base = (layer * n_kv + g) * cap * hd;
-                kc[base..base + n_pos * hd].convert_to_f32_slice(&mut kf[..n_pos * hd]);
-                vc[base..base + n_pos * hd].convert_to_f32_slice(&mut vf[..n_pos * hd]);
+                view.k[base..base + n_pos * hd].convert_to_f32_slice(&mut kf[..n_pos * hd]);
+                view.v[base..base + n_pos * hd].convert_to_f32_slice(&mut vf[..n_pos * hd]);
                 for h in g * rep..(g + 1) * rep {
                     let mut q = [0f32; 256];
                     let q = &mut q[..hd];
@@ -317,7 +390,7 @@ impl CpuBackend {
                         *a = f16::from_f32(b).to_f32();
                     }
                     // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
-                    // token t, disjoint from every other item; `out` outlives
+                    // row t, disjoint from every other item; `out` outlives
                     // the parallel section.
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd)
@@ -328,7 +401,7 @@ impl CpuBackend {
                         &vf[..n_pos * hd],
                         n_pos,
                         scale,
-                        n == 1,
+                        view.decode,
                         scores,
                         acc,
                         o,
@@ -337,6 +410,15 @@ impl CpuBackend {
             }
         });
     }
+}
+
+/// A read-only view of one sequence's cache for the attention pass.
+struct CacheView<'a> {
+    k: &'a [f16],
+    v: &'a [f16],
+    cap: usize,
+    /// The sequence runs one token this step (llama.cpp's decode ordering).
+    decode: bool,
 }
 
 /// `out = x / rms(x) * w` per row of `w.len()` values (f64 sum like ggml).
@@ -376,6 +458,15 @@ fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
     }
 }
 
+fn cpu_state(state: &mut dyn SequenceState) -> Result<&mut CpuState, ModelError> {
+    state
+        .as_any_mut()
+        .downcast_mut::<CpuState>()
+        .ok_or_else(|| {
+            ModelError::Backend("sequence state was not created by the CPU backend".into())
+        })
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> String {
         format!("cpu-{}", crate::quant::kernel_name())
@@ -385,10 +476,12 @@ impl Backend for CpuBackend {
         let c = &self.config;
         let len = c.n_layer * c.n_head_kv * capacity * c.head_dim;
         let mut st = CpuState {
-            capacity,
-            pos: 0,
-            k: vec![0u16; len],
-            v: vec![0u16; len],
+            cache: KvCache {
+                capacity,
+                pos: 0,
+                k: vec![0u16; len],
+                v: vec![0u16; len],
+            },
             s: Scratch::default(),
         };
         self.ensure_scratch(&mut st.s, 1, capacity);
@@ -401,13 +494,40 @@ impl Backend for CpuBackend {
         tokens: &[u32],
         logits: &mut [f32],
     ) -> Result<(), ModelError> {
-        let st = state
-            .as_any_mut()
-            .downcast_mut::<CpuState>()
-            .ok_or_else(|| {
-                ModelError::Backend("sequence state was not created by the CPU backend".into())
-            })?;
-        self.forward_cpu(st, tokens, logits)
+        let CpuState { cache, s } = cpu_state(state)?;
+        self.check_segment(cache, tokens, logits)?;
+        self.forward_segments(
+            &mut [Segment {
+                cache,
+                tokens,
+                logits,
+            }],
+            s,
+        );
+        Ok(())
+    }
+
+    fn forward_batch(
+        &self,
+        states: &mut [&mut dyn SequenceState],
+        tokens: &[u32],
+        logits: &mut [&mut [f32]],
+    ) -> Result<(), ModelError> {
+        check_batch_shape(states.len(), tokens.len(), logits.len())?;
+        let mut segs = Vec::with_capacity(states.len());
+        for ((st, tok), l) in states.iter_mut().zip(tokens).zip(logits.iter_mut()) {
+            let cache = &mut cpu_state(&mut **st)?.cache;
+            let tokens = std::slice::from_ref(tok);
+            self.check_segment(cache, tokens, l)?;
+            segs.push(Segment {
+                cache,
+                tokens,
+                logits: l,
+            });
+        }
+        let mut s = self.batch_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.forward_segments(&mut segs, &mut s);
+        Ok(())
     }
 }
 

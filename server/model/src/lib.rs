@@ -15,6 +15,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod cuda;
 pub mod error;
 pub mod forward;
 pub mod ggml;
@@ -27,6 +28,7 @@ pub mod weights;
 
 pub use backend::{Backend, SequenceState};
 pub use chat::{ChatMessage, ChatTemplate};
+pub use cuda::{DeviceRequest, Placement};
 pub use error::ModelError;
 pub use gguf::{Arch, Config};
 pub use streamer::Utf8Streamer;
@@ -67,8 +69,17 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads `path`; errors name the file and the problem.
+    /// Loads `path` for the CPU backend; errors name the file and the problem.
     pub fn load(path: &Path, opts: &ModelOptions) -> Result<Arc<Model>, ModelError> {
+        Self::load_on(path, opts, &Placement::Cpu)
+    }
+
+    /// Loads `path` for the backend of `placement` (see [`cuda::resolve`]).
+    pub fn load_on(
+        path: &Path,
+        opts: &ModelOptions,
+        placement: &Placement,
+    ) -> Result<Arc<Model>, ModelError> {
         let mut g = gguf::GgufFile::open(path)?;
         let config = g.config()?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
@@ -99,11 +110,7 @@ impl Model {
         } else {
             opts.n_ctx.min(config.n_ctx_train)
         };
-        let backend = Arc::new(forward::CpuBackend::new(
-            config.clone(),
-            weights,
-            opts.n_threads,
-        ));
+        let backend = cuda::new_backend(placement, &config, weights, opts.n_threads)?;
         Ok(Arc::new(Model {
             path: path.to_path_buf(),
             config,
@@ -148,6 +155,26 @@ impl Model {
     /// A new sequence with an `n_ctx`-token KV cache (allocated now, once).
     pub fn new_session(&self) -> Session {
         self.new_session_with_capacity(self.n_ctx)
+    }
+    /// One decode step for several sessions at once: `tokens[i]` runs on
+    /// `sessions[i]`, whose [`Session::logits`] then hold the result — the
+    /// same bits as `sessions[i].decode(tokens[i])`, but the weights are read
+    /// once for the whole batch.
+    pub fn decode_batch(
+        &self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        let mut states: Vec<&mut dyn SequenceState> = Vec::with_capacity(sessions.len());
+        let mut logits: Vec<&mut [f32]> = Vec::with_capacity(sessions.len());
+        for s in sessions.iter_mut() {
+            let Session {
+                state, logits: l, ..
+            } = &mut **s;
+            states.push(state.as_mut());
+            logits.push(l.as_mut_slice());
+        }
+        self.backend.forward_batch(&mut states, tokens, &mut logits)
     }
     /// A new sequence with a `capacity`-token KV cache.
     pub fn new_session_with_capacity(&self, capacity: usize) -> Session {

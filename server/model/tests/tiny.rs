@@ -262,6 +262,65 @@ fn sessions_are_independent_and_deterministic() {
 }
 
 #[test]
+fn batched_decode_equals_each_sequence_alone_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["llama", "qwen2"] {
+        let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
+        // Different prompt lengths (positions), capacities and tokens.
+        let prompts: [&[u32]; 4] = [&[1, 40, 41], &[5], &[9, 9, 9, 9, 9, 9, 9], &[250, 7]];
+        let caps = [64, 16, 32, 64];
+        let steps: [[u32; 3]; 4] = [[3, 4, 5], [6, 7, 8], [100, 101, 102], [12, 2, 44]];
+        let mut solo = Vec::new();
+        for ((p, &cap), st) in prompts.iter().zip(&caps).zip(&steps) {
+            let mut s = m.new_session_with_capacity(cap);
+            s.prefill(p).unwrap();
+            solo.push(
+                st.iter()
+                    .map(|&t| s.decode(t).unwrap().to_vec())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let mut sessions: Vec<_> = prompts
+            .iter()
+            .zip(&caps)
+            .map(|(p, &cap)| {
+                let mut s = m.new_session_with_capacity(cap);
+                s.prefill(p).unwrap();
+                s
+            })
+            .collect();
+        for k in 0..3 {
+            // Sequences join and leave: step k batches sequences k.. only.
+            let mut batch: Vec<&mut _> = sessions.iter_mut().skip(k % 2).collect();
+            let toks: Vec<u32> = (k % 2..4).map(|i| steps[i][k]).collect();
+            m.decode_batch(&mut batch, &toks).unwrap();
+            for (i, s) in (k % 2..4).zip(batch) {
+                let want: Vec<u32> = solo[i][k].iter().map(|x| x.to_bits()).collect();
+                let got: Vec<u32> = s.logits().iter().map(|x| x.to_bits()).collect();
+                assert!(
+                    want == got,
+                    "{arch}: sequence {i} step {k} differs from its solo run"
+                );
+            }
+            if k % 2 == 1 {
+                // Sequence 0 sat this step out: catch it up alone.
+                sessions[0].decode(steps[0][k]).unwrap();
+            }
+        }
+        // A full cache is refused before anything runs.
+        let mut full = m.new_session_with_capacity(2);
+        full.prefill(&[1, 2]).unwrap();
+        let mut other = m.new_session();
+        other.prefill(&[3]).unwrap();
+        let err = m
+            .decode_batch(&mut [&mut other, &mut full], &[4, 5])
+            .unwrap_err();
+        assert!(err.to_string().contains("context"), "{err}");
+        assert_eq!((other.position(), full.position()), (1, 2));
+    }
+}
+
+#[test]
 fn errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();

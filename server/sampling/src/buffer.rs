@@ -7,6 +7,7 @@ use samplerd_plugin_sdk::abi::*;
 
 use crate::error::LogitsError;
 use crate::logits;
+use crate::scan::{self, Scan};
 
 /// Dense logits + candidate buffer + the ABI header over them.
 pub struct TokenBuffer {
@@ -113,6 +114,67 @@ impl TokenBuffer {
         self.resize(n);
         fill(&mut self.dense);
         self.finish_load()
+    }
+
+    /// As [`Self::load`], fused with the raw logits' max and log-sum-exp
+    /// (one pass over memory, see [`crate::scan`]).
+    pub fn load_scan(&mut self, logits: &[f32]) -> Result<Scan, LogitsError> {
+        self.load_scanned(logits.len(), |dense| scan::copy_scan(dense, logits))
+    }
+
+    /// As [`Self::load_f32le`], fused with the raw logits' max and
+    /// log-sum-exp (one pass over memory, see [`crate::scan`]).
+    pub fn load_f32le_scan(&mut self, bytes: &[u8]) -> Result<Scan, LogitsError> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(LogitsError::ByteLength { len: bytes.len() });
+        }
+        self.load_scanned(bytes.len() / 4, |dense| scan::copy_scan_f32le(dense, bytes))
+    }
+
+    /// Loads a candidate view directly (the survivors of a device sampling
+    /// prefix, see [`crate::device_prefix`]): `cands` in their order over a
+    /// vocabulary of `n_vocab`, `sorted` when they are sorted descending.
+    /// The dense view is left stale: stages never read it in the candidate
+    /// view. The caller checks ids and logits.
+    pub fn load_candidates(
+        &mut self,
+        n_vocab: usize,
+        cands: &[SdCandidate],
+        sorted: bool,
+    ) -> Result<(), LogitsError> {
+        self.check_len(n_vocab)?;
+        if cands.len() > n_vocab {
+            return Err(LogitsError::TooLarge {
+                len: cands.len(),
+                limit: n_vocab,
+            });
+        }
+        self.resize(n_vocab);
+        self.cand[..cands.len()].copy_from_slice(cands);
+        self.raw.n_vocab = n_vocab as u32;
+        self.raw.dense = self.dense.as_mut_ptr();
+        self.raw.cand = self.cand.as_mut_ptr();
+        self.raw.view = SD_VIEW_CANDIDATES;
+        self.raw.size = cands.len();
+        self.raw.sorted = sorted as u32;
+        self.raw.selected = -1;
+        Ok(())
+    }
+
+    /// Loads `n` logits through `fill`, which writes and checks them itself.
+    fn load_scanned(
+        &mut self,
+        n: usize,
+        fill: impl FnOnce(&mut [f32]) -> Result<Scan, LogitsError>,
+    ) -> Result<Scan, LogitsError> {
+        self.check_len(n)?;
+        self.resize(n);
+        let scanned = fill(&mut self.dense);
+        self.raw.n_vocab = n as u32;
+        self.raw.dense = self.dense.as_mut_ptr();
+        self.raw.cand = self.cand.as_mut_ptr();
+        self.reset_view();
+        scanned
     }
 
     fn finish_load(&mut self) -> Result<(), LogitsError> {

@@ -104,10 +104,34 @@ impl fmt::Display for ChainSpec {
     }
 }
 
+/// Prometheus histogram of each stage's `apply` time in seconds, label
+/// `stage` (recorded only when the server installed a metrics recorder).
+pub const STAGE_DURATION_METRIC: &str = "samplerd_stage_duration_seconds";
+/// Prometheus counter of plugin failures (an error code or a post-check
+/// violation), label `stage`.
+pub const PLUGIN_ERRORS_METRIC: &str = "samplerd_plugin_errors_total";
+
+/// A stage's metric handles, registered once per chain build so the hot
+/// path neither allocates nor looks up labels.
+struct StageMetrics {
+    duration: metrics::Histogram,
+    errors: metrics::Counter,
+}
+
+impl StageMetrics {
+    fn new(stage: &str) -> Self {
+        StageMetrics {
+            duration: metrics::histogram!(STAGE_DURATION_METRIC, "stage" => stage.to_string()),
+            errors: metrics::counter!(PLUGIN_ERRORS_METRIC, "stage" => stage.to_string()),
+        }
+    }
+}
+
 /// One built stage: the registered vtable and its immutable config.
 struct Link {
     stage: Arc<RegisteredStage>,
     config: *mut c_void,
+    metrics: StageMetrics,
 }
 
 impl Link {
@@ -331,7 +355,12 @@ impl Chain {
                     message: error_text(&err),
                 });
             }
-            inner.links.push(Link { stage: st, config });
+            let metrics = StageMetrics::new(&s.name);
+            inner.links.push(Link {
+                stage: st,
+                config,
+                metrics,
+            });
         }
         Ok(Chain {
             inner: Arc::new(inner),
@@ -366,6 +395,7 @@ impl Chain {
             // SAFETY: config from this stage's config_new; out-pointers valid.
             let rc = unsafe { state_new(link.config, &mut state, &mut err) };
             if rc != SD_OK {
+                link.metrics.errors.increment(1);
                 // `seq` frees the states created so far.
                 return Err(SampleError::Plugin {
                     stage: link.name().to_string(),
@@ -419,6 +449,7 @@ impl Sequence {
             // SAFETY: config/state belong to this stage; &mut self serialises.
             let rc = unsafe { accept(link.config, state, token, &mut err) };
             if rc != SD_OK {
+                link.metrics.errors.increment(1);
                 return Err(SampleError::Plugin {
                     stage: link.name().to_string(),
                     message: error_text(&err),
@@ -479,7 +510,19 @@ impl Sequence {
         seed: u64,
         step: u64,
     ) -> Result<Sampled, SampleError> {
-        self.run(buf, seed, step, None)
+        self.run(buf, seed, step, None, true)
+    }
+
+    /// As `sample`, over the view already in `buf` (e.g. the survivors of a
+    /// device sampling prefix loaded with `TokenBuffer::load_candidates`)
+    /// instead of resetting it to the dense logits.
+    pub fn sample_prepared(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
+    ) -> Result<Sampled, SampleError> {
+        self.run(buf, seed, step, None, false)
     }
 
     /// As `sample`, adding each stage's wall time (ns) to `stage_ns`.
@@ -490,7 +533,7 @@ impl Sequence {
         step: u64,
         stage_ns: &mut [u64],
     ) -> Result<Sampled, SampleError> {
-        self.run(buf, seed, step, Some(stage_ns))
+        self.run(buf, seed, step, Some(stage_ns), true)
     }
 
     fn run(
@@ -499,11 +542,16 @@ impl Sequence {
         seed: u64,
         step: u64,
         mut stage_ns: Option<&mut [u64]>,
+        reset_view: bool,
     ) -> Result<Sampled, SampleError> {
         if buf.n_vocab() == 0 {
             return Err(SampleError::NotLoaded);
         }
-        buf.reset_view();
+        if reset_view {
+            buf.reset_view();
+        } else {
+            buf.raw.selected = -1;
+        }
         let mut rng = StepRng::new(seed, step);
         let n_vocab = buf.n_vocab();
         let links = &self.chain.inner.links;
@@ -517,24 +565,29 @@ impl Sequence {
             let mut sd_rng = rng.as_abi();
             let mut err = new_error();
             let apply = vt.apply.expect("checked at load");
-            let t0 = stage_ns.as_ref().map(|_| Instant::now());
+            let t0 = Instant::now();
             // SAFETY: the buffer's pointers are valid for n_vocab entries and
             // exclusively borrowed; rng and err live across the call.
             let rc = unsafe { apply(link.config, state, &mut buf.raw, &mut sd_rng, &mut err) };
-            if let (Some(ns), Some(t0)) = (stage_ns.as_deref_mut(), t0) {
-                ns[i] += t0.elapsed().as_nanos() as u64;
+            let took = t0.elapsed();
+            link.metrics.duration.record(took.as_secs_f64());
+            if let Some(ns) = stage_ns.as_deref_mut() {
+                ns[i] += took.as_nanos() as u64;
             }
             if rc != SD_OK {
+                link.metrics.errors.increment(1);
                 return Err(SampleError::Plugin {
                     stage: link.name().to_string(),
                     message: error_text(&err),
                 });
             }
-            check_after_stage(link.name(), buf, before, was_dense, n_vocab)?;
+            check_after_stage(link.name(), buf, before, was_dense, n_vocab)
+                .inspect_err(|_| link.metrics.errors.increment(1))?;
         }
         let last = links.last().expect("chains are never empty");
         let selected = buf.raw.selected;
         let Ok(id) = u32::try_from(selected) else {
+            last.metrics.errors.increment(1);
             return Err(SampleError::NoSelection {
                 stage: last.name().to_string(),
             });
@@ -549,6 +602,7 @@ impl Sequence {
                 .any(|c| c.id == id && c.logit > f32::NEG_INFINITY)
         };
         if !survived {
+            last.metrics.errors.increment(1);
             return Err(SampleError::Misbehaved {
                 stage: last.name().to_string(),
                 what: format!("selected token {id}, which is not a surviving candidate"),

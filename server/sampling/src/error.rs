@@ -30,6 +30,8 @@ pub enum LoadError {
     },
     #[error("no sampler stages were loaded (searched: {searched})")]
     Empty { searched: String },
+    #[error("{0}")]
+    Trust(#[from] crate::trust::TrustError),
 }
 
 /// A chain spec was rejected while building the chain.

@@ -2,18 +2,23 @@
 //! (`library`, `registry`), builds validated chains from stage specs
 //! (`chain`, `params`), runs them over a reusable token buffer (`buffer`)
 //! with host-owned, counter-based randomness (`rng`), and provides the
-//! byte-level stop-string matcher the Generate loop uses (`stop`).
+//! byte-level stop-string matcher the Generate loop uses (`stop`); `trust`
+//! refuses plugin files other users could have written, or whose pinned
+//! digest does not match.
 
 pub mod bench;
 pub mod buffer;
 pub mod chain;
+pub mod device_prefix;
 pub mod error;
 pub mod library;
 pub mod logits;
 pub mod params;
 pub mod registry;
 pub mod rng;
+pub mod scan;
 pub mod stop;
+pub mod trust;
 pub mod vocab;
 
 pub use buffer::TokenBuffer;
@@ -23,4 +28,5 @@ pub use params::{DEFAULT_ORDER, SamplingParams};
 pub use registry::{ParamInfo, ParamKind, StageInfo, StageRegistry};
 pub use rng::StepRng;
 pub use stop::{StopFilter, match_stop_suffix};
+pub use trust::{TrustError, TrustPolicy};
 pub use vocab::Vocabulary;

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::chain::{Chain, ChainSpec};
 use crate::error::{ChainError, LoadError};
 use crate::library::{Library, load_library};
+use crate::trust::TrustPolicy;
 use crate::vocab::Vocabulary;
 
 /// The value kind of a stage parameter.
@@ -114,18 +115,44 @@ impl StageRegistry {
     /// Loads every library in `dirs` (each `*.so` directly inside) and each
     /// of `files`. Any library that fails to load fails the whole start-up,
     /// with the file and the reason.
+    /// Every path passes the default (strict) [`TrustPolicy`] first.
     pub fn load(dirs: &[PathBuf], files: &[PathBuf]) -> Result<Self, LoadError> {
+        Self::load_trusted(dirs, files, &TrustPolicy::default())
+    }
+
+    /// [`load`](Self::load) under `policy`: each directory, each library and
+    /// the directory holding it are checked before anything is opened.
+    pub fn load_trusted(
+        dirs: &[PathBuf],
+        files: &[PathBuf],
+        policy: &TrustPolicy,
+    ) -> Result<Self, LoadError> {
+        policy.validate_pins()?;
         let mut paths = Vec::new();
         for dir in dirs {
-            paths.extend(libraries_in(dir)?);
+            // Listed first so a missing directory reports as such.
+            let libraries = libraries_in(dir)?;
+            policy.check_directory(dir)?;
+            paths.extend(libraries);
         }
         paths.extend(files.iter().cloned());
+        // Checked on the canonical path: a symlink is judged by its target.
+        let mut canonical = Vec::with_capacity(paths.len());
+        for path in &paths {
+            let c = std::fs::canonicalize(path).map_err(|e| LoadError::Open {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            policy.check_library(&c)?;
+            canonical.push(c);
+        }
+        policy.check_pins_used(&canonical)?;
         let mut reg = StageRegistry {
             stages: Vec::new(),
             by_name: HashMap::new(),
             infos: Vec::new(),
         };
-        for path in &paths {
+        for path in &canonical {
             reg.add_library(load_library(path)?)?;
         }
         if reg.stages.is_empty() {

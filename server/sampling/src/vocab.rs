@@ -3,6 +3,14 @@
 
 use samplerd_plugin_sdk::abi::SdVocab;
 
+/// The `SD_TOKEN_*` attribute bits of [`Vocabulary::new`]'s `attrs`.
+pub mod token_attr {
+    pub use samplerd_plugin_sdk::abi::{
+        SD_TOKEN_BYTE as BYTE, SD_TOKEN_CONTROL as CONTROL, SD_TOKEN_EOG as EOG,
+        SD_TOKEN_NORMAL as NORMAL, SD_TOKEN_UNUSED as UNUSED,
+    };
+}
+
 /// Owned vocabulary; `as_abi` borrows it as an `sd_vocab`.
 pub struct Vocabulary {
     bytes: Vec<Vec<u8>>,

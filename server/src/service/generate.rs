@@ -25,9 +25,11 @@ pub fn handle(
     if !generator.ready() {
         return Err(Status::unavailable("the model is still loading"));
     }
-    let (chain, seed) = state
-        .defaults
-        .resolve(&state.registry, req.params.as_ref())?;
+    let (chain, seed) = state.defaults.resolve_with_vocab(
+        &state.registry,
+        req.params.as_ref(),
+        generator.vocabulary(),
+    )?;
     let permit = state.stream_permit()?;
     let span = tracing::info_span!("generate", request_id = state.request_id(), chain = %chain.describe(), seed);
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);

@@ -1,10 +1,11 @@
 //! The `samplerd.v1.Sampler` service: shared state ([`AppState`]), the
 //! configured defaults ([`Defaults`]) and one module per RPC
 //! (`sample`, `stream`, `generate`, `stages`). Sampling always runs off the
-//! async reactor (`spawn_blocking`), so a burst of large requests never
-//! stalls health checks.
+//! async reactor (`offload`: `block_in_place`, else `spawn_blocking`), so a
+//! burst of large requests never stalls health checks.
 
 pub mod generate;
+pub mod offload;
 pub mod sample;
 pub mod stages;
 pub mod stream;
@@ -39,6 +40,8 @@ pub struct Defaults {
     pub spec: ChainSpec,
     /// The default chain, shared by every request that sets no parameter.
     pub chain: Chain,
+    /// Config `limits.max_chain_stages`: longest chain a request may ask for.
+    pub max_chain_stages: usize,
 }
 
 /// Which part of the configuration a default-chain error comes from.
@@ -81,6 +84,7 @@ impl Defaults {
             seed: cfg.sampling.seed,
             spec,
             chain,
+            max_chain_stages: cfg.limits.max_chain_stages,
         })
     }
 
@@ -91,23 +95,48 @@ impl Defaults {
         registry: &StageRegistry,
         p: Option<&v1::SamplingParams>,
     ) -> Result<(Chain, u64), RequestError> {
+        self.resolve_with_vocab(registry, p, None)
+    }
+
+    /// [`Self::resolve`] with the model's vocabulary handed to the stages a
+    /// request names (Generate), so stages that need it can be used.
+    pub fn resolve_with_vocab(
+        &self,
+        registry: &StageRegistry,
+        p: Option<&v1::SamplingParams>,
+        vocab: Option<Arc<samplerd_sampling::Vocabulary>>,
+    ) -> Result<(Chain, u64), RequestError> {
         let seed = p
             .and_then(|p| p.seed)
             .unwrap_or_else(|| self.default_seed());
         let Some(p) = p else {
             return Ok((self.chain.clone(), seed));
         };
+        for (field, n) in [
+            ("params.chain", p.chain.len()),
+            ("params.samplers", p.samplers.len()),
+        ] {
+            if n > self.max_chain_stages {
+                return Err(RequestError::invalid(
+                    field,
+                    format!(
+                        "{n} stages exceed the limit of {} (limits.max_chain_stages)",
+                        self.max_chain_stages
+                    ),
+                ));
+            }
+        }
         let chain = if !p.chain.is_empty() {
             let spec = convert::chain_from_proto(&p.chain)?;
             registry
-                .build_chain(&spec, None)
+                .build_chain(&spec, vocab.clone())
                 .map_err(|e| RequestError::from_chain(e, true))?
         } else if convert::sets_typed_fields(p) {
             let merged = convert::merge_params(&self.params, p);
             let spec = merged
                 .chain_spec()
                 .map_err(|e| RequestError::from_chain(e, false))?;
-            registry.build_chain(&spec, None).map_err(|e| {
+            registry.build_chain(&spec, vocab).map_err(|e| {
                 let field = if p.samplers.is_empty() {
                     "params"
                 } else {

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use samplerd_api::v1;
+use samplerd_sampling::scan::Scan;
 use samplerd_sampling::{Sequence, TokenBuffer, logits};
 use tonic::Status;
 use tracing::Instrument;
 
-use super::AppState;
+use super::{AppState, offload};
 use crate::convert::LogitsInput;
 use crate::errors::RequestError;
 
@@ -38,11 +39,12 @@ pub fn check_n_probs(n_probs: u32, state: &AppState) -> Result<(), RequestError>
     Ok(())
 }
 
-/// Loads the logits into `buf` (validating them: NaN / +inf name the index).
-pub fn load(buf: &mut TokenBuffer, input: LogitsInput<'_>) -> Result<(), RequestError> {
+/// Loads the logits into `buf`, validating them (NaN / +inf name the
+/// index) and computing their log-sum-exp (for `logprob`) in the same pass.
+pub fn load(buf: &mut TokenBuffer, input: LogitsInput<'_>) -> Result<Scan, RequestError> {
     let r = match input {
-        LogitsInput::Floats(f) => buf.load(f),
-        LogitsInput::Bytes(b) => buf.load_f32le(b),
+        LogitsInput::Floats(f) => buf.load_scan(f),
+        LogitsInput::Bytes(b) => buf.load_f32le_scan(b),
     };
     r.map_err(|source| RequestError::Logits {
         field: input.field(),
@@ -59,14 +61,16 @@ pub fn in_vocab(tokens: &[u32], n_vocab: usize) -> impl Iterator<Item = u32> + '
         .filter(move |&t| (t as usize) < n_vocab)
 }
 
-/// Runs the chain on logits already loaded into `buf` (see [`load`]) and
-/// builds the response. Does not accept the chosen token.
+/// Runs the chain on logits already loaded into `buf` (`scan` is what
+/// [`load`] returned) and builds the response. Does not accept the chosen
+/// token.
 pub fn run_step(
     seq: &mut Sequence,
     buf: &mut TokenBuffer,
     input: StepInput<'_>,
+    scan: Scan,
 ) -> Result<v1::SampleResponse, RequestError> {
-    let lse = logits::log_sum_exp(buf.dense());
+    let lse = scan.log_sum_exp;
     let n = input.n_probs as usize;
     let raw_top = (n > 0 && !input.post_sampling_probs).then(|| logits::top_n(buf.dense(), n));
     let sampled = seq
@@ -104,8 +108,9 @@ pub fn run_step(
     })
 }
 
-/// The whole stateless step, on a blocking thread.
-fn sample_blocking(
+/// The whole stateless step, on a blocking thread (public for the
+/// protobuf fuzz target, `fuzz/fuzz_targets/proto_request.rs`).
+pub fn sample_blocking(
     state: &AppState,
     req: &v1::SampleRequest,
 ) -> Result<v1::SampleResponse, RequestError> {
@@ -135,7 +140,7 @@ fn sample_blocking(
     seq.accept_all(&in_vocab(&req.previous_tokens, input.len()).collect::<Vec<_>>())
         .map_err(|e| RequestError::from_sample(e, input.field()))?;
     let mut buf = state.pool.take();
-    let result = load(&mut buf, input).and_then(|()| {
+    let result = load(&mut buf, input).and_then(|scan| {
         run_step(
             &mut seq,
             &mut buf,
@@ -146,6 +151,7 @@ fn sample_blocking(
                 n_probs: req.n_probs,
                 post_sampling_probs: req.post_sampling_probs,
             },
+            scan,
         )
     });
     state.pool.put(buf);
@@ -167,11 +173,9 @@ pub async fn handle(
     );
     let inner = span.clone();
     let start = Instant::now();
-    let result =
-        tokio::task::spawn_blocking(move || inner.in_scope(|| sample_blocking(&state, &req)))
-            .instrument(span.clone())
-            .await
-            .map_err(|e| Status::internal(format!("sampling task failed: {e}")))?;
+    let result = offload::run(move || inner.in_scope(|| sample_blocking(&state, &req)))
+        .instrument(span.clone())
+        .await?;
     span.record("us", start.elapsed().as_micros() as u64);
     let _e = span.enter();
     match result {

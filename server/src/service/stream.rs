@@ -19,7 +19,7 @@ use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::sample::{StepInput, check_n_probs, in_vocab, load, run_step};
-use super::{AppState, BoxStream};
+use super::{AppState, BoxStream, offload};
 use crate::convert::LogitsInput;
 use crate::errors::{RequestError, map_stream_status};
 
@@ -113,7 +113,7 @@ impl Session {
                 "stream session not initialised".into(),
             ));
         };
-        load(buf, input)?;
+        let scan = load(buf, input)?;
         let resp = run_step(
             seq,
             buf,
@@ -124,6 +124,7 @@ impl Session {
                 n_probs: msg.n_probs,
                 post_sampling_probs: msg.post_sampling_probs,
             },
+            scan,
         )?;
         seq.accept(resp.token_id)
             .map_err(|e| RequestError::from_sample(e, input.field()))?;
@@ -182,7 +183,7 @@ pub fn handle(
                 };
                 let Some(mut s) = session.take() else { break };
                 let span = task_span.clone();
-                let joined = tokio::task::spawn_blocking(move || {
+                let joined = offload::run(move || {
                     let r = span.in_scope(|| s.step(&msg));
                     (s, r)
                 })
@@ -190,9 +191,7 @@ pub fn handle(
                 let (s, result) = match joined {
                     Ok(v) => v,
                     Err(e) => {
-                        let _ = tx
-                            .send(Err(Status::internal(format!("sampling task failed: {e}"))))
-                            .await;
+                        let _ = tx.send(Err(e)).await;
                         end = "sampling task failed";
                         break;
                     }

@@ -1,0 +1,86 @@
+//! Fuzzes request decoding and validation: arbitrary bytes decoded with
+//! prost as a `SampleRequest` or a `GenerateRequest` (the first byte picks
+//! which), then the server's own path — `service::sample::sample_blocking`
+//! (limits, logits encodings, parameters → chain, the chain itself) and, for
+//! Generate, `Defaults::resolve` plus `ModelHost::prepare` (limits, prompt or
+//! chat messages, template, tokenizer) when `SAMPLERD_MODEL` names a model.
+//!
+//! Oracle: undecodable bytes are a decode error; a decoded request is either
+//! served or refused with INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming a
+//! field; never a panic, never INTERNAL (the core stages never fail on a
+//! request the server accepted).
+
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use samplerd::errors::RequestError;
+use samplerd::generation::{GenerateConfig, ModelHost};
+use samplerd_api::v1;
+use tonic::Code;
+
+fn model_host() -> Option<&'static Arc<ModelHost>> {
+    static HOST: OnceLock<Option<Arc<ModelHost>>> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let path = std::env::var_os("SAMPLERD_MODEL")?;
+        let cfg = GenerateConfig {
+            n_threads: 1,
+            n_ctx: 512,
+            ..Default::default()
+        };
+        Some(Arc::new(
+            ModelHost::load(path.as_ref(), cfg).expect("SAMPLERD_MODEL loads"),
+        ))
+    })
+    .as_ref()
+}
+
+fn check_refusal(e: RequestError) {
+    let described = e.to_string();
+    let status: tonic::Status = e.into();
+    assert!(
+        matches!(
+            status.code(),
+            Code::InvalidArgument | Code::ResourceExhausted
+        ),
+        "request refused with {:?}: {described}",
+        status.code()
+    );
+    assert!(!status.message().is_empty());
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&kind, bytes)) = data.split_first() else {
+        return;
+    };
+    let state = samplerd_fuzz::app_state();
+    if kind & 1 == 0 {
+        let Ok(req) = v1::SampleRequest::decode(bytes) else {
+            return;
+        };
+        match samplerd::service::sample::sample_blocking(state, &req) {
+            Ok(r) => {
+                let n = req.logits.len().max(req.logits_f32le.len() / 4);
+                assert!((r.token_id as usize) < n, "token {} of {n}", r.token_id);
+                assert!(r.probability > 0.0 && r.probability <= 1.0);
+                assert!(r.probs.len() <= req.n_probs as usize);
+            }
+            Err(e) => check_refusal(e),
+        }
+    } else {
+        let Ok(req) = v1::GenerateRequest::decode(bytes) else {
+            return;
+        };
+        if let Err(e) = state.defaults.resolve(&state.registry, req.params.as_ref()) {
+            check_refusal(e);
+            return;
+        }
+        if let Some(host) = model_host()
+            && let Err(e) = host.prepare(&req)
+        {
+            check_refusal(e);
+        }
+    }
+});

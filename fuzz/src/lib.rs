@@ -1,0 +1,46 @@
+//! Shared set-up for the fuzz targets: the core plugin library (loaded
+//! through the real C ABI, as the server does) and the server's shared
+//! state built from the default configuration.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use samplerd::config::Config;
+use samplerd::service::AppState;
+use samplerd_sampling::StageRegistry;
+
+/// The core stages' cdylib: `SAMPLERD_PLUGIN` when set (scripts/ci/fuzz.sh
+/// sets it), else the main workspace's release build.
+pub fn core_plugin() -> PathBuf {
+    match std::env::var_os("SAMPLERD_PLUGIN") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/release/libsamplerd_core_stages.so"),
+    }
+}
+
+/// The registry with the core stages, loaded once per fuzzing process.
+pub fn registry() -> &'static StageRegistry {
+    static REG: OnceLock<StageRegistry> = OnceLock::new();
+    REG.get_or_init(|| {
+        let path = core_plugin();
+        StageRegistry::load(&[], std::slice::from_ref(&path)).unwrap_or_else(|e| {
+            panic!(
+                "cannot load the core plugin {} (build it with `cargo build --release -p samplerd-core-stages` or set SAMPLERD_PLUGIN): {e}",
+                path.display()
+            )
+        })
+    })
+}
+
+/// The server's shared state with the default configuration and the core
+/// plugin (no model), built once per fuzzing process.
+pub fn app_state() -> &'static Arc<AppState> {
+    static STATE: OnceLock<Arc<AppState>> = OnceLock::new();
+    STATE.get_or_init(|| {
+        let mut config = Config::default();
+        config.plugins.files = vec![core_plugin()];
+        let registry = samplerd::server::load_registry(&config).expect("core plugin loads");
+        samplerd::server::build_state(&config, registry, None).expect("default chain builds")
+    })
+}

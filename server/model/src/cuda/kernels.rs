@@ -1,0 +1,206 @@
+//! The CUDA kernels (`kernels.cu`, embedded at build time) compiled with
+//! NVRTC at start-up, once per process and GPU architecture (the PTX is kept
+//! in memory, so a second model or a reload does not recompile), and loaded
+//! into a context as a table of functions. Also the launch helper that turns
+//! a list of plain arguments into a kernel launch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
+
+/// The CUDA C source of every kernel.
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// Threads per block of the weight-product kernels (8 lanes per row).
+pub const MM_THREADS: u32 = 128;
+/// Rows per block of the weight-product kernels.
+pub const MM_ROWS_PER_BLOCK: u32 = MM_THREADS / 8;
+/// Threads of `rms_norm` (its shared reduction assumes exactly this many).
+pub const NORM_THREADS: u32 = 256;
+/// Threads of `attention` (`ATT_THREADS` in the source).
+pub const ATT_THREADS: u32 = 128;
+/// Largest head dimension `attention` supports (`MAX_HD` in the source).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Threads of the single-block `top_k` and `check_logits` kernels.
+pub const TOPK_THREADS: u32 = 1024;
+/// Largest k the device `top_k` handles (`TOPK_MAX` in the source).
+pub const TOPK_MAX: usize = 1024;
+/// Threads of the element-wise kernels.
+pub const ELEMENTWISE_THREADS: u32 = 256;
+
+/// PTX text per `compute_XY` architecture.
+type PtxCache = Mutex<HashMap<(i32, i32), Arc<String>>>;
+
+/// PTX per `compute_XY` architecture, compiled once per process.
+fn ptx_cache() -> &'static PtxCache {
+    static CACHE: OnceLock<PtxCache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Compiles [`SOURCE`] for `compute_{major}{minor}` (cached per process).
+pub fn ptx_for(arch: (i32, i32)) -> Result<Arc<String>, String> {
+    let mut cache = ptx_cache().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = cache.get(&arch) {
+        return Ok(Arc::clone(p));
+    }
+    let opts = CompileOptions {
+        // Every fused multiply-add in the source is explicit (CPU parity).
+        fmad: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        options: vec![format!("--gpu-architecture=compute_{}{}", arch.0, arch.1)],
+        name: Some("samplerd_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| {
+        format!(
+            "NVRTC could not compile the kernels for compute_{}{}: {e}",
+            arch.0, arch.1
+        )
+    })?;
+    let text = Arc::new(ptx.to_src());
+    cache.insert(arch, Arc::clone(&text));
+    Ok(text)
+}
+
+/// Every kernel of [`SOURCE`], loaded into one context.
+#[derive(Debug)]
+pub struct Kernels {
+    pub embed_q8_0: CudaFunction,
+    pub embed_q4_1: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub quantize_q8_1: CudaFunction,
+    pub mm_q8_0: CudaFunction,
+    pub mm_q4_1: CudaFunction,
+    pub qkv_rope_store: CudaFunction,
+    pub attention: CudaFunction,
+    pub swiglu: CudaFunction,
+    pub add_inplace: CudaFunction,
+    pub check_logits: CudaFunction,
+    pub logit_bias: CudaFunction,
+    pub penalties: CudaFunction,
+    pub scale_temperature: CudaFunction,
+    pub top_k: CudaFunction,
+}
+
+impl Kernels {
+    /// Compiles (or reuses) the PTX for the context's device and loads it.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, String> {
+        let arch = ctx
+            .compute_capability()
+            .map_err(|e| format!("reading the compute capability: {e}"))?;
+        let ptx = ptx_for(arch)?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx.as_str()))
+            .map_err(|e| format!("loading the kernels' PTX: {e}"))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| format!("kernel {name}: {e}"))
+        };
+        Ok(Kernels {
+            embed_q8_0: f("embed_q8_0")?,
+            embed_q4_1: f("embed_q4_1")?,
+            rms_norm: f("rms_norm")?,
+            quantize_q8_1: f("quantize_q8_1")?,
+            mm_q8_0: f("mm_q8_0")?,
+            mm_q4_1: f("mm_q4_1")?,
+            qkv_rope_store: f("qkv_rope_store")?,
+            attention: f("attention")?,
+            swiglu: f("swiglu")?,
+            add_inplace: f("add_inplace")?,
+            check_logits: f("check_logits")?,
+            logit_bias: f("logit_bias")?,
+            penalties: f("penalties")?,
+            scale_temperature: f("scale_temperature")?,
+            top_k: f("top_k")?,
+        })
+    }
+}
+
+/// One kernel argument: a device pointer, an `int` or a `float`.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
+/// Grid and block shape (no dynamic shared memory unless `shared` is set).
+pub fn cfg(grid: (u32, u32), block: u32, shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: shared,
+    }
+}
+
+/// Launches `f` on `stream` with `args`.
+///
+/// # Safety
+/// `args` must match the kernel's parameter list in number, order and type,
+/// and every pointer must be valid for what the kernel reads and writes
+/// (each call site documents the sizes).
+pub unsafe fn launch(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    config: LaunchConfig,
+    args: &[Arg],
+) -> Result<(), String> {
+    let mut b = stream.launch_builder(f);
+    for a in args {
+        match a {
+            Arg::Ptr(v) => b.arg(v),
+            Arg::I32(v) => b.arg(v),
+            Arg::F32(v) => b.arg(v),
+        };
+    }
+    // SAFETY: the caller guarantees the argument list matches the kernel and
+    // the pointers' extents; `args` outlives the launch call.
+    unsafe { b.launch(config) }
+        .map(|_| ())
+        .map_err(|e| format!("kernel launch: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC needs no GPU: where its library is present (e.g. the
+    /// `nvidia-cuda-nvrtc-cu12` wheel on LD_LIBRARY_PATH), the source must
+    /// compile for Hopper and export every kernel the table loads.
+    #[test]
+    fn kernels_compile_with_nvrtc_when_it_is_present() {
+        if !super::super::probe::nvrtc_present() {
+            eprintln!("NOTICE: NVRTC not found; skipping the kernel compile check");
+            return;
+        }
+        let ptx = ptx_for((9, 0)).expect("the kernels compile");
+        for name in [
+            "embed_q8_0",
+            "embed_q4_1",
+            "rms_norm",
+            "quantize_q8_1",
+            "mm_q8_0",
+            "mm_q4_1",
+            "qkv_rope_store",
+            "attention",
+            "swiglu",
+            "add_inplace",
+            "check_logits",
+            "logit_bias",
+            "penalties",
+            "scale_temperature",
+            "top_k",
+        ] {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "kernel {name} missing from the PTX"
+            );
+        }
+        // Cached: the second call returns the same text without compiling.
+        assert!(Arc::ptr_eq(&ptx, &ptx_for((9, 0)).unwrap()));
+    }
+}

@@ -1,0 +1,481 @@
+//! Prometheus metrics: the recorder (`metrics` facade +
+//! `metrics-exporter-prometheus`), the `/metrics` HTTP endpoint on its own
+//! port (config `[metrics]`), and [`RpcLayer`], the one tower layer that
+//! counts every gRPC request by RPC and status code, times it to the end of
+//! its response stream, tracks open streams, and refuses new Sampler RPCs
+//! while the server drains (see [`crate::shutdown`]).
+//!
+//! Metric names are the `pub const`s below (and, for per-stage series, in
+//! `samplerd_sampling::chain`); without an installed recorder every call is a
+//! no-op, so in-process tests and benchmarks pay nothing.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use samplerd_api::code_name;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tonic::Code;
+
+pub use samplerd_sampling::chain::{PLUGIN_ERRORS_METRIC, STAGE_DURATION_METRIC};
+
+use crate::shutdown::{Drain, InFlight, SHUTTING_DOWN_MESSAGE};
+
+/// Counter: finished gRPC requests, labels `rpc` and `code`.
+pub const REQUESTS_METRIC: &str = "samplerd_requests_total";
+/// Histogram (seconds): request start to the end of its response (whole
+/// stream for SampleStream/Generate), label `rpc`.
+pub const REQUEST_DURATION_METRIC: &str = "samplerd_request_duration_seconds";
+/// Gauge: open SampleStream/Generate streams, label `rpc`.
+pub const ACTIVE_STREAMS_METRIC: &str = "samplerd_active_streams";
+/// Counter: tokens Generate produced.
+pub const GENERATED_TOKENS_METRIC: &str = "samplerd_generated_tokens_total";
+/// Gauge: Generate requests waiting for a generation slot.
+pub const GENERATE_QUEUE_DEPTH_METRIC: &str = "samplerd_generate_queue_depth";
+/// Gauge (seconds): how long loading the model took.
+pub const MODEL_LOAD_METRIC: &str = "samplerd_model_load_seconds";
+/// Gauge: 1 while the server drains for shutdown, else 0.
+pub const DRAINING_METRIC: &str = "samplerd_draining";
+
+/// Default `metrics.listen` (loopback: exposing metrics is an operator's
+/// choice; the Kubernetes ConfigMap sets 0.0.0.0:9090).
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9090";
+/// The scrape path.
+pub const METRICS_PATH: &str = "/metrics";
+/// Prometheus text exposition format.
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// How often histogram samples are folded into the exporter's buckets when
+/// nobody scrapes (bounds their memory).
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Request latency buckets (seconds): sub-millisecond Sample calls up to
+/// minutes-long Generate streams.
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+/// Stage time buckets (seconds): 1 µs to 100 ms.
+const STAGE_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    0.1,
+];
+
+/// Metrics settings (config `[metrics]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve Prometheus metrics at all.
+    pub enabled: bool,
+    /// HTTP listen address of `/metrics`.
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: true,
+            listen: DEFAULT_METRICS_LISTEN
+                .parse()
+                .expect("valid default metrics address"),
+        }
+    }
+}
+
+/// Why metrics could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics recorder: {0}")]
+    Recorder(#[from] metrics_exporter_prometheus::BuildError),
+    #[error("metrics.listen = {addr}: cannot listen: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Installs the process-wide Prometheus recorder (once, before plugins and
+/// the model load, so their series exist) and describes every metric.
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(REQUEST_DURATION_METRIC.into()),
+            REQUEST_BUCKETS,
+        )?
+        .set_buckets_for_metric(Matcher::Full(STAGE_DURATION_METRIC.into()), STAGE_BUCKETS)?
+        .install_recorder()?;
+    describe();
+    // Gauges that exist from the start (a scrape shows 0, not nothing).
+    metrics::gauge!(DRAINING_METRIC).set(0.0);
+    metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        REQUESTS_METRIC,
+        "gRPC requests finished, by RPC and status code"
+    );
+    describe_histogram!(
+        REQUEST_DURATION_METRIC,
+        Unit::Seconds,
+        "gRPC request time to the end of the response (whole stream for streaming RPCs)"
+    );
+    describe_gauge!(ACTIVE_STREAMS_METRIC, "open SampleStream/Generate streams");
+    describe_counter!(GENERATED_TOKENS_METRIC, "tokens produced by Generate");
+    describe_gauge!(
+        GENERATE_QUEUE_DEPTH_METRIC,
+        "Generate requests waiting for a generation slot"
+    );
+    describe_histogram!(
+        STAGE_DURATION_METRIC,
+        Unit::Seconds,
+        "time in each sampler stage's apply, by stage"
+    );
+    describe_counter!(
+        PLUGIN_ERRORS_METRIC,
+        "sampler plugin failures (error codes and post-check violations), by stage"
+    );
+    describe_gauge!(
+        MODEL_LOAD_METRIC,
+        Unit::Seconds,
+        "time taken to load the model"
+    );
+    describe_gauge!(DRAINING_METRIC, "1 while draining for shutdown");
+}
+
+/// Binds `metrics.listen`.
+pub async fn bind(cfg: &MetricsConfig) -> Result<TcpListener, MetricsError> {
+    TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| MetricsError::Bind {
+            addr: cfg.listen,
+            source,
+        })
+}
+
+/// Serves `GET /metrics` on `listener` until the process ends (it keeps
+/// answering while the gRPC server drains), with periodic exporter upkeep.
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle) -> std::io::Result<()> {
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(addr = %addr, path = METRICS_PATH, "metrics listening");
+    }
+    let app = axum::Router::new().route(
+        METRICS_PATH,
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move {
+                (
+                    [(http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                    handle.render(),
+                )
+            }
+        }),
+    );
+    axum::serve(listener, app).await
+}
+
+/// What the request layer knows about an RPC from its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Rpc {
+    /// Label value: `package.Service/Method`, or `unknown` (so clients cannot
+    /// create series with made-up paths).
+    name: &'static str,
+    /// A SampleStream/Generate stream (counted in `samplerd_active_streams`).
+    stream: bool,
+    /// Refused while draining (the Sampler RPCs; health and reflection keep
+    /// answering so probes see NOT_SERVING).
+    drains: bool,
+}
+
+/// Every RPC samplerd serves.
+const RPCS: &[(&str, Rpc)] = &[
+    (
+        "/samplerd.v1.Sampler/Sample",
+        Rpc {
+            name: "samplerd.v1.Sampler/Sample",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/SampleStream",
+        Rpc {
+            name: "samplerd.v1.Sampler/SampleStream",
+            stream: true,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/Generate",
+        Rpc {
+            name: "samplerd.v1.Sampler/Generate",
+            stream: true,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/ListStages",
+        Rpc {
+            name: "samplerd.v1.Sampler/ListStages",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
+        "/grpc.health.v1.Health/Check",
+        Rpc {
+            name: "grpc.health.v1.Health/Check",
+            stream: false,
+            drains: false,
+        },
+    ),
+    (
+        "/grpc.health.v1.Health/Watch",
+        Rpc {
+            name: "grpc.health.v1.Health/Watch",
+            stream: false,
+            drains: false,
+        },
+    ),
+    (
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        Rpc {
+            name: "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            stream: false,
+            drains: false,
+        },
+    ),
+    (
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        Rpc {
+            name: "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            stream: false,
+            drains: false,
+        },
+    ),
+];
+
+const UNKNOWN_RPC: Rpc = Rpc {
+    name: "unknown",
+    stream: false,
+    drains: false,
+};
+
+impl Rpc {
+    fn classify(path: &str) -> Rpc {
+        RPCS.iter()
+            .find(|(p, _)| *p == path)
+            .map_or(UNKNOWN_RPC, |(_, r)| *r)
+    }
+}
+
+/// The grpc-status in a header map (trailers, or a trailers-only response).
+fn grpc_code(headers: &http::HeaderMap) -> Option<Code> {
+    headers
+        .get("grpc-status")
+        .map(|v| Code::from_bytes(v.as_bytes()))
+}
+
+/// One request being observed: records its code and duration exactly once
+/// (at its status, or as CANCELLED when the response is dropped unfinished)
+/// and releases its in-flight and open-stream counts.
+struct Observation {
+    rpc: Rpc,
+    start: Instant,
+    done: bool,
+    in_flight: Option<InFlight>,
+}
+
+impl Observation {
+    fn new(rpc: Rpc, in_flight: Option<InFlight>) -> Self {
+        if rpc.stream {
+            metrics::gauge!(ACTIVE_STREAMS_METRIC, "rpc" => rpc.name).increment(1.0);
+        }
+        Observation {
+            rpc,
+            start: Instant::now(),
+            done: false,
+            in_flight,
+        }
+    }
+
+    fn finish(&mut self, code: Code) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let rpc = self.rpc.name;
+        metrics::counter!(REQUESTS_METRIC, "rpc" => rpc, "code" => code_name(code)).increment(1);
+        metrics::histogram!(REQUEST_DURATION_METRIC, "rpc" => rpc)
+            .record(self.start.elapsed().as_secs_f64());
+        if self.rpc.stream {
+            metrics::gauge!(ACTIVE_STREAMS_METRIC, "rpc" => rpc).decrement(1.0);
+        }
+        self.in_flight = None;
+    }
+}
+
+impl Drop for Observation {
+    fn drop(&mut self) {
+        self.finish(Code::Cancelled);
+    }
+}
+
+/// A response body that reports its grpc-status trailer (or its premature
+/// drop) to the request's [`Observation`].
+struct ObservedBody {
+    inner: tonic::body::Body,
+    obs: Observation,
+}
+
+impl http_body::Body for ObservedBody {
+    type Data = <tonic::body::Body as http_body::Body>::Data;
+    type Error = <tonic::body::Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self; // both fields are Unpin
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(code) = frame.trailers_ref().and_then(grpc_code) {
+                    this.obs.finish(code);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.obs.finish(Code::Internal),
+            // A body that ends without a status trailer was a trailers-only
+            // response (already recorded) — or is dropped as CANCELLED.
+            Poll::Ready(None) | Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Tower layer over the whole gRPC router: request metrics plus the
+/// shutdown admission gate.
+#[derive(Clone)]
+pub struct RpcLayer {
+    drain: Arc<Drain>,
+}
+
+impl RpcLayer {
+    pub fn new(drain: Arc<Drain>) -> Self {
+        RpcLayer { drain }
+    }
+}
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcService {
+            inner,
+            drain: self.drain.clone(),
+        }
+    }
+}
+
+/// The service [`RpcLayer`] wraps around the router.
+#[derive(Clone)]
+pub struct RpcService<S> {
+    inner: S,
+    drain: Arc<Drain>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B> tower::Service<http::Request<B>> for RpcService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let rpc = Rpc::classify(req.uri().path());
+        let in_flight = if rpc.drains {
+            match self.drain.admit() {
+                Some(g) => Some(g),
+                None => {
+                    Observation::new(rpc, None).finish(Code::Unavailable);
+                    let refused = tonic::Status::unavailable(SHUTTING_DOWN_MESSAGE).into_http();
+                    return Box::pin(std::future::ready(Ok(refused)));
+                }
+            }
+        } else {
+            None
+        };
+        let mut obs = Observation::new(rpc, in_flight);
+        // The clone-and-swap idiom: call the instance poll_ready prepared.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let resp = inner.call(req).await?;
+            if let Some(code) = grpc_code(resp.headers()) {
+                obs.finish(code);
+            }
+            let (parts, inner) = resp.into_parts();
+            let body = tonic::body::Body::new(ObservedBody { inner, obs });
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_served_rpc_is_classified_and_others_are_unknown() {
+        assert_eq!(
+            Rpc::classify("/samplerd.v1.Sampler/Generate").name,
+            "samplerd.v1.Sampler/Generate"
+        );
+        assert!(Rpc::classify("/samplerd.v1.Sampler/SampleStream").stream);
+        assert!(!Rpc::classify("/grpc.health.v1.Health/Check").drains);
+        assert_eq!(Rpc::classify("/samplerd.v1.Sampler/Nope"), UNKNOWN_RPC);
+        assert_eq!(Rpc::classify("/x"), UNKNOWN_RPC);
+    }
+
+    #[test]
+    fn code_names_are_canonical() {
+        assert_eq!(code_name(Code::Ok), "OK");
+        assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
+        assert_eq!(code_name(Code::from_i32(14)), "UNAVAILABLE");
+    }
+}

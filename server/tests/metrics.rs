@@ -1,0 +1,265 @@
+//! Prometheus metrics of the real `samplerd serve` process: after a known
+//! mix of RPCs, `/metrics` has the request counters by RPC and status code,
+//! the latency histograms, open streams, per-stage times, plugin errors by
+//! stage — and, with `SAMPLERD_MODEL` set, tokens generated and the model
+//! load time — with the right counts. Plus `metrics.enabled = false`.
+
+mod common;
+mod process;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use common::{core_plugin, logits, test_plugin};
+use samplerd_api::v1;
+use samplerd_api::v1::param_value::Kind;
+use samplerd_api::v1::sampler_client::SamplerClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+const VOCAB: usize = 1000;
+const RPC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One sample: its labels (sorted) and value.
+type Sample = (BTreeMap<String, String>, f64);
+
+/// Parsed samples by metric name.
+struct Scrape(HashMap<String, Vec<Sample>>);
+
+impl Scrape {
+    fn parse(text: &str) -> Scrape {
+        let mut m: HashMap<String, Vec<_>> = HashMap::new();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let (series, value) = line.rsplit_once(' ').expect("sample line");
+            let value: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line}"));
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').expect("label");
+                    (k.to_string(), v.trim_matches('"').to_string())
+                })
+                .collect();
+            m.entry(name.to_string()).or_default().push((labels, value));
+        }
+        Scrape(m)
+    }
+
+    /// The value of `name` with exactly these labels (panics naming what
+    /// is there otherwise).
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let series = self
+            .0
+            .get(name)
+            .unwrap_or_else(|| panic!("no metric {name}"));
+        series
+            .iter()
+            .find(|(l, _)| *l == want)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("no {name}{want:?}; have {series:?}"))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+}
+
+fn stage(name: &str, params: &[(&str, f64)]) -> v1::StageSpec {
+    v1::StageSpec {
+        name: name.into(),
+        params: params
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v1::ParamValue {
+                        kind: Some(Kind::Number(*v)),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+fn sample(chain: Vec<v1::StageSpec>, seed: u64) -> v1::SampleRequest {
+    v1::SampleRequest {
+        logits: logits(VOCAB, seed),
+        params: Some(v1::SamplingParams {
+            chain,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+const SAMPLE: &str = "samplerd.v1.Sampler/Sample";
+const STREAM: &str = "samplerd.v1.Sampler/SampleStream";
+
+#[tokio::test]
+async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
+    let model = process::model_path();
+    let model_toml = model
+        .as_ref()
+        .map(|m| format!("[model]\npath = {}\n", process::toml_path(m)))
+        .unwrap_or_default();
+    let p = process::start(&format!(
+        "[plugins]\nfiles = [{}, {}]\n{model_toml}",
+        process::toml_path(&core_plugin()),
+        process::toml_path(&test_plugin())
+    ));
+    let ch = p.channel().await;
+    let mut client = SamplerClient::new(ch.clone());
+    let top_k_dist = || vec![stage("top_k", &[("k", 5.0)]), stage("dist", &[])];
+
+    // 3 good Sample calls (top_k → dist), 1 invalid (empty logits), 1 that
+    // fails in a plugin (test_nan writes NaN), 1 ListStages.
+    for i in 0..3 {
+        client
+            .sample(sample(top_k_dist(), i))
+            .await
+            .expect("sample");
+    }
+    let bad = client
+        .sample(v1::SampleRequest::default())
+        .await
+        .expect_err("empty logits");
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let nan = client
+        .sample(sample(vec![stage("test_nan", &[]), stage("dist", &[])], 9))
+        .await
+        .expect_err("plugin writes NaN");
+    assert_eq!(nan.code(), Code::Internal, "{nan:?}");
+    client
+        .list_stages(v1::ListStagesRequest {})
+        .await
+        .expect("list stages");
+
+    // A SampleStream of 2 steps over the same chain, scraped while open.
+    let (tx, rx) = mpsc::channel(4);
+    let mut responses = client
+        .sample_stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    for i in 0..2 {
+        tx.send(v1::SampleStreamRequest {
+            logits: logits(VOCAB, 100 + i),
+            params: (i == 0).then(|| v1::SamplingParams {
+                chain: top_k_dist(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        tokio::time::timeout(RPC_TIMEOUT, responses.message())
+            .await
+            .expect("step in time")
+            .expect("step")
+            .expect("response");
+    }
+    let open = Scrape::parse(&p.scrape());
+    assert_eq!(open.get("samplerd_active_streams", &[("rpc", STREAM)]), 1.0);
+    drop(tx);
+    let end = tokio::time::timeout(RPC_TIMEOUT, responses.message())
+        .await
+        .expect("stream end in time");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+
+    let s = Scrape::parse(&p.scrape());
+    let req = "samplerd_requests_total";
+    assert_eq!(s.get(req, &[("rpc", SAMPLE), ("code", "OK")]), 3.0);
+    assert_eq!(
+        s.get(req, &[("rpc", SAMPLE), ("code", "INVALID_ARGUMENT")]),
+        1.0
+    );
+    assert_eq!(s.get(req, &[("rpc", SAMPLE), ("code", "INTERNAL")]), 1.0);
+    assert_eq!(s.get(req, &[("rpc", STREAM), ("code", "OK")]), 1.0);
+    assert_eq!(
+        s.get(
+            req,
+            &[("rpc", "samplerd.v1.Sampler/ListStages"), ("code", "OK")]
+        ),
+        1.0
+    );
+    let dur = "samplerd_request_duration_seconds";
+    assert_eq!(s.get(&format!("{dur}_count"), &[("rpc", SAMPLE)]), 5.0);
+    assert_eq!(s.get(&format!("{dur}_count"), &[("rpc", STREAM)]), 1.0);
+    assert_eq!(
+        s.get(&format!("{dur}_bucket"), &[("rpc", SAMPLE), ("le", "+Inf")]),
+        5.0
+    );
+    assert!(s.get(&format!("{dur}_sum"), &[("rpc", SAMPLE)]) > 0.0);
+    assert_eq!(s.get("samplerd_active_streams", &[("rpc", STREAM)]), 0.0);
+
+    // Stage times: top_k and dist ran 3 (Sample) + 2 (stream steps) times
+    // each; test_nan once, dist never after it.
+    let stage_count = "samplerd_stage_duration_seconds_count";
+    assert_eq!(s.get(stage_count, &[("stage", "top_k")]), 5.0);
+    assert_eq!(s.get(stage_count, &[("stage", "test_nan")]), 1.0);
+    assert_eq!(
+        s.get("samplerd_plugin_errors_total", &[("stage", "test_nan")]),
+        1.0
+    );
+    assert_eq!(s.get("samplerd_draining", &[]), 0.0);
+    assert_eq!(s.get("samplerd_generate_queue_depth", &[]), 0.0);
+
+    if model.is_some() {
+        const MAX_TOKENS: u32 = 5;
+        let mut events = client
+            .generate(v1::GenerateRequest {
+                prompt: "Hello".into(),
+                max_tokens: Some(MAX_TOKENS),
+                ignore_eos: true,
+                ..Default::default()
+            })
+            .await
+            .expect("generate")
+            .into_inner();
+        tokio::time::timeout(RPC_TIMEOUT, async {
+            while events.message().await.expect("event").is_some() {}
+        })
+        .await
+        .expect("generation in time");
+        let s = Scrape::parse(&p.scrape());
+        assert_eq!(
+            s.get("samplerd_generated_tokens_total", &[]),
+            MAX_TOKENS as f64
+        );
+        assert!(s.get("samplerd_model_load_seconds", &[]) > 0.0);
+        assert_eq!(
+            s.get(
+                req,
+                &[("rpc", "samplerd.v1.Sampler/Generate"), ("code", "OK")]
+            ),
+            1.0
+        );
+    } else {
+        eprintln!("SAMPLERD_MODEL is not set: Generate metrics not checked");
+        assert!(!s.has("samplerd_model_load_seconds"));
+    }
+}
+
+#[tokio::test]
+async fn metrics_can_be_disabled() {
+    let p = process::start("[metrics]\nenabled = false\n");
+    assert!(p.metrics.is_none());
+    // Serving works without the endpoint.
+    let ch = p.channel().await;
+    SamplerClient::new(ch)
+        .sample(sample(vec![stage("dist", &[])], 1))
+        .await
+        .expect("sample");
+}

@@ -1,0 +1,221 @@
+//! Harness for tests that run the real `samplerd serve` process: a config
+//! file with ephemeral gRPC and metrics ports and JSON logs, the addresses
+//! read from the server's own log lines (no port probing), a bounded wait
+//! for SERVING, SIGTERM, and a bounded wait for the exit status.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+
+use crate::common::core_plugin;
+
+/// Upper bound on start-up (plugins, and the model when configured).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often `wait_exit` looks at the child (a bounded poll of its status).
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
+/// The real-model path from `SAMPLERD_MODEL`, if set.
+pub fn model_path() -> Option<PathBuf> {
+    let p = PathBuf::from(std::env::var_os("SAMPLERD_MODEL")?);
+    assert!(p.is_file(), "SAMPLERD_MODEL={} is not a file", p.display());
+    Some(p)
+}
+
+/// A running `samplerd serve`.
+pub struct Process {
+    pub child: Child,
+    pub grpc: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+    /// Log lines (JSON) not yet consumed.
+    pub logs: mpsc::Receiver<String>,
+    dir: PathBuf,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TOML string literal for a path.
+pub fn toml_path(p: &std::path::Path) -> String {
+    format!("{:?}", p.display().to_string())
+}
+
+/// Starts `samplerd serve` with the core plugin, ephemeral ports, JSON logs
+/// and `extra_toml` appended (more keys or tables), and waits until it
+/// logs its gRPC address (and metrics address unless disabled).
+pub fn start(extra_toml: &str) -> Process {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "samplerd-proc-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let metrics_enabled = !extra_toml.contains("enabled = false");
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\n\
+         [logging]\nformat = \"json\"\nfilter = \"info\"\n\
+         {extra_toml}\n"
+    );
+    // [metrics] and [plugins] may be given by the caller; default them.
+    let mut config = config;
+    if !config.contains("[metrics]") {
+        config.push_str("[metrics]\nlisten = \"127.0.0.1:0\"\n");
+    }
+    if !config.contains("[plugins]") {
+        config.push_str(&format!(
+            "[plugins]\nfiles = [{}]\n",
+            toml_path(&core_plugin())
+        ));
+    }
+    let file = dir.join("samplerd.toml");
+    std::fs::write(&file, &config).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_samplerd"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("SAMPLERD_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = cmd
+        .env_remove("RUST_LOG")
+        .current_dir(&dir)
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn samplerd");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut p = Process {
+        child,
+        grpc: "0.0.0.0:0".parse().unwrap(),
+        metrics: None,
+        logs: rx,
+        dir,
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut grpc = None;
+    while grpc.is_none() || (metrics_enabled && p.metrics.is_none()) {
+        let line = p.next_log(deadline).unwrap_or_else(|| {
+            panic!("samplerd did not log its addresses in time (config:\n{config})")
+        });
+        match log_message(&line).as_deref() {
+            Some("samplerd serving") => grpc = log_field(&line, "addr"),
+            Some("metrics listening") => p.metrics = log_field(&line, "addr"),
+            _ => {}
+        }
+    }
+    p.grpc = grpc.unwrap();
+    p
+}
+
+/// The `fields.message` of a JSON log line.
+pub fn log_message(line: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    v["fields"]["message"].as_str().map(str::to_string)
+}
+
+fn log_field<T: std::str::FromStr>(line: &str, field: &str) -> Option<T> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    v["fields"][field].as_str()?.parse().ok()
+}
+
+impl Process {
+    /// The next log line, or `None` at `deadline` or when stderr closes.
+    pub fn next_log(&self, deadline: Instant) -> Option<String> {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        self.logs.recv_timeout(left).ok()
+    }
+
+    /// Waits (bounded) for a log line whose message is `message`.
+    pub fn wait_log(&self, message: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.next_log(deadline) {
+                Some(l) if log_message(&l).as_deref() == Some(message) => return l,
+                Some(_) => {}
+                None => panic!("no log line {message:?} within {timeout:?}"),
+            }
+        }
+    }
+
+    /// A connected channel to the gRPC port, after SERVING.
+    pub async fn channel(&self) -> Channel {
+        let ch = Channel::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect");
+        crate::common::wait_serving(ch.clone()).await;
+        ch
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(ok.success(), "kill -TERM failed");
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "samplerd did not exit within {timeout:?}"
+            );
+            std::thread::sleep(EXIT_POLL);
+        }
+    }
+
+    /// `GET /metrics` as text (a plain HTTP/1.1 request; no client crate).
+    pub fn scrape(&self) -> String {
+        use std::io::{Read, Write};
+        let addr = self.metrics.expect("metrics enabled");
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .expect("connect to metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).expect("read metrics response");
+        let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        body.to_string()
+    }
+}

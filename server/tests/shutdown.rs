@@ -1,0 +1,298 @@
+//! Graceful shutdown of the real `samplerd serve` process: after SIGTERM
+//! the health check turns NOT_SERVING, new RPCs are refused with
+//! UNAVAILABLE, a stream already running completes intact, and the process
+//! exits 0; a stream that outlives `shutdown.grace_period_secs` is cut and
+//! the process still exits 0. With `SAMPLERD_MODEL` set, a Generate stream
+//! in flight is also finished intact.
+
+mod common;
+mod process;
+
+use std::time::Duration;
+
+use common::{argmax, logits};
+use samplerd_api::v1;
+use samplerd_api::v1::sampler_client::SamplerClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+
+/// Bound on any single RPC step in these tests.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bound on the exit after the last stream ended (drain + close timeout).
+const EXIT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Vocabulary of the test logits.
+const VOCAB: usize = 4096;
+
+fn greedy() -> Option<v1::SamplingParams> {
+    Some(v1::SamplingParams {
+        temperature: Some(0.0),
+        ..Default::default()
+    })
+}
+
+fn stream_msg(i: u64, first: bool) -> v1::SampleStreamRequest {
+    v1::SampleStreamRequest {
+        logits: logits(VOCAB, i),
+        params: if first { greedy() } else { None },
+        ..Default::default()
+    }
+}
+
+/// Waits (bounded) on a Watch stream opened before the signal until it
+/// reports NOT_SERVING.
+async fn wait_not_serving(watch: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>) {
+    tokio::time::timeout(STEP_TIMEOUT, async {
+        while let Some(m) = watch.message().await.expect("health watch") {
+            if m.status == ServingStatus::NotServing as i32 {
+                return;
+            }
+        }
+        panic!("health watch ended before NOT_SERVING");
+    })
+    .await
+    .expect("NOT_SERVING after SIGTERM");
+}
+
+/// A new RPC during the drain gets UNAVAILABLE (or, once the listener has
+/// closed, a connection error, which clients also see as UNAVAILABLE).
+async fn assert_refused(client: &mut SamplerClient<Channel>) {
+    let err = tokio::time::timeout(
+        STEP_TIMEOUT,
+        client.sample(v1::SampleRequest {
+            logits: logits(VOCAB, 99),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("refusal in time")
+    .expect_err("new request refused while draining");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("shutting down"), "{err:?}");
+}
+
+async fn watch(ch: &Channel) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
+    HealthClient::new(ch.clone())
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health watch")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
+    let mut p = process::start("[shutdown]\ngrace_period_secs = 20\n");
+    let ch = p.channel().await;
+    let mut client = SamplerClient::new(ch.clone());
+    let mut health = watch(&ch).await;
+
+    // A stream in flight: one step answered, more to come.
+    const STEPS: u64 = 6;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(stream_msg(0, true)).await.unwrap();
+    let mut responses = client
+        .sample_stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    let first = tokio::time::timeout(STEP_TIMEOUT, responses.message())
+        .await
+        .expect("first step in time")
+        .expect("first step")
+        .expect("a response");
+    assert_eq!(first.token_id, argmax(&logits(VOCAB, 0)));
+
+    p.terminate();
+    wait_not_serving(&mut health).await;
+    // Liveness stays SERVING while draining (the pod is not restarted).
+    let live = HealthClient::new(ch.clone())
+        .check(HealthCheckRequest {
+            service: samplerd::server::LIVENESS_SERVICE.into(),
+        })
+        .await
+        .expect("liveness check while draining")
+        .into_inner();
+    assert_eq!(live.status, ServingStatus::Serving as i32);
+    assert_refused(&mut client).await;
+    let err = client
+        .list_stages(v1::ListStagesRequest {})
+        .await
+        .expect_err("ListStages refused too");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    // The running stream goes on: every step answered, in order, greedy.
+    for i in 1..STEPS {
+        tx.send(stream_msg(i, false)).await.unwrap();
+        let r = tokio::time::timeout(STEP_TIMEOUT, responses.message())
+            .await
+            .expect("step in time")
+            .unwrap_or_else(|e| panic!("step {i} failed during the drain: {e:?}"))
+            .expect("a response");
+        assert_eq!(r.step, i, "steps stay in order");
+        assert_eq!(r.token_id, argmax(&logits(VOCAB, i)));
+    }
+    drop(tx);
+    let end = tokio::time::timeout(STEP_TIMEOUT, responses.message())
+        .await
+        .expect("stream end in time");
+    assert!(matches!(end, Ok(None)), "stream ends cleanly: {end:?}");
+    drop(health);
+
+    let status = p.wait_exit(EXIT_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let stopped = p.wait_log("samplerd stopped", Duration::from_secs(5));
+    assert!(stopped.contains("INFO"), "{stopped}");
+}
+
+#[tokio::test]
+async fn stream_past_the_grace_period_is_cut_and_process_still_exits_0() {
+    let mut p = process::start("[shutdown]\ngrace_period_secs = 1\n");
+    let ch = p.channel().await;
+    let mut client = SamplerClient::new(ch.clone());
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(stream_msg(0, true)).await.unwrap();
+    let mut responses = client
+        .sample_stream(ReceiverStream::new(rx))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    tokio::time::timeout(STEP_TIMEOUT, responses.message())
+        .await
+        .expect("first step in time")
+        .expect("first step")
+        .expect("a response");
+
+    // The client keeps the stream open (sends nothing): the server must not
+    // wait for it beyond the grace period.
+    p.terminate();
+    p.wait_log(
+        "grace period over: cutting the requests still running",
+        STEP_TIMEOUT,
+    );
+    let status = p.wait_exit(EXIT_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let end = tokio::time::timeout(STEP_TIMEOUT, responses.message())
+        .await
+        .expect("the cut reaches the client in time");
+    assert!(end.is_err(), "a cut stream ends with an error: {end:?}");
+    drop(tx);
+}
+
+#[tokio::test]
+async fn generate_in_flight_at_sigterm_completes_intact() {
+    let Some(model) = process::model_path() else {
+        eprintln!("SAMPLERD_MODEL is not set: skipping the Generate shutdown test");
+        return;
+    };
+    let mut p = process::start(&format!(
+        "[model]\npath = {}\n[shutdown]\ngrace_period_secs = 60\n",
+        process::toml_path(&model)
+    ));
+    let ch = p.channel().await;
+    let mut client = SamplerClient::new(ch.clone());
+    let mut health = watch(&ch).await;
+    const MAX_TOKENS: u32 = 48;
+    let mut events = client
+        .generate(v1::GenerateRequest {
+            prompt: "Once upon a time".into(),
+            max_tokens: Some(MAX_TOKENS),
+            ignore_eos: true,
+            params: greedy(),
+            ..Default::default()
+        })
+        .await
+        .expect("generate starts")
+        .into_inner();
+    let first = tokio::time::timeout(STEP_TIMEOUT, events.message())
+        .await
+        .expect("first token in time")
+        .expect("first token")
+        .expect("an event");
+    assert!(matches!(
+        first.event,
+        Some(v1::generate_response::Event::Token(_))
+    ));
+
+    p.terminate();
+    wait_not_serving(&mut health).await;
+    assert_refused(&mut client).await;
+
+    let mut tokens = 1;
+    let finished = loop {
+        let ev = tokio::time::timeout(STEP_TIMEOUT, events.message())
+            .await
+            .expect("token in time")
+            .unwrap_or_else(|e| panic!("generation failed during the drain: {e:?}"))
+            .expect("the stream ends with Finished");
+        match ev.event {
+            Some(v1::generate_response::Event::Token(_)) => tokens += 1,
+            Some(v1::generate_response::Event::Finished(f)) => break f,
+            None => panic!("empty event"),
+        }
+    };
+    assert_eq!(tokens, MAX_TOKENS);
+    assert_eq!(finished.finish_reason, v1::FinishReason::MaxTokens as i32);
+    assert_eq!(finished.usage.unwrap().completion_tokens, MAX_TOKENS);
+    drop(health);
+    let status = p.wait_exit(EXIT_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+/// A model stand-in that turns ready when told.
+struct Loading(std::sync::atomic::AtomicBool);
+
+impl samplerd::model::Generator for Loading {
+    fn ready(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn generate(
+        &self,
+        _: v1::GenerateRequest,
+        _: samplerd::model::ResolvedSampling,
+        _: samplerd::model::GenerateSink,
+    ) {
+    }
+}
+
+#[tokio::test]
+async fn health_is_serving_only_once_the_model_is_ready() {
+    let model = std::sync::Arc::new(Loading(Default::default()));
+    let server = samplerd::server::spawn(common::test_config(), Some(model.clone()))
+        .await
+        .expect("server starts");
+    let ch = Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = watch(&ch).await;
+    let first = tokio::time::timeout(STEP_TIMEOUT, health.message())
+        .await
+        .expect("first health status in time")
+        .expect("health watch")
+        .expect("a status");
+    assert_eq!(
+        first.status,
+        ServingStatus::NotServing as i32,
+        "NOT_SERVING while the model loads"
+    );
+    // Liveness answers SERVING even while loading (no restart loop).
+    let live = HealthClient::new(ch.clone())
+        .check(HealthCheckRequest {
+            service: samplerd::server::LIVENESS_SERVICE.into(),
+        })
+        .await
+        .expect("liveness check")
+        .into_inner();
+    assert_eq!(live.status, ServingStatus::Serving as i32);
+    model.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    common::wait_serving(ch).await;
+    drop(health);
+    server.stop().await.expect("clean stop");
+}
