@@ -129,6 +129,12 @@ impl Stage for TopNSigma {
                     return Ok(());
                 };
                 let bound = max - self.n * std as f32;
+                // Extreme logits (±f32::MAX in one buffer) make the mean
+                // inf − inf = NaN; llama.cpp masks only `logit < bound`,
+                // which is never true for a NaN bound: nothing is masked.
+                if bound.is_nan() {
+                    return Ok(());
+                }
                 let mut len = 0;
                 let mut chunks = dense.chunks_exact(CHUNK);
                 for (ci, c) in (&mut chunks).enumerate() {
@@ -179,6 +185,9 @@ impl Stage for TopNSigma {
                     return Ok(());
                 };
                 let bound = max - self.n * std as f32;
+                if bound.is_nan() {
+                    return Ok(()); // as in the dense case: nothing masked
+                }
                 // Survivors first (their order kept), the masked tokens
                 // after them at -inf (llama.cpp keeps them in the list).
                 let mut len = 0;

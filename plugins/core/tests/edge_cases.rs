@@ -469,6 +469,39 @@ fn top_n_sigma_basics() {
     assert!(buf.is_dense(), "nothing finite: unchanged");
 }
 
+/// Found by the chain fuzzer: ±f32::MAX logits in different 64-wide chunks
+/// overflow the dense mean to inf − inf = NaN, and a NaN bound used to mask
+/// every token (so `dist` had nothing left). llama.cpp masks only
+/// `logit < bound`, never true for NaN: nothing is masked. (The candidate
+/// view sums in f64 without overflow and keeps the maxima.)
+#[test]
+fn top_n_sigma_with_a_nan_bound_masks_nothing() {
+    let mut logits = vec![-1.0f32; 192];
+    logits[..8].fill(f32::MAX);
+    logits[64..72].fill(f32::MIN);
+    logits[150] = NEG;
+    let mut buf = OwnedTokens::dense(&logits);
+    run::<TopNSigma>(&[("n", 0.25)], &mut buf);
+    let mut finite: Vec<(u32, f32)> = buf
+        .survivors()
+        .into_iter()
+        .filter(|(_, l)| l.is_finite())
+        .collect();
+    finite.sort_by_key(|&(id, _)| id);
+    let expected: Vec<(u32, f32)> = (0u32..)
+        .zip(logits.iter().copied())
+        .filter(|(_, l)| l.is_finite())
+        .collect();
+    assert_eq!(finite, expected, "every finite logit survives, unchanged");
+    let mut buf = OwnedTokens::dense_as_candidates(&logits);
+    run::<TopNSigma>(&[("n", 0.25)], &mut buf);
+    let kept = buf.survivors();
+    assert!(
+        (0..8).all(|id| kept.contains(&(id, f32::MAX))),
+        "the maxima survive: {kept:?}"
+    );
+}
+
 // ------------------------------------------------------------------------ xtc
 
 #[test]
