@@ -4,7 +4,8 @@
 //! u · sum; only tokens with non-zero probability can be picked. A selecting
 //! stage: it never modifies the logits. Dense view: a vectorised max pass, a
 //! vectorised exp pass with per-64 chunk sums, and a walk that skips whole
-//! chunks. Fails when no candidate has a finite logit.
+//! chunks (also used for candidate lists longer than [`LARGE_LIST`]).
+//! Fails when no candidate has a finite logit.
 
 use std::ffi::CStr;
 
@@ -14,9 +15,14 @@ use crate::util::{self, CHUNK};
 
 pub struct Dist;
 
+/// Candidate lists longer than this take the vectorised, chunked path.
+/// Shorter ones (e.g. the 40 after top_k) sum sequentially in f64.
+pub const LARGE_LIST: usize = 1024;
+
 #[derive(Clone, Default)]
 pub struct DistState {
     probs: Vec<f32>,
+    logits: Vec<f32>,
     chunk_sums: Vec<f64>,
 }
 
@@ -94,6 +100,19 @@ impl Stage for Dist {
                 let total = util::exp_shifted(x, max, &mut st.probs, Some(&mut st.chunk_sums));
                 let u = rng.uniform_f64();
                 draw_chunked(&st.probs, &st.chunk_sums, total, u).map(|i| i as u32)
+            }
+            ViewKind::Candidates if tokens.len() > LARGE_LIST => {
+                // A long list (e.g. a whole-vocabulary nucleus, which top_p
+                // leaves in list order): the dense path's vectorised exp
+                // and chunked walk over a copy of the logits.
+                let cands = tokens.candidates();
+                st.logits.clear();
+                st.logits.extend(cands.iter().map(|c| c.logit));
+                st.probs.resize(cands.len(), 0.0);
+                let total =
+                    util::exp_shifted(&st.logits, max, &mut st.probs, Some(&mut st.chunk_sums));
+                let u = rng.uniform_f64();
+                draw_chunked(&st.probs, &st.chunk_sums, total, u).map(|i| cands[i].id)
             }
             ViewKind::Candidates => {
                 let cands = tokens.candidates();

@@ -19,11 +19,23 @@
 //! `expf`, tested), and call libm only for the rare lanes that land within
 //! that error of a rounding boundary. Ties, binade crossings and those lanes
 //! are replayed in order with the real f32 addition, as llama.cpp does it.
+//!
+//! The walk uses the same fact to avoid sorting the nucleus: the gathered
+//! tokens (those above a floor estimated from a sample, checked against
+//! their mass) are counting-sorted into logit buckets, and a bucket whose
+//! additions stay in one binade, hold no tie or uncertain lane and do not
+//! reach p is added as one integer sum, in any order. Only the other
+//! buckets (the few largest probabilities, the binade crossings and the
+//! cut) are sorted and replayed in order. The result is the cut: the kept
+//! tokens are those ordered at or before its key.
+
+use samplerd_plugin_sdk::prelude::SdCandidate;
 
 use crate::util::exp_f32;
 
-/// Values are processed in blocks of this many (a multiple of 16).
+/// Values are processed in blocks of this many (four registers of 16).
 pub const BLOCK: usize = 64;
+const _: () = assert!(BLOCK == 4 * 16);
 
 /// Bound on `|exp_f32(x) - expf(x)| / expf(x)` for `x <= 0` where `expf(x)`
 /// is normal (measured: under 2 ulp, i.e. 2^-22; this is twice that; see
@@ -323,67 +335,288 @@ impl F32Sum {
     }
 }
 
+/// Tokens gathered by the normaliser pass: positions and logits of the
+/// values at or above the floor, in position order.
+#[derive(Clone, Default)]
+pub struct Gathered {
+    pub idx: Vec<u32>,
+    pub val: Vec<f32>,
+}
+
+impl Gathered {
+    fn clear(&mut self) {
+        self.idx.clear();
+        self.val.clear();
+    }
+
+    #[inline]
+    fn push(&mut self, i: u32, v: f32) {
+        self.idx.push(i);
+        self.val.push(v);
+    }
+
+    pub fn len(&self) -> usize {
+        self.idx.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.idx.is_empty()
+    }
+}
+
 /// llama.cpp's normaliser `Σ expf(x[i] - max)`, summed in f32 in index
-/// order, bit-exact. Also appends to `idx` the indices i (ascending) with
-/// `x[i] >= floor`.
-pub fn softmax_sum_and_gather(x: &[f32], max: f32, floor: f32, idx: &mut Vec<u32>) -> f32 {
+/// order, bit-exact. Also replaces `g` with the tokens whose logit is
+/// `>= floor` (ascending positions) and returns, second, an estimate of
+/// their share of the sum (`Σ exp(x[i] - max)` over them, within a few
+/// ulp: it only decides whether the floor is low enough).
+pub fn softmax_sum_and_gather(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, f32) {
+    g.clear();
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU supports AVX-512F (checked just above).
-        return unsafe { softmax_sum_avx512(x, max, floor, idx) };
+        return unsafe { avx512::softmax_sum(x, max, floor, g) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { softmax_sum_avx2(x, max, floor, idx) };
+        return unsafe { softmax_sum_avx2(x, max, floor, g) };
     }
-    softmax_sum_impl(x, max, floor, idx)
+    softmax_sum_impl(x, max, floor, g)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn softmax_sum_avx2(x: &[f32], max: f32, floor: f32, idx: &mut Vec<u32>) -> f32 {
-    softmax_sum_impl(x, max, floor, idx)
+unsafe fn softmax_sum_avx2(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, f32) {
+    softmax_sum_impl(x, max, floor, g)
 }
 
-/// [`softmax_sum_and_gather`] with 16-lane vectors (the same operations
-/// in the same order: bit-identical).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn softmax_sum_avx512(x: &[f32], max: f32, floor: f32, idx: &mut Vec<u32>) -> f32 {
-    softmax_sum_impl(x, max, floor, idx)
-}
-
+/// The portable normaliser pass (LLVM vectorises the exp and rounding;
+/// the gather is scalar).
 #[inline(always)]
-fn softmax_sum_impl(x: &[f32], max: f32, floor: f32, idx: &mut Vec<u32>) -> f32 {
-    idx.clear();
+fn softmax_sum_impl(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, f32) {
     let mut s = F32Sum::new();
     let mut b = Block::default();
     let mut a = [0.0f32; BLOCK];
+    let mut mass = 0.0f32;
     for (ci, c) in x.chunks(BLOCK).enumerate() {
         let n = c.len();
         let base = ci * BLOCK;
+        s.sum_tail_block(c, base, max, floor, &mut a, &mut b, g, &mut mass);
+        let _ = n;
+    }
+    (s.value(), mass)
+}
+
+impl F32Sum {
+    /// One block of the normaliser pass, any length up to BLOCK, portable.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn sum_tail_block(
+        &mut self,
+        c: &[f32],
+        base: usize,
+        max: f32,
+        floor: f32,
+        a: &mut [f32; BLOCK],
+        b: &mut Block,
+        g: &mut Gathered,
+        mass: &mut f32,
+    ) {
+        let n = c.len();
         if let Ok(full) = <&[f32; BLOCK]>::try_from(c) {
             for j in 0..BLOCK {
                 a[j] = exp_f32(full[j] - max);
             }
             let mut m = crate::util::ge_mask(full, floor);
             while m != 0 {
-                idx.push((base + m.trailing_zeros() as usize) as u32);
+                let j = m.trailing_zeros() as usize;
+                g.push((base + j) as u32, full[j]);
+                *mass += a[j];
                 m &= m - 1;
             }
         } else {
-            a = [0.0; BLOCK];
+            *a = [0.0; BLOCK];
             for j in 0..n {
                 a[j] = exp_f32(c[j] - max);
                 if c[j] >= floor {
-                    idx.push((base + j) as u32);
+                    g.push((base + j) as u32, c[j]);
+                    *mass += a[j];
                 }
             }
         }
-        s.add_block(&a, n, EXP_REL_ERR, &mut b, |j| libm_exp(c[j] - max));
+        self.add_block(a, n, EXP_REL_ERR, b, |j| libm_exp(c[j] - max));
     }
-    s.value()
+}
+
+/// The normaliser pass with AVX-512 intrinsics: the same `exp_f32`
+/// operations in the same order (bit-identical lanes), the grid rounding of
+/// [`F32Sum::add_block`] on four registers at a time, and the gather as
+/// compress-stores. Blocks that leave the fast path (a lane near a rounding
+/// boundary, a binade crossing, a sum off the grid) go through
+/// `add_block` with the lanes already computed.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, Block, EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, libm_exp};
+
+    /// `exp(x)` on four registers of 16 lanes: `exp_f32`'s range reduction
+    /// and polynomial on fused multiply-adds (within [`EXP_REL_ERR`] of
+    /// libm like `exp_f32`; tested), the four chains interleaved.
+    #[inline(always)]
+    pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
+        const LOG2E: f32 = std::f32::consts::LOG2_E;
+        const RMAGIC: f32 = 12_582_912.0;
+        const C1: f32 = 0.693_359_4;
+        const C2: f32 = -2.121_944_4e-4;
+        const LO: f32 = -87.336_55;
+        const HI: f32 = 88.376_26;
+        const P: [f32; 6] = [
+            1.987_569_1e-4,
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ];
+        // SAFETY (whole body): register-only AVX-512F operations; the
+        // caller runs with AVX-512F enabled.
+        unsafe {
+            let lo = _mm512_set1_ps(LO);
+            let hi = _mm512_set1_ps(HI);
+            let rmagic = _mm512_set1_ps(RMAGIC);
+            let under = x.map(|v| _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo));
+            let xc = x.map(|v| _mm512_min_ps(_mm512_max_ps(v, lo), hi));
+            let t = xc.map(|v| _mm512_fmadd_ps(v, _mm512_set1_ps(LOG2E), rmagic));
+            let n = t.map(|t| _mm512_sub_ps(t, rmagic));
+            let mut r = [_mm512_setzero_ps(); 4];
+            for k in 0..4 {
+                r[k] = _mm512_fnmadd_ps(n[k], _mm512_set1_ps(C1), xc[k]);
+                r[k] = _mm512_fnmadd_ps(n[k], _mm512_set1_ps(C2), r[k]);
+            }
+            let r2 = r.map(|r| _mm512_mul_ps(r, r));
+            let mut y = [_mm512_set1_ps(P[0]); 4];
+            for c in &P[1..] {
+                for k in 0..4 {
+                    y[k] = _mm512_fmadd_ps(y[k], r[k], _mm512_set1_ps(*c));
+                }
+            }
+            let mut out = [_mm512_setzero_ps(); 4];
+            for k in 0..4 {
+                let yk = _mm512_add_ps(_mm512_fmadd_ps(y[k], r2[k], r[k]), _mm512_set1_ps(1.0));
+                let n_bits =
+                    _mm512_sub_epi32(_mm512_castps_si512(t[k]), _mm512_castps_si512(rmagic));
+                let scale = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                    n_bits,
+                    _mm512_set1_epi32(127),
+                )));
+                out[k] = _mm512_maskz_mul_ps(!under[k], yk, scale);
+            }
+            out
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softmax_sum(
+        x: &[f32],
+        max: f32,
+        floor: f32,
+        g: &mut Gathered,
+    ) -> (f32, f32) {
+        let n = x.len();
+        g.idx.reserve(n + 16);
+        g.val.reserve(n + 16);
+        let idx_out = g.idx.as_mut_ptr();
+        let val_out = g.val.as_mut_ptr();
+        let mut got = 0usize;
+        let mut s = F32Sum::new();
+        let mut b = Block::default();
+        let mut a = [0.0f32; BLOCK];
+        let full = n / BLOCK;
+        let vmax = _mm512_set1_ps(max);
+        let vfloor = _mm512_set1_ps(floor);
+        let magic = _mm512_set1_ps(MAGIC);
+        let magic_bits = _mm512_set1_epi32(MAGIC_BITS as i32);
+        let half = _mm512_set1_ps(0.5);
+        let two_err = _mm512_set1_ps(2.0 * EXP_REL_ERR);
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut mass = _mm512_setzero_ps();
+        for blk in 0..full {
+            let base = blk * BLOCK;
+            // SAFETY: base + BLOCK <= full * BLOCK <= n: the loads are in
+            // bounds; the gather writes 16 lanes at `got`, and `got` stays
+            // below the number of positions seen (<= n), inside the
+            // reserved n + 16.
+            let e = unsafe {
+                let v: [__m512; 4] =
+                    std::array::from_fn(|k| _mm512_loadu_ps(x.as_ptr().add(base + 16 * k)));
+                let e = exp16x4(v.map(|v| _mm512_sub_ps(v, vmax)));
+                for k in 0..4 {
+                    let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v[k], vfloor);
+                    let ids = _mm512_add_epi32(lanes, _mm512_set1_epi32((base + 16 * k) as i32));
+                    // compress in a register and store all 16 lanes (the
+                    // memory form of the compress is several times slower);
+                    // the capacity has 16 entries of slack
+                    _mm512_storeu_si512(
+                        idx_out.add(got).cast(),
+                        _mm512_maskz_compress_epi32(m, ids),
+                    );
+                    _mm512_storeu_ps(val_out.add(got).cast(), _mm512_maskz_compress_ps(m, v[k]));
+                    mass = _mm512_mask_add_ps(mass, m, mass, e[k]);
+                    got += m.count_ones() as usize;
+                }
+                e
+            };
+            if s.on_grid {
+                let inv = _mm512_set1_ps(s.inv);
+                let mut rsum = _mm512_setzero_si512();
+                let mut bad: u16 = 0;
+                for &ek in &e {
+                    let q = _mm512_min_ps(_mm512_mul_ps(ek, inv), magic);
+                    let t = _mm512_add_ps(q, magic);
+                    let r = _mm512_sub_epi32(_mm512_castps_si512(t), magic_bits);
+                    let rf = _mm512_sub_ps(t, magic);
+                    let d = _mm512_abs_ps(_mm512_sub_ps(q, rf));
+                    let margin = _mm512_sub_ps(_mm512_sub_ps(half, _mm512_mul_ps(q, two_err)), d);
+                    bad |= _mm512_cmp_ps_mask::<_CMP_LE_OQ>(margin, _mm512_setzero_ps());
+                    rsum = _mm512_add_epi32(rsum, r);
+                }
+                if bad == 0 {
+                    let sum = _mm512_reduce_add_epi32(rsum) as u32;
+                    if s.units + sum < LIMIT {
+                        s.units += sum;
+                        continue;
+                    }
+                }
+            }
+            for (k, &ek) in e.iter().enumerate() {
+                // SAFETY: 16 floats into a[16k..16k + 16], k < BLOCK / 16.
+                unsafe { _mm512_storeu_ps(a.as_mut_ptr().add(16 * k), ek) };
+            }
+            let c = &x[base..base + BLOCK];
+            s.add_block(&a, BLOCK, EXP_REL_ERR, &mut b, |j| libm_exp(c[j] - max));
+        }
+        // SAFETY: `got` entries were written into the reserved capacity.
+        unsafe {
+            g.idx.set_len(got);
+            g.val.set_len(got);
+        }
+        let mut tail_mass = _mm512_reduce_add_ps(mass);
+        let base = full * BLOCK;
+        if base < n {
+            s.sum_tail_block(
+                &x[base..],
+                base,
+                max,
+                floor,
+                &mut a,
+                &mut b,
+                g,
+                &mut tail_mass,
+            );
+        }
+        (s.value(), tail_mass)
+    }
 }
 
 /// The order-preserving map of f32 to u32, reversed: ascending keys are
@@ -409,40 +642,204 @@ pub fn key_logit(k: u32) -> f32 {
 /// Scratch of [`nucleus`], kept in per-sequence state.
 #[derive(Clone, Default)]
 pub struct Scratch {
-    idx: Vec<u32>,
-    /// After [`nucleus`]: `(desc_key(l) << 32) | position`, the kept ones
-    /// first, sorted.
-    pub keys: Vec<u64>,
+    gathered: Gathered,
+    /// Gathered keys `(desc_key(l) << 32) | position`, in bucket order.
+    keys: Vec<u64>,
+    bucket: Vec<u32>,
     counts: Vec<u32>,
     next: Vec<u32>,
     sample: Vec<f32>,
     sample_e: Vec<f32>,
 }
 
-/// Buckets of the partial sort of the gathered candidates.
-const NBUCKETS: usize = 16_384;
-/// Every SAMPLE_STRIDE-th logit estimates where the cut lands.
-const SAMPLE_STRIDE: usize = 32;
-
-/// llama.cpp's top-p over `x` (the logits in list order): returns the
-/// number kept, with `s.keys[..kept]` holding `(desc_key(l) << 32) | pos`
-/// sorted ascending (logit descending, ties by lower position).
-pub fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) -> usize {
-    let floor = estimate_floor(x, max, p, s);
-    let z = softmax_sum_and_gather(x, max, floor, &mut s.idx);
-    if let Some(k) = walk(x, max, z, p, min_keep, floor, s) {
-        return k;
+impl Scratch {
+    /// The tokens [`nucleus`] gathered, in position order: a superset of
+    /// the kept ones.
+    pub fn gathered(&self) -> &Gathered {
+        &self.gathered
     }
-    // The estimate was too high (or min_keep is larger than the gathered
-    // set, or the sum never reaches p): everything.
-    s.idx.clear();
-    s.idx.extend(0..x.len() as u32);
-    walk(x, max, z, p, min_keep, f32::NEG_INFINITY, s).unwrap_or(x.len())
 }
 
-/// A logit floor under which the tokens should hold well under `1 - p` of
-/// the mass, estimated from every 16th token (the walk checks the result:
-/// a floor too high only costs a second gather).
+/// Where [`nucleus`] cut: the kept tokens are exactly those whose key
+/// `(desc_key(logit) << 32) | position` is `<= last_key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    pub kept: usize,
+    pub last_key: u64,
+}
+
+impl Cut {
+    /// Whether the token at `pos` with logit `l` is kept.
+    #[inline(always)]
+    pub fn keeps(&self, l: f32, pos: u32) -> bool {
+        (((desc_key(l) as u64) << 32) | pos as u64) <= self.last_key
+    }
+}
+
+/// The order-preserving map of f32 to u32 (ascending with the value,
+/// -0.0 below +0.0), branch-free: `desc_key(l) == !ord_key(l)`.
+#[inline(always)]
+fn ord_key(l: f32) -> u32 {
+    let b = l.to_bits();
+    b ^ (((b as i32) >> 31) as u32 | 0x8000_0000)
+}
+
+impl Cut {
+    fn ord_and_pos(&self) -> (u32, u32) {
+        (!((self.last_key >> 32) as u32), self.last_key as u32)
+    }
+}
+
+/// Writes the kept tokens of `g` (a superset, in position order) to
+/// `out[..kept]` in position order as candidates; `out` must hold
+/// `g.len()` entries. Branch-free (the kept ones are scattered among the
+/// gathered ones); AVX-512 compresses 16 at a time.
+pub fn write_kept(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
+    assert!(
+        out.len() >= g.len(),
+        "write_kept: output shorter than the gathered set"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { write_kept_avx512(g, cut, out) };
+    }
+    write_kept_from(g, cut, out, 0, 0);
+}
+
+/// The portable loop, from gathered index `from` and output index `k`.
+fn write_kept_from(g: &Gathered, cut: Cut, out: &mut [SdCandidate], from: usize, mut k: usize) {
+    let (ord_cut, pos_cut) = cut.ord_and_pos();
+    for (&i, &l) in g.idx[from..].iter().zip(&g.val[from..]) {
+        out[k] = SdCandidate { id: i, logit: l };
+        let o = ord_key(l);
+        k += (o > ord_cut || (o == ord_cut && i <= pos_cut)) as usize;
+    }
+    debug_assert_eq!(k, cut.kept);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn write_kept_avx512(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
+    use std::arch::x86_64::*;
+    let (ord_cut, pos_cut) = cut.ord_and_pos();
+    let n = g.len();
+    let vord = _mm512_set1_epi32(ord_cut as i32);
+    let vpos = _mm512_set1_epi32(pos_cut as i32);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    // (id, logit) pairs: lanes 0..8 and 8..16 of the two compressed rows
+    let lo_pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let hi_pairs = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    let mut k = 0usize;
+    let mut j = 0usize;
+    // 16 pairs are stored whatever the count: keep 16 entries of room
+    while j + 16 <= n && k + 16 <= out.len() {
+        // SAFETY: j + 16 <= n for the loads; k + 16 <= out.len() for the
+        // two 8-pair stores (SdCandidate is two u32, repr(C)).
+        unsafe {
+            let ids = _mm512_loadu_si512(g.idx.as_ptr().add(j).cast());
+            let bits = _mm512_loadu_si512(g.val.as_ptr().add(j).cast());
+            let ord = _mm512_xor_si512(bits, _mm512_or_si512(_mm512_srai_epi32::<31>(bits), sign));
+            let m = _mm512_cmpgt_epu32_mask(ord, vord)
+                | (_mm512_cmpeq_epi32_mask(ord, vord) & _mm512_cmple_epu32_mask(ids, vpos));
+            let ci = _mm512_maskz_compress_epi32(m, ids);
+            let cv = _mm512_maskz_compress_epi32(m, bits);
+            let dst = out.as_mut_ptr().add(k).cast::<__m512i>();
+            _mm512_storeu_si512(dst, _mm512_permutex2var_epi32(ci, lo_pairs, cv));
+            _mm512_storeu_si512(dst.add(1), _mm512_permutex2var_epi32(ci, hi_pairs, cv));
+            k += m.count_ones() as usize;
+        }
+        j += 16;
+    }
+    write_kept_from(g, cut, out, j, k);
+}
+
+/// Every SAMPLE_STRIDE-th logit estimates where the cut lands.
+const SAMPLE_STRIDE: usize = 32;
+/// Fraction of the tail mass `(1 - p)` the first floor leaves out: close
+/// to 1 keeps the gathered set small; the gathered mass is checked, so a
+/// miss only costs one more gather pass.
+const TAIL_SHARE: f32 = 0.9;
+/// Relative slack on the gathered mass before the walk trusts the floor
+/// (the walk's f32 running sum may drift from the exact mass by rounding).
+const MASS_SLACK: f32 = 4e-3;
+/// The walk's buckets hold about this many gathered tokens on average.
+const PER_BUCKET: usize = 64;
+/// Interleaved histograms of the bucketing (see `walk_impl`).
+const LANES: usize = 4;
+/// Bounds on the number of buckets.
+const MIN_BUCKETS: usize = 16;
+const MAX_BUCKETS: usize = 4096;
+
+/// llama.cpp's top-p over `x` (the logits in list order). The kept tokens
+/// are those with `cut.keeps(x[i], i)`.
+pub fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) -> Cut {
+    let mut floor = estimate_floor(x, max, p, s);
+    let (z, mut mass) = softmax_sum_and_gather(x, max, floor, &mut s.gathered);
+    // Lower the floor until the gathered tokens hold clearly more than p
+    // of the mass (and at least min_keep of them): then the cut is among
+    // them, and only they are bucketed.
+    let need = p * z * (1.0 + MASS_SLACK);
+    let mut step = 2.0f32;
+    while floor > f32::NEG_INFINITY && (mass < need || s.gathered.len() < min_keep) {
+        let lower = if max - floor > 64.0 {
+            f32::NEG_INFINITY
+        } else {
+            floor - step
+        };
+        mass += gather_at_least(x, max, lower, floor, &mut s.gathered);
+        floor = lower;
+        step *= 2.0;
+    }
+    let target = Target {
+        max,
+        z,
+        p,
+        min_keep,
+        floor,
+    };
+    if let Some(cut) = walk(target, s) {
+        return cut;
+    }
+    // The running sum never reached p inside the gathered set (rounding
+    // drift beyond the slack, or the sum never reaches p at all):
+    // everything.
+    if floor > f32::NEG_INFINITY {
+        gather_at_least(x, max, f32::NEG_INFINITY, floor, &mut s.gathered);
+        let everything = Target {
+            floor: f32::NEG_INFINITY,
+            ..target
+        };
+        if let Some(cut) = walk(everything, s) {
+            return cut;
+        }
+    }
+    Cut {
+        kept: x.len(),
+        last_key: u64::MAX,
+    }
+}
+
+/// Replaces `g` with the tokens `x[i] >= lo` (position order) and returns
+/// `Σ exp(x[i] - max)` over the new ones, those below `hi` (a lower floor
+/// after the first one proved too high).
+pub fn gather_at_least(x: &[f32], max: f32, lo: f32, hi: f32, g: &mut Gathered) -> f32 {
+    g.clear();
+    let mut mass = 0.0f32;
+    for (i, &v) in x.iter().enumerate() {
+        if v >= lo {
+            g.push(i as u32, v);
+            if v < hi {
+                mass += exp_f32(v - max);
+            }
+        }
+    }
+    mass
+}
+
+/// A logit floor under which the tokens should hold about
+/// `TAIL_SHARE · (1 - p)` of the mass, estimated from every
+/// SAMPLE_STRIDE-th token.
 fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
     s.sample.clear();
     s.sample.extend(x.iter().step_by(SAMPLE_STRIDE).copied());
@@ -450,14 +847,13 @@ fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
     s.sample_e
         .extend(s.sample.iter().map(|&v| exp_f32(v - max)));
     let total = masked_sum(&s.sample, &s.sample_e, f32::INFINITY);
-    // 70% of the allowed tail mass: sampling error on the tail is a few %.
-    let allowed = (1.0 - p) * total * 0.7;
+    let allowed = (1.0 - p) * total * TAIL_SHARE;
     // bisection on t in [max - 64, max]: the mass below t grows with t
     let (mut lo, mut hi) = (max - 64.0, max);
     if masked_sum(&s.sample, &s.sample_e, hi) <= allowed {
         return hi;
     }
-    for _ in 0..9 {
+    for _ in 0..10 {
         let mid = 0.5 * (lo + hi);
         if masked_sum(&s.sample, &s.sample_e, mid) <= allowed {
             lo = mid;
@@ -465,7 +861,7 @@ fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
             hi = mid;
         }
     }
-    lo - 0.125
+    lo
 }
 
 /// Σ e[i] over v[i] < t (16 f32 lanes, so it vectorises).
@@ -489,123 +885,205 @@ fn masked_sum(v: &[f32], e: &[f32], t: f32) -> f32 {
     sum
 }
 
-/// `a[j] = exp_f32(v[j]) / z`, vectorised (AVX2 when available).
-fn exp_div_block(v: &[f32; BLOCK], z: f32, a: &mut [f32; BLOCK]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { exp_div_block_avx2(v, z, a) };
-    }
-    exp_div_block_impl(v, z, a)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn exp_div_block_avx2(v: &[f32; BLOCK], z: f32, a: &mut [f32; BLOCK]) {
-    exp_div_block_impl(v, z, a)
-}
-
+/// `a[j] = exp_f32(key_logit(k[j]) - max) / z` for `k.len() <= BLOCK`
+/// lanes (the rest 0).
 #[inline(always)]
-fn exp_div_block_impl(v: &[f32; BLOCK], z: f32, a: &mut [f32; BLOCK]) {
-    for (o, &x) in a.iter_mut().zip(v) {
+fn exp_div_keys_impl(k: &[u64], max: f32, z: f32, a: &mut [f32; BLOCK]) {
+    let mut v = [f32::NEG_INFINITY; BLOCK];
+    for (v, &k) in v.iter_mut().zip(k) {
+        *v = key_logit((k >> 32) as u32) - max;
+    }
+    for (o, &x) in a.iter_mut().zip(&v) {
         *o = exp_f32(x) / z;
     }
 }
 
-/// Sorts the gathered candidates (all `x[i] >= floor`) lazily, bucket by
-/// bucket, and walks them with llama.cpp's f32 running sum of `expf(l -
-/// max) / z`. None if the cut is not inside the gathered set.
-fn walk(
-    x: &[f32],
+/// Walks the gathered tokens (all `>= floor`) in descending logit order
+/// with llama.cpp's f32 running sum of `expf(l - max) / z`, a bucket of
+/// logits at a time: a bucket whose additions stay in one binade, hold no
+/// tie or uncertain lane and do not reach the cut is one integer addition
+/// of rounded values, in any order; only the other buckets are sorted and
+/// replayed in order. None if the cut is not inside the gathered set.
+fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { walk_avx512(t, s) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { walk_avx2(t, s) };
+    }
+    walk_impl(t, s)
+}
+
+/// What the walk looks for: llama.cpp's cut at `p` (and `min_keep`) over
+/// `expf(l - max) / z`, among gathered tokens all `>= floor`.
+#[derive(Clone, Copy)]
+struct Target {
     max: f32,
     z: f32,
     p: f32,
     min_keep: usize,
     floor: f32,
-    s: &mut Scratch,
-) -> Option<usize> {
-    let n = s.idx.len();
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn walk_avx512(t: Target, s: &mut Scratch) -> Option<Cut> {
+    walk_impl(t, s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn walk_avx2(t: Target, s: &mut Scratch) -> Option<Cut> {
+    walk_impl(t, s)
+}
+
+/// The walk, compiled once per instruction set (the exp, the grid
+/// rounding and the bucketing all vectorise). Rust never contracts a
+/// multiply and an add into a fused multiply-add, so every version
+/// computes the same values.
+#[inline(always)]
+fn walk_impl(t: Target, s: &mut Scratch) -> Option<Cut> {
+    let Target {
+        max,
+        z,
+        p,
+        min_keep,
+        floor,
+    } = t;
+    let g = &s.gathered;
+    let n = g.len();
     if n == 0 {
         return None;
     }
-    // Counting sort into buckets of equal logit width, then each bucket is
-    // sorted when the walk reaches it.
+    // Counting sort into buckets of equal logit width (stable: positions
+    // ascend inside a bucket).
     let lo = if floor == f32::NEG_INFINITY {
-        s.idx
+        g.val
             .iter()
-            .map(|&i| x[i as usize])
+            .copied()
             .filter(|v| v.is_finite())
             .fold(max, f32::min)
     } else {
         floor
     };
+    let nb = (n / PER_BUCKET).clamp(MIN_BUCKETS, MAX_BUCKETS);
     let span = max - lo;
     let scale = if span > 0.0 {
-        (NBUCKETS - 1) as f32 / span
+        (nb - 1) as f32 / span
     } else {
         0.0
     };
-    let bucket = |v: f32| -> usize { (((max - v) * scale) as usize).min(NBUCKETS - 1) };
-    s.counts.clear();
-    s.counts.resize(NBUCKETS + 1, 0);
-    for &i in &s.idx {
-        s.counts[bucket(x[i as usize]) + 1] += 1;
+    let top = (nb - 1) as u32;
+    s.bucket.clear();
+    s.bucket.resize(n, 0);
+    // clamped in f32 so the loop vectorises: -inf logits land in the last
+    // bucket (a NaN from inf * 0, when the span is 0, becomes 0 first)
+    let top_f = top as f32;
+    for (b, &v) in s.bucket.iter_mut().zip(&g.val) {
+        let t = ((max - v) * scale).max(0.0).min(top_f);
+        // SAFETY: t is finite and in [0, top] (max/min drop NaN).
+        *b = unsafe { t.to_int_unchecked::<u32>() };
     }
-    for b in 1..=NBUCKETS {
-        s.counts[b] += s.counts[b - 1];
+    // Four interleaved histograms and cursor sets: consecutive tokens
+    // often fall in the same (dense) bucket, and one counter would chain
+    // every increment through memory.
+    s.counts.clear();
+    s.counts.resize(LANES * nb + 1, 0);
+    {
+        let (c, rest) = s.counts.split_at_mut(1);
+        let _ = c;
+        for (j, &b) in s.bucket.iter().enumerate() {
+            rest[b as usize * LANES + j % LANES] += 1;
+        }
+    }
+    // exclusive prefix: counts[b * LANES + l] = start of (bucket b, lane l)
+    for t in 1..=LANES * nb {
+        s.counts[t] += s.counts[t - 1];
     }
     s.keys.clear();
     s.keys.resize(n, 0);
-    {
-        // counts[b] = start of bucket b; advance as we place
-        let next = &mut s.next;
-        next.clear();
-        next.extend_from_slice(&s.counts);
-        for &i in &s.idx {
-            let v = x[i as usize];
-            let b = bucket(v);
-            s.keys[next[b] as usize] = ((desc_key(v) as u64) << 32) | i as u64;
-            next[b] += 1;
-        }
+    s.next.clear();
+    s.next.extend_from_slice(&s.counts[..LANES * nb]);
+    for (j, ((&b, &v), &i)) in s.bucket.iter().zip(&g.val).zip(&g.idx).enumerate() {
+        let at = &mut s.next[b as usize * LANES + j % LANES];
+        s.keys[*at as usize] = ((desc_key(v) as u64) << 32) | i as u64;
+        *at += 1;
     }
-    let mut sorted_to = 0usize; // keys[..sorted_to] are final
-    let mut next_bucket = 0usize;
+
     let mut sum = F32Sum::new();
     let mut blk = Block::default();
     let mut a = [0.0f32; BLOCK];
-    let mut vals = [0.0f32; BLOCK];
-    let mut start = 0usize;
-    while start < n {
-        let end = (start + BLOCK).min(n);
-        while sorted_to < end {
-            let b0 = s.counts[next_bucket] as usize;
-            let b1 = s.counts[next_bucket + 1] as usize;
-            s.keys[b0..b1].sort_unstable();
-            sorted_to = b1;
-            next_bucket += 1;
+    let rel_err = 2.0 * EXP_REL_ERR; // the division adds one rounding
+    for b in 0..nb {
+        let (b0, b1) = (
+            s.counts[b * LANES] as usize,
+            s.counts[(b + 1) * LANES] as usize,
+        );
+        if b0 == b1 {
+            continue;
         }
-        let m = end - start;
-        // the logit travels in the key: no random access into x
-        for (v, &k) in vals.iter_mut().zip(&s.keys[start..end]) {
-            *v = key_logit((k >> 32) as u32) - max;
+        // Fast path: the whole bucket as one integer addition.
+        if let Some(total) = bucket_units(&sum, &s.keys[b0..b1], max, z, rel_err, &mut a, &mut blk)
+        {
+            let end = (sum.units + total) as f32 * sum.unit;
+            if !(end >= p && b1 >= min_keep) {
+                sum.units += total;
+                continue;
+            }
         }
-        vals[m..].fill(f32::NEG_INFINITY);
-        exp_div_block(&vals, z, &mut a);
-        let mut stop = |j: usize, cum: f32| cum >= p && start + j + 1 >= min_keep;
-        // division adds one rounding on each side
-        if let Some(j) = sum.add_block_until(
-            &a,
-            m,
-            2.0 * EXP_REL_ERR,
-            &mut blk,
-            |j| libm_exp(vals[j]) / z,
-            &mut stop,
-        ) {
-            return Some(start + j + 1);
+        // Slow path: sort the bucket, replay it in order.
+        let keys = &mut s.keys[b0..b1];
+        keys.sort_unstable();
+        for (c, chunk) in keys.chunks(BLOCK).enumerate() {
+            let m = chunk.len();
+            let first = b0 + c * BLOCK;
+            exp_div_keys_impl(chunk, max, z, &mut a);
+            let mut stop = |j: usize, cum: f32| cum >= p && first + j + 1 >= min_keep;
+            let exact = |j: usize| libm_exp(key_logit((chunk[j] >> 32) as u32) - max) / z;
+            if let Some(j) = sum.add_block_until(&a, m, rel_err, &mut blk, exact, &mut stop) {
+                return Some(Cut {
+                    kept: first + j + 1,
+                    last_key: chunk[j],
+                });
+            }
         }
-        start = end;
     }
     None
+}
+
+/// `Σ round_u(e/z)` over a bucket's keys on the running sum's grid, when
+/// no lane is a tie or within the error bound of a rounding boundary and
+/// the sum stays in the binade; None otherwise (or off the grid).
+#[inline(always)]
+fn bucket_units(
+    sum: &F32Sum,
+    keys: &[u64],
+    max: f32,
+    z: f32,
+    rel_err: f32,
+    a: &mut [f32; BLOCK],
+    blk: &mut Block,
+) -> Option<u32> {
+    if !sum.on_grid {
+        return None;
+    }
+    let mut total = 0u32;
+    for chunk in keys.chunks(BLOCK) {
+        exp_div_keys_impl(chunk, max, z, a);
+        let (part, bad) = sum.round_block(a, rel_err, blk);
+        if bad != 0 {
+            return None;
+        }
+        total += part;
+        if sum.units + total >= LIMIT {
+            return None;
+        }
+    }
+    Some(total)
 }
 
 #[cfg(test)]
@@ -639,6 +1117,50 @@ mod tests {
         assert!(worst <= (EXP_REL_ERR as f64) / 2.0, "worst {worst:e}");
     }
 
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_exp_error_bound() {
+        // The fused multiply-add version of the normaliser pass keeps the
+        // same bound as exp_f32 (skipped on CPUs without AVX-512F + FMA).
+        if !(std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn worst_error() -> f64 {
+            use std::arch::x86_64::*;
+            let mut worst = 0.0f64;
+            let top = (-87.33f32).to_bits();
+            let mut b = 0x8000_0000u32;
+            let mut xs = [0.0f32; 64];
+            let mut out = [0.0f32; 64];
+            while b <= top {
+                for (j, v) in xs.iter_mut().enumerate() {
+                    *v = f32::from_bits((b + 97 * j as u32).min(top));
+                }
+                // SAFETY: 64 floats in and out, AVX-512F enabled.
+                unsafe {
+                    let v: [__m512; 4] =
+                        std::array::from_fn(|k| _mm512_loadu_ps(xs.as_ptr().add(16 * k)));
+                    let e = avx512::exp16x4(v);
+                    for (k, ek) in e.iter().enumerate() {
+                        _mm512_storeu_ps(out.as_mut_ptr().add(16 * k), *ek);
+                    }
+                }
+                for (&x, &got) in xs.iter().zip(&out) {
+                    let want = libm_exp(x) as f64;
+                    worst = worst.max(((got as f64 - want) / want).abs());
+                }
+                b += 97 * 64;
+            }
+            worst
+        }
+        // SAFETY: the CPU supports AVX-512F and FMA (checked above).
+        let worst = unsafe { worst_error() };
+        assert!(worst <= (EXP_REL_ERR as f64) / 2.0, "worst {worst:e}");
+    }
+
     #[test]
     fn block_sums_are_bit_identical_to_sequential_f32() {
         let mut rnd = xorshift(3);
@@ -662,13 +1184,128 @@ mod tests {
             for &v in &x {
                 want += (v - max).exp();
             }
-            let mut idx = Vec::new();
-            let got = softmax_sum_and_gather(&x, max, max - 2.0, &mut idx);
+            let mut g = Gathered::default();
+            let (got, mass) = softmax_sum_and_gather(&x, max, max - 2.0, &mut g);
             assert_eq!(got.to_bits(), want.to_bits(), "case {case} n {n}");
+            let want_mass: f32 = x
+                .iter()
+                .filter(|&&v| v >= max - 2.0)
+                .map(|&v| (v - max).exp())
+                .sum();
+            assert!(
+                (mass - want_mass).abs() <= 1e-4 * want_mass,
+                "case {case}: gathered mass {mass} vs {want_mass}"
+            );
+            // the portable pass (what a CPU without AVX-512 runs) agrees
+            let mut gp = Gathered::default();
+            let (zp, mp) = softmax_sum_impl(&x, max, max - 2.0, &mut gp);
+            assert_eq!(zp.to_bits(), got.to_bits(), "case {case}: portable pass");
+            assert_eq!(
+                (gp.idx.clone(), gp.val.clone()),
+                (g.idx.clone(), g.val.clone())
+            );
+            assert!((mp - mass).abs() <= 1e-4 * mass.max(f32::MIN_POSITIVE));
+            let idx = g.idx.clone();
+            let gv: Vec<f32> = idx.iter().map(|&i| x[i as usize]).collect();
+            assert_eq!(g.val, gv);
             let gw: Vec<u32> = (0..n as u32)
                 .filter(|&i| x[i as usize] >= max - 2.0)
                 .collect();
             assert_eq!(idx, gw);
+        }
+    }
+
+    /// llama.cpp's top-p, written plainly: libm expf, f32 running sums,
+    /// a full sort. Returns the kept positions in order.
+    fn reference(x: &[f32], p: f32, min_keep: usize) -> Vec<u32> {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut z = 0.0f32;
+        for &v in x {
+            z += libm_exp(v - max);
+        }
+        let mut order: Vec<u32> = (0..x.len() as u32).collect();
+        order.sort_by_key(|&i| (desc_key(x[i as usize]), i));
+        let mut cum = 0.0f32;
+        for (k, &i) in order.iter().enumerate() {
+            cum += libm_exp(x[i as usize] - max) / z;
+            if cum >= p && k + 1 >= min_keep {
+                order.truncate(k + 1);
+                break;
+            }
+        }
+        order
+    }
+
+    #[test]
+    fn nucleus_equals_the_plain_reference() {
+        let mut rnd = xorshift(11);
+        let mut s = Scratch::default();
+        for case in 0..160 {
+            let n = match case % 5 {
+                0 => 151_936,
+                1 => 1 + (rnd() * 300.0) as usize,
+                _ => 1_000 + (rnd() * 60_000.0) as usize,
+            };
+            let sd = [0.3, 1.0, 3.0, 6.0, 12.0][(case / 5) % 5];
+            let mut x: Vec<f32> = (0..n)
+                .map(|_| {
+                    let g: f64 = (0..4).map(|_| rnd()).sum::<f64>() - 2.0;
+                    (g * 1.7 * sd) as f32
+                })
+                .collect();
+            if case % 7 == 3 {
+                // ties across the cut, and a plateau at the top
+                for v in x.iter_mut().step_by(2) {
+                    *v = (*v * 4.0).round() / 4.0;
+                }
+            }
+            if case % 9 == 4 {
+                for v in x.iter_mut().step_by(5) {
+                    *v = f32::NEG_INFINITY;
+                }
+                x[0] = 1.0;
+            }
+            let p = [0.5f32, 0.8, 0.9, 0.95, 0.99, 0.999, 0.3, 1.0 - 1e-6][case % 8];
+            let min_keep = if case % 11 == 5 { n / 2 + 1 } else { 1 };
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let cut = nucleus(&x, max, p, min_keep, &mut s);
+            let got: Vec<u32> = (0..n as u32)
+                .filter(|&i| cut.keeps(x[i as usize], i))
+                .collect();
+            let in_gathered: Vec<u32> = s
+                .gathered()
+                .idx
+                .iter()
+                .copied()
+                .filter(|&i| cut.keeps(x[i as usize], i))
+                .collect();
+            let mut want = reference(&x, p, min_keep);
+            want.sort_unstable();
+            assert_eq!(cut.kept, want.len(), "case {case}: n {n} sd {sd} p {p}");
+            assert_eq!(got, want, "case {case}: n {n} sd {sd} p {p}");
+            assert_eq!(
+                in_gathered, want,
+                "case {case}: the gathered set holds the kept"
+            );
+            // the candidate writer (AVX-512 where present) and the portable
+            // loop write exactly the kept ones, in position order
+            let blank = SdCandidate {
+                id: u32::MAX,
+                logit: 0.0,
+            };
+            let mut out = vec![blank; s.gathered().len()];
+            write_kept(s.gathered(), cut, &mut out);
+            let ids: Vec<u32> = out[..cut.kept].iter().map(|c| c.id).collect();
+            assert_eq!(ids, want, "case {case}: write_kept");
+            assert!(
+                out[..cut.kept]
+                    .iter()
+                    .all(|c| c.logit.to_bits() == x[c.id as usize].to_bits())
+            );
+            let mut out2 = vec![blank; s.gathered().len()];
+            write_kept_from(s.gathered(), cut, &mut out2, 0, 0);
+            let ids2: Vec<u32> = out2[..cut.kept].iter().map(|c| c.id).collect();
+            assert_eq!(ids2, want, "case {case}: portable write_kept");
         }
     }
 

@@ -9,12 +9,15 @@
 //! cut at the first `cum >= p` with at least `min_keep` kept. Output sorted.
 //!
 //! Small candidate lists (<= 4096, e.g. after top_k) or sorted ones: Z,
-//! sort if needed, walk.
+//! sort if needed, walk; output sorted.
 //!
 //! Dense view or large lists (top_k off): `nucleus` computes the same f32
-//! sums bit for bit with vectorised block sums, gathers the tokens above an
-//! estimated floor and sorts them in logit buckets as the walk reaches
-//! them; if the cut is not among them, every token is walked.
+//! sums bit for bit with vectorised block sums and finds the cut without
+//! sorting the nucleus (only the logit buckets where the running sum
+//! changes binade, meets an uncertain lane or reaches p are sorted). The
+//! kept tokens are then written in list order with `sorted = 0`, or sorted
+//! when at most `util::SORT_LIMIT` (llama.cpp always sorts; the draw's
+//! distribution is the same, see docs/SAMPLING.md).
 
 use std::ffi::CStr;
 
@@ -35,7 +38,6 @@ pub struct TopPState {
     probs: Vec<f32>,
     vals: Vec<f32>,
     nucleus: nucleus::Scratch,
-    out: Vec<SdCandidate>,
 }
 
 impl TopP {
@@ -78,26 +80,30 @@ impl TopP {
             st.vals = vals;
             return;
         }
-        let last = nucleus::nucleus(x, max, self.p, self.min_keep, &mut st.nucleus);
-        if st.out.len() < last {
-            st.out.resize(last, SdCandidate { id: 0, logit: 0.0 });
-        }
-        let cands = (!dense).then(|| tokens.candidates());
-        let out = &mut st.out[..last];
-        for (o, &k) in out.iter_mut().zip(&st.nucleus.keys[..last]) {
-            let i = k as u32 as usize;
-            *o = match cands {
-                Some(c) => c[i],
-                None => SdCandidate {
-                    id: i as u32,
-                    logit: nucleus::key_logit((k >> 32) as u32),
-                },
-            };
+        let cut = nucleus::nucleus(x, max, self.p, self.min_keep, &mut st.nucleus);
+        // The kept tokens, in position order (the gathered set holds them
+        // all). In the candidate view this compacts the list in place:
+        // the write index never passes the read index.
+        let g = st.nucleus.gathered();
+        let k = cut.kept;
+        if dense {
+            let (_, cand) = tokens.dense_and_buffer();
+            nucleus::write_kept(g, cut, cand);
+        } else {
+            // in place: position i is read before any write at k <= i
+            let cand = tokens.candidates_mut();
+            let mut w = 0usize;
+            for (&i, &l) in g.idx.iter().zip(&g.val) {
+                cand[w] = cand[i as usize];
+                w += cut.keeps(l, i) as usize;
+            }
+            debug_assert_eq!(w, k);
         }
         st.vals = vals;
-        let (_, cand) = tokens.dense_and_buffer();
-        cand[..last].copy_from_slice(out);
-        tokens.set_candidates(last, true);
+        tokens.set_candidates(k, false);
+        if k <= util::SORT_LIMIT {
+            util::sort_candidates(tokens);
+        }
     }
 }
 
