@@ -1074,9 +1074,12 @@ fn bucket_units(
     let mut total = 0u32;
     for chunk in keys.chunks(BLOCK) {
         exp_div_keys_impl(chunk, max, z, a);
-        let (part, bad) = sum.round_block(a, rel_err, blk);
+        let (mut part, bad) = sum.round_block(a, rel_err, blk);
         if bad != 0 {
-            return None;
+            // the few lanes near a rounding boundary: libm's exact value
+            // decides, unless one is a tie (which needs the order)
+            let mut exact = |j: usize| libm_exp(key_logit((chunk[j] >> 32) as u32) - max) / z;
+            part = sum.resolve(bad, rel_err, blk, &mut exact, part)?;
         }
         total += part;
         if sum.units + total >= LIMIT {
