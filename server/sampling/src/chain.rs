@@ -640,10 +640,20 @@ fn check_after_stage(
                 raw.size
             )));
         }
-        if let Some(c) = buf
-            .candidates()
-            .iter()
-            .find(|c| c.id as usize >= n_vocab || c.logit.is_nan())
+        // A branch-free pass first (it vectorises: this runs after every
+        // stage, over up to a whole vocabulary); the search for the
+        // message only when something is wrong.
+        let cands = buf.candidates();
+        let any_bad = cands.iter().fold(false, |acc, c| {
+            acc | (c.id as usize >= n_vocab) | c.logit.is_nan()
+        });
+        if let Some(c) = any_bad
+            .then(|| {
+                cands
+                    .iter()
+                    .find(|c| c.id as usize >= n_vocab || c.logit.is_nan())
+            })
+            .flatten()
         {
             return Err(bad(format!(
                 "left candidate id {} with logit {} (vocabulary {n_vocab})",
