@@ -501,7 +501,7 @@ pub fn softmax_into(cands: &[SdCandidate], probs: &mut Vec<f32>) -> f64 {
 /// logit must not overflow to +inf (which poisons every later softmax: inf -
 /// inf = NaN) nor to -inf (which would mask the token); a masked logit
 /// (`old` = -inf) stays masked. Found by fuzzing (fuzz/fuzz_targets/chain.rs).
-#[inline]
+#[inline(always)]
 pub fn saturate(old: f32, new: f32) -> f32 {
     if old == f32::NEG_INFINITY {
         old
