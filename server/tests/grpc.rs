@@ -705,69 +705,64 @@ fn tempdir_with_core() -> std::path::PathBuf {
     dir
 }
 
+/// Runs `samplerd check-config --plugin-dir DIR` with `toml` as the config
+/// file (none when `None`) and `env`; asserts it fails and that stderr
+/// names every one of `needles`.
+fn assert_check_config_fails(
+    dir: &std::path::Path,
+    toml: Option<&str>,
+    env: &[(&str, &str)],
+    needles: &[&str],
+) {
+    let mut cmd = samplerd_bin();
+    cmd.arg("check-config");
+    if let Some(toml) = toml {
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, toml).unwrap();
+        cmd.arg("--config").arg(&file);
+    }
+    cmd.arg("--plugin-dir").arg(dir).envs(env.iter().copied());
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "check-config accepted {toml:?} {env:?}"
+    );
+    for n in needles {
+        assert!(stderr.contains(n), "missing {n:?} in: {stderr}");
+    }
+}
+
 #[test]
 fn check_config_names_key_and_source() {
     let dir = tempdir_with_core();
-    let file = dir.join("bad.toml");
-    std::fs::write(&file, "[sampling]\ntop_p = 1.5\n").unwrap();
-    let out = samplerd_bin()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .arg("--plugin-dir")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("sampling.top_p") && stderr.contains("bad.toml"),
-        "{stderr}"
+    // From the file.
+    assert_check_config_fails(
+        &dir,
+        Some("[sampling]\ntop_p = 1.5\n"),
+        &[],
+        &["sampling.top_p", "bad.toml"],
     );
-
     // From the environment.
-    let out = samplerd_bin()
-        .args(["check-config", "--plugin-dir"])
-        .arg(&dir)
-        .env("SAMPLERD_SAMPLING__TOP_K", "-3")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("sampling.top_k") && stderr.contains("SAMPLERD_SAMPLING__TOP_K"),
-        "{stderr}"
+    assert_check_config_fails(
+        &dir,
+        None,
+        &[("SAMPLERD_SAMPLING__TOP_K", "-3")],
+        &["sampling.top_k", "SAMPLERD_SAMPLING__TOP_K"],
     );
-
     // A chain that does not build: unknown stage in chain.order.
-    std::fs::write(&file, "[chain]\norder = [\"top_k\", \"nope\"]\n").unwrap();
-    let out = samplerd_bin()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .arg("--plugin-dir")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("chain.order") && stderr.contains("nope"),
-        "{stderr}"
+    assert_check_config_fails(
+        &dir,
+        Some("[chain]\norder = [\"top_k\", \"nope\"]\n"),
+        &[],
+        &["chain.order", "nope"],
     );
-
     // Unknown key.
-    std::fs::write(&file, "[limits]\nmax_vocabb = 3\n").unwrap();
-    let out = samplerd_bin()
-        .args(["check-config", "--config"])
-        .arg(&file)
-        .arg("--plugin-dir")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("max_vocabb") && stderr.contains("bad.toml"),
-        "{stderr}"
+    assert_check_config_fails(
+        &dir,
+        Some("[limits]\nmax_vocabb = 3\n"),
+        &[],
+        &["max_vocabb", "bad.toml"],
     );
 }
 
