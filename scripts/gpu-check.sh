@@ -6,11 +6,15 @@
 #      error <= 1e-2 at every position), greedy tokens identical to the CPU
 #      for 32 tokens of three prompts, the device sampling prefix equal to
 #      the CPU chain on 1,000 random logit vectors of 151,936;
-#   4. compute-sanitizer --tool memcheck over the GPU tests, when present;
+#   4. compute-sanitizer --tool memcheck over the GPU tests, and synccheck
+#      over the device-sampling test, when present;
 #   5. the decode benchmark (server/benches/cuda_decode.rs): tok/s for 1 and
 #      8 streams, per-step forward / sampling / copy / host time, bytes
 #      copied device -> host per token (targets: >= 1,000 tok/s for one
-#      stream on an H200, <= 4 KB/token with the default chain);
+#      stream on an H200, <= 4 KB/token with the default chain), then the
+#      forward time alone at cache positions 32 / 256 / 1024 with CUDA
+#      graphs on and off, both weight-product kernel layouts and attention
+#      scores in their own kernel or inside attention;
 # then prints a short table (also written to $OUT/gpu-check.txt when $OUT is set).
 #
 # Usage:
@@ -119,6 +123,31 @@ find_model() {
   fi
 }
 
+# NVRTC: the system's, or libnvrtc from the nvidia-cuda-nvrtc-cu12 wheel
+# sent like the model (`prepare-nvrtc` packs it into .gpu-nvrtc/ parts).
+NVRTC_PARTS=/tmp/samplerd-nvrtc-parts
+find_nvrtc() {
+  if ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then return; fi
+  mkdir -p "$NVRTC_PARTS"
+  cp "$ROOT"/.gpu-nvrtc/nvrtc.part.* "$NVRTC_PARTS"/ 2>/dev/null || true
+  if ls "$NVRTC_PARTS"/nvrtc.part.* >/dev/null 2>&1; then
+    mkdir -p /tmp/samplerd-nvrtc
+    cat "$NVRTC_PARTS"/nvrtc.part.* | tar -C /tmp/samplerd-nvrtc -xzf - &&
+      export LD_LIBRARY_PATH="/tmp/samplerd-nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    ls -la /tmp/samplerd-nvrtc
+  fi
+}
+
+prepare_nvrtc() {
+  local venv=${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv} dir
+  dir=$(ls -d "$venv"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib 2>/dev/null | head -1)
+  [ -n "$dir" ] || { echo "gpu-check: no nvidia-cuda-nvrtc-cu12 in $venv (scripts/ci/cuda-build.sh installs it)" >&2; exit 1; }
+  rm -rf "$ROOT/.gpu-nvrtc"; mkdir -p "$ROOT/.gpu-nvrtc"
+  tar -C "$dir" -czf - libnvrtc.so.12 libnvrtc-builtins.so.12.9 | split -b 40M -d - "$ROOT/.gpu-nvrtc/nvrtc.part."
+  grep -qx "/.gpu-nvrtc/" .git/info/exclude 2>/dev/null || echo "/.gpu-nvrtc/" >>.git/info/exclude
+  ls -la "$ROOT/.gpu-nvrtc"
+}
+
 declare -A RESULT
 record() { RESULT[$1]=$2; }
 
@@ -126,6 +155,7 @@ run_checks() {
   local bin_dir=$1
   export SAMPLERD_EXPECT_GPU=1
   find_model
+  find_nvrtc
   step "device"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
   ldconfig -p 2>/dev/null | grep -E 'libcuda\.so|libnvrtc\.so' || echo "(ldconfig lists no libcuda/libnvrtc)"
@@ -134,11 +164,11 @@ run_checks() {
   : >"$log"
 
   step "CUDA unit tests (device selection)"
-  if timeout 300 "$bin_dir/model_unit" cuda:: 2>&1 | tee -a "$log"; then
+  if timeout "${GPU_CHECK_UNIT_TIMEOUT:-300}" "$bin_dir/model_unit" cuda:: 2>&1 | tee -a "$log"; then
     record unit PASS; else record unit FAIL; fi
 
   step "GPU tests"
-  if timeout 600 "$bin_dir/cuda_gpu" --test-threads=1 --nocapture 2>&1 | tee -a "$log"; then
+  if timeout "${GPU_CHECK_TESTS_TIMEOUT:-600}" "$bin_dir/cuda_gpu" --test-threads=1 --nocapture 2>&1 | tee -a "$log"; then
     record gpu_tests PASS; else record gpu_tests FAIL; fi
 
   step "compute-sanitizer memcheck"
@@ -148,15 +178,23 @@ run_checks() {
     # The logits and greedy tests cover every forward kernel; the sampling
     # test every sampling kernel (its 1,000 vectors make memcheck slow, so
     # it runs with its own filter and a time bound).
-    if timeout 420 "$cs" --tool memcheck --error-exitcode 99 \
+    if timeout "${GPU_CHECK_MEMCHECK_TIMEOUT:-420}" "$cs" --tool memcheck --error-exitcode 99 \
         "$bin_dir/cuda_gpu" --test-threads=1 greedy_tokens device_prefix 2>&1 | tail -40 | tee -a "$log"; then
       record memcheck CLEAN; else record memcheck "ERRORS (rc $?)"; fi
   else
     record memcheck "not installed"
   fi
+  if [ -n "$cs" ]; then
+    # Barrier divergence (a __syncthreads some threads of a block skip):
+    # the single-block top_k kernel once had such a race (fixed).
+    step "compute-sanitizer synccheck (device prefix)"
+    if timeout "${GPU_CHECK_SYNCCHECK_TIMEOUT:-180}" "$cs" --tool synccheck --error-exitcode 99 \
+        "$bin_dir/cuda_gpu" --test-threads=1 device_prefix 2>&1 | tail -20 | tee -a "$log"; then
+      record synccheck CLEAN; else record synccheck "ERRORS (rc $?)"; fi
+  fi
 
   step "benchmark"
-  if timeout 300 "$bin_dir/cuda_decode" 2>&1 | tee -a "$log"; then
+  if timeout "${GPU_CHECK_BENCH_TIMEOUT:-300}" "$bin_dir/cuda_decode" 2>&1 | tee -a "$log"; then
     record bench DONE; else record bench FAIL; fi
 
   step "summary"
@@ -165,6 +203,7 @@ run_checks() {
     printf '%-28s %s\n' "CUDA unit tests" "${RESULT[unit]:-?}"
     printf '%-28s %s\n' "GPU tests (3 + placement)" "${RESULT[gpu_tests]:-?}"
     printf '%-28s %s\n' "compute-sanitizer memcheck" "${RESULT[memcheck]:-?}"
+    printf '%-28s %s\n' "compute-sanitizer synccheck" "${RESULT[synccheck]:-?}"
     printf '%-28s %s\n' "benchmark" "${RESULT[bench]:-?}"
     grep -h '^GPU-CHECK' "$log" | sed 's/^GPU-CHECK /  /'
     grep -hE '^(mode|[18] stream)' "$log"
@@ -175,10 +214,12 @@ run_checks() {
 case "$mode" in
   prepare) prepare ;;
   stash) stash ;;
+  prepare-nvrtc) prepare_nvrtc ;;
+  stash-nvrtc) mkdir -p "$NVRTC_PARTS"; cp "$ROOT"/.gpu-nvrtc/nvrtc.part.* "$NVRTC_PARTS"/; ls -la "$NVRTC_PARTS" ;;
   run) run_checks "$BUNDLE/deps" ;;
   all)
     prepare || exit 1
     run_checks "$BUNDLE/deps"
     ;;
-  *) echo "usage: $0 [prepare|stash|run|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [prepare|prepare-nvrtc|stash|stash-nvrtc|run|all]" >&2; exit 2 ;;
 esac

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, CudaState, DeviceOp};
+use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, CudaState, DeviceOp, MmKernel};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions};
 use samplerd_sampling::device_prefix::{DeviceStage, SdCandidate, SplitSequence, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};
@@ -187,7 +187,6 @@ fn main() {
     let config = g.config().unwrap();
     let weights = samplerd_model::weights::Weights::load(&mut g, &config).unwrap();
     let gpu = CudaBackend::new(config, &weights, CudaOptions::default()).expect("CUDA backend");
-    drop(weights);
     let registry = StageRegistry::load(&[], &[core_plugin()]).expect("core stages");
     let chain = registry
         .build_chain(&SamplingParams::default().chain_spec().unwrap(), None)
@@ -278,5 +277,74 @@ fn main() {
         println!(
             "GPU-CHECK bench streams={n_streams} device_sampling={device_sampling} tok_per_s={toks:.0} d2h_bytes_per_token={d2h:.0}"
         );
+    }
+    forward_matrix(&gpu, &weights, &prompt);
+}
+
+/// Median forward time of one decode step (forward + synchronise, no
+/// sampling) at several cache positions, for the default backend and for
+/// variants: CUDA graphs off (launch overhead), the first weight-product
+/// layout, attention scores computed inside the attention kernel. Separates
+/// per-launch cost, weight products and attention's growth with the
+/// position.
+fn forward_matrix(gpu: &CudaBackend, weights: &samplerd_model::weights::Weights, prompt: &[u32]) {
+    let steps = env_usize("SAMPLERD_BENCH_FWD_STEPS", 64);
+    let variants = [
+        ("graphs, mm=warp", None),
+        (
+            "no graphs, mm=warp",
+            Some(CudaOptions {
+                graphs: false,
+                ..CudaOptions::default()
+            }),
+        ),
+        (
+            "graphs, mm=lanes",
+            Some(CudaOptions {
+                mm: MmKernel::Lanes,
+                ..CudaOptions::default()
+            }),
+        ),
+        (
+            "graphs, attn=fused",
+            Some(CudaOptions {
+                split_scores: false,
+                ..CudaOptions::default()
+            }),
+        ),
+    ];
+    println!(
+        "{:<22} {:>8} {:>10} {:>8}",
+        "forward variant", "position", "fwd us", "graph"
+    );
+    for (name, opts) in variants {
+        let owned;
+        let b = match opts {
+            None => gpu,
+            Some(o) => {
+                owned = CudaBackend::new(gpu.config().clone(), weights, o).expect("CUDA backend");
+                &owned
+            }
+        };
+        for pos in [32usize, 256, 1024] {
+            let mut st = b.new_sequence(pos + steps + 1).expect("sequence");
+            let fill: Vec<u32> = prompt.iter().copied().cycle().take(pos).collect();
+            b.forward_device(&mut st, &fill).expect("prefill");
+            b.synchronize(&st).expect("sync");
+            let mut times = Vec::with_capacity(steps);
+            for i in 0..steps {
+                let t = Instant::now();
+                b.forward_device(&mut st, &[fill[i % fill.len()]])
+                    .expect("forward");
+                b.synchronize(&st).expect("sync");
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            let us = median(times);
+            println!("{name:<22} {pos:>8} {us:>10.1} {:>8}", st.graph_active());
+            println!(
+                "GPU-CHECK fwd variant=\"{name}\" position={pos} fwd_us={us:.1} graph={}",
+                st.graph_active()
+            );
+        }
     }
 }

@@ -321,6 +321,7 @@ impl CpuBackend {
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
             }
+            record_layer(x);
         }
         // The output product for each segment's last row only.
         let n_seg = segs.len();
@@ -412,6 +413,33 @@ impl CpuBackend {
     }
 }
 
+thread_local! {
+    /// The residual stream after every layer, while [`trace_layers`] runs.
+    static LAYER_TRACE: std::cell::RefCell<Option<Vec<Vec<f32>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn record_layer(x: &[f32]) {
+    LAYER_TRACE.with(|t| {
+        if let Some(v) = t.borrow_mut().as_mut() {
+            v.push(x.to_vec());
+        }
+    });
+}
+
+/// Diagnostics (the GPU tests compare backends layer by layer): runs `f`
+/// with per-layer recording on this thread and returns its result and the
+/// residual stream after every layer of every CPU forward step `f` ran on
+/// this thread (`n_tokens × n_embd` values per layer and step).
+pub fn trace_layers<R>(f: impl FnOnce() -> R) -> (R, Vec<Vec<f32>>) {
+    LAYER_TRACE.with(|t| *t.borrow_mut() = Some(Vec::new()));
+    let r = f();
+    let layers = LAYER_TRACE
+        .with(|t| t.borrow_mut().take())
+        .unwrap_or_default();
+    (r, layers)
+}
+
 /// A read-only view of one sequence's cache for the attention pass.
 struct CacheView<'a> {
     k: &'a [f16],
@@ -422,7 +450,7 @@ struct CacheView<'a> {
 }
 
 /// `out = x / rms(x) * w` per row of `w.len()` values (f64 sum like ggml).
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
@@ -443,7 +471,7 @@ fn rope_table(c: &Config, pos: usize, table: &mut [(f32, f32)]) {
     }
 }
 
-fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
+pub(crate) fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
     let half = table.len();
     for (i, &(cos, sin)) in table.iter().enumerate() {
         let (a, b) = if neox {

@@ -32,6 +32,25 @@ pub struct CudaOptions {
     /// Capture the decode step into a CUDA graph (`SAMPLERD_CUDA_GRAPHS=0`
     /// turns it off, for comparisons).
     pub graphs: bool,
+    /// Which weight-product kernels run (`SAMPLERD_CUDA_MM=lanes` picks the
+    /// first layout, for comparisons; both give identical results).
+    pub mm: MmKernel,
+    /// One-token steps compute attention scores in a separate, wide kernel
+    /// (`attn_scores`) instead of inside the one-block-per-head attention
+    /// kernel (`SAMPLERD_CUDA_ATTN=fused` turns it off; same results).
+    pub split_scores: bool,
+}
+
+/// The layout of the weight-product kernels; same arithmetic, same bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MmKernel {
+    /// One warp per row: blocks loaded in parallel, short fma chains
+    /// (`mmw_*`).
+    #[default]
+    Warp,
+    /// Eight threads per row, each running its lane's chain over every
+    /// block (`mm_*`).
+    Lanes,
 }
 
 impl Default for CudaOptions {
@@ -39,6 +58,11 @@ impl Default for CudaOptions {
         CudaOptions {
             ordinal: 0,
             graphs: std::env::var("SAMPLERD_CUDA_GRAPHS").as_deref() != Ok("0"),
+            mm: match std::env::var("SAMPLERD_CUDA_MM").as_deref() {
+                Ok("lanes") => MmKernel::Lanes,
+                _ => MmKernel::Warp,
+            },
+            split_scores: std::env::var("SAMPLERD_CUDA_ATTN").as_deref() != Ok("fused"),
         }
     }
 }
@@ -114,15 +138,15 @@ unsafe impl Send for DecodeGraph {}
 struct Scratch {
     n_tok: usize,
     tokens: CudaSlice<u32>,
+    /// The residual stream; the last down product (`proj`) is added by the
+    /// next layer's `add_norm_quant`.
     x: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
     /// Q8_1 blocks of the widest activation (`n_tok * n_ff / 32` × 40 bytes).
     xq: CudaSlice<u8>,
     qkv: CudaSlice<f32>,
     attn: CudaSlice<f32>,
     proj: CudaSlice<f32>,
     gu: CudaSlice<f32>,
-    act: CudaSlice<f32>,
 }
 
 /// Sampling buffers: a working copy of the logits, the uploaded stage
@@ -146,6 +170,8 @@ pub struct CudaState {
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
     pos_dev: CudaSlice<i32>,
+    /// Attention scores of a one-token step, `[n_head][capacity]`.
+    scores: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     scratch: Scratch,
     sample: SampleBuffers,
@@ -163,6 +189,14 @@ pub struct StepTiming {
     pub forward_ns: u64,
     pub sampling_ns: u64,
     pub copy_ns: u64,
+}
+
+impl CudaState {
+    /// Whether decode steps replay a captured CUDA graph (false before the
+    /// first decode step, with graphs off, or after a failed capture).
+    pub fn graph_active(&self) -> bool {
+        self.graph.is_some()
+    }
 }
 
 impl SequenceState for CudaState {
@@ -225,6 +259,9 @@ pub struct CudaBackend {
     rope: CudaSlice<f32>,
     rope_positions: usize,
     opts: CudaOptions,
+    /// Vector width (8 or 16) of the ggml build the CPU backend mirrors
+    /// (`crate::ggml::flavor`): attention and SiLU follow its lane order.
+    lanes: i32,
     name: String,
 }
 
@@ -380,6 +417,10 @@ impl CudaBackend {
             rope,
             rope_positions,
             opts,
+            lanes: match crate::ggml::flavor() {
+                crate::ggml::Flavor::Avx512 => 16,
+                crate::ggml::Flavor::Avx2 => 8,
+            },
         })
     }
 
@@ -392,13 +433,11 @@ impl CudaBackend {
             n_tok: n,
             tokens: alloc(stream, n, "token ids")?,
             x: alloc(stream, n * d, "x")?,
-            xn: alloc(stream, n * d, "xn")?,
             xq: alloc(stream, n * widest / QK * size_of::<BlockQ8_1>(), "xq")?,
             qkv: alloc(stream, n * qkv, "qkv")?,
             attn: alloc(stream, n * d, "attn")?,
             proj: alloc(stream, n * d, "proj")?,
             gu: alloc(stream, n * 2 * c.n_ff, "gate/up")?,
-            act: alloc(stream, n * c.n_ff, "act")?,
         })
     }
 
@@ -415,6 +454,7 @@ impl CudaBackend {
             k: alloc(&stream, cache, "K cache")?,
             v: alloc(&stream, cache, "V cache")?,
             pos_dev: alloc(&stream, 1, "position")?,
+            scores: alloc(&stream, c.n_head * capacity, "attention scores")?,
             logits: alloc(&stream, c.n_vocab, "logits")?,
             scratch: self.new_scratch(&stream, 1)?,
             sample: SampleBuffers {
@@ -475,19 +515,7 @@ impl CudaBackend {
         self.check_input(st, tokens)?;
         let t0 = Instant::now();
         let n = tokens.len();
-        if st.scratch.n_tok < n {
-            st.scratch = self.new_scratch(&st.stream, n)?;
-            // The graph points into the old scratch.
-            st.graph = None;
-        }
-        let pos = [st.pos as i32];
-        st.stream
-            .memcpy_htod(&pos[..], &mut st.pos_dev)
-            .map_err(|e| err("uploading the position", e))?;
-        let mut tok_view = st.scratch.tokens.slice_mut(0..n);
-        st.stream
-            .memcpy_htod(tokens, &mut tok_view)
-            .map_err(|e| err("uploading the tokens", e))?;
+        self.stage_input(st, tokens)?;
         if n == 1 && self.opts.graphs && !st.graph_failed {
             if st.graph.is_none() {
                 st.graph = self.capture_decode(st);
@@ -504,6 +532,62 @@ impl CudaBackend {
         st.pos += n;
         st.timing.forward_ns += t0.elapsed().as_nanos() as u64;
         Ok(())
+    }
+
+    /// Sizes the scratch for `tokens` and uploads them and the position.
+    fn stage_input(&self, st: &mut CudaState, tokens: &[u32]) -> Result<(), ModelError> {
+        let n = tokens.len();
+        if st.scratch.n_tok < n {
+            st.scratch = self.new_scratch(&st.stream, n)?;
+            // The graph points into the old scratch.
+            st.graph = None;
+        }
+        let pos = [st.pos as i32];
+        st.stream
+            .memcpy_htod(&pos[..], &mut st.pos_dev)
+            .map_err(|e| err("uploading the position", e))?;
+        let mut tok_view = st.scratch.tokens.slice_mut(0..n);
+        st.stream
+            .memcpy_htod(tokens, &mut tok_view)
+            .map_err(|e| err("uploading the tokens", e))
+    }
+
+    /// Diagnostics: runs `tokens` like [`Self::forward_device`] but eagerly,
+    /// layer by layer, and returns the residual stream after every layer
+    /// (`tokens.len() × n_embd` values each) — the CPU's twin is
+    /// `crate::forward::trace_layers`. The logits land as usual.
+    pub fn forward_trace(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.check_input(st, tokens)?;
+        let n = tokens.len();
+        let nd = n * self.config.n_embd;
+        self.stage_input(st, tokens)?;
+        self.enqueue_embed(st, n)?;
+        let mut layers = Vec::with_capacity(self.weights.layers.len());
+        for l in 0..self.weights.layers.len() {
+            self.enqueue_layer(st, n, l)?;
+            let (mut x, mut proj) = (vec![0f32; nd], vec![0f32; nd]);
+            st.stream
+                .memcpy_dtoh(&st.scratch.x.slice(0..nd), &mut x)
+                .map_err(|e| err("copying the residual stream", e))?;
+            st.stream
+                .memcpy_dtoh(&st.scratch.proj.slice(0..nd), &mut proj)
+                .map_err(|e| err("copying the residual stream", e))?;
+            st.stream
+                .synchronize()
+                .map_err(|e| err("forward pass", e))?;
+            // The residual add the next kernel fuses (same f32 addition).
+            for (a, b) in x.iter_mut().zip(&proj) {
+                *a += b;
+            }
+            layers.push(x);
+        }
+        self.enqueue_output(st, n)?;
+        st.pos += n;
+        Ok(layers)
     }
 
     /// Captures one decode step; on failure records it and returns None
@@ -564,21 +648,28 @@ impl CudaBackend {
         off: usize,
     ) -> Result<(), ModelError> {
         let s = &st.stream;
-        let f = if m.q4_1 {
-            &self.kernels.mm_q4_1
-        } else {
-            &self.kernels.mm_q8_0
+        let k = &self.kernels;
+        let (f, grid, threads) = match (self.opts.mm, m.q4_1) {
+            (MmKernel::Warp, q4_1) => (
+                if q4_1 { &k.mmw_q4_1 } else { &k.mmw_q8_0 },
+                (m.rows as u32).div_ceil(kernels::MMW_ROWS_PER_BLOCK),
+                kernels::MMW_ROWS_PER_BLOCK * 32,
+            ),
+            (MmKernel::Lanes, q4_1) => (
+                if q4_1 { &k.mm_q4_1 } else { &k.mm_q8_0 },
+                (m.rows as u32).div_ceil(kernels::MM_ROWS_PER_BLOCK),
+                kernels::MM_THREADS,
+            ),
         };
-        let grid = (m.rows as u32).div_ceil(kernels::MM_ROWS_PER_BLOCK);
-        // SAFETY: mm_*(w, x, out, rows, nb, n_tok, out_stride, out_off): `w`
-        // holds rows × cols/32 blocks, `x` n × cols/32 Q8_1 blocks (scratch
-        // sized for n tokens of the widest activation) and `out` n × stride
-        // floats with off + rows <= stride.
+        // SAFETY: mm*_*(w, x, out, rows, nb, n_tok, out_stride, out_off):
+        // `w` holds rows × cols/32 blocks, `x` n × cols/32 Q8_1 blocks
+        // (scratch sized for n tokens of the widest activation) and `out`
+        // n × stride floats with off + rows <= stride.
         unsafe {
             kernels::launch(
                 s,
                 f,
-                cfg((grid, 1), kernels::MM_THREADS, 0),
+                cfg((grid, 1), threads, 0),
                 &[
                     Arg::Ptr(dptr(&m.data, s)),
                     Arg::Ptr(x),
@@ -616,26 +707,30 @@ impl CudaBackend {
         }
     }
 
-    fn norm(
+    /// `x += add` (when `add` is not null), then RMSNorm with `w`, quantised
+    /// into the xq scratch; `rows` rows of n_embd from `x`.
+    fn add_norm_quant(
         &self,
         st: &CudaState,
         x: u64,
+        add: u64,
         w: &CudaSlice<f32>,
-        out: u64,
         rows: usize,
     ) -> Result<(), ModelError> {
         let s = &st.stream;
-        // SAFETY: rms_norm(x, w, out, d, eps): x and out hold rows × d
-        // floats, w d floats; one 256-thread block per row.
+        // SAFETY: add_norm_quant(x, add, w, out, d, eps): x (and add, unless
+        // null) hold rows × d floats, w d floats, the xq scratch n_tok × widest
+        // / 32 >= rows × d / 32 blocks; one NORM_THREADS block per row.
         unsafe {
             kernels::launch(
                 s,
-                &self.kernels.rms_norm,
+                &self.kernels.add_norm_quant,
                 cfg((rows as u32, 1), kernels::NORM_THREADS, 0),
                 &[
                     Arg::Ptr(x),
+                    Arg::Ptr(add),
                     Arg::Ptr(dptr(w, s)),
-                    Arg::Ptr(out),
+                    Arg::Ptr(dptr(&st.scratch.xq, s)),
                     Arg::I32(self.config.n_embd as i32),
                     Arg::F32(self.config.rms_eps),
                 ],
@@ -669,38 +764,23 @@ impl CudaBackend {
         .map_err(ModelError::Backend)
     }
 
-    fn add(&self, st: &CudaState, x: u64, y: u64, n: usize) -> Result<(), ModelError> {
-        let s = &st.stream;
-        // SAFETY: add_inplace(x, y, n): both hold n floats.
-        unsafe {
-            kernels::launch(
-                s,
-                &self.kernels.add_inplace,
-                cfg(
-                    ((n as u32).div_ceil(kernels::ELEMENTWISE_THREADS), 1),
-                    kernels::ELEMENTWISE_THREADS,
-                    0,
-                ),
-                &[Arg::Ptr(x), Arg::Ptr(y), Arg::I32(n as i32)],
-            )
-        }
-        .map_err(ModelError::Backend)
-    }
-
     /// Enqueues the forward pass of `n` tokens (already uploaded, position
     /// in `pos_dev`) on the state's stream; the last token's logits land in
-    /// `st.logits`.
+    /// `st.logits`. Nine launches per layer (ten for one-token steps, whose
+    /// attention scores have their own kernel): add + norm + quantise,
+    /// q/k/v, RoPE + cache store, attention + quantise, output product,
+    /// add + norm + quantise, gate/up, SiLU·up + quantise, down.
     fn enqueue_forward(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
-        let c = &self.config;
+        self.enqueue_embed(st, n)?;
+        for l in 0..self.weights.layers.len() {
+            self.enqueue_layer(st, n, l)?;
+        }
+        self.enqueue_output(st, n)
+    }
+
+    fn enqueue_embed(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
         let s = &st.stream;
         let w = &self.weights;
-        let (d, hd) = (c.n_embd, c.head_dim);
-        let qkv_rows = d + 2 * c.n_head_kv * hd;
-        let sc = &st.scratch;
-        let (x, xn, xq) = (dptr(&sc.x, s), dptr(&sc.xn, s), dptr(&sc.xq, s));
-        let (qkv, attn, proj) = (dptr(&sc.qkv, s), dptr(&sc.attn, s), dptr(&sc.proj, s));
-        let (gu, act) = (dptr(&sc.gu, s), dptr(&sc.act, s));
-        let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
         let embed = if w.tok_embd.q4_1 {
             &self.kernels.embed_q4_1
         } else {
@@ -715,63 +795,84 @@ impl CudaBackend {
                 cfg((n as u32, 1), kernels::ELEMENTWISE_THREADS, 0),
                 &[
                     Arg::Ptr(dptr(&w.tok_embd.data, s)),
-                    Arg::Ptr(dptr(&sc.tokens, s)),
-                    Arg::I32(d as i32),
-                    Arg::Ptr(x),
+                    Arg::Ptr(dptr(&st.scratch.tokens, s)),
+                    Arg::I32(self.config.n_embd as i32),
+                    Arg::Ptr(dptr(&st.scratch.x, s)),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    /// Layer `l`; starts by adding the previous layer's down product.
+    fn enqueue_layer(&self, st: &CudaState, n: usize, l: usize) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = &st.stream;
+        let lw = &self.weights.layers[l];
+        let (d, hd) = (c.n_embd, c.head_dim);
+        let qkv_rows = d + 2 * c.n_head_kv * hd;
+        let sc = &st.scratch;
+        let (x, xq) = (dptr(&sc.x, s), dptr(&sc.xq, s));
+        let (qkv, attn, proj, gu) = (
+            dptr(&sc.qkv, s),
+            dptr(&sc.attn, s),
+            dptr(&sc.proj, s),
+            dptr(&sc.gu, s),
+        );
+        let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.add_norm_quant(st, x, if l == 0 { 0 } else { proj }, &lw.attn_norm, n)?;
+        self.fused(st, &lw.wqkv, xq, qkv, n, qkv_rows)?;
+        let bias = lw.bqkv.as_ref().map_or(0, |b| dptr(b, s));
+        // SAFETY: qkv_rope_store(qkv, bias, rope, pos, n_head, n_kv, hd,
+        // n_pairs, neox, k, v, layer, cap): qkv holds n rows of qkv_rows,
+        // bias qkv_rows floats or null, the rope table covers positions
+        // < rope_positions (checked), the cache n_layer × n_kv × cap × hd
+        // halves with pos + n <= cap (checked); hd <= MAX_HD (checked).
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.qkv_rope_store,
+                cfg((n as u32, (c.n_head + c.n_head_kv) as u32), 64, 0),
+                &[
+                    Arg::Ptr(qkv),
+                    Arg::Ptr(bias),
+                    Arg::Ptr(dptr(&self.rope, s)),
+                    Arg::Ptr(pos),
+                    Arg::I32(c.n_head as i32),
+                    Arg::I32(c.n_head_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32((c.rope_dim / 2) as i32),
+                    Arg::I32(c.rope_neox as i32),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::I32(l as i32),
+                    Arg::I32(st.capacity as i32),
                 ],
             )
         }
         .map_err(ModelError::Backend)?;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for (l, lw) in w.layers.iter().enumerate() {
-            self.norm(st, x, &lw.attn_norm, xn, n)?;
-            self.quantize(st, xn, n * d)?;
-            self.fused(st, &lw.wqkv, xq, qkv, n, qkv_rows)?;
-            let bias = lw.bqkv.as_ref().map_or(0, |b| dptr(b, s));
-            // SAFETY: qkv_rope_store(qkv, bias, rope, pos, n_head, n_kv, hd,
-            // n_pairs, neox, k, v, layer, cap): qkv holds n rows of qkv_rows,
-            // bias qkv_rows floats or null, the rope table covers positions
-            // < rope_positions (checked), the cache n_layer × n_kv × cap × hd
-            // halves with pos + n <= cap (checked); shared memory hd floats.
+        // hd % 32 == 0: each head's output is whole Q8_1 blocks, quantised
+        // by the attention kernel itself.
+        let fused_quant = hd.is_multiple_of(QK);
+        let split = n == 1 && self.opts.split_scores;
+        if split {
+            let blocks = (st.capacity as u32)
+                .div_ceil(kernels::SCORE_THREADS)
+                .min(kernels::SCORE_MAX_BLOCKS);
+            // SAFETY: attn_scores(qkv, k, scores, pos, layer, cap, n_head,
+            // n_kv, hd, scale, w): one token's qkv row, the cache as above,
+            // scores n_head × cap floats (allocated with the state), written
+            // for positions <= pos < cap; hd <= MAX_HD.
             unsafe {
                 kernels::launch(
                     s,
-                    &self.kernels.qkv_rope_store,
-                    cfg(
-                        (n as u32, (c.n_head + c.n_head_kv) as u32),
-                        64,
-                        (hd * 4) as u32,
-                    ),
-                    &[
-                        Arg::Ptr(qkv),
-                        Arg::Ptr(bias),
-                        Arg::Ptr(dptr(&self.rope, s)),
-                        Arg::Ptr(pos),
-                        Arg::I32(c.n_head as i32),
-                        Arg::I32(c.n_head_kv as i32),
-                        Arg::I32(hd as i32),
-                        Arg::I32((c.rope_dim / 2) as i32),
-                        Arg::I32(c.rope_neox as i32),
-                        Arg::Ptr(kc),
-                        Arg::Ptr(vc),
-                        Arg::I32(l as i32),
-                        Arg::I32(st.capacity as i32),
-                    ],
-                )
-            }
-            .map_err(ModelError::Backend)?;
-            // SAFETY: attention(qkv, k, v, out, pos, layer, cap, n_head, n_kv,
-            // hd, scale): as above; out holds n × d floats; hd <= MAX_HD.
-            unsafe {
-                kernels::launch(
-                    s,
-                    &self.kernels.attention,
-                    cfg((n as u32, c.n_head as u32), kernels::ATT_THREADS, 0),
+                    &self.kernels.attn_scores,
+                    cfg((blocks, c.n_head as u32), kernels::SCORE_THREADS, 0),
                     &[
                         Arg::Ptr(qkv),
                         Arg::Ptr(kc),
-                        Arg::Ptr(vc),
-                        Arg::Ptr(attn),
+                        Arg::Ptr(dptr(&st.scores, s)),
                         Arg::Ptr(pos),
                         Arg::I32(l as i32),
                         Arg::I32(st.capacity as i32),
@@ -779,45 +880,88 @@ impl CudaBackend {
                         Arg::I32(c.n_head_kv as i32),
                         Arg::I32(hd as i32),
                         Arg::F32(scale),
+                        Arg::I32(self.lanes),
                     ],
                 )
             }
             .map_err(ModelError::Backend)?;
-            self.quantize(st, attn, n * d)?;
-            self.mm(st, &lw.wo, xq, proj, n, d, 0)?;
-            self.add(st, x, proj, n * d)?;
-            self.norm(st, x, &lw.ffn_norm, xn, n)?;
-            self.quantize(st, xn, n * d)?;
-            self.fused(st, &lw.wgu, xq, gu, n, 2 * c.n_ff)?;
-            let total = n * c.n_ff;
-            // SAFETY: swiglu(gu, act, n, n_ff): gu holds n × 2·n_ff floats,
-            // act n × n_ff.
-            unsafe {
-                kernels::launch(
-                    s,
-                    &self.kernels.swiglu,
-                    cfg(
-                        ((total as u32).div_ceil(kernels::ELEMENTWISE_THREADS), 1),
-                        kernels::ELEMENTWISE_THREADS,
-                        0,
-                    ),
-                    &[
-                        Arg::Ptr(gu),
-                        Arg::Ptr(act),
-                        Arg::I32(n as i32),
-                        Arg::I32(c.n_ff as i32),
-                    ],
-                )
-            }
-            .map_err(ModelError::Backend)?;
-            self.quantize(st, act, total)?;
-            self.mm(st, &lw.w_down, xq, proj, n, d, 0)?;
-            self.add(st, x, proj, n * d)?;
         }
-        let last = x + ((n - 1) * d * size_of::<f32>()) as u64;
-        self.norm(st, last, &w.output_norm, xn, 1)?;
-        self.quantize(st, xn, d)?;
+        // SAFETY: attention(qkv, k, v, scores, out, outq, pos, layer, cap,
+        // n_head, n_kv, hd, scale, w, decode): as above; scores null or
+        // attn_scores' output (n == 1); out holds n × d floats, outq (the
+        // xq scratch, or null) n × d / 32 blocks; hd <= MAX_HD (checked at
+        // load), w is 8 or 16.
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.attention,
+                cfg((n as u32, c.n_head as u32), kernels::ATT_THREADS, 0),
+                &[
+                    Arg::Ptr(qkv),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::Ptr(if split { dptr(&st.scores, s) } else { 0 }),
+                    Arg::Ptr(attn),
+                    Arg::Ptr(if fused_quant { xq } else { 0 }),
+                    Arg::Ptr(pos),
+                    Arg::I32(l as i32),
+                    Arg::I32(st.capacity as i32),
+                    Arg::I32(c.n_head as i32),
+                    Arg::I32(c.n_head_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::F32(scale),
+                    Arg::I32(self.lanes),
+                    // The CPU's one-token steps sum in ggml_vec_dot_f16's
+                    // order, longer ones in tinyBLAS's.
+                    Arg::I32((n == 1) as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)?;
+        if !fused_quant {
+            self.quantize(st, attn, n * d)?;
+        }
+        self.mm(st, &lw.wo, xq, proj, n, d, 0)?;
+        self.add_norm_quant(st, x, proj, &lw.ffn_norm, n)?;
+        self.fused(st, &lw.wgu, xq, gu, n, 2 * c.n_ff)?;
+        let warps = (n * c.n_ff / QK) as u32;
+        // SAFETY: swiglu_quant(gu, out, n, n_ff, w): gu holds n × 2·n_ff
+        // floats, the xq scratch n × n_ff / 32 blocks; n_ff % 32 == 0
+        // (the down matrix's columns).
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.swiglu_quant,
+                cfg(
+                    (warps.div_ceil(kernels::ELEMENTWISE_THREADS / 32), 1),
+                    kernels::ELEMENTWISE_THREADS,
+                    0,
+                ),
+                &[
+                    Arg::Ptr(gu),
+                    Arg::Ptr(xq),
+                    Arg::I32(n as i32),
+                    Arg::I32(c.n_ff as i32),
+                    Arg::I32(self.lanes),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)?;
+        self.mm(st, &lw.w_down, xq, proj, n, d, 0)
+    }
+
+    /// The last layer's residual add, the final norm and the output product,
+    /// for the last token only.
+    fn enqueue_output(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
+        let s = &st.stream;
+        let d = self.config.n_embd;
+        let w = &self.weights;
+        let last = ((n - 1) * d * size_of::<f32>()) as u64;
+        let (x, proj) = (dptr(&st.scratch.x, s), dptr(&st.scratch.proj, s));
+        let add = if w.layers.is_empty() { 0 } else { proj + last };
+        self.add_norm_quant(st, x + last, add, &w.output_norm, 1)?;
         let out = w.output();
+        let xq = dptr(&st.scratch.xq, s);
         self.mm(st, out, xq, dptr(&st.logits, s), 1, out.rows, 0)
     }
 

@@ -1,13 +1,16 @@
 // samplerd's CUDA kernels, compiled at start-up with NVRTC (no toolkit
 // headers needed: f16 conversions are inline PTX, no <cuda_fp16.h>).
 //
-// The forward kernels mirror server/model/src/forward.rs: Q8_0 / Q4_1 weight
-// blocks with f32 scales (the CPU loader's unpacked formats, uploaded as is),
-// activations quantised to Q8_1 before every weight product, and the weight
-// products in the CPU kernels' exact arithmetic (eight lanes of four integer
-// products per block, one fma per lane and block, the same horizontal sum),
-// so the GPU's logits follow the CPU's closely enough for greedy parity.
-// Compiled with --fmad=false: every fused multiply-add below is explicit.
+// The forward kernels reproduce server/model/src/forward.rs bit for bit:
+// Q8_0 / Q4_1 weight blocks with f32 scales (the CPU loader's unpacked
+// formats, uploaded as is), activations quantised to Q8_1 before every
+// weight product, the weight products in the CPU kernels' exact arithmetic
+// (eight lanes of four integer products per block, one fma per lane and
+// block, the same horizontal sum), and attention / SiLU in crate::ggml's
+// arithmetic (ggml's expf, the lane orders of llama.cpp's AVX2 or AVX-512
+// build, whichever the CPU backend uses). Only the order of the f64 sum in
+// RMSNorm differs. Compiled with --fmad=false: every fused multiply-add
+// below is explicit.
 //
 // The sampling kernels implement the device prefix of a sampler chain
 // (server/sampling/src/device_prefix.rs documents the semantics; its
@@ -20,6 +23,7 @@ struct bq8_0 { float d; signed char qs[32]; };
 struct bq4_1 { float d; float m; unsigned char qs[16]; };
 struct bq8_1 { float d; float s; signed char qs[32]; };
 
+#ifndef SAMPLERD_CUDA_EMULATION
 __device__ __forceinline__ unsigned short f2h(float f) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
@@ -30,9 +34,65 @@ __device__ __forceinline__ float h2f(unsigned short h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+#endif // (cuda/emu/prelude.h defines both for the CPU emulation test)
 __device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
 
 // ---------------------------------------------------------------- forward
+
+// ggml's vectorised expf (`ggml_v_expf`), one lane, bit for bit as
+// crate::ggml::expf_lane computes it: `w16` selects the AVX-512 variant
+// (scalef), else the AVX2 one. The CPU backend uses this in softmax and
+// SiLU; the GPU must too, or the two drift apart by the size of the
+// difference between llama.cpp's AVX2 and AVX-512 builds (~2e-2 relative).
+__device__ __forceinline__ double pow2_f64(float n) {
+    return __longlong_as_double(((long long)n + 1023LL) << 52);
+}
+__device__ __forceinline__ float pow2_f32(float n) { return __int_as_float(((int)n + 127) << 23); }
+
+__device__ float ggml_expf(float x, int w16) {
+    const float r = __int_as_float(0x4b400000);     // 0x1.8p23
+    const float z = fmaf(x, __int_as_float(0x3fb8aa3b), r);
+    const float n = __fsub_rn(z, r);
+    const float b = fmaf(-n, __int_as_float(0x35bfbe8e), fmaf(-n, __int_as_float(0x3f317200), x));
+    const float u = __fmul_rn(b, b);
+    const float p = fmaf(fmaf(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
+                         fmaf(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb)));
+    if (fabsf(n) > 192.0f || n != n) {
+        return x > 0.0f ? F_INF : (x != x ? x : 0.0f);
+    }
+    const float c1 = __int_as_float(0x3f7ffff6);
+    if (w16) {
+        const float j = fmaf(p, u, fmaf(c1, b, 1.0f));
+        if (n >= -125.0f && n <= 127.0f) return __fmul_rn(j, pow2_f32(n));
+        return (float)__dmul_rn((double)j, pow2_f64(n));
+    }
+    const float j = fmaf(p, u, __fmul_rn(c1, b));
+    if (fabsf(n) > 126.0f) return (float)__dmul_rn(__dadd_rn((double)j, 1.0), pow2_f64(n));
+    const float k = pow2_f32(n);
+    return fmaf(j, k, k);
+}
+
+// Horizontal sums in the CPU's lane orders (crate::ggml): 16 lanes as GCC's
+// _mm512_reduce_add_ps, 8 lanes as hsum_float_8, and the last step of
+// GGML_F32x8_REDUCE (ggml_vec_dot_f16, AVX2).
+__device__ __forceinline__ float reduce16(const float* v) {
+    float t3[8], t6[4];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) t3[k] = __fadd_rn(v[8 + k], v[k]);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) t6[m] = __fadd_rn(t3[4 + m], t3[m]);
+    return __fadd_rn(__fadd_rn(t6[0], t6[2]), __fadd_rn(t6[1], t6[3]));
+}
+__device__ __forceinline__ float reduce8(const float* v) {
+    const float t0 = __fadd_rn(v[4], v[0]), t1 = __fadd_rn(v[5], v[1]);
+    const float t2 = __fadd_rn(v[6], v[2]), t3 = __fadd_rn(v[7], v[3]);
+    return __fadd_rn(__fadd_rn(t0, t2), __fadd_rn(t1, t3));
+}
+__device__ __forceinline__ float reduce8_vec_dot(const float* x) {
+    const float t0 = __fadd_rn(x[0], x[4]), t1 = __fadd_rn(x[1], x[5]);
+    const float t2 = __fadd_rn(x[2], x[6]), t3 = __fadd_rn(x[3], x[7]);
+    return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
+}
 
 // out[t][:] = dequantised row tok[t] of the embedding (one block per token).
 extern "C" __global__ void embed_q8_0(const bq8_0* w, const unsigned int* tok, int cols, float* out) {
@@ -55,47 +115,62 @@ extern "C" __global__ void embed_q4_1(const bq4_1* w, const unsigned int* tok, i
     }
 }
 
-// out = x / rms(x) * w per row of d values; the sum of squares in f64 like
-// ggml's CPU path. One block (256 threads) per row.
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
-    __shared__ double part[256];
-    const float* xr = x + (size_t)blockIdx.x * d;
-    float* orow = out + (size_t)blockIdx.x * d;
-    double s = 0.0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        const float v = xr[i];
-        s += (double)__fmul_rn(v, v);
-    }
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) part[threadIdx.x] += part[threadIdx.x + o];
-        __syncthreads();
-    }
-    const float scale = 1.0f / sqrtf(__fadd_rn((float)(part[0] / (double)d), eps));
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
-    }
-}
-
-// llama.cpp's quantize_row_q8_1 (AVX2 path): one warp per 32-value block.
-extern "C" __global__ void quantize_q8_1(const float* x, bq8_1* out, int n_blocks) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= n_blocks) return;
-    const float v = x[(size_t)warp * 32 + lane];
+// llama.cpp's quantize_row_q8_1 (AVX2 path) of one 32-value block held one
+// value per lane of a warp; lane 0 writes the scales.
+__device__ __forceinline__ void quantize_block_warp(float v, bq8_1* b, int lane) {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
     const int q = (int)rintf(__fmul_rn(v, id));
     int sum = q;
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    bq8_1* b = out + warp;
     b->qs[lane] = (signed char)q;
     if (lane == 0) {
         b->d = round_f16(d);
         b->s = round_f16(__fmul_rn(d, (float)sum));
+    }
+}
+
+// One warp per 32-value block.
+extern "C" __global__ void quantize_q8_1(const float* x, bq8_1* out, int n_blocks) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= n_blocks) return;
+    quantize_block_warp(x[(size_t)warp * 32 + lane], out + warp, lane);
+}
+
+// Per row of d values (one block of NORM_THREADS per row): optionally the
+// residual add x += add (written back), then RMSNorm (sum of squares in
+// f64 like ggml's CPU path) times w, quantised straight to Q8_1 blocks
+// (d % 32 == 0). Replaces add + rms_norm + quantize_q8_1 (three launches).
+#define NORM_THREADS 256
+extern "C" __global__ void add_norm_quant(float* x, const float* add, const float* w, bq8_1* out, int d,
+                                          float eps) {
+    __shared__ double part[NORM_THREADS];
+    float* xr = x + (size_t)blockIdx.x * d;
+    const float* ar = add ? add + (size_t)blockIdx.x * d : 0;
+    bq8_1* orow = out + (size_t)blockIdx.x * (d / 32);
+    double s = 0.0;
+    for (int i = threadIdx.x; i < d; i += NORM_THREADS) {
+        float v = xr[i];
+        if (ar) {
+            v = __fadd_rn(v, ar[i]);
+            xr[i] = v;
+        }
+        s += (double)__fmul_rn(v, v);
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = NORM_THREADS / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) part[threadIdx.x] += part[threadIdx.x + o];
+        __syncthreads();
+    }
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn((float)(part[0] / (double)d), eps)));
+    const int lane = threadIdx.x % 32;
+    for (int b = threadIdx.x / 32; b < d / 32; b += NORM_THREADS / 32) {
+        const int i = b * 32 + lane;
+        quantize_block_warp(__fmul_rn(__fmul_rn(xr[i], scale), w[i]), orow + b, lane);
     }
 }
 
@@ -112,9 +187,94 @@ __device__ __forceinline__ float hsum8_group(float acc) {
     return __fadd_rn(u, u1);                                 // lane 0: result
 }
 
-// out[t * out_stride + out_off + r] = W[r] . x[t] for Q8_0 weights: eight
-// lanes per row, lane l owning products 4l..4l+3 of every block (the CPU
-// kernels' lane layout). 128 threads = 16 rows per block.
+// The weight products, W[r] . x[t] -> out[t * out_stride + out_off + r], in
+// the CPU kernels' exact arithmetic: per row eight lanes, lane l the sum of
+// products 4l..4l+3 of every block (integer, exact), one fma chain per
+// lane over the blocks in order, then hsum_float_8 (+ the Q4_1 minimum
+// term, summed in block order).
+//
+// One warp per row (MMW_WARPS rows per block): lane j loads blocks j,
+// j + 32, ... (coalesced, all loads in flight at once) and leaves its eight
+// integer sums and scale products in shared memory; lanes 0..7 then run
+// the fma chains over those 32 blocks (lane 8 the minimum term), so only
+// the short chains are serial.
+#define MMW_WARPS 4
+extern "C" __global__ void mmw_q8_0(const bq8_0* __restrict__ w, const bq8_1* __restrict__ x, float* out,
+                                    int rows, int nb, int n_tok, int out_stride, int out_off) {
+    __shared__ int ss[MMW_WARPS][8][33];
+    __shared__ float sd[MMW_WARPS][32];
+    const int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = blockIdx.x * MMW_WARPS + wid;
+    if (r >= rows) return; // the whole warp: only warp-level sync below
+    const bq8_0* row = w + (size_t)r * nb;
+    for (int t = 0; t < n_tok; ++t) {
+        const bq8_1* a = x + (size_t)t * nb;
+        float acc = 0.0f;
+        for (int b0 = 0; b0 < nb; b0 += 32) {
+            const int b = b0 + lane;
+            if (b < nb) {
+                const bq8_0* wb = row + b;
+                const bq8_1* ab = a + b;
+#pragma unroll
+                for (int l = 0; l < 8; ++l) ss[wid][l][lane] = __dp4a(load_i32(wb->qs + 4 * l), load_i32(ab->qs + 4 * l), 0);
+                sd[wid][lane] = __fmul_rn(wb->d, ab->d);
+            }
+            __syncwarp();
+            const int nblk = min(32, nb - b0);
+            if (lane < 8) {
+                for (int j = 0; j < nblk; ++j) acc = fmaf(sd[wid][j], (float)ss[wid][lane][j], acc);
+            }
+            __syncwarp();
+        }
+        const float v = hsum8_group(acc);
+        if (lane == 0) out[(size_t)t * out_stride + out_off + r] = v;
+    }
+}
+
+extern "C" __global__ void mmw_q4_1(const bq4_1* __restrict__ w, const bq8_1* __restrict__ x, float* out,
+                                    int rows, int nb, int n_tok, int out_stride, int out_off) {
+    __shared__ int ss[MMW_WARPS][8][33];
+    __shared__ float sd[MMW_WARPS][32];
+    __shared__ float sm[MMW_WARPS][32];
+    const int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r = blockIdx.x * MMW_WARPS + wid;
+    if (r >= rows) return; // the whole warp: only warp-level sync below
+    const bq4_1* row = w + (size_t)r * nb;
+    for (int t = 0; t < n_tok; ++t) {
+        const bq8_1* a = x + (size_t)t * nb;
+        float acc = 0.0f, summs = 0.0f;
+        for (int b0 = 0; b0 < nb; b0 += 32) {
+            const int b = b0 + lane;
+            if (b < nb) {
+                const bq4_1* wb = row + b;
+                const bq8_1* ab = a + b;
+#pragma unroll
+                for (int l = 0; l < 8; ++l) {
+                    const int packed = load_i32(wb->qs + 4 * (l & 3));
+                    const int q = l < 4 ? (packed & 0x0F0F0F0F) : ((packed >> 4) & 0x0F0F0F0F);
+                    ss[wid][l][lane] = __dp4a(q, load_i32(ab->qs + 4 * l), 0);
+                }
+                sd[wid][lane] = __fmul_rn(wb->d, ab->d);
+                sm[wid][lane] = __fmul_rn(wb->m, ab->s);
+            }
+            __syncwarp();
+            const int nblk = min(32, nb - b0);
+            if (lane < 8) {
+                for (int j = 0; j < nblk; ++j) acc = fmaf(sd[wid][j], (float)ss[wid][lane][j], acc);
+            } else if (lane == 8) {
+                for (int j = 0; j < nblk; ++j) summs = __fadd_rn(summs, sm[wid][j]);
+            }
+            __syncwarp();
+        }
+        const float v = hsum8_group(acc);
+        const float m = __shfl_sync(0xffffffffu, summs, 8);
+        if (lane == 0) out[(size_t)t * out_stride + out_off + r] = __fadd_rn(v, m);
+    }
+}
+
+// The first kernels' layout (eight threads per row, each running its lane's
+// chain over every block): same results, kept for comparison
+// (SAMPLERD_CUDA_MM=lanes). 128 threads = 16 rows per block.
 extern "C" __global__ void mm_q8_0(const bq8_0* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
                                    int out_stride, int out_off) {
     const int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
@@ -159,14 +319,16 @@ extern "C" __global__ void mm_q4_1(const bq4_1* w, const bq8_1* x, float* out, i
     }
 }
 
+#define MAX_HD 128
+
 // Per (token, head): adds the qkv bias (qwen2), applies RoPE (rope table
 // rows precomputed on the host with the CPU's iterative theta), and for
 // k heads writes K and V into the f16 cache at position pos0 + t.
-// grid = (n_tok, n_head + n_kv), block = 64; dynamic shared: hd floats.
+// grid = (n_tok, n_head + n_kv), block = 64.
 extern "C" __global__ void qkv_rope_store(float* qkv, const float* bias, const float* rope, const int* pos_ptr,
                                           int n_head, int n_kv, int hd, int n_pairs, int neox,
                                           unsigned short* kc, unsigned short* vc, int layer, int cap) {
-    extern __shared__ float seg[];
+    __shared__ float seg[MAX_HD];
     const int t = blockIdx.x;
     const int j = blockIdx.y;
     const int pos = *pos_ptr + t;
@@ -208,8 +370,10 @@ extern "C" __global__ void qkv_rope_store(float* qkv, const float* bias, const f
     }
 }
 
-#define ATT_THREADS 128
-#define MAX_HD 256
+#define ATT_THREADS 256
+#define ATT_CHUNK 256                  // positions per pass step (a multiple of 4 * 16)
+#define MAX_LANES 64                   // 4 vectors of 16 lanes (ggml_vec_dot_f16, AVX-512)
+#define ATT_ACC (MAX_LANES * MAX_HD / ATT_THREADS)
 
 __device__ float block_max(float v, float* red) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -221,87 +385,204 @@ __device__ float block_max(float v, float* red) {
     return m;
 }
 
-__device__ double block_sum_f64(double v, double* red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    double s = 0.0;
-    for (int w = 0; w < ATT_THREADS / 32; ++w) s += red[w];
-    __syncthreads();
+// K . q16 in ggml_vec_dot_f16's order (a one-token step on the CPU): lanes
+// i % 4w over full steps of 4w, the four vectors added pairwise, a
+// horizontal sum, leftovers added in f64.
+__device__ float kq_decode(const float* q, const unsigned short* k, int n, int w) {
+    const int step = 4 * w;
+    const int np = n / step * step;
+    float x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        float l0 = 0.0f, l1 = 0.0f, l2 = 0.0f, l3 = 0.0f;
+        if (e < w) {
+            for (int c = 0; c < np; c += step) {
+                l0 = fmaf(q[c + e], h2f(k[c + e]), l0);
+                l1 = fmaf(q[c + w + e], h2f(k[c + w + e]), l1);
+                l2 = fmaf(q[c + 2 * w + e], h2f(k[c + 2 * w + e]), l2);
+                l3 = fmaf(q[c + 3 * w + e], h2f(k[c + 3 * w + e]), l3);
+            }
+        }
+        x[e] = __fadd_rn(__fadd_rn(l0, l2), __fadd_rn(l1, l3));
+    }
+    double s = w == 16 ? (double)reduce16(x) : (double)reduce8_vec_dot(x);
+    for (int i = np; i < n; ++i) s = __dadd_rn(s, (double)__fmul_rn(q[i], h2f(k[i])));
+    return (float)s;
+}
+
+// K . q16 in tinyBLAS's order (a multi-token step on the CPU): lanes i % w,
+// one fma chain each, a horizontal sum, the tail added in f32.
+__device__ float kq_prefill(const float* q, const unsigned short* k, int n, int w) {
+    float l[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) l[e] = 0.0f;
+    int c = 0;
+    for (; c + w <= n; c += w) {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            if (e < w) l[e] = fmaf(q[c + e], h2f(k[c + e]), l[e]);
+        }
+    }
+    float s = w == 16 ? reduce16(l) : reduce8(l);
+    for (int i = c; i < n; ++i) s = __fadd_rn(s, __fmul_rn(q[i], h2f(k[i])));
     return s;
 }
 
-__device__ __forceinline__ float kq_score(const float* q, const unsigned short* k, int hd, float scale) {
-    float acc = 0.0f;
-    for (int i = 0; i < hd; ++i) acc = fmaf(q[i], h2f(k[i]), acc);
-    return __fmul_rn(acc, scale);
+__device__ __forceinline__ float kq_score(const float* q, const unsigned short* k, int hd, int w, int decode,
+                                          float scale) {
+    return __fmul_rn(decode ? kq_decode(q, k, hd, w) : kq_prefill(q, k, hd, w), scale);
+}
+
+// The scaled scores K . q16 of one-token steps, spread over many blocks
+// (attention's own passes would otherwise compute them serially in one
+// block per head): scores[h * cap + p] for p < pos0 + 1, each exactly as
+// attention's kq_score computes it. grid = (blocks, n_head), block =
+// SCORE_THREADS; positions are grid-strided so one launch shape (captured
+// in the decode graph) serves every position.
+#define SCORE_THREADS 128
+extern "C" __global__ void attn_scores(const float* qkv, const unsigned short* kc, float* scores, const int* pos_ptr,
+                                       int layer, int cap, int n_head, int n_kv, int hd, float scale, int w) {
+    __shared__ float q[MAX_HD];
+    const int h = blockIdx.y;
+    const int g = h / (n_head / n_kv);
+    const int n_pos = *pos_ptr + 1;
+    for (int i = threadIdx.x; i < hd; i += SCORE_THREADS) q[i] = round_f16(qkv[h * hd + i]);
+    __syncthreads();
+    const unsigned short* K = kc + ((size_t)layer * n_kv + g) * cap * hd;
+    for (int ps = blockIdx.x * SCORE_THREADS + threadIdx.x; ps < n_pos; ps += gridDim.x * SCORE_THREADS)
+        scores[(size_t)h * cap + ps] = kq_score(q, K + (size_t)ps * hd, hd, w, 1, scale);
 }
 
 // Causal grouped-query attention of token t, head h over cache positions
-// 0..pos0+t: scores with the query rounded to f16, softmax (f64 sum),
-// probabilities rounded to f16, then V . p. Two passes over K (max/sum,
-// then probabilities) rather than an online softmax, so each probability is
-// normalised before its f16 rounding, as on the CPU.
+// 0..pos0+t, in crate::ggml::attention_head's exact arithmetic (`w` = 8 or
+// 16 lanes: the CPU flavour; `decode`: the step runs one token): scores
+// K . q16 (query rounded to f16) in the CPU's lane order, softmax with
+// ggml's expf, each vector of w exponentials summed horizontally and the
+// sums accumulated in f64 in order, probabilities rounded to f16, then
+// V . p16 with lanes p % nl (nl = 4w decode, w prefill) and the CPU's final
+// reduction. Scores are recomputed in each pass (bit-identical) instead of
+// stored, unless `scores` holds them (one-token steps, from attn_scores).
+// With `outq` (hd % 32 == 0) the output is also quantised to Q8_1 there,
+// which saves the separate quantize_q8_1 launch.
 // grid = (n_tok, n_head), block = ATT_THREADS.
 extern "C" __global__ void attention(const float* qkv, const unsigned short* kc, const unsigned short* vc,
-                                     float* out, const int* pos_ptr, int layer, int cap, int n_head, int n_kv,
-                                     int hd, float scale) {
+                                     const float* scores, float* out, bq8_1* outq, const int* pos_ptr, int layer,
+                                     int cap, int n_head, int n_kv, int hd, float scale, int w, int decode) {
     __shared__ float q[MAX_HD];
-    __shared__ float p[ATT_THREADS];
+    __shared__ float ex[ATT_CHUNK];
+    __shared__ float vsum[ATT_CHUNK / 8];
     __shared__ float redf[ATT_THREADS / 32];
-    __shared__ double redd[ATT_THREADS / 32];
+    __shared__ float accs[MAX_LANES * MAX_HD];
+    __shared__ double total;
+    const int tid = threadIdx.x;
     const int t = blockIdx.x;
     const int h = blockIdx.y;
     const int g = h / (n_head / n_kv);
     const int n_pos = *pos_ptr + t + 1;
     const int d = n_head * hd;
     const int rows = d + 2 * n_kv * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = round_f16(qkv[(size_t)t * rows + h * hd + i]);
+    for (int i = tid; i < hd; i += ATT_THREADS) q[i] = round_f16(qkv[(size_t)t * rows + h * hd + i]);
+    if (tid == 0) total = 0.0;
     __syncthreads();
     const size_t base = ((size_t)layer * n_kv + g) * cap * hd;
     const unsigned short* K = kc + base;
     const unsigned short* V = vc + base;
+    const int w16 = w == 16;
+    const float* sc = scores ? scores + (size_t)h * cap : 0;
+#define SCORE(ps) (sc ? sc[ps] : kq_score(q, K + (size_t)(ps) * hd, hd, w, decode, scale))
+    // Pass 1: the maximum score (exact in any order).
     float m = -F_INF;
-    for (int ps = threadIdx.x; ps < n_pos; ps += blockDim.x) m = fmaxf(m, kq_score(q, K + (size_t)ps * hd, hd, scale));
+    for (int ps = tid; ps < n_pos; ps += ATT_THREADS) m = fmaxf(m, SCORE(ps));
     m = block_max(m, redf);
-    double s = 0.0;
-    for (int ps = threadIdx.x; ps < n_pos; ps += blockDim.x)
-        s += (double)expf(__fsub_rn(kq_score(q, K + (size_t)ps * hd, hd, scale), m));
-    s = block_sum_f64(s, redd);
-    const float inv = (float)(1.0 / s);
-    float acc0 = 0.0f, acc1 = 0.0f; // dims threadIdx.x and threadIdx.x + ATT_THREADS
-    for (int c0 = 0; c0 < n_pos; c0 += ATT_THREADS) {
-        const int ps = c0 + threadIdx.x;
-        p[threadIdx.x] = ps < n_pos
-            ? round_f16(__fmul_rn(expf(__fsub_rn(kq_score(q, K + (size_t)ps * hd, hd, scale), m)), inv))
-            : 0.0f;
+    // Pass 2: the softmax denominator, vector by vector as the CPU sums it.
+    for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
+        const int ps = c0 + tid;
+        ex[tid] = ps < n_pos ? ggml_expf(__fsub_rn(SCORE(ps), m), w16)
+                             : 0.0f;
         __syncthreads();
-        const int n = min(ATT_THREADS, n_pos - c0);
-        for (int jj = 0; jj < n; ++jj) {
-            const unsigned short* vr = V + (size_t)(c0 + jj) * hd;
-            if (threadIdx.x < hd) acc0 = fmaf(p[jj], h2f(vr[threadIdx.x]), acc0);
-            if (threadIdx.x + ATT_THREADS < hd) acc1 = fmaf(p[jj], h2f(vr[threadIdx.x + ATT_THREADS]), acc1);
+        const int nvec = (min(ATT_CHUNK, n_pos - c0) + w - 1) / w;
+        if (tid < nvec) vsum[tid] = w16 ? reduce16(ex + tid * 16) : reduce8(ex + tid * 8);
+        __syncthreads();
+        if (tid == 0) {
+            double s = total;
+            for (int v = 0; v < nvec; ++v) s = __dadd_rn(s, (double)vsum[v]);
+            total = s;
         }
         __syncthreads();
     }
-    float* o = out + (size_t)t * d + h * hd;
-    if (threadIdx.x < hd) o[threadIdx.x] = acc0;
-    if (threadIdx.x + ATT_THREADS < hd) o[threadIdx.x + ATT_THREADS] = acc1;
+    const float inv = (float)(1.0 / total);
+    // Pass 3: probabilities (f16) and the lane accumulators acc[e][dim],
+    // e = p % nl, each an fma chain over its positions in order. Thread
+    // tid owns pairs i = tid + k * ATT_THREADS, e = i / hd, dim = i % hd.
+    const int nl = decode ? 4 * w : w;
+    const int npairs = nl * hd;
+    float acc[ATT_ACC];
+#pragma unroll
+    for (int k = 0; k < ATT_ACC; ++k) acc[k] = 0.0f;
+    for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
+        const int ps = c0 + tid;
+        ex[tid] = ps < n_pos
+            ? round_f16(__fmul_rn(ggml_expf(__fsub_rn(SCORE(ps), m), w16), inv))
+            : 0.0f;
+        __syncthreads();
+        const int nc = min(ATT_CHUNK, n_pos - c0);
+#pragma unroll
+        for (int k = 0; k < ATT_ACC; ++k) {
+            const int i = tid + k * ATT_THREADS;
+            if (i < npairs) {
+                const int e = i / hd, dim = i % hd;
+                float a = acc[k];
+                for (int j = e; j < nc; j += nl) a = fmaf(ex[j], h2f(V[(size_t)(c0 + j) * hd + dim]), a);
+                acc[k] = a;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_ACC; ++k) {
+        const int i = tid + k * ATT_THREADS;
+        if (i < npairs) accs[i] = acc[k];
+    }
+    __syncthreads();
+    const size_t o = (size_t)t * d + h * hd;
+    // hd <= MAX_HD <= ATT_THREADS: one dimension per thread, whole warps.
+    if (tid < hd) {
+        const int dim = tid;
+        float x[16];
+        float val;
+        if (decode) {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                x[e] = e < w ? __fadd_rn(__fadd_rn(accs[e * hd + dim], accs[(2 * w + e) * hd + dim]),
+                                         __fadd_rn(accs[(w + e) * hd + dim], accs[(3 * w + e) * hd + dim]))
+                             : 0.0f;
+            }
+            val = w16 ? reduce16(x) : reduce8_vec_dot(x);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) x[e] = e < w ? accs[e * hd + dim] : 0.0f;
+            val = w16 ? reduce16(x) : reduce8(x);
+        }
+        out[o + dim] = val;
+        if (outq) quantize_block_warp(val, outq + (o + dim) / 32, tid % 32);
+    }
 }
+#undef SCORE
 
-// act = silu(gate) * up; gu rows are [gate (n_ff) | up (n_ff)] per token.
-extern "C" __global__ void swiglu(const float* gu, float* act, int n_tok, int n_ff) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_tok * n_ff) return;
-    const int t = i / n_ff, c = i % n_ff;
+// silu(gate) * up per value (gu rows are [gate (n_ff) | up (n_ff)] per
+// token) as ggml_vec_swiglu_f32 computes it (ggml's expf on the first
+// n_ff / w * w values, libm's on the tail), quantised to Q8_1 blocks
+// (n_ff % 32 == 0). One warp per block of 32 values.
+extern "C" __global__ void swiglu_quant(const float* gu, bq8_1* out, int n_tok, int n_ff, int w) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    const int per_tok = n_ff / 32;
+    if (warp >= n_tok * per_tok) return;
+    const int t = warp / per_tok, c = (warp % per_tok) * 32 + lane;
     const float g = gu[(size_t)t * 2 * n_ff + c];
     const float u = gu[(size_t)t * 2 * n_ff + n_ff + c];
-    act[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-}
-
-extern "C" __global__ void add_inplace(float* x, const float* y, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+    const float e = c < n_ff / w * w ? ggml_expf(__fsub_rn(0.0f, g), w == 16) : expf(-g);
+    quantize_block_warp(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), u), out + warp, lane);
 }
 
 // --------------------------------------------------------------- sampling
@@ -391,6 +672,7 @@ __device__ __forceinline__ unsigned int okey(float v) {
 extern "C" __global__ void top_k(const float* x, int n, int k, const int* status_in, unsigned int* out) {
     __shared__ unsigned int hist[256];
     __shared__ unsigned int prefix, mask, remaining, n_gt, n_tie_base;
+    __shared__ bool gather_done;
     __shared__ unsigned long long items[TOPK_MAX];
     __shared__ unsigned int warp_sums[TOPK_THREADS / 32];
     const int tid = threadIdx.x;
@@ -405,21 +687,57 @@ extern "C" __global__ void top_k(const float* x, int n, int k, const int* status
         for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
         const unsigned int pf = prefix, mk = mask;
-        for (int i = tid; i < n; i += blockDim.x) {
-            const unsigned int key = okey(x[i]);
-            if ((key & mk) == pf) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        // Most logits share the key's top byte (sign and exponent), so a
+        // plain shared atomic per entry serialises on one bin: lanes with
+        // the same bin add their count once (every lane runs every round,
+        // as __match_any_sync needs).
+        for (int c0 = 0; c0 < n; c0 += blockDim.x) {
+            const int i = c0 + tid;
+            const unsigned int key = i < n ? okey(x[i]) : 0u;
+            const bool in = i < n && (key & mk) == pf;
+            const unsigned int bin = in ? ((key >> shift) & 255u) : 0xFFFFFFFFu;
+#if __CUDA_ARCH__ >= 700
+            const unsigned int peers = __match_any_sync(0xffffffffu, bin);
+            if (in && (tid % 32) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(peers));
+#else
+            if (in) atomicAdd(&hist[bin], 1u);
+#endif
         }
         __syncthreads();
-        if (tid == 0) {
-            unsigned int cum = 0;
-            int dg = 255;
-            for (; dg > 0; --dg) {
-                if (cum + hist[dg] >= remaining) break;
-                cum += hist[dg];
+        // The digit of the k-th largest: the first bin, from 255 down, where
+        // the running count reaches `remaining` (which the entries still
+        // matching the prefix always do). Warp 0: lane l owns bins 255 - 8l
+        // down to 248 - 8l; a prefix sum over lanes finds the one lane
+        // whose range holds the crossing.
+        if (tid < 32) {
+            const unsigned int rem = remaining;
+            unsigned int c[8];
+            unsigned int tot = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                c[j] = hist[255 - 8 * tid - j];
+                tot += c[j];
             }
-            remaining -= cum;
-            prefix |= (unsigned int)dg << shift;
-            mask |= 255u << shift;
+            unsigned int incl = tot;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (tid >= o) incl += v;
+            }
+            unsigned int cum = incl - tot;
+            if (cum < rem && rem <= incl) {
+                int dg = 255 - 8 * tid - 7;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (cum + c[j] >= rem) {
+                        dg = 255 - 8 * tid - j;
+                        break;
+                    }
+                    cum += c[j];
+                }
+                remaining = rem - cum;
+                prefix |= (unsigned int)dg << shift;
+                mask |= 255u << shift;
+            }
         }
         __syncthreads();
     }
@@ -451,12 +769,14 @@ extern "C" __global__ void top_k(const float* x, int n, int k, const int* status
             unsigned int tot = 0;
             for (int w = 0; w < TOPK_THREADS / 32; ++w) tot += warp_sums[w];
             n_tie_base += tot;
+            // Every kept entry is placed; later ones cannot qualify. Decided
+            // once here: threads reading n_gt themselves after the barrier
+            // raced with faster warps already adding to it in the next
+            // round, so some broke out and others waited at a barrier.
+            gather_done = n_tie_base >= need && n_gt >= (unsigned int)n_greater;
         }
         __syncthreads();
-        if (n_tie_base >= need && n_gt >= (unsigned int)n_greater) {
-            // Every kept entry is placed; later ones cannot qualify.
-            break;
-        }
+        if (gather_done) break;
     }
     // Bitonic sort of the k items, descending (pad with 0 = below any key).
     int m = 1;

@@ -13,16 +13,24 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 /// The CUDA C source of every kernel.
 pub const SOURCE: &str = include_str!("kernels.cu");
 
-/// Threads per block of the weight-product kernels (8 lanes per row).
+/// Threads per block of the `mm_*` weight-product kernels (8 lanes per row).
 pub const MM_THREADS: u32 = 128;
-/// Rows per block of the weight-product kernels.
+/// Rows per block of the `mm_*` weight-product kernels.
 pub const MM_ROWS_PER_BLOCK: u32 = MM_THREADS / 8;
-/// Threads of `rms_norm` (its shared reduction assumes exactly this many).
+/// Rows (one warp each) per block of the `mmw_*` kernels (`MMW_WARPS`).
+pub const MMW_ROWS_PER_BLOCK: u32 = 4;
+/// Threads of `add_norm_quant` (`NORM_THREADS` in the source; its shared
+/// reduction assumes exactly this many).
 pub const NORM_THREADS: u32 = 256;
+/// Threads per block of `attn_scores` (`SCORE_THREADS` in the source).
+pub const SCORE_THREADS: u32 = 128;
+/// Most blocks per head of `attn_scores` (it grid-strides beyond).
+pub const SCORE_MAX_BLOCKS: u32 = 64;
 /// Threads of `attention` (`ATT_THREADS` in the source).
-pub const ATT_THREADS: u32 = 128;
-/// Largest head dimension `attention` supports (`MAX_HD` in the source).
-pub const MAX_HEAD_DIM: usize = 256;
+pub const ATT_THREADS: u32 = 256;
+/// Largest head dimension `attention` supports (`MAX_HD` in the source:
+/// its lane accumulators, 64 × head_dim floats, live in shared memory).
+pub const MAX_HEAD_DIM: usize = 128;
 /// Threads of the single-block `top_k` and `check_logits` kernels.
 pub const TOPK_THREADS: u32 = 1024;
 /// Largest k the device `top_k` handles (`TOPK_MAX` in the source).
@@ -70,14 +78,16 @@ pub fn ptx_for(arch: (i32, i32)) -> Result<Arc<String>, String> {
 pub struct Kernels {
     pub embed_q8_0: CudaFunction,
     pub embed_q4_1: CudaFunction,
-    pub rms_norm: CudaFunction,
+    pub add_norm_quant: CudaFunction,
     pub quantize_q8_1: CudaFunction,
     pub mm_q8_0: CudaFunction,
     pub mm_q4_1: CudaFunction,
+    pub mmw_q8_0: CudaFunction,
+    pub mmw_q4_1: CudaFunction,
     pub qkv_rope_store: CudaFunction,
+    pub attn_scores: CudaFunction,
     pub attention: CudaFunction,
-    pub swiglu: CudaFunction,
-    pub add_inplace: CudaFunction,
+    pub swiglu_quant: CudaFunction,
     pub check_logits: CudaFunction,
     pub logit_bias: CudaFunction,
     pub penalties: CudaFunction,
@@ -103,14 +113,16 @@ impl Kernels {
         Ok(Kernels {
             embed_q8_0: f("embed_q8_0")?,
             embed_q4_1: f("embed_q4_1")?,
-            rms_norm: f("rms_norm")?,
+            add_norm_quant: f("add_norm_quant")?,
             quantize_q8_1: f("quantize_q8_1")?,
             mm_q8_0: f("mm_q8_0")?,
             mm_q4_1: f("mm_q4_1")?,
+            mmw_q8_0: f("mmw_q8_0")?,
+            mmw_q4_1: f("mmw_q4_1")?,
             qkv_rope_store: f("qkv_rope_store")?,
+            attn_scores: f("attn_scores")?,
             attention: f("attention")?,
-            swiglu: f("swiglu")?,
-            add_inplace: f("add_inplace")?,
+            swiglu_quant: f("swiglu_quant")?,
             check_logits: f("check_logits")?,
             logit_bias: f("logit_bias")?,
             penalties: f("penalties")?,
@@ -181,14 +193,16 @@ mod tests {
         for name in [
             "embed_q8_0",
             "embed_q4_1",
-            "rms_norm",
+            "add_norm_quant",
             "quantize_q8_1",
             "mm_q8_0",
             "mm_q4_1",
+            "mmw_q8_0",
+            "mmw_q4_1",
             "qkv_rope_store",
+            "attn_scores",
             "attention",
-            "swiglu",
-            "add_inplace",
+            "swiglu_quant",
             "check_logits",
             "logit_bias",
             "penalties",

@@ -11,9 +11,9 @@
 //! The CUDA backend (`backend`, `kernels`) compiles its kernels from CUDA C
 //! with NVRTC at start-up, keeps the weights in their quantised block formats
 //! on the device and dequantises inside the matrix-vector kernels (at batch 1
-//! decode reads every weight once, so fewer bytes is the speed), and runs
-//! the same maths as `crate::forward` (Q8_1 activations, f16 KV cache, f64
-//! RMSNorm sums, the same RoPE variant).
+//! decode reads every weight once, so fewer bytes is the speed), and
+//! reproduces `crate::forward` bit for bit (Q8_1 activations, the CPU
+//! kernels' lane orders, ggml's expf, f16 KV cache, the same RoPE table).
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +23,9 @@ pub mod backend;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 mod probe;
+// The kernels checked against the CPU backend on the CPU (no GPU needed).
+#[cfg(test)]
+mod emulation;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;

@@ -1,0 +1,285 @@
+//! The CUDA kernels checked bit for bit against the CPU backend without a
+//! GPU: `kernels.cu` is compiled as C++ with a small emulation of the CUDA
+//! built-ins (`emu/prelude.h`: a thread per CUDA thread, barriers, shuffles
+//! through shared slots) and run by `emu/harness.cpp` over cases whose
+//! expected results come from the CPU code itself (`ggml::attention_head`,
+//! `ggml::swiglu`, `forward::rms_norm`, `forward::apply_rope`,
+//! `quantize_q8_1`, `QMatrix::matmul`), in this CPU's ggml flavour. The GPU
+//! must match the CPU exactly (docs/PERFORMANCE.md, "CUDA": last-bit
+//! differences change greedy tokens), so this runs with every `cargo test`,
+//! with or without the `cuda` feature; it skips with a notice when no C++20
+//! compiler is found (`CXX`, else `g++`).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+
+use half::f16;
+
+use crate::ggml::{self, Flavor};
+use crate::pool::ThreadPool;
+use crate::quant::{BlockQ8_1, QK, QMatrix, quantize_q8_1};
+
+const PRELUDE: &str = include_str!("emu/prelude.h");
+const HARNESS: &str = include_str!("emu/harness.cpp");
+const KERNELS: &str = include_str!("kernels.cu");
+
+struct Lcg(u64);
+
+impl Lcg {
+    /// Uniform in [-1, 1).
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    }
+}
+
+fn bytes<T>(v: &[T]) -> &[u8] {
+    // SAFETY: only used on slices of f32 / i32 / u16 / u8 and the
+    // #[repr(C)] block structs, whose bytes are all initialised (no padding).
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+struct Out(std::fs::File);
+
+impl Out {
+    fn create(dir: &Path, name: &str) -> Out {
+        Out(std::fs::File::create(dir.join(name)).expect("case file"))
+    }
+    fn put<T>(&mut self, v: &[T]) {
+        self.0.write_all(bytes(v)).expect("case file write");
+    }
+}
+
+fn quantized(x: &[f32]) -> Vec<BlockQ8_1> {
+    let mut q = vec![BlockQ8_1::default(); x.len() / QK];
+    quantize_q8_1(x, &mut q);
+    q
+}
+
+fn write_attention(dir: &Path, r: &mut Lcg) {
+    let (nh, hd) = (3usize, 64usize);
+    // Chunk (256) and vector (8 / 16 / 64) boundaries on both sides.
+    let positions = [1usize, 5, 64, 255, 257, 300];
+    let mut f = Out::create(dir, "attention.bin");
+    f.put(&[(positions.len() * 2) as i32]);
+    for decode in [true, false] {
+        for &n_pos in &positions {
+            let qkv: Vec<f32> = (0..(nh + 2) * hd).map(|_| r.next() * 4.0).collect();
+            let k: Vec<u16> = (0..n_pos * hd)
+                .map(|_| f16::from_f32(r.next() * 3.0).to_bits())
+                .collect();
+            let v: Vec<u16> = (0..n_pos * hd)
+                .map(|_| f16::from_f32(r.next() * 2.0).to_bits())
+                .collect();
+            let kf: Vec<f32> = k.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+            let vf: Vec<f32> = v.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut out = vec![0f32; nh * hd];
+            let mut scores = vec![0f32; n_pos.div_ceil(16) * 16];
+            let mut acc = vec![0f32; 64 * hd];
+            for h in 0..nh {
+                let q: Vec<f32> = qkv[h * hd..(h + 1) * hd]
+                    .iter()
+                    .map(|&x| f16::from_f32(x).to_f32())
+                    .collect();
+                ggml::attention_head(
+                    &q,
+                    &kf,
+                    &vf,
+                    n_pos,
+                    scale,
+                    decode,
+                    &mut scores,
+                    &mut acc,
+                    &mut out[h * hd..(h + 1) * hd],
+                );
+            }
+            f.put(&[decode as i32, n_pos as i32, nh as i32, hd as i32]);
+            f.put(&qkv);
+            f.put(&k);
+            f.put(&v);
+            f.put(&out);
+            f.put(&quantized(&out));
+        }
+    }
+}
+
+fn write_norm(dir: &Path, r: &mut Lcg) {
+    let (rows, d, eps) = (3usize, 576usize, 1e-5f32);
+    let mut x: Vec<f32> = (0..rows * d).map(|_| r.next() * 5.0).collect();
+    x[7] = 300.0; // an outlier channel, as real residual streams have
+    let add: Vec<f32> = (0..rows * d).map(|_| r.next()).collect();
+    let w: Vec<f32> = (0..d).map(|_| r.next() * 2.0).collect();
+    let summed: Vec<f32> = x.iter().zip(&add).map(|(a, b)| a + b).collect();
+    let mut normed = vec![0f32; rows * d];
+    crate::forward::rms_norm(&summed, &w, eps, &mut normed);
+    let mut f = Out::create(dir, "norm.bin");
+    f.put(&[rows as i32, d as i32]);
+    f.put(&[eps]);
+    f.put(&x);
+    f.put(&add);
+    f.put(&w);
+    f.put(&summed);
+    f.put(&quantized(&normed));
+}
+
+fn write_swiglu(dir: &Path, r: &mut Lcg) {
+    let (n, n_ff) = (2usize, 1536usize);
+    let gu: Vec<f32> = (0..n * 2 * n_ff).map(|_| r.next() * 12.0).collect();
+    let mut act = vec![0f32; n * n_ff];
+    for t in 0..n {
+        let (g, u) = gu[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at(n_ff);
+        ggml::swiglu(g, u, &mut act[t * n_ff..(t + 1) * n_ff]);
+    }
+    let mut f = Out::create(dir, "swiglu.bin");
+    f.put(&[n as i32, n_ff as i32]);
+    f.put(&gu);
+    f.put(&quantized(&act));
+}
+
+fn write_mm(dir: &Path, r: &mut Lcg) {
+    let pool = ThreadPool::new(1);
+    // More than 32 blocks per row (two rounds of the warp kernel), fewer,
+    // and rows that do not fill the last block of threads.
+    let shapes = [(37usize, 1536usize), (37, 96), (5, 1056)];
+    let n = 2;
+    let mut f = Out::create(dir, "mm.bin");
+    f.put(&[(shapes.len() * 2) as i32]);
+    for &(rows, cols) in &shapes {
+        let x: Vec<f32> = (0..n * cols).map(|_| r.next() * 3.0).collect();
+        let xq = quantized(&x);
+        let wf: Vec<f32> = (0..rows * cols).map(|_| r.next()).collect();
+        let q8 = QMatrix::q8_0_from_f32(rows, cols, &wf).expect("q8_0 matrix");
+        let mut raw = Vec::new();
+        for _ in 0..rows * cols / QK {
+            raw.extend_from_slice(&f16::from_f32(r.next() * 0.1).to_le_bytes());
+            raw.extend_from_slice(&f16::from_f32(r.next() * 0.5).to_le_bytes());
+            raw.extend((0..16).map(|_| ((r.next() + 1.0) * 127.0) as u8));
+        }
+        let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).expect("q4_1 matrix");
+        for m in [&q8, &q4] {
+            let mut out = vec![0f32; n * rows];
+            m.matmul(&pool, &xq, n, &mut out);
+            let (is_q4, blocks) = match m {
+                QMatrix::Q8_0 { blocks, .. } => (0, bytes(blocks)),
+                QMatrix::Q4_1 { blocks, .. } => (1, bytes(blocks)),
+            };
+            f.put(&[
+                is_q4,
+                rows as i32,
+                cols as i32,
+                n as i32,
+                blocks.len() as i32,
+            ]);
+            f.put(blocks);
+            f.put(&xq);
+            f.put(&out);
+        }
+    }
+}
+
+fn write_rope(dir: &Path, r: &mut Lcg) {
+    let (nh, nkv, hd, pos, cap) = (3usize, 1usize, 64usize, 9usize, 16usize);
+    let pairs = hd / 2;
+    let qkv: Vec<f32> = (0..(nh + 2 * nkv) * hd).map(|_| r.next() * 2.0).collect();
+    // Any cos/sin values do: the kernel reads the table the host computed.
+    let table: Vec<f32> = (0..(pos + 1) * pairs * 2).map(|_| r.next()).collect();
+    let row: Vec<(f32, f32)> = table[pos * pairs * 2..]
+        .chunks_exact(2)
+        .map(|c| (c[0], c[1]))
+        .collect();
+    for neox in [false, true] {
+        let mut want = qkv.clone();
+        for h in 0..nh + nkv {
+            crate::forward::apply_rope(&mut want[h * hd..(h + 1) * hd], &row, neox);
+        }
+        let to_f16 =
+            |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| f16::from_f32(x).to_bits()).collect() };
+        let name = if neox { "rope_neox.bin" } else { "rope.bin" };
+        let mut f = Out::create(dir, name);
+        f.put(&[
+            nh as i32,
+            nkv as i32,
+            hd as i32,
+            pairs as i32,
+            neox as i32,
+            pos as i32,
+            cap as i32,
+        ]);
+        f.put(&qkv);
+        f.put(&table);
+        f.put(&want[..nh * hd]);
+        f.put(&to_f16(&want[nh * hd..(nh + nkv) * hd]));
+        f.put(&to_f16(&qkv[(nh + nkv) * hd..]));
+    }
+}
+
+#[test]
+fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        eprintln!("NOTICE: no C++ compiler ({cxx}); skipping the CUDA kernel emulation check");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    for (name, text) in [
+        ("prelude.h", PRELUDE),
+        ("harness.cpp", HARNESS),
+        ("kernels.cu", KERNELS),
+    ] {
+        std::fs::write(d.join(name), text).expect("emulation sources");
+    }
+    let mut r = Lcg(12345);
+    write_attention(d, &mut r);
+    write_norm(d, &mut r);
+    write_swiglu(d, &mut r);
+    write_mm(d, &mut r);
+    write_rope(d, &mut r);
+    let exe = d.join("harness");
+    let build = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-w",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(d.join("harness.cpp"))
+        .output()
+        .expect("running the C++ compiler");
+    if !build.status.success() {
+        let err = String::from_utf8_lossy(&build.stderr);
+        if err.contains("_Float16") || err.contains("c++20") || err.contains("atomic_ref") {
+            eprintln!(
+                "NOTICE: {cxx} lacks C++20 / _Float16; skipping the CUDA kernel emulation check"
+            );
+            return;
+        }
+        panic!("the emulated kernels do not compile with {cxx}:\n{err}");
+    }
+    let lanes = match ggml::flavor() {
+        Flavor::Avx512 => "16",
+        Flavor::Avx2 => "8",
+    };
+    let run = Command::new(&exe)
+        .arg(d)
+        .arg(lanes)
+        .output()
+        .expect("running the emulated kernels");
+    let report = String::from_utf8_lossy(&run.stdout);
+    eprintln!("{report}");
+    assert!(
+        run.status.success(),
+        "emulated CUDA kernels differ from the CPU backend ({:?} flavour):\n{report}{}",
+        ggml::flavor(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
