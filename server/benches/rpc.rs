@@ -9,7 +9,8 @@
 //! in-process breakdown of one step (no transport).
 //!
 //! Run: `cargo bench -p samplerd --bench rpc` (env RPC_BENCH_ITERS: timed
-//! calls per series and round, RPC_BENCH_ROUNDS: rounds).
+//! calls per series and round, RPC_BENCH_ROUNDS: rounds,
+//! RPC_BENCH_PARALLEL_LOGPROB=0: no log-sum-exp helper thread).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -204,6 +205,10 @@ async fn main() {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
     };
+    // RPC_BENCH_PARALLEL_LOGPROB=0: the single-thread path, for A/B runs.
+    if std::env::var("RPC_BENCH_PARALLEL_LOGPROB").is_ok_and(|v| v == "0") {
+        cfg.limits.parallel_logprob.enabled = false;
+    }
     // cargo leaves a dev-dependency's cdylib in deps/.
     let lib = "libsamplerd_core_stages.so";
     let dir = profile_dir();
@@ -257,6 +262,14 @@ async fn main() {
 
     println!("samplerd RPC benchmark: vocab {VOCAB}, {iters} calls each, default chain");
     println!("chain: {}", server.state.defaults.chain.describe());
+    println!(
+        "log-sum-exp helper thread: {}",
+        if server.state.lse.is_running() {
+            "on"
+        } else {
+            "off"
+        }
+    );
 
     let (tx_n, rx_n) = mpsc::channel(2);
     let (tx_s, rx_s) = mpsc::channel(2);
@@ -461,6 +474,14 @@ async fn breakdown(state: &Arc<AppState>, bytes: &[u8], iters: usize) {
         }),
     ));
     rows.push((
+        "copy + validate + max (helper)",
+        median_us(iters, || {
+            let t = Instant::now();
+            std::hint::black_box(buf.load_f32le_checked(bytes).unwrap());
+            t.elapsed()
+        }),
+    ));
+    rows.push((
         "log-sum-exp (raw logits)",
         median_us(iters, || {
             let t = Instant::now();
@@ -486,6 +507,36 @@ async fn breakdown(state: &Arc<AppState>, bytes: &[u8], iters: usize) {
             t.elapsed()
         }),
     ));
+    let owned = prost::bytes::Bytes::copy_from_slice(bytes);
+    rows.push((
+        "step, fused scan (1 thread)",
+        median_us(iters, || {
+            let t = Instant::now();
+            let s = buf.load_f32le_scan(&owned).unwrap();
+            std::hint::black_box((seq.sample(&mut buf, 42, 0).unwrap(), s.log_sum_exp));
+            t.elapsed()
+        }),
+    ));
+    if state.lse.is_running() {
+        rows.push((
+            "step, log-sum-exp on helper",
+            median_us(iters, || {
+                // The helper takes one job at a time: wait (untimed, bounded)
+                // until it is idle again.
+                for _ in 0..1_000_000 {
+                    if state.lse.is_idle() {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                let t = Instant::now();
+                let job = state.lse.start(&owned).expect("the helper is idle");
+                buf.load_f32le_checked(&owned).unwrap();
+                std::hint::black_box((seq.sample(&mut buf, 42, 0).unwrap(), job.finish()));
+                t.elapsed()
+            }),
+        ));
+    }
     state.pool.put(buf);
     let mut hops = Vec::with_capacity(iters);
     for i in 0..iters + WARMUP {

@@ -274,6 +274,9 @@ pub struct LimitsConfig {
     pub max_request_duration_secs: u64,
     /// Most stages in a request's `params.chain` or `params.samplers`.
     pub max_chain_stages: usize,
+    /// The raw log-sum-exp (for `logprob`) on a helper core
+    /// (`[limits.parallel_logprob]`, see `service/lse_helper.rs`).
+    pub parallel_logprob: crate::service::lse_helper::ParallelLogprobConfig,
 }
 
 impl Default for LimitsConfig {
@@ -290,6 +293,7 @@ impl Default for LimitsConfig {
             max_streams_per_connection: 256,
             max_request_duration_secs: 600,
             max_chain_stages: 64,
+            parallel_logprob: Default::default(),
         }
     }
 }

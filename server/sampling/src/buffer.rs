@@ -131,6 +131,18 @@ impl TokenBuffer {
         self.load_scanned(bytes.len() / 4, |dense| scan::copy_scan_f32le(dense, bytes))
     }
 
+    /// As [`Self::load_f32le_scan`] without the log-sum-exp (returns the
+    /// max): for a caller that has the exps summed elsewhere
+    /// ([`scan::chunk_lse_f32le`] on another core).
+    pub fn load_f32le_checked(&mut self, bytes: &[u8]) -> Result<f32, LogitsError> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(LogitsError::ByteLength { len: bytes.len() });
+        }
+        self.load_scanned(bytes.len() / 4, |dense| {
+            scan::copy_check_f32le(dense, bytes)
+        })
+    }
+
     /// Loads a candidate view directly (the survivors of a device sampling
     /// prefix, see [`crate::device_prefix`]): `cands` in their order over a
     /// vocabulary of `n_vocab`, `sorted` when they are sorted descending.
@@ -162,11 +174,11 @@ impl TokenBuffer {
     }
 
     /// Loads `n` logits through `fill`, which writes and checks them itself.
-    fn load_scanned(
+    fn load_scanned<T>(
         &mut self,
         n: usize,
-        fill: impl FnOnce(&mut [f32]) -> Result<Scan, LogitsError>,
-    ) -> Result<Scan, LogitsError> {
+        fill: impl FnOnce(&mut [f32]) -> Result<T, LogitsError>,
+    ) -> Result<T, LogitsError> {
         self.check_len(n)?;
         self.resize(n);
         let scanned = fill(&mut self.dense);

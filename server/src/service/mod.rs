@@ -5,6 +5,7 @@
 //! burst of large requests never stalls health checks.
 
 pub mod generate;
+pub mod lse_helper;
 pub mod offload;
 pub mod sample;
 pub mod stages;
@@ -28,6 +29,7 @@ use crate::convert;
 use crate::errors::RequestError;
 use crate::model::Generator;
 use crate::pool::BufferPool;
+use lse_helper::LseHelper;
 
 /// The configured defaults: typed parameters, seed setting and the
 /// default chain (built once at start-up).
@@ -174,6 +176,8 @@ pub struct AppState {
     pub defaults: Defaults,
     pub limits: LimitsConfig,
     pub pool: BufferPool,
+    /// The raw log-sum-exp's helper core (`limits.parallel_logprob`).
+    pub lse: LseHelper,
     /// Permits for open SampleStream/Generate streams.
     pub streams: Arc<Semaphore>,
     /// Open SampleStream sessions (for tests and diagnostics).
@@ -193,6 +197,7 @@ impl AppState {
             registry,
             defaults,
             pool: BufferPool::new(limits.buffer_pool_size, limits.max_vocab),
+            lse: LseHelper::new(&limits.parallel_logprob),
             streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
             limits,
             open_sessions: AtomicUsize::new(0),

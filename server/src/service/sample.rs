@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use prost::bytes::Bytes;
 use samplerd_api::v1;
-use samplerd_sampling::scan::Scan;
 use samplerd_sampling::{Sequence, TokenBuffer, logits};
 use tonic::Status;
 use tracing::Instrument;
 
+use super::lse_helper::LseJob;
 use super::{AppState, offload};
 use crate::convert::LogitsInput;
 use crate::errors::RequestError;
@@ -39,12 +40,48 @@ pub fn check_n_probs(n_probs: u32, state: &AppState) -> Result<(), RequestError>
     Ok(())
 }
 
+/// The raw logits' log-sum-exp (for `logprob`): known after a fused load,
+/// or being summed with the helper core (`lse_helper`).
+pub enum RawLse {
+    Known(f32),
+    Helper(LseJob),
+}
+
+impl RawLse {
+    /// The value (with the helper: once the chunks left are done here).
+    pub fn get(self) -> f32 {
+        match self {
+            RawLse::Known(v) => v,
+            RawLse::Helper(job) => job.finish(),
+        }
+    }
+}
+
+/// Hands the log-sum-exp of raw-byte logits to the helper core when it is
+/// free (call first thing, so it starts while the request is checked).
+pub fn start_lse(state: &AppState, bytes: &Bytes) -> Option<LseJob> {
+    if bytes.is_empty() {
+        return None;
+    }
+    state.lse.start(bytes)
+}
+
 /// Loads the logits into `buf`, validating them (NaN / +inf name the
-/// index) and computing their log-sum-exp (for `logprob`) in the same pass.
-pub fn load(buf: &mut TokenBuffer, input: LogitsInput<'_>) -> Result<Scan, RequestError> {
-    let r = match input {
-        LogitsInput::Floats(f) => buf.load_scan(f),
-        LogitsInput::Bytes(b) => buf.load_f32le_scan(b),
+/// index) and computing their log-sum-exp (for `logprob`) in the same
+/// pass — or, when `helper` has it, only copying and checking them.
+pub fn load(
+    buf: &mut TokenBuffer,
+    input: LogitsInput<'_>,
+    helper: Option<LseJob>,
+) -> Result<RawLse, RequestError> {
+    let r = match (input, helper) {
+        (LogitsInput::Bytes(b), Some(job)) => {
+            buf.load_f32le_checked(b).map(|_| RawLse::Helper(job))
+        }
+        (LogitsInput::Bytes(b), None) => {
+            buf.load_f32le_scan(b).map(|s| RawLse::Known(s.log_sum_exp))
+        }
+        (LogitsInput::Floats(f), _) => buf.load_scan(f).map(|s| RawLse::Known(s.log_sum_exp)),
     };
     r.map_err(|source| RequestError::Logits {
         field: input.field(),
@@ -61,16 +98,15 @@ pub fn in_vocab(tokens: &[u32], n_vocab: usize) -> impl Iterator<Item = u32> + '
         .filter(move |&t| (t as usize) < n_vocab)
 }
 
-/// Runs the chain on logits already loaded into `buf` (`scan` is what
+/// Runs the chain on logits already loaded into `buf` (`lse` is what
 /// [`load`] returned) and builds the response. Does not accept the chosen
 /// token.
 pub fn run_step(
     seq: &mut Sequence,
     buf: &mut TokenBuffer,
     input: StepInput<'_>,
-    scan: Scan,
+    lse: RawLse,
 ) -> Result<v1::SampleResponse, RequestError> {
-    let lse = scan.log_sum_exp;
     let n = input.n_probs as usize;
     let raw_top = (n > 0 && !input.post_sampling_probs).then(|| logits::top_n(buf.dense(), n));
     let sampled = seq
@@ -79,6 +115,8 @@ pub fn run_step(
     let token = sampled.token_id;
     let post_n = if input.post_sampling_probs { n } else { 0 };
     let (post_top, probability) = buf.distribution(post_n, token);
+    // Needed only now: the helper has had the copy and the chain's time.
+    let lse = lse.get();
     let logprob_of = |id: u32| input.logits.get(id) - lse;
     let probs = match raw_top {
         Some(top) => top
@@ -114,6 +152,7 @@ pub fn sample_blocking(
     state: &AppState,
     req: &v1::SampleRequest,
 ) -> Result<v1::SampleResponse, RequestError> {
+    let helper = start_lse(state, &req.logits_f32le);
     let input = LogitsInput::from_request(&req.logits, &req.logits_f32le, state.limits.max_vocab)?;
     if req.previous_tokens.len() > state.limits.max_window_tokens {
         return Err(RequestError::invalid(
@@ -140,7 +179,7 @@ pub fn sample_blocking(
     seq.accept_all(&in_vocab(&req.previous_tokens, input.len()).collect::<Vec<_>>())
         .map_err(|e| RequestError::from_sample(e, input.field()))?;
     let mut buf = state.pool.take();
-    let result = load(&mut buf, input).and_then(|scan| {
+    let result = load(&mut buf, input, helper).and_then(|lse| {
         run_step(
             &mut seq,
             &mut buf,
@@ -151,7 +190,7 @@ pub fn sample_blocking(
                 n_probs: req.n_probs,
                 post_sampling_probs: req.post_sampling_probs,
             },
-            scan,
+            lse,
         )
     });
     state.pool.put(buf);

@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
-use super::sample::{StepInput, check_n_probs, in_vocab, load, run_step};
+use super::sample::{StepInput, check_n_probs, in_vocab, load, run_step, start_lse};
 use super::{AppState, BoxStream, offload};
 use crate::convert::LogitsInput;
 use crate::errors::{RequestError, map_stream_status};
@@ -55,6 +55,7 @@ impl Session {
     /// One message → one response (runs on a blocking thread).
     fn step(&mut self, msg: &v1::SampleStreamRequest) -> Result<v1::SampleResponse, RequestError> {
         let start = Instant::now();
+        let helper = start_lse(&self.state, &msg.logits_f32le);
         let limits = &self.state.limits;
         let input = LogitsInput::from_request(&msg.logits, &msg.logits_f32le, limits.max_vocab)?;
         check_n_probs(msg.n_probs, &self.state)?;
@@ -113,7 +114,7 @@ impl Session {
                 "stream session not initialised".into(),
             ));
         };
-        let scan = load(buf, input)?;
+        let lse = load(buf, input, helper)?;
         let resp = run_step(
             seq,
             buf,
@@ -124,7 +125,7 @@ impl Session {
                 n_probs: msg.n_probs,
                 post_sampling_probs: msg.post_sampling_probs,
             },
-            scan,
+            lse,
         )?;
         seq.accept(resp.token_id)
             .map_err(|e| RequestError::from_sample(e, input.field()))?;
