@@ -8,12 +8,17 @@
 //! (default 256) steps. Needs `SAMPLERD_MODEL` and a GPU; prints a notice
 //! and exits 0 without them (exit 1 when `SAMPLERD_EXPECT_GPU=1`).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, CudaState, DeviceOp, MmKernel};
+use common::{core_plugin, device_ops};
+
+use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, CudaState, MmKernel};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions};
-use samplerd_sampling::device_prefix::{DeviceStage, SdCandidate, SplitSequence, Survivors};
+use samplerd_sampling::device_prefix::{SdCandidate, SplitSequence, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -21,48 +26,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn core_plugin() -> PathBuf {
-    let exe = std::env::current_exe().expect("bench path");
-    let dir = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("target/<profile>/deps");
-    let file = format!(
-        "libsamplerd_core_stages.{}",
-        std::env::consts::DLL_EXTENSION
-    );
-    [dir.join("deps").join(&file), dir.join(&file)]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the core stages library is built (cargo build --release -p samplerd-core-stages)")
-}
-
-fn ops<'a>(stages: &'a [DeviceStage], ids: &'a [u32], counts: &'a [u32]) -> Vec<DeviceOp<'a>> {
-    stages
-        .iter()
-        .map(|s| match s {
-            DeviceStage::LogitBias { ids, bias, starts } => {
-                DeviceOp::LogitBias { ids, bias, starts }
-            }
-            DeviceStage::Penalties {
-                repeat,
-                frequency,
-                presence,
-                ..
-            } => DeviceOp::Penalties {
-                ids,
-                counts,
-                repeat: *repeat,
-                frequency: *frequency,
-                presence: *presence,
-            },
-            DeviceStage::Temperature(t) => DeviceOp::Temperature(*t),
-            DeviceStage::TopK(k) => DeviceOp::TopK(*k),
-            DeviceStage::KeepMax { .. } => DeviceOp::TopK(1),
-        })
-        .collect()
 }
 
 /// One stream's decode state.
@@ -123,8 +86,12 @@ fn round(
             let token = if device_sampling {
                 let plan = s.split.plan().clone();
                 s.split.window().distinct(&mut ids, &mut counts);
-                gpu.sample_prefix(&mut s.st, &ops(&plan.device, &ids, &counts), &mut survivors)
-                    .expect("device sampling");
+                gpu.sample_prefix(
+                    &mut s.st,
+                    &device_ops(&plan.device, &ids, &counts),
+                    &mut survivors,
+                )
+                .expect("device sampling");
                 let th = Instant::now();
                 cands.clear();
                 cands.extend(

@@ -20,9 +20,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::*;
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, DeviceOp, DeviceStatus};
+use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, DeviceStatus};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions, Placement};
-use samplerd_sampling::device_prefix::{self, DeviceStage, SdCandidate, Survivors};
+use samplerd_sampling::device_prefix::{self, SdCandidate, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};
 
 const MAX_REL_ERR: f32 = 1e-2;
@@ -237,34 +237,6 @@ fn registry() -> &'static StageRegistry {
     REG.get_or_init(|| StageRegistry::load(&[], &[core_plugin()]).unwrap())
 }
 
-/// The device ops of a plan for the current window (what a Generate loop
-/// on the GPU hands the backend each step).
-fn ops<'a>(stages: &'a [DeviceStage], ids: &'a [u32], counts: &'a [u32]) -> Vec<DeviceOp<'a>> {
-    stages
-        .iter()
-        .map(|s| match s {
-            DeviceStage::LogitBias { ids, bias, starts } => {
-                DeviceOp::LogitBias { ids, bias, starts }
-            }
-            DeviceStage::Penalties {
-                repeat,
-                frequency,
-                presence,
-                ..
-            } => DeviceOp::Penalties {
-                ids,
-                counts,
-                repeat: *repeat,
-                frequency: *frequency,
-                presence: *presence,
-            },
-            DeviceStage::Temperature(t) => DeviceOp::Temperature(*t),
-            DeviceStage::TopK(k) => DeviceOp::TopK(*k),
-            DeviceStage::KeepMax { .. } => DeviceOp::TopK(1),
-        })
-        .collect()
-}
-
 #[test]
 fn device_prefix_equals_the_cpu_chain_on_1000_random_vectors() {
     let Some(path) = setup() else { return };
@@ -323,7 +295,11 @@ fn device_prefix_equals_the_cpu_chain_on_1000_random_vectors() {
         let before = st.d2h_bytes;
         let status = b
             .gpu
-            .sample_prefix(&mut st, &ops(&plan.device, &ids, &counts), &mut survivors)
+            .sample_prefix(
+                &mut st,
+                &device_ops(&plan.device, &ids, &counts),
+                &mut survivors,
+            )
             .unwrap();
         bytes += st.d2h_bytes - before;
         let fallback =

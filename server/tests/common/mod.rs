@@ -164,3 +164,39 @@ pub fn argmax(l: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// The device ops of a device-prefix plan for the current window (what a
+/// Generate loop on the GPU hands the backend each step): shared by the
+/// GPU tests and the CUDA decode benchmark.
+#[cfg(feature = "cuda")]
+pub fn device_ops<'a>(
+    stages: &'a [samplerd_sampling::device_prefix::DeviceStage],
+    ids: &'a [u32],
+    counts: &'a [u32],
+) -> Vec<samplerd_model::cuda::backend::DeviceOp<'a>> {
+    use samplerd_model::cuda::backend::DeviceOp;
+    use samplerd_sampling::device_prefix::DeviceStage;
+    stages
+        .iter()
+        .map(|s| match s {
+            DeviceStage::LogitBias { ids, bias, starts } => {
+                DeviceOp::LogitBias { ids, bias, starts }
+            }
+            DeviceStage::Penalties {
+                repeat,
+                frequency,
+                presence,
+                ..
+            } => DeviceOp::Penalties {
+                ids,
+                counts,
+                repeat: *repeat,
+                frequency: *frequency,
+                presence: *presence,
+            },
+            DeviceStage::Temperature(t) => DeviceOp::Temperature(*t),
+            DeviceStage::TopK(k) => DeviceOp::TopK(*k),
+            DeviceStage::KeepMax { .. } => DeviceOp::TopK(1),
+        })
+        .collect()
+}
