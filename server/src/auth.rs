@@ -8,12 +8,12 @@
 //! compared against every one of them in constant time (`subtle`), so
 //! neither timing nor token length leaks; tokens are never logged.
 
-use std::future::Future;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+
+use futures_core::future::BoxFuture;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -189,8 +189,6 @@ pub struct AuthService<S> {
     tokens: Option<Arc<TokenSet>>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
@@ -202,7 +200,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

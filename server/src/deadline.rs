@@ -13,6 +13,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use futures_core::future::BoxFuture;
+
 use http_body::{Body as _, Frame};
 use tokio::time::{Instant, Sleep};
 use tonic::codegen::Bytes;
@@ -85,8 +87,6 @@ fn exceeded(limit: Duration, from_client: bool) -> tonic::Status {
     ))
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B> tower::Service<http::Request<B>> for DeadlineService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
@@ -98,7 +98,7 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

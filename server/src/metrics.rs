@@ -9,12 +9,13 @@
 //! `samplerd_sampling::chain`); without an installed recorder every call is a
 //! no-op, so in-process tests and benchmarks pay nothing.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use futures_core::future::BoxFuture;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use samplerd_api::code_name;
@@ -406,8 +407,6 @@ pub struct RpcService<S> {
     drain: Arc<Drain>,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
 impl<S, B> tower::Service<http::Request<B>> for RpcService<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
@@ -420,7 +419,7 @@ where
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
