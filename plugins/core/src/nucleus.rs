@@ -401,7 +401,7 @@ fn softmax_sum_impl(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, 
     for (ci, c) in x.chunks(BLOCK).enumerate() {
         let n = c.len();
         let base = ci * BLOCK;
-        s.sum_tail_block(c, base, max, floor, &mut a, &mut b, g, &mut mass);
+        s.add_block_portable(c, base, max, floor, &mut a, &mut b, g, &mut mass);
         let _ = n;
     }
     (s.value(), mass)
@@ -411,7 +411,7 @@ impl F32Sum {
     /// One block of the normaliser pass, any length up to BLOCK, portable.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn sum_tail_block(
+    fn add_block_portable(
         &mut self,
         c: &[f32],
         base: usize,
@@ -465,20 +465,7 @@ mod avx512 {
     /// libm like `exp_f32`; tested), the four chains interleaved.
     #[inline(always)]
     pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
-        const LOG2E: f32 = std::f32::consts::LOG2_E;
-        const RMAGIC: f32 = 12_582_912.0;
-        const C1: f32 = 0.693_359_4;
-        const C2: f32 = -2.121_944_4e-4;
-        const LO: f32 = -87.336_55;
-        const HI: f32 = 88.376_26;
-        const P: [f32; 6] = [
-            1.987_569_1e-4,
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            1.666_666_5e-1,
-            0.5,
-        ];
+        use crate::util::exp_consts::{C1, C2, HI, LO, LOG2E, MAGIC as RMAGIC, P};
         // SAFETY (whole body): register-only AVX-512F operations; the
         // caller runs with AVX-512F enabled.
         unsafe {
@@ -604,7 +591,7 @@ mod avx512 {
         let mut tail_mass = _mm512_reduce_add_ps(mass);
         let base = full * BLOCK;
         if base < n {
-            s.sum_tail_block(
+            s.add_block_portable(
                 &x[base..],
                 base,
                 max,
@@ -623,9 +610,15 @@ mod avx512 {
 /// descending logits.
 #[inline(always)]
 pub fn desc_key(l: f32) -> u32 {
+    !ord_key(l)
+}
+
+/// The order-preserving map of f32 to u32 (ascending with the value,
+/// -0.0 below +0.0), branch-free.
+#[inline(always)]
+fn ord_key(l: f32) -> u32 {
     let b = l.to_bits();
-    let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
-    !ord
+    b ^ (((b as i32) >> 31) as u32 | 0x8000_0000)
 }
 
 /// The logit of a [`desc_key`].
@@ -676,15 +669,9 @@ impl Cut {
     }
 }
 
-/// The order-preserving map of f32 to u32 (ascending with the value,
-/// -0.0 below +0.0), branch-free: `desc_key(l) == !ord_key(l)`.
-#[inline(always)]
-fn ord_key(l: f32) -> u32 {
-    let b = l.to_bits();
-    b ^ (((b as i32) >> 31) as u32 | 0x8000_0000)
-}
-
 impl Cut {
+    /// The cut's `ord_key` and position (the AVX-512 writer compares
+    /// those rather than building 64-bit keys).
     fn ord_and_pos(&self) -> (u32, u32) {
         (!((self.last_key >> 32) as u32), self.last_key as u32)
     }
@@ -709,11 +696,9 @@ pub fn write_kept(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
 
 /// The portable loop, from gathered index `from` and output index `k`.
 fn write_kept_from(g: &Gathered, cut: Cut, out: &mut [SdCandidate], from: usize, mut k: usize) {
-    let (ord_cut, pos_cut) = cut.ord_and_pos();
     for (&i, &l) in g.idx[from..].iter().zip(&g.val[from..]) {
         out[k] = SdCandidate { id: i, logit: l };
-        let o = ord_key(l);
-        k += (o > ord_cut || (o == ord_cut && i <= pos_cut)) as usize;
+        k += cut.keeps(l, i) as usize;
     }
     debug_assert_eq!(k, cut.kept);
 }

@@ -160,17 +160,35 @@ pub fn chunk_maxima(x: &[f32], out: &mut Vec<f32>) -> f32 {
     m
 }
 
+/// The constants of [`exp_f32`] (Cephes `expf`), shared with the AVX-512
+/// version in `nucleus`.
+pub mod exp_consts {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// 1.5 * 2^23: round-to-nearest trick.
+    pub const MAGIC: f32 = 12_582_912.0;
+    /// ln 2 split in two for the range reduction.
+    pub const C1: f32 = 0.693_359_4;
+    pub const C2: f32 = -2.121_944_4e-4;
+    /// Input range: below LO the result flushes to 0.
+    pub const LO: f32 = -87.336_55;
+    pub const HI: f32 = 88.376_26;
+    /// Polynomial coefficients, highest degree first.
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+}
+
 /// `exp(x)` for f32, branch-free so loops over it vectorise (Cephes
 /// polynomial, ~1 ulp on [-87, 88]). `exp(-inf) = 0`, and results below
 /// e^-87.3 (~1e-38) flush to 0 instead of becoming subnormal.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: round-to-nearest trick
-    const C1: f32 = 0.693_359_4;
-    const C2: f32 = -2.121_944_4e-4;
-    const LO: f32 = -87.336_55;
-    const HI: f32 = 88.376_26;
+    use exp_consts::*;
     let under = x < LO;
     let xc = if x > HI {
         HI
@@ -183,12 +201,10 @@ pub fn exp_f32(x: f32) -> f32 {
     let n_bits = t.to_bits() as i32 - MAGIC.to_bits() as i32; // round(x*log2e)
     let n = t - MAGIC;
     let r = xc - n * C1 - n * C2;
-    let mut y = 1.987_569_1e-4_f32;
-    y = y * r + 1.398_199_9e-3;
-    y = y * r + 8.333_452e-3;
-    y = y * r + 4.166_579_6e-2;
-    y = y * r + 1.666_666_5e-1;
-    y = y * r + 0.5;
+    let mut y = P[0];
+    for c in &P[1..] {
+        y = y * r + c;
+    }
     y = y * r * r + r + 1.0;
     let scale = f32::from_bits(((n_bits + 127) as u32) << 23);
     if under { 0.0 } else { y * scale }
