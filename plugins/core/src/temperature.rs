@@ -51,37 +51,53 @@ fn scale(tokens: &mut Tokens<'_>, t: f32) {
     // Saturated: a huge logit over a tiny t must stay finite (see
     // `util::saturate`).
     match tokens.view() {
-        ViewKind::Dense => {
-            for v in tokens.dense_mut() {
-                *v = util::saturate(*v, *v / t);
-            }
-        }
-        ViewKind::Candidates => scale_candidates(tokens.candidates_mut(), t),
+        ViewKind::Dense => divide_all(tokens.dense_mut(), t),
+        ViewKind::Candidates => divide_all(tokens.candidates_mut(), t),
     }
 }
 
-/// `logit / t` over a candidate list (up to a whole vocabulary after a
-/// large top_p), compiled for AVX2 where present so the strided loop
-/// vectorises; IEEE division either way, so the results are the same.
-fn scale_candidates(cands: &mut [SdCandidate], t: f32) {
+/// A logit slot: a dense entry or a candidate's logit.
+trait Logit {
+    fn logit(&mut self) -> &mut f32;
+}
+
+impl Logit for f32 {
+    #[inline(always)]
+    fn logit(&mut self) -> &mut f32 {
+        self
+    }
+}
+
+impl Logit for SdCandidate {
+    #[inline(always)]
+    fn logit(&mut self) -> &mut f32 {
+        &mut self.logit
+    }
+}
+
+/// `logit / t` (saturated) over a whole vocabulary or candidate list,
+/// compiled for AVX2 where present so the loop vectorises; IEEE division
+/// either way, so the results are the same.
+fn divide_all<L: Logit>(xs: &mut [L], t: f32) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { scale_candidates_avx2(cands, t) };
+        return unsafe { divide_all_avx2(xs, t) };
     }
-    scale_candidates_impl(cands, t)
+    divide_all_impl(xs, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scale_candidates_avx2(cands: &mut [SdCandidate], t: f32) {
-    scale_candidates_impl(cands, t)
+unsafe fn divide_all_avx2<L: Logit>(xs: &mut [L], t: f32) {
+    divide_all_impl(xs, t)
 }
 
 #[inline(always)]
-fn scale_candidates_impl(cands: &mut [SdCandidate], t: f32) {
-    for c in cands {
-        c.logit = util::saturate(c.logit, c.logit / t);
+fn divide_all_impl<L: Logit>(xs: &mut [L], t: f32) {
+    for x in xs {
+        let v = x.logit();
+        *v = util::saturate(*v, *v / t);
     }
 }
 
