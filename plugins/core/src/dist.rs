@@ -89,7 +89,15 @@ impl Stage for Dist {
         tokens: &mut Tokens<'_>,
         rng: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        let max = util::max_logit(tokens);
+        // a long list (e.g. a whole-vocabulary nucleus, which top_p leaves
+        // in list order) takes the dense path's vectorised exp and chunked
+        // walk, reading the logits in place (AVX-512) or from a copy
+        let long = tokens.view() == ViewKind::Candidates && tokens.len() > LARGE_LIST;
+        let max = if long {
+            util::candidates_max(tokens.candidates(), &mut st.logits)
+        } else {
+            util::max_logit(tokens)
+        };
         if max == f32::NEG_INFINITY {
             return Err("dist: no candidate with a finite logit is left".into());
         }
@@ -101,16 +109,16 @@ impl Stage for Dist {
                 let u = rng.uniform_f64();
                 draw_chunked(&st.probs, &st.chunk_sums, total, u).map(|i| i as u32)
             }
-            ViewKind::Candidates if tokens.len() > LARGE_LIST => {
-                // A long list (e.g. a whole-vocabulary nucleus, which top_p
-                // leaves in list order): the dense path's vectorised exp
-                // and chunked walk over a copy of the logits.
+            ViewKind::Candidates if long => {
                 let cands = tokens.candidates();
-                st.logits.clear();
-                st.logits.extend(cands.iter().map(|c| c.logit));
                 st.probs.resize(cands.len(), 0.0);
-                let total =
-                    util::exp_shifted(&st.logits, max, &mut st.probs, Some(&mut st.chunk_sums));
+                let total = util::exp_shifted_candidates(
+                    cands,
+                    max,
+                    &mut st.probs,
+                    &mut st.logits,
+                    Some(&mut st.chunk_sums),
+                );
                 let u = rng.uniform_f64();
                 draw_chunked(&st.probs, &st.chunk_sums, total, u).map(|i| cands[i].id)
             }

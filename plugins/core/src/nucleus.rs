@@ -33,15 +33,27 @@ use samplerd_plugin_sdk::prelude::SdCandidate;
 
 use crate::util::exp_f32;
 
+#[cfg(target_arch = "x86_64")]
+mod ladder;
+
+/// Whether the AVX-512 paths can run (they also count mask bits with
+/// `popcnt`, which every AVX-512 CPU has).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("popcnt")
+}
+
 /// Values are processed in blocks of this many (four registers of 16).
 pub const BLOCK: usize = 64;
 const _: () = assert!(BLOCK == 4 * 16);
 
-/// Bound on `|exp_f32(x) - expf(x)| / expf(x)` for `x <= 0` where `expf(x)`
-/// is normal (measured: under 2 ulp, i.e. 2^-22; this is twice that; see
-/// the `exp_error_bound` test). Below e^-87.3 `exp_f32` returns 0 and libm a
-/// value < 2^-126, which is far below every grid unit we use.
-pub const EXP_REL_ERR: f32 = 1.0 / 2_097_152.0; // 2^-21
+/// Bound on `|exp(x) - expf(x)| / expf(x)` for `x <= 0` where `expf(x)` is
+/// normal, for both approximations: `exp_f32` (measured under 2 ulp, 2^-22)
+/// and the AVX-512 `exp16x4` (measured 4.1e-7: a one-step range reduction,
+/// whose error grows with |x|, and a degree-5 polynomial); this is at least
+/// twice each (the `exp_error_bound` tests). Below e^-87.3 both return 0
+/// and libm a value < 2^-126, far below every grid unit we use.
+pub const EXP_REL_ERR: f32 = 1.0 / 1_048_576.0; // 2^-20
 
 /// 2^23: `q + MAGIC` rounds `q` in [0, 2^23] to an integer, ties to even.
 const MAGIC: f32 = 8_388_608.0;
@@ -341,12 +353,16 @@ impl F32Sum {
 pub struct Gathered {
     pub idx: Vec<u32>,
     pub val: Vec<f32>,
+    /// Approximate probabilities `exp(l - max) / z` of the tokens, when
+    /// a pass computed them (then as long as `idx`; cleared with it).
+    prob: Vec<f32>,
 }
 
 impl Gathered {
     fn clear(&mut self) {
         self.idx.clear();
         self.val.clear();
+        self.prob.clear();
     }
 
     #[inline]
@@ -372,8 +388,8 @@ impl Gathered {
 pub fn softmax_sum_and_gather(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, f32) {
     g.clear();
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F (checked just above).
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
         return unsafe { avx512::softmax_sum(x, max, floor, g) };
     }
     #[cfg(target_arch = "x86_64")]
@@ -460,50 +476,95 @@ mod avx512 {
 
     use super::{BLOCK, Block, EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, libm_exp};
 
-    /// `exp(x)` on four registers of 16 lanes: `exp_f32`'s range reduction
-    /// and polynomial on fused multiply-adds (within [`EXP_REL_ERR`] of
-    /// libm like `exp_f32`; tested), the four chains interleaved.
+    /// Coefficients of `exp16x4`'s polynomial, highest degree first (the
+    /// constant term is 1, fixed): relative minimax error 9.2e-8 on [-ln2/2,
+    /// ln2/2], 1.5e-7 evaluated in f32 with fused multiply-adds.
+    const EXP16_P: [f32; 6] = [
+        0.008_290_272,
+        0.041_898_16,
+        0.166_676_39,
+        0.499_991_48,
+        0.999_999_7,
+        1.0,
+    ];
+
+    /// `exp(x)` for `x <= 0` on four registers of 16 lanes: `x - n·ln 2`
+    /// in one fused step (its error, n·1.9e-9, stays within the bound for
+    /// n >= -126), a degree-5 polynomial on fused multiply-adds (two
+    /// degrees below `exp_f32`'s), scaled by `vscalefps` (within
+    /// [`EXP_REL_ERR`] of libm; tested), the four chains interleaved.
+    /// Lanes below `LO` (and -inf) give 0; no clamping is needed above, as
+    /// `x <= 0`.
     #[inline(always)]
     pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
-        use crate::util::exp_consts::{C1, C2, HI, LO, LOG2E, MAGIC as RMAGIC, P};
+        use crate::util::exp_consts::{LO, LOG2E, MAGIC as RMAGIC};
         // SAFETY (whole body): register-only AVX-512F operations; the
         // caller runs with AVX-512F enabled.
         unsafe {
             let lo = _mm512_set1_ps(LO);
-            let hi = _mm512_set1_ps(HI);
             let rmagic = _mm512_set1_ps(RMAGIC);
-            let under = x.map(|v| _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo));
-            let xc = x.map(|v| _mm512_min_ps(_mm512_max_ps(v, lo), hi));
-            let t = xc.map(|v| _mm512_fmadd_ps(v, _mm512_set1_ps(LOG2E), rmagic));
+            // the lanes that do not flush to 0 (below LO the reduction is
+            // garbage, and masked off)
+            let keep = x.map(|v| _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, lo));
+            let t = x.map(|v| _mm512_fmadd_ps(v, _mm512_set1_ps(LOG2E), rmagic));
             let n = t.map(|t| _mm512_sub_ps(t, rmagic));
             let mut r = [_mm512_setzero_ps(); 4];
             for k in 0..4 {
-                r[k] = _mm512_fnmadd_ps(n[k], _mm512_set1_ps(C1), xc[k]);
-                r[k] = _mm512_fnmadd_ps(n[k], _mm512_set1_ps(C2), r[k]);
+                r[k] = _mm512_fnmadd_ps(n[k], _mm512_set1_ps(std::f32::consts::LN_2), x[k]);
             }
-            let r2 = r.map(|r| _mm512_mul_ps(r, r));
-            let mut y = [_mm512_set1_ps(P[0]); 4];
-            for c in &P[1..] {
+            // a degree-5 polynomial with constant term 1 (relative
+            // minimax on [-ln2/2, ln2/2], coefficients from the highest)
+            let mut y = [_mm512_set1_ps(EXP16_P[0]); 4];
+            for &c in &EXP16_P[1..] {
                 for k in 0..4 {
-                    y[k] = _mm512_fmadd_ps(y[k], r[k], _mm512_set1_ps(*c));
+                    y[k] = _mm512_fmadd_ps(y[k], r[k], _mm512_set1_ps(c));
                 }
             }
             let mut out = [_mm512_setzero_ps(); 4];
             for k in 0..4 {
-                let yk = _mm512_add_ps(_mm512_fmadd_ps(y[k], r2[k], r[k]), _mm512_set1_ps(1.0));
-                let n_bits =
-                    _mm512_sub_epi32(_mm512_castps_si512(t[k]), _mm512_castps_si512(rmagic));
-                let scale = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-                    n_bits,
-                    _mm512_set1_epi32(127),
-                )));
-                out[k] = _mm512_maskz_mul_ps(!under[k], yk, scale);
+                // y · 2^n (n is integral; the result is normal for x >= LO)
+                out[k] = _mm512_maskz_scalef_ps(keep[k], y[k], n[k]);
             }
             out
         }
     }
 
-    #[target_feature(enable = "avx512f")]
+    /// A block off the fast path (kept out of line, so that the hot loop
+    /// keeps its registers: the libm calls would clobber them all).
+    #[cold]
+    #[inline(never)]
+    fn add_block_slow(s: &mut F32Sum, a: &[f32; BLOCK], c: &[f32], max: f32, b: &mut Block) {
+        s.add_block(a, BLOCK, EXP_REL_ERR, b, |j| libm_exp(c[j] - max));
+    }
+
+    /// A block sum `sum` of grid units with the `bad` lanes settled by
+    /// libm's exact value (`t_bits[j]` holds `MAGIC_BITS + ` lane j's
+    /// approximate units), as [`F32Sum::resolve`] does; None if one is a
+    /// tie (which needs the order).
+    #[cold]
+    #[inline(never)]
+    fn resolve_lanes(
+        inv: f32,
+        t_bits: &[u32; BLOCK],
+        mut bad: u64,
+        c: &[f32],
+        max: f32,
+        mut sum: u32,
+    ) -> Option<u32> {
+        while bad != 0 {
+            let j = bad.trailing_zeros() as usize;
+            bad &= bad - 1;
+            let q = libm_exp(c[j] - max) * inv;
+            let t = q + MAGIC;
+            if q >= MAGIC || (q - (t - MAGIC)).abs() == 0.5 {
+                return None;
+            }
+            sum = sum - (t_bits[j] - MAGIC_BITS) + (t.to_bits() - MAGIC_BITS);
+        }
+        Some(sum)
+    }
+
+    #[target_feature(enable = "avx512f,popcnt")]
     pub(super) unsafe fn softmax_sum(
         x: &[f32],
         max: f32,
@@ -523,11 +584,12 @@ mod avx512 {
         let vmax = _mm512_set1_ps(max);
         let vfloor = _mm512_set1_ps(floor);
         let magic = _mm512_set1_ps(MAGIC);
-        let magic_bits = _mm512_set1_epi32(MAGIC_BITS as i32);
-        let half = _mm512_set1_ps(0.5);
-        let two_err = _mm512_set1_ps(2.0 * EXP_REL_ERR);
-        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let mut mass = _mm512_setzero_ps();
+        // 1 ∓ 2·EXP_REL_ERR (exact in f32)
+        let below = _mm512_set1_ps(1.0 - 2.0 * EXP_REL_ERR);
+        let above = _mm512_set1_ps(1.0 + 2.0 * EXP_REL_ERR);
+        // positions of the next 16 lanes
+        let mut ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let sixteen = _mm512_set1_epi32(16);
         for blk in 0..full {
             let base = blk * BLOCK;
             // SAFETY: base + BLOCK <= full * BLOCK <= n: the loads are in
@@ -538,9 +600,8 @@ mod avx512 {
                 let v: [__m512; 4] =
                     std::array::from_fn(|k| _mm512_loadu_ps(x.as_ptr().add(base + 16 * k)));
                 let e = exp16x4(v.map(|v| _mm512_sub_ps(v, vmax)));
-                for k in 0..4 {
-                    let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v[k], vfloor);
-                    let ids = _mm512_add_epi32(lanes, _mm512_set1_epi32((base + 16 * k) as i32));
+                for &vk in &v {
+                    let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(vk, vfloor);
                     // compress in a register and store all 16 lanes (the
                     // memory form of the compress is several times slower);
                     // the capacity has 16 entries of slack
@@ -548,61 +609,85 @@ mod avx512 {
                         idx_out.add(got).cast(),
                         _mm512_maskz_compress_epi32(m, ids),
                     );
-                    _mm512_storeu_ps(val_out.add(got).cast(), _mm512_maskz_compress_ps(m, v[k]));
-                    mass = _mm512_mask_add_ps(mass, m, mass, e[k]);
+                    _mm512_storeu_ps(val_out.add(got).cast(), _mm512_maskz_compress_ps(m, vk));
                     got += m.count_ones() as usize;
+                    ids = _mm512_add_epi32(ids, sixteen);
                 }
                 e
             };
             if s.on_grid {
                 let inv = _mm512_set1_ps(s.inv);
-                let mut rsum = _mm512_setzero_si512();
-                let mut bad: u16 = 0;
-                for &ek in &e {
-                    let q = _mm512_min_ps(_mm512_mul_ps(ek, inv), magic);
-                    let t = _mm512_add_ps(q, magic);
-                    let r = _mm512_sub_epi32(_mm512_castps_si512(t), magic_bits);
-                    let rf = _mm512_sub_ps(t, magic);
-                    let d = _mm512_abs_ps(_mm512_sub_ps(q, rf));
-                    let margin = _mm512_sub_ps(_mm512_sub_ps(half, _mm512_mul_ps(q, two_err)), d);
-                    bad |= _mm512_cmp_ps_mask::<_CMP_LE_OQ>(margin, _mm512_setzero_ps());
-                    rsum = _mm512_add_epi32(rsum, r);
+                // the bits of `q + MAGIC` are `MAGIC_BITS + round(q)`: sum
+                // them, subtract the 64 offsets once
+                let mut tsum = _mm512_setzero_si512();
+                let mut ts = [_mm512_setzero_ps(); 4];
+                let mut bad = [0u16; 4];
+                // from the binade [2, 4) on, q = e·inv < 2^23 as e <= 1
+                // (plus a few ulp): the clamp is only needed below
+                let clamp = s.exp < 1;
+                for k in 0..4 {
+                    let q = _mm512_mul_ps(e[k], inv);
+                    let q = if clamp { _mm512_min_ps(q, magic) } else { q };
+                    // The exact value lies within q·(1 ± err) (exp and the
+                    // scaling, err = EXP_REL_ERR), inside q·(1 ± 2·err):
+                    // if both ends of that round to the same integer, so
+                    // does it, and it is no tie (a tie strictly inside
+                    // would send the ends apart). Each fused add rounds
+                    // the exact product once: `MAGIC + round(q·c)`.
+                    let t = _mm512_fmadd_ps(q, below, magic);
+                    let t_hi = _mm512_fmadd_ps(q, above, magic);
+                    bad[k] = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(t, t_hi);
+                    tsum = _mm512_add_epi32(tsum, _mm512_castps_si512(t));
+                    ts[k] = t;
                 }
-                if bad == 0 {
-                    let sum = _mm512_reduce_add_epi32(rsum) as u32;
-                    if s.units + sum < LIMIT {
-                        s.units += sum;
-                        continue;
+                let mut sum = Some(
+                    (_mm512_reduce_add_epi32(tsum) as u32)
+                        .wrapping_sub((BLOCK as u32).wrapping_mul(MAGIC_BITS)),
+                );
+                if bad != [0; 4] {
+                    // a few lanes near a rounding boundary: libm decides
+                    let mut tb = [0u32; BLOCK];
+                    for (k, t) in ts.iter().enumerate() {
+                        // SAFETY: 16 u32 into tb[16k..16k + 16].
+                        unsafe { _mm512_storeu_ps(tb.as_mut_ptr().add(16 * k).cast(), *t) };
                     }
+                    let bad64 = bad
+                        .iter()
+                        .enumerate()
+                        .fold(0u64, |m, (k, &b)| m | (b as u64) << (16 * k));
+                    let c = &x[base..base + BLOCK];
+                    sum = sum.and_then(|sum| resolve_lanes(s.inv, &tb, bad64, c, max, sum));
+                }
+                if let Some(sum) = sum
+                    && s.units + sum < LIMIT
+                {
+                    s.units += sum;
+                    continue;
                 }
             }
             for (k, &ek) in e.iter().enumerate() {
                 // SAFETY: 16 floats into a[16k..16k + 16], k < BLOCK / 16.
                 unsafe { _mm512_storeu_ps(a.as_mut_ptr().add(16 * k), ek) };
             }
-            let c = &x[base..base + BLOCK];
-            s.add_block(&a, BLOCK, EXP_REL_ERR, &mut b, |j| libm_exp(c[j] - max));
+            add_block_slow(&mut s, &a, &x[base..base + BLOCK], max, &mut b);
         }
         // SAFETY: `got` entries were written into the reserved capacity.
         unsafe {
             g.idx.set_len(got);
             g.val.set_len(got);
         }
-        let mut tail_mass = _mm512_reduce_add_ps(mass);
         let base = full * BLOCK;
         if base < n {
-            s.add_block_portable(
-                &x[base..],
-                base,
-                max,
-                floor,
-                &mut a,
-                &mut b,
-                g,
-                &mut tail_mass,
-            );
+            let mut unused = 0.0;
+            s.add_block_portable(&x[base..], base, max, floor, &mut a, &mut b, g, &mut unused);
         }
-        (s.value(), tail_mass)
+        // The gathered share: from the probabilities of the gathered
+        // tokens, which the walk needs anyway (cheaper than a masked sum
+        // over every block).
+        let z = s.value();
+        // SAFETY: AVX-512F is enabled in this function.
+        let share = unsafe { super::ladder::exp_div(&g.val, max, z, &mut g.prob) };
+        (z, share * z)
     }
 }
 
@@ -636,6 +721,8 @@ pub fn key_logit(k: u32) -> f32 {
 #[derive(Clone, Default)]
 pub struct Scratch {
     gathered: Gathered,
+    #[cfg(target_arch = "x86_64")]
+    ladder: ladder::Ladder,
     /// Gathered keys `(desc_key(l) << 32) | position`, in bucket order.
     keys: Vec<u64>,
     bucket: Vec<u32>,
@@ -643,6 +730,11 @@ pub struct Scratch {
     next: Vec<u32>,
     sample: Vec<f32>,
     sample_e: Vec<f32>,
+    /// The share of the logits in `sample` (0 when it is not a sample of
+    /// the current ones).
+    sample_rate: f32,
+    /// `Σ exp(l - max)` over `sample`.
+    sample_total: f32,
 }
 
 impl Scratch {
@@ -687,8 +779,8 @@ pub fn write_kept(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
         "write_kept: output shorter than the gathered set"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F (checked just above).
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
         return unsafe { write_kept_avx512(g, cut, out) };
     }
     write_kept_from(g, cut, out, 0, 0);
@@ -704,7 +796,7 @@ fn write_kept_from(g: &Gathered, cut: Cut, out: &mut [SdCandidate], from: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 unsafe fn write_kept_avx512(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
     use std::arch::x86_64::*;
     let (ord_cut, pos_cut) = cut.ord_and_pos();
@@ -759,6 +851,32 @@ const MAX_BUCKETS: usize = 4096;
 /// llama.cpp's top-p over `x` (the logits in list order). The kept tokens
 /// are those with `cut.keeps(x[i], i)`.
 pub fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) -> Cut {
+    let target = gather_nucleus(x, max, p, min_keep, s);
+    if let Some(cut) = walk(target, s) {
+        return cut;
+    }
+    // The running sum never reached p inside the gathered set (rounding
+    // drift beyond the slack, or the sum never reaches p at all):
+    // everything.
+    if target.floor > f32::NEG_INFINITY {
+        gather_at_least(x, max, f32::NEG_INFINITY, target.floor, &mut s.gathered);
+        let everything = Target {
+            floor: f32::NEG_INFINITY,
+            ..target
+        };
+        if let Some(cut) = walk(everything, s) {
+            return cut;
+        }
+    }
+    Cut {
+        kept: x.len(),
+        last_key: u64::MAX,
+    }
+}
+
+/// The normaliser and the gathered set (`s.gathered`): a floor low enough
+/// that the gathered tokens hold clearly more than p of the mass.
+fn gather_nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) -> Target {
     let mut floor = estimate_floor(x, max, p, s);
     let (z, mut mass) = softmax_sum_and_gather(x, max, floor, &mut s.gathered);
     // Lower the floor until the gathered tokens hold clearly more than p
@@ -776,32 +894,12 @@ pub fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) ->
         floor = lower;
         step *= 2.0;
     }
-    let target = Target {
+    Target {
         max,
         z,
         p,
         min_keep,
         floor,
-    };
-    if let Some(cut) = walk(target, s) {
-        return cut;
-    }
-    // The running sum never reached p inside the gathered set (rounding
-    // drift beyond the slack, or the sum never reaches p at all):
-    // everything.
-    if floor > f32::NEG_INFINITY {
-        gather_at_least(x, max, f32::NEG_INFINITY, floor, &mut s.gathered);
-        let everything = Target {
-            floor: f32::NEG_INFINITY,
-            ..target
-        };
-        if let Some(cut) = walk(everything, s) {
-            return cut;
-        }
-    }
-    Cut {
-        kept: x.len(),
-        last_key: u64::MAX,
     }
 }
 
@@ -826,6 +924,22 @@ pub fn gather_at_least(x: &[f32], max: f32, lo: f32, hi: f32, g: &mut Gathered) 
 /// `TAIL_SHARE · (1 - p)` of the mass, estimated from every
 /// SAMPLE_STRIDE-th token.
 fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        let share = (1.0 - p) * TAIL_SHARE;
+        // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
+        return unsafe {
+            ladder::estimate_floor(
+                x,
+                max,
+                share,
+                &mut s.sample,
+                &mut s.sample_e,
+                &mut s.sample_rate,
+                &mut s.sample_total,
+            )
+        };
+    }
     s.sample.clear();
     s.sample.extend(x.iter().step_by(SAMPLE_STRIDE).copied());
     s.sample_e.clear();
@@ -891,8 +1005,12 @@ fn exp_div_keys_impl(k: &[u64], max: f32, z: f32, a: &mut [f32; BLOCK]) {
 /// replayed in order. None if the cut is not inside the gathered set.
 fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU supports AVX-512F (checked just above).
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
+        if let Some(cut) = unsafe { ladder::walk(t, s) } {
+            return Some(cut);
+        }
+        // SAFETY: as above.
         return unsafe { walk_avx512(t, s) };
     }
     #[cfg(target_arch = "x86_64")]
@@ -915,7 +1033,7 @@ struct Target {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 unsafe fn walk_avx512(t: Target, s: &mut Scratch) -> Option<Cut> {
     walk_impl(t, s)
 }
@@ -1023,18 +1141,39 @@ fn walk_impl(t: Target, s: &mut Scratch) -> Option<Cut> {
         // Slow path: sort the bucket, replay it in order.
         let keys = &mut s.keys[b0..b1];
         keys.sort_unstable();
-        for (c, chunk) in keys.chunks(BLOCK).enumerate() {
-            let m = chunk.len();
-            let first = b0 + c * BLOCK;
-            exp_div_keys_impl(chunk, max, z, &mut a);
-            let mut stop = |j: usize, cum: f32| cum >= p && first + j + 1 >= min_keep;
-            let exact = |j: usize| libm_exp(key_logit((chunk[j] >> 32) as u32) - max) / z;
-            if let Some(j) = sum.add_block_until(&a, m, rel_err, &mut blk, exact, &mut stop) {
-                return Some(Cut {
-                    kept: first + j + 1,
-                    last_key: chunk[j],
-                });
-            }
+        if let Some(cut) = replay_sorted(&mut sum, keys, b0, t) {
+            return Some(cut);
+        }
+    }
+    None
+}
+
+/// Adds the tokens of `keys` (sorted, the `offset`-th onwards in
+/// llama.cpp's order) to the running sum in order, exactly, and returns
+/// the cut if it falls among them.
+#[inline(always)]
+fn replay_sorted(sum: &mut F32Sum, keys: &[u64], offset: usize, t: Target) -> Option<Cut> {
+    let Target {
+        max,
+        z,
+        p,
+        min_keep,
+        ..
+    } = t;
+    let rel_err = 2.0 * EXP_REL_ERR; // the division adds one rounding
+    let mut blk = Block::default();
+    let mut a = [0.0f32; BLOCK];
+    for (c, chunk) in keys.chunks(BLOCK).enumerate() {
+        let m = chunk.len();
+        let first = offset + c * BLOCK;
+        exp_div_keys_impl(chunk, max, z, &mut a);
+        let mut stop = |j: usize, cum: f32| cum >= p && first + j + 1 >= min_keep;
+        let exact = |j: usize| libm_exp(key_logit((chunk[j] >> 32) as u32) - max) / z;
+        if let Some(j) = sum.add_block_until(&a, m, rel_err, &mut blk, exact, &mut stop) {
+            return Some(Cut {
+                kept: first + j + 1,
+                last_key: chunk[j],
+            });
         }
     }
     None
@@ -1295,6 +1434,60 @@ mod tests {
             let ids2: Vec<u32> = out2[..cut.kept].iter().map(|c| c.id).collect();
             assert_eq!(ids2, want, "case {case}: portable write_kept");
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn ladder_walk_equals_the_bucket_walk() {
+        // The AVX-512 fast path either finds the bucket walk's very cut or
+        // declines; on ordinary logits it must decide nearly always.
+        if !has_avx512() {
+            return;
+        }
+        let mut rnd = xorshift(23);
+        let mut s = Scratch::default();
+        let (mut decided, mut ordinary, mut ordinary_decided) = (0, 0, 0);
+        for case in 0..1200 {
+            let n = match case % 4 {
+                0 => 151_936,
+                1 => 49_152,
+                _ => 4_000 + (rnd() * 120_000.0) as usize,
+            };
+            let sd = [1.0, 2.0, 3.0, 4.0, 6.0][(case / 4) % 5];
+            let mut x: Vec<f32> = (0..n)
+                .map(|_| {
+                    let g: f64 = (0..4).map(|_| rnd()).sum::<f64>() - 2.0;
+                    (g * 1.7 * sd) as f32
+                })
+                .collect();
+            let odd = case % 6 == 5;
+            if odd {
+                // coarse logits: many equal values, ties in the sums
+                for v in x.iter_mut() {
+                    *v = (*v * 2.0).round() / 2.0;
+                }
+            }
+            let p = [0.9f32, 0.95, 0.8, 0.99, 0.6, 0.5, 0.3, 0.75][case % 8];
+            let min_keep = if case % 13 == 7 { 50 } else { 1 };
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let t = gather_nucleus(&x, max, p, min_keep, &mut s);
+            // SAFETY: AVX-512F and POPCNT checked above.
+            let fast = unsafe { ladder::walk(t, &mut s) };
+            let slow = walk_impl(t, &mut s);
+            if let Some(cut) = fast {
+                assert_eq!(Some(cut), slow, "case {case}: n {n} sd {sd} p {p}");
+                decided += 1;
+            }
+            // ordinary: peaked enough that the top set is small
+            if !odd && sd >= 3.0 && s.gathered().len() >= 4096 {
+                ordinary += 1;
+                ordinary_decided += fast.is_some() as usize;
+            }
+        }
+        assert!(
+            ordinary_decided * 10 >= ordinary * 9,
+            "the fast path decided {ordinary_decided} of {ordinary} ordinary cases ({decided} of 240 in all)"
+        );
     }
 
     #[test]

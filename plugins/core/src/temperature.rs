@@ -76,14 +76,25 @@ impl Logit for SdCandidate {
 }
 
 /// `logit / t` (saturated) over a whole vocabulary or candidate list,
-/// compiled for AVX2 where present so the loop vectorises; IEEE division
+/// compiled for AVX-512 or AVX2 where present so the loop vectorises; IEEE division
 /// either way, so the results are the same.
 fn divide_all<L: Logit>(xs: &mut [L], t: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { divide_all_avx512(xs, t) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { divide_all_avx2(xs, t) };
     }
+    divide_all_impl(xs, t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn divide_all_avx512<L: Logit>(xs: &mut [L], t: f32) {
     divide_all_impl(xs, t)
 }
 
