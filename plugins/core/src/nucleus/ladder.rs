@@ -23,8 +23,8 @@ use std::arch::x86_64::*;
 
 use super::Cut;
 use super::{
-    EXP_REL_ERR, F32Sum, LIMIT, MAGIC, MAGIC_BITS, Scratch, Target, avx512, desc_key, libm_exp,
-    replay_sorted,
+    EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, Scratch, Target, avx512, desc_key,
+    libm_exp, replay_sorted,
 };
 
 /// Thresholds of the ladder over all gathered tokens (few: each costs a
@@ -143,7 +143,8 @@ pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
     let base = f32::from_bits(p.to_bits() & 0xFF80_0000);
     let base_exp = ((base.to_bits() >> 23) as i32) - 127;
     let inv = f32::from_bits(((127 + 23 - base_exp) as u32) << 23);
-    // the exp's error and the division's rounding (half an ulp)
+    // the exp's error (at most half of EXP_REL_ERR) and the divisions'
+    // roundings (ours and llama.cpp's, half an ulp each), with room to spare
     let rel_err = EXP_REL_ERR + f32::EPSILON / 2.0;
     let grid = Grid { inv, rel_err };
     // Pass 1: probabilities (kept from the normaliser pass when it made
@@ -387,14 +388,18 @@ pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
             l.ties.sort_unstable();
             let mut tie_fixes = 0i64;
             for group in l.ties.chunks(TIES_PER_PASS) {
-                let mut keys = [u64::MAX; TIES_PER_PASS];
-                for (k, t) in keys.iter_mut().zip(group) {
-                    *k = t.0;
-                }
                 let middle = (bounds.b_hi, bounds.a);
+                let mut before = [0u64; TIES_PER_PASS];
+                // one compare per tie and token: as few slots as ties
                 // SAFETY: AVX-512F and POPCNT are enabled in this function.
-                let before =
-                    unsafe { units_before(&g.idx, &g.val, &g.prob, middle, &keys, inv, rel_err) };
+                unsafe {
+                    match group.len() {
+                        1 => units_before::<1>(g, middle, group, grid, &mut before),
+                        2 => units_before::<2>(g, middle, group, grid, &mut before),
+                        3 | 4 => units_before::<4>(g, middle, group, grid, &mut before),
+                        _ => units_before::<8>(g, middle, group, grid, &mut before),
+                    }
+                }
                 for (&(key, r_floor, approx), &b) in group.iter().zip(&before) {
                     // the units just before this tie, in llama.cpp's order
                     let pre = sum.units as i64
@@ -432,11 +437,11 @@ fn grid_units(q: f32) -> u32 {
 }
 
 /// The approximate units [`split`] adds for a probability `q` (in units)
-/// known within a relative `rel_err`: `round(q·(1 - 2·rel_err))`, the lower
+/// known within a relative `rel_err`: `round(q·(1 - rel_err))`, the lower
 /// end of its bracket, rounded once by a fused multiply-add.
 #[inline(always)]
 fn grid_units_below(q: f32, rel_err: f32) -> u32 {
-    q.min(MAGIC).mul_add(1.0 - 2.0 * rel_err, MAGIC).to_bits() - MAGIC_BITS
+    q.min(MAGIC).mul_add(1.0 - rel_err, MAGIC).to_bits() - MAGIC_BITS
 }
 
 /// Sort keys `(desc_key(l) << 32) | position` of a part.
@@ -740,8 +745,8 @@ unsafe fn split<const MEASURE: bool>(
     let vinv = _mm512_set1_ps(inv);
     let magic = _mm512_set1_ps(MAGIC);
     let magic_bits = _mm512_set1_epi32(MAGIC_BITS as i32);
-    let below = _mm512_set1_ps(1.0 - 2.0 * rel_err);
-    let above = _mm512_set1_ps(1.0 + 2.0 * rel_err);
+    let below = _mm512_set1_ps(1.0 - rel_err);
+    let above = _mm512_set1_ps(1.0 + rel_err);
     let mut units = _mm512_setzero_si512();
     let mut count = 0usize;
     let mut i = 0;
@@ -768,8 +773,8 @@ unsafe fn split<const MEASURE: bool>(
             }
             band_at.push(m_band, ids, x, e);
             // the grid rounding of the normaliser pass: the exact value
-            // is within q·(1 ± rel_err); both ends of q·(1 ± 2·rel_err)
-            // rounding alike prove its rounding (and that it is no tie)
+            // is inside q·(1 ± rel_err); both ends rounding alike prove
+            // its rounding (and that it is no tie)
             let q = _mm512_min_ps(_mm512_mul_ps(e, vinv), magic);
             let t = _mm512_fmadd_ps(q, below, magic);
             let t_hi = _mm512_fmadd_ps(q, above, magic);
@@ -800,43 +805,47 @@ unsafe fn split<const MEASURE: bool>(
 /// Ties settled by one pass of [`units_before`].
 const TIES_PER_PASS: usize = 8;
 
-/// For each key, `Σ` grid units (approximate, as [`split`] sums them) of
-/// the middle tokens `middle.0 <= l < middle.1` ordered before it (a larger
-/// logit, or the same logit at a smaller position).
+/// For each tie of `ties` (at most N), into `out`: `Σ` grid units
+/// (approximate, as [`split`] sums them) of the middle tokens `middle.0 <=
+/// l < middle.1` of `g` ordered before it (a larger logit, or the same
+/// logit at a smaller position).
 ///
 /// # Safety
 /// The CPU must support AVX-512F and POPCNT.
 #[target_feature(enable = "avx512f,popcnt")]
-unsafe fn units_before(
-    idx: &[u32],
-    val: &[f32],
-    v: &[f32],
+unsafe fn units_before<const N: usize>(
+    g: &Gathered,
     middle: (f32, f32),
-    keys: &[u64; TIES_PER_PASS],
-    inv: f32,
-    rel_err: f32,
-) -> [u64; TIES_PER_PASS] {
-    let below = _mm512_set1_ps(1.0 - 2.0 * rel_err);
+    ties: &[(u64, i64, i64)],
+    grid: Grid,
+    out: &mut [u64; TIES_PER_PASS],
+) {
+    debug_assert!(ties.len() <= N && N <= TIES_PER_PASS);
+    let (idx, val, v) = (&g.idx, &g.val, &g.prob);
+    let below = _mm512_set1_ps(1.0 - grid.rel_err);
     let n = idx.len();
     let (vhi, va) = (_mm512_set1_ps(middle.0), _mm512_set1_ps(middle.1));
-    let kord = keys.map(|k| _mm512_set1_epi32(!((k >> 32) as u32) as i32));
-    let kpos = keys.map(|k| _mm512_set1_epi32(k as u32 as i32));
+    // unused slots get the last key: nothing orders after it
+    let key = |t: usize| ties.get(t).map_or(u64::MAX, |t| t.0);
+    let kord: [__m512i; N] =
+        std::array::from_fn(|t| _mm512_set1_epi32(!((key(t) >> 32) as u32) as i32));
+    let kpos: [__m512i; N] = std::array::from_fn(|t| _mm512_set1_epi32(key(t) as u32 as i32));
     let sign = _mm512_set1_epi32(i32::MIN);
-    let vinv = _mm512_set1_ps(inv);
+    let vinv = _mm512_set1_ps(grid.inv);
     let magic = _mm512_set1_ps(MAGIC);
     let magic_bits = _mm512_set1_epi32(MAGIC_BITS as i32);
-    let mut units = [_mm512_setzero_si512(); TIES_PER_PASS];
+    let mut units = [_mm512_setzero_si512(); N];
     let mut i = 0;
     while i < n {
         let live = lanes_below(n, i);
         // SAFETY: the loads are masked to lanes below n.
         unsafe {
-            let ids = _mm512_maskz_loadu_epi32(live, idx.as_ptr().add(i).cast());
             let x = _mm512_maskz_loadu_ps(live, val.as_ptr().add(i));
             let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vhi)
                 & !_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, va)
                 & live;
             if m != 0 {
+                let ids = _mm512_maskz_loadu_epi32(live, idx.as_ptr().add(i).cast());
                 let e = _mm512_maskz_loadu_ps(live, v.as_ptr().add(i));
                 let bits = _mm512_castps_si512(x);
                 // the order-preserving integer of the logit (as `ord_key`)
@@ -848,7 +857,7 @@ unsafe fn units_before(
                     _mm512_castps_si512(_mm512_fmadd_ps(q, below, magic)),
                     magic_bits,
                 );
-                for t in 0..TIES_PER_PASS {
+                for t in 0..N {
                     let before = _mm512_cmpgt_epu32_mask(ord, kord[t])
                         | (_mm512_cmpeq_epi32_mask(ord, kord[t])
                             & _mm512_cmplt_epu32_mask(ids, kpos[t]));
@@ -858,12 +867,12 @@ unsafe fn units_before(
         }
         i += 16;
     }
-    units.map(|u| {
+    for (o, u) in out.iter_mut().zip(units) {
         let mut lanes = [0u32; 16];
         // SAFETY: 16 u32 into a 16-u32 array.
         unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), u) };
-        lanes.iter().map(|&u| u as u64).sum()
-    })
+        *o = lanes.iter().map(|&u| u as u64).sum();
+    }
 }
 
 /// Lines of 16 logits sampled by [`estimate_floor`]: about this many.
