@@ -824,7 +824,7 @@ unsafe fn units_before<const N: usize>(
     let (idx, val, v) = (&g.idx, &g.val, &g.prob);
     let below = _mm512_set1_ps(1.0 - grid.rel_err);
     let n = idx.len();
-    let (vhi, va) = (_mm512_set1_ps(middle.0), _mm512_set1_ps(middle.1));
+    let va = _mm512_set1_ps(middle.1);
     // unused slots get the last key: nothing orders after it
     let key = |t: usize| ties.get(t).map_or(u64::MAX, |t| t.0);
     let kord: [__m512i; N] =
@@ -834,6 +834,13 @@ unsafe fn units_before<const N: usize>(
     let vinv = _mm512_set1_ps(grid.inv);
     let magic = _mm512_set1_ps(MAGIC);
     let magic_bits = _mm512_set1_epi32(MAGIC_BITS as i32);
+    // only tokens at or above the lowest tie's logit can order before a
+    // tie (ties mostly sit high in the middle, so most blocks skip)
+    let lowest = ties
+        .iter()
+        .map(|t| super::key_logit((t.0 >> 32) as u32))
+        .fold(f32::INFINITY, f32::min);
+    let vlow = _mm512_set1_ps(lowest.max(middle.0));
     let mut units = [_mm512_setzero_si512(); N];
     let mut i = 0;
     while i < n {
@@ -841,7 +848,7 @@ unsafe fn units_before<const N: usize>(
         // SAFETY: the loads are masked to lanes below n.
         unsafe {
             let x = _mm512_maskz_loadu_ps(live, val.as_ptr().add(i));
-            let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vhi)
+            let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vlow)
                 & !_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, va)
                 & live;
             if m != 0 {
