@@ -938,6 +938,7 @@ fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
                 &mut s.sample_e,
                 &mut s.sample_rate,
                 &mut s.sample_total,
+                s.ladder.filtered_mut(),
             )
         };
     }

@@ -111,6 +111,13 @@ pub(super) struct Ladder {
     keys: Vec<u64>,
 }
 
+impl Ladder {
+    /// Scratch for sampled tokens in a logit range.
+    pub(super) fn filtered_mut(&mut self) -> &mut (Vec<f32>, Vec<f32>) {
+        &mut self.filtered
+    }
+}
+
 /// Which set a token falls in, by logit: top `l >= a`, middle
 /// `b_hi <= l < a`, band `b_lo <= l < b_hi`, dropped below `b_lo`.
 #[derive(Clone, Copy, Debug)]
@@ -884,18 +891,22 @@ unsafe fn units_before<const N: usize>(
 
 /// Lines of 16 logits sampled by [`estimate_floor`]: about this many.
 const SAMPLE_LINES: usize = 256;
-/// Ladder levels of [`estimate_floor`] over `[max - 64, max]` (8 rungs
-/// each: a resolution of 64 / 8^3 = 1/8 logit).
-const FLOOR_LEVELS: usize = 3;
+/// The floor is searched in `[max - FLOOR_SPAN, max]` (below, a token
+/// weighs under e^-64 of the max: never part of a floor's mass).
+const FLOOR_SPAN: f32 = 64.0;
 
 /// A logit floor under which the tokens should hold about `allowed_share`
 /// of the mass, estimated from a sample of whole 64-byte lines (one per
-/// `n / SAMPLE_LINES` logits: few cache lines touched) with ladders rather
-/// than a bisection. Only speed depends on it: the caller checks the
-/// gathered mass.
+/// `n / SAMPLE_LINES` logits: few cache lines touched): a ladder of 16
+/// rungs over the whole sample, then two more over the few sampled tokens
+/// between the two rungs it picked (a resolution of 1/60 logit). Only
+/// speed depends on it: the caller checks the gathered mass. Also leaves
+/// the sample, its `exp(l - max)`, the sampling rate and the sample's total
+/// for [`predict`].
 ///
 /// # Safety
 /// The CPU must support AVX-512F and POPCNT.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,popcnt")]
 pub(super) unsafe fn estimate_floor(
     x: &[f32],
@@ -905,6 +916,7 @@ pub(super) unsafe fn estimate_floor(
     sample_e: &mut Vec<f32>,
     sample_rate: &mut f32,
     sample_total: &mut f32,
+    filtered: &mut (Vec<f32>, Vec<f32>),
 ) -> f32 {
     let n = x.len();
     let stride = (n / SAMPLE_LINES / 16 * 16).max(32);
@@ -915,32 +927,79 @@ pub(super) unsafe fn estimate_floor(
         sample.extend_from_slice(&x[at..at + 16]);
         at += stride;
     }
-    // SAFETY: AVX-512F is enabled in this function.
-    unsafe { exp_div(sample, max, 1.0, sample_e) };
-    // SAFETY: as above.
-    let [total, top] = unsafe { masses(sample, sample_e, &[f32::NEG_INFINITY, max]) };
+    // SAFETY: AVX-512F and POPCNT are enabled in this function.
+    let total = unsafe { exp_div(sample, max, 1.0, sample_e) };
     *sample_total = total;
-    // the mass at or above t must reach `total - allowed`
+    // the mass at or above the floor must reach `total - allowed`
     let need = total - allowed_share * total;
-    let (mut lo, mut hi) = (max - 64.0, max);
-    if top >= need {
-        return hi;
-    }
-    for _ in 0..FLOOR_LEVELS {
-        let rungs = ladder::<8>(lo, hi);
+    // rungs from max itself down to max - FLOOR_SPAN
+    let rungs: [f32; RUNGS] =
+        std::array::from_fn(|j| max - FLOOR_SPAN * j as f32 / (RUNGS - 1) as f32);
+    // SAFETY: as above.
+    let m = unsafe { masses(sample, sample_e, &rungs) };
+    let j = match (0..RUNGS).find(|&j| m[j] >= need) {
+        None => return rungs[RUNGS - 1],
+        Some(0) => return max,
+        Some(j) => j,
+    };
+    let (mut lo, mut hi, mut above) = (rungs[j], rungs[j - 1], m[j - 1]);
+    // SAFETY: as above.
+    unsafe { filter_range(sample, sample_e, lo, hi, filtered) };
+    let (fv, fe) = filtered;
+    for _ in 0..2 {
+        let rungs = ladder::<RUNGS>(lo, hi);
         // SAFETY: as above.
-        let m = unsafe { masses(sample, sample_e, &rungs) };
-        match (0..8).find(|&j| m[j] >= need) {
-            Some(j) => {
-                lo = rungs[j];
-                if j > 0 {
-                    hi = rungs[j - 1];
-                }
-            }
-            None => return lo,
+        let m = unsafe { masses(fv, fe, &rungs) };
+        // lo itself (the last rung) always passes
+        let j = (0..RUNGS)
+            .find(|&j| above + m[j] >= need)
+            .unwrap_or(RUNGS - 1);
+        lo = rungs[j];
+        if j > 0 {
+            hi = rungs[j - 1];
+            above += m[j - 1];
         }
     }
     lo
+}
+
+/// The values `lo <= val[i] < hi` and their `e[i]`, into `out`
+/// (compressed 16 at a time).
+///
+/// # Safety
+/// The CPU must support AVX-512F and POPCNT.
+#[target_feature(enable = "avx512f,popcnt")]
+unsafe fn filter_range(val: &[f32], e: &[f32], lo: f32, hi: f32, out: &mut (Vec<f32>, Vec<f32>)) {
+    let (fv, fe) = out;
+    let n = val.len().min(e.len());
+    fv.clear();
+    fe.clear();
+    fv.reserve(n + 16);
+    fe.reserve(n + 16);
+    let (vlo, vhi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+    let mut got = 0;
+    let mut i = 0;
+    while i < n {
+        let live = lanes_below(n, i);
+        // SAFETY: the loads are masked to lanes below n; the compressed
+        // stores write 16 lanes at got <= i, inside the reserved n + 16.
+        unsafe {
+            let x = _mm512_maskz_loadu_ps(live, val.as_ptr().add(i));
+            let w = _mm512_maskz_loadu_ps(live, e.as_ptr().add(i));
+            let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vlo)
+                & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, vhi)
+                & live;
+            _mm512_storeu_ps(fv.as_mut_ptr().add(got), _mm512_maskz_compress_ps(m, x));
+            _mm512_storeu_ps(fe.as_mut_ptr().add(got), _mm512_maskz_compress_ps(m, w));
+            got += m.count_ones() as usize;
+        }
+        i += 16;
+    }
+    // SAFETY: `got` values were written to each.
+    unsafe {
+        fv.set_len(got);
+        fe.set_len(got);
+    }
 }
 
 /// Slack, in probability mass, between where the sample places p (or
@@ -981,34 +1040,9 @@ unsafe fn predict(
         return None;
     }
     // only the sample's tokens at or above the floor matter (and are few)
+    // SAFETY: AVX-512F and POPCNT are enabled in this function.
+    unsafe { filter_range(val, e, floor, f32::INFINITY, filtered) };
     let (fv, fe) = filtered;
-    let n = val.len();
-    fv.clear();
-    fe.clear();
-    fv.reserve(n + 16);
-    fe.reserve(n + 16);
-    let vfloor = _mm512_set1_ps(floor);
-    let mut got = 0;
-    let mut i = 0;
-    while i < n {
-        let live = lanes_below(n, i);
-        // SAFETY: the loads are masked to lanes below n; the compressed
-        // stores write 16 lanes at got <= i, inside the reserved n + 16.
-        unsafe {
-            let x = _mm512_maskz_loadu_ps(live, val.as_ptr().add(i));
-            let w = _mm512_maskz_loadu_ps(live, e.as_ptr().add(i));
-            let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vfloor) & live;
-            _mm512_storeu_ps(fv.as_mut_ptr().add(got), _mm512_maskz_compress_ps(m, x));
-            _mm512_storeu_ps(fe.as_mut_ptr().add(got), _mm512_maskz_compress_ps(m, w));
-            got += m.count_ones() as usize;
-        }
-        i += 16;
-    }
-    // SAFETY: `got` values were written to each.
-    unsafe {
-        fv.set_len(got);
-        fe.set_len(got);
-    }
     // sample mass per unit of probability
     let scale = rate * z;
     // the threshold where the estimated mass above crosses `share` (the
