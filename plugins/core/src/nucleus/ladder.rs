@@ -27,8 +27,9 @@ use super::{
     libm_exp, replay_sorted,
 };
 
-/// Thresholds of the ladder over all gathered tokens (few: each costs a
-/// compare and an add per token), and of the ladders that narrow a band.
+/// Thresholds of the ladder over all gathered tokens (when the sample's
+/// placement fails; each costs a compare and an add per token), and of the
+/// other ladders (a band's, the top set's, the sample's).
 const FIRST_RUNGS: usize = 16;
 const RUNGS: usize = 16;
 /// The band is narrowed until it holds at most this many tokens.
