@@ -26,7 +26,9 @@
 //! additions stay in one binade, hold no tie or uncertain lane and do not
 //! reach p is added as one integer sum, in any order. Only the other
 //! buckets (the few largest probabilities, the binade crossings and the
-//! cut) are sorted and replayed in order. The result is the cut: the kept
+//! cut) are sorted and replayed in order. On AVX-512 a faster walk without
+//! the counting sort runs first ([`ladder`]) and hands over to this one
+//! when one of its assumptions fails. The result is the cut: the kept
 //! tokens are those ordered at or before its key.
 
 use samplerd_plugin_sdk::prelude::SdCandidate;
