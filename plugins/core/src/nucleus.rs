@@ -27,7 +27,7 @@
 //! reach p is added as one integer sum, in any order. Only the other
 //! buckets (the few largest probabilities, the binade crossings and the
 //! cut) are sorted and replayed in order. On AVX-512 a faster walk without
-//! the counting sort runs first ([`ladder`]) and hands over to this one
+//! the counting sort runs first (`nucleus/ladder.rs`) and hands over to this one
 //! when one of its assumptions fails. The result is the cut: the kept
 //! tokens are those ordered at or before its key.
 
