@@ -66,6 +66,15 @@ const LIMIT: u32 = 1 << 24;
 /// Below this the grid unit would leave the normal range: sum exactly.
 const GRID_MIN: f32 = 8.673_617e-19; // 2^-60
 
+/// `round(q)` (ties to even) of an exact value `q` in grid units, unless
+/// it is a tie (its rounding in a running sum depends on the sum's parity)
+/// or off the grid's range (`q >= 2^23`).
+#[inline]
+fn exact_units(q: f32) -> Option<u32> {
+    let t = q + MAGIC;
+    (q < MAGIC && (q - (t - MAGIC)).abs() != 0.5).then(|| t.to_bits() - MAGIC_BITS)
+}
+
 /// libm's `expf`, the function llama.cpp calls (never inlined into a
 /// vectorised loop, so it stays the real libm call).
 #[inline(never)]
@@ -249,17 +258,11 @@ impl F32Sum {
             bad &= bad - 1;
             let e = exact(j);
             b.exact[j] = e;
-            let q = e * self.inv;
-            if q < MAGIC {
-                let t = q + MAGIC;
-                let rf = t - MAGIC;
-                if (q - rf).abs() != 0.5 {
-                    let r = t.to_bits() - MAGIC_BITS;
-                    sum = sum - b.r[j] + r;
-                    b.r[j] = r;
-                    b.margin[j] = 1.0;
-                    continue;
-                }
+            if let Some(r) = exact_units(e * self.inv) {
+                sum = sum - b.r[j] + r;
+                b.r[j] = r;
+                b.margin[j] = 1.0;
+                continue;
             }
             ok = false;
         }
@@ -477,7 +480,10 @@ impl F32Sum {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, Block, EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, libm_exp};
+    use super::{
+        BLOCK, Block, EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, exact_units,
+        libm_exp,
+    };
 
     /// Coefficients of `exp16x4`'s polynomial, highest degree first (the
     /// constant term is 1, fixed): relative minimax error 9.2e-8 on [-ln2/2,
@@ -557,12 +563,8 @@ mod avx512 {
         while bad != 0 {
             let j = bad.trailing_zeros() as usize;
             bad &= bad - 1;
-            let q = libm_exp(c[j] - max) * inv;
-            let t = q + MAGIC;
-            if q >= MAGIC || (q - (t - MAGIC)).abs() == 0.5 {
-                return None;
-            }
-            sum = sum - (t_bits[j] - MAGIC_BITS) + (t.to_bits() - MAGIC_BITS);
+            let r = exact_units(libm_exp(c[j] - max) * inv)?;
+            sum = sum - (t_bits[j] - MAGIC_BITS) + r;
         }
         Some(sum)
     }
@@ -709,6 +711,13 @@ fn ord_key(l: f32) -> u32 {
     b ^ (((b as i32) >> 31) as u32 | 0x8000_0000)
 }
 
+/// The key of the token at `pos` with logit `l` in llama.cpp's walk
+/// order: descending logit, then ascending position.
+#[inline(always)]
+pub fn sort_key(l: f32, pos: u32) -> u64 {
+    ((desc_key(l) as u64) << 32) | pos as u64
+}
+
 /// The logit of a [`desc_key`].
 #[inline(always)]
 pub fn key_logit(k: u32) -> f32 {
@@ -760,7 +769,7 @@ impl Cut {
     /// Whether the token at `pos` with logit `l` is kept.
     #[inline(always)]
     pub fn keeps(&self, l: f32, pos: u32) -> bool {
-        (((desc_key(l) as u64) << 32) | pos as u64) <= self.last_key
+        sort_key(l, pos) <= self.last_key
     }
 }
 
@@ -1117,7 +1126,7 @@ fn walk_impl(t: Target, s: &mut Scratch) -> Option<Cut> {
     s.next.extend_from_slice(&s.counts[..LANES * nb]);
     for (j, ((&b, &v), &i)) in s.bucket.iter().zip(&g.val).zip(&g.idx).enumerate() {
         let at = &mut s.next[b as usize * LANES + j % LANES];
-        s.keys[*at as usize] = ((desc_key(v) as u64) << 32) | i as u64;
+        s.keys[*at as usize] = sort_key(v, i);
         *at += 1;
     }
 

@@ -21,10 +21,9 @@
 
 use std::arch::x86_64::*;
 
-use super::Cut;
 use super::{
-    EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, Scratch, Target, avx512, desc_key,
-    libm_exp, replay_sorted,
+    Cut, EXP_REL_ERR, F32Sum, Gathered, LIMIT, MAGIC, MAGIC_BITS, Scratch, Target, avx512,
+    exact_units, libm_exp, replay_sorted, sort_key,
 };
 
 /// Thresholds of the ladder over all gathered tokens (when the sample's
@@ -383,13 +382,14 @@ pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
             if q >= MAGIC {
                 return None;
             }
-            let key = ((desc_key(lv) as u64) << 32) | i as u64;
-            if (q - (q + MAGIC - MAGIC)).abs() == 0.5 {
-                l.ties.push((key, q.floor() as i64, approx));
-            } else {
-                let fix = grid_units(q) as i64 - approx;
-                units += fix;
-                l.fixes.push((key, fix));
+            let key = sort_key(lv, i);
+            match exact_units(q) {
+                Some(r) => {
+                    let fix = r as i64 - approx;
+                    units += fix;
+                    l.fixes.push((key, fix));
+                }
+                None => l.ties.push((key, q.floor() as i64, approx)),
             }
         }
         if !l.ties.is_empty() {
@@ -438,12 +438,6 @@ pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
     replay_sorted(&mut sum, &l.keys, l.top.len() + mid.count, t)
 }
 
-/// `round(q)` on the grid (q clamped to 2^23, ties to even).
-#[inline(always)]
-fn grid_units(q: f32) -> u32 {
-    (q.min(MAGIC) + MAGIC).to_bits() - MAGIC_BITS
-}
-
 /// The approximate units [`split`] adds for a probability `q` (in units)
 /// known within a relative `rel_err`: `round(q·(1 - rel_err))`, the lower
 /// end of its bracket, rounded once by a fused multiply-add.
@@ -459,7 +453,7 @@ fn fill_keys(part: &Part, keys: &mut Vec<u64>) {
         part.idx
             .iter()
             .zip(&part.val)
-            .map(|(&i, &l)| ((desc_key(l) as u64) << 32) | i as u64),
+            .map(|(&i, &l)| sort_key(l, i)),
     );
 }
 
