@@ -89,15 +89,7 @@ impl Stage for Dist {
         tokens: &mut Tokens<'_>,
         rng: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        // a long list (e.g. a whole-vocabulary nucleus, which top_p leaves
-        // in list order) takes the dense path's vectorised exp and chunked
-        // walk, reading the logits in place (AVX-512) or from a copy
-        let long = tokens.view() == ViewKind::Candidates && tokens.len() > LARGE_LIST;
-        let max = if long {
-            util::candidates_max(tokens.candidates(), &mut st.logits)
-        } else {
-            util::max_logit(tokens)
-        };
+        let max = util::max_logit(tokens);
         if max == f32::NEG_INFINITY {
             return Err("dist: no candidate with a finite logit is left".into());
         }
@@ -109,7 +101,11 @@ impl Stage for Dist {
                 let u = rng.uniform_f64();
                 draw_chunked(&st.probs, &st.chunk_sums, total, u).map(|i| i as u32)
             }
-            ViewKind::Candidates if long => {
+            ViewKind::Candidates if tokens.len() > LARGE_LIST => {
+                // A long list (e.g. a whole-vocabulary nucleus, which top_p
+                // leaves in list order): the dense path's vectorised exp
+                // and chunked walk, reading the logits in place (AVX-512)
+                // or from a copy.
                 let cands = tokens.candidates();
                 st.probs.resize(cands.len(), 0.0);
                 let total = util::exp_shifted_candidates(

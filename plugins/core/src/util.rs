@@ -647,24 +647,22 @@ pub fn max_logit(tokens: &Tokens<'_>) -> f32 {
                     .first()
                     .map_or(f32::NEG_INFINITY, |c| c.logit)
             } else {
-                tokens
-                    .candidates()
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |m, c| fmax(m, c.logit))
+                candidates_max(tokens.candidates())
             }
         }
     }
 }
 
-/// The largest logit of `cands` (AVX-512: the pairs split in registers,
-/// no copy; elsewhere through [`logits_and_max`] into `scratch`).
-pub fn candidates_max(cands: &[SdCandidate], scratch: &mut Vec<f32>) -> f32 {
+/// The largest logit of `cands` (AVX-512: the pairs split in registers).
+pub fn candidates_max(cands: &[SdCandidate]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU supports AVX-512F (checked just above).
         return unsafe { candidates_max_avx512(cands) };
     }
-    logits_and_max(cands, scratch)
+    cands
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, c| fmax(m, c.logit))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -691,46 +689,6 @@ unsafe fn candidates_max_avx512(cands: &[SdCandidate]) -> f32 {
     cands[full..]
         .iter()
         .fold(_mm512_reduce_max_ps(m), |m, c| fmax(m, c.logit))
-}
-
-/// The candidates' logits into `out` (in order), and their maximum: one
-/// pass, compiled for AVX2 where present (a whole-vocabulary nucleus can
-/// hold tens of thousands of candidates).
-pub fn logits_and_max(cands: &[SdCandidate], out: &mut Vec<f32>) -> f32 {
-    out.clear();
-    out.resize(cands.len(), 0.0);
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { logits_and_max_avx2(cands, out) };
-    }
-    logits_and_max_impl(cands, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn logits_and_max_avx2(cands: &[SdCandidate], out: &mut [f32]) -> f32 {
-    logits_and_max_impl(cands, out)
-}
-
-#[inline(always)]
-fn logits_and_max_impl(cands: &[SdCandidate], out: &mut [f32]) -> f32 {
-    // eight running maxima, so the loop vectorises
-    let mut m = [f32::NEG_INFINITY; 8];
-    let mut cc = cands.chunks_exact(8);
-    let mut oc = out.chunks_exact_mut(8);
-    for (c, o) in (&mut cc).zip(&mut oc) {
-        for l in 0..8 {
-            o[l] = c[l].logit;
-            m[l] = fmax(m[l], c[l].logit);
-        }
-    }
-    let mut max = m.iter().copied().fold(f32::NEG_INFINITY, fmax);
-    for (c, o) in cc.remainder().iter().zip(oc.into_remainder()) {
-        *o = c.logit;
-        max = fmax(max, c.logit);
-    }
-    max
 }
 
 /// Softmax of a candidate list in its current order: `probs[i]` (f32) and
@@ -861,7 +819,7 @@ mod tests {
                 })
                 .collect();
             let mut scratch = Vec::new();
-            let max = candidates_max(&cands, &mut scratch);
+            let max = candidates_max(&cands);
             let want_max = cands.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.logit));
             assert_eq!(max, want_max, "n {n}");
             let logits: Vec<f32> = cands.iter().map(|c| c.logit).collect();
