@@ -1484,7 +1484,8 @@ mod tests {
         let mut rnd = xorshift(23);
         let mut s = Scratch::default();
         let (mut decided, mut ordinary, mut ordinary_decided) = (0, 0, 0);
-        for case in 0..1200 {
+        let cases = 1200;
+        for case in 0..cases {
             let n = match case % 4 {
                 0 => 151_936,
                 1 => 49_152,
@@ -1523,7 +1524,7 @@ mod tests {
         }
         assert!(
             ordinary_decided * 10 >= ordinary * 9,
-            "the fast path decided {ordinary_decided} of {ordinary} ordinary cases ({decided} of 240 in all)"
+            "the fast path decided {ordinary_decided} of {ordinary} ordinary cases ({decided} of {cases} in all)"
         );
     }
 

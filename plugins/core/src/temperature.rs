@@ -76,8 +76,8 @@ impl Logit for SdCandidate {
 }
 
 /// `logit / t` (saturated) over a whole vocabulary or candidate list,
-/// compiled for AVX-512 or AVX2 where present so the loop vectorises; IEEE division
-/// either way, so the results are the same.
+/// compiled for AVX-512 or AVX2 where present so the loop vectorises;
+/// IEEE division either way, so the results are the same.
 fn divide_all<L: Logit>(xs: &mut [L], t: f32) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {

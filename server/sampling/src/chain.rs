@@ -611,9 +611,8 @@ impl Sequence {
 }
 
 /// Whether every candidate has an id below `n_vocab` and a logit that is
-/// not NaN: one branch-free pass (compiled for AVX-512 or AVX2 where the
-/// CPU has it;
-/// this runs after every stage, over up to a whole vocabulary).
+/// not NaN: one branch-free pass, on AVX-512 or AVX2 where the CPU has it
+/// (this runs after every stage, over up to a whole vocabulary).
 fn candidates_ok(cands: &[SdCandidate], n_vocab: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {

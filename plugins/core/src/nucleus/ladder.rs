@@ -154,9 +154,7 @@ pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
     // roundings (ours and llama.cpp's, half an ulp each), with room to spare
     let rel_err = EXP_REL_ERR + f32::EPSILON / 2.0;
     let grid = Grid { inv, rel_err };
-    // Pass 1: probabilities (kept from the normaliser pass when it made
-    // them), and the mass above each rung of a ladder spanning
-    // [floor, max].
+    // The probabilities (kept from the normaliser pass when it made them).
     if s.gathered.prob.len() != n {
         let g = &mut s.gathered;
         // SAFETY: AVX-512F and POPCNT are enabled in this function.
