@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::errors::{TOO_LARGE_MARKER, map_stream_status};
 use crate::metrics::{DRAINING_METRIC, RpcLayer};
 use crate::model::Generator;
+use crate::service::one_frame::OneFrameDecode;
 use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
 use crate::shutdown::{CLOSE_TIMEOUT, Drain};
 
@@ -105,11 +106,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let limits = &config.limits;
-    let sampler = SamplerServer::new(SamplerService {
-        state: state.clone(),
-    })
-    .max_decoding_message_size(limits.max_message_bytes)
-    .max_encoding_message_size(limits.max_message_bytes);
+    let sampler = OneFrameDecode::new(
+        SamplerServer::new(SamplerService {
+            state: state.clone(),
+        })
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes),
+        limits.max_message_bytes,
+    );
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter

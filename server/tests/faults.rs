@@ -233,13 +233,7 @@ async fn stall(
     let mut out = Vec::new();
     for _ in 0..STREAMS {
         h2 = h2.ready().await.expect("h2 ready");
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{addr}{path}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
+        let req = raw_grpc_request(addr, path);
         let (response, mut send) = h2.send_request(req, false).expect("send headers");
         if let Some((declared, sent)) = partial {
             let mut frame = vec![0u8];

@@ -7,6 +7,7 @@
 pub mod generate;
 pub mod lse_helper;
 pub mod offload;
+pub mod one_frame;
 pub mod sample;
 pub mod stages;
 pub mod stream;
@@ -242,7 +243,12 @@ impl Sampler for SamplerService {
         &self,
         request: Request<v1::SampleRequest>,
     ) -> Result<Response<v1::SampleResponse>, Status> {
-        sample::handle(self.state.clone(), request.into_inner())
+        let mut request = request;
+        let message = match request.extensions_mut().remove::<one_frame::Predecoded>() {
+            Some(one_frame::Predecoded(message)) => message,
+            None => request.into_inner(),
+        };
+        sample::handle(self.state.clone(), message)
             .await
             .map(Response::new)
     }
@@ -253,7 +259,11 @@ impl Sampler for SamplerService {
         &self,
         request: Request<Streaming<v1::SampleStreamRequest>>,
     ) -> Result<Response<Self::SampleStreamStream>, Status> {
-        stream::handle(self.state.clone(), request.into_inner()).map(Response::new)
+        let predecoded = request
+            .extensions()
+            .get::<one_frame::PredecodedStream>()
+            .cloned();
+        stream::handle(self.state.clone(), request.into_inner(), predecoded).map(Response::new)
     }
 
     type GenerateStream = BoxStream<v1::GenerateResponse>;

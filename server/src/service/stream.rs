@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
+use super::one_frame::PredecodedStream;
 use super::sample::{StepInput, check_n_probs, in_vocab, load, run_step, start_lse};
 use super::{AppState, BoxStream, offload};
 use crate::convert::LogitsInput;
@@ -146,9 +147,12 @@ impl Drop for Session {
 }
 
 /// The `SampleStream` RPC: spawns the task that drives the session.
+/// `predecoded` holds the messages decoded from their frames
+/// ([`super::one_frame`]); tonic yields empty ones in their place.
 pub fn handle(
     state: Arc<AppState>,
     mut inbound: Streaming<v1::SampleStreamRequest>,
+    predecoded: Option<PredecodedStream>,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
     state.open_sessions.fetch_add(1, Ordering::Relaxed);
@@ -172,7 +176,10 @@ pub fn handle(
                     _ = tx.closed() => { end = "client went away"; break; }
                 };
                 let msg = match msg {
-                    Ok(Some(m)) => m,
+                    Ok(Some(m)) => match &predecoded {
+                        Some(queue) => queue.take(m),
+                        None => m,
+                    },
                     Ok(None) => break,
                     Err(status) => {
                         end = "receive error";

@@ -151,6 +151,18 @@ pub fn logits(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// The headers of a gRPC call to `path` for a raw HTTP/2 client (tests
+/// that control the framing themselves).
+pub fn raw_grpc_request(addr: std::net::SocketAddr, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
 pub fn to_bytes(l: &[f32]) -> Vec<u8> {
     l.iter().flat_map(|f| f.to_le_bytes()).collect()
 }
