@@ -4,8 +4,8 @@
 //! chosen token. Step t returns exactly what `Sample` returns with
 //! `step = t` and `previous_tokens` = initial window + tokens chosen so far.
 //!
-//! A client that cancels or disconnects ends the session: its sequence
-//! states and token buffer are freed when the driving task returns.
+//! A client that cancels or disconnects ends the session: the server drops
+//! the response stream, and with it the sequence states and token buffer.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
 use samplerd_sampling::{Sequence, TokenBuffer};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
@@ -24,12 +23,15 @@ use super::{AppState, BoxStream, offload};
 use crate::convert::LogitsInput;
 use crate::errors::{RequestError, map_stream_status};
 
-/// Responses buffered ahead of a slow reader.
-const RESPONSE_BUFFER: usize = 4;
-
 /// The state of one stream.
 struct Session {
     state: Arc<AppState>,
+    /// The stream's slot under `limits.max_concurrent_streams`.
+    _permit: OwnedSemaphorePermit,
+    span: tracing::Span,
+    opened: Instant,
+    /// Why the stream ended, for the closing log line.
+    end: &'static str,
     seq: Option<Sequence>,
     buf: Option<TokenBuffer>,
     seed: u64,
@@ -40,9 +42,16 @@ struct Session {
 }
 
 impl Session {
-    fn new(state: Arc<AppState>) -> Self {
+    fn new(state: Arc<AppState>, permit: OwnedSemaphorePermit, span: tracing::Span) -> Self {
+        state.open_sessions.fetch_add(1, Ordering::Relaxed);
         Session {
             state,
+            _permit: permit,
+            span,
+            opened: Instant::now(),
+            // Until the stream ends any other way: dropped by the server
+            // because the client cancelled or went away.
+            end: "client went away",
             seq: None,
             buf: None,
             seed: 0,
@@ -143,99 +152,104 @@ impl Drop for Session {
             self.state.pool.put(buf);
         }
         self.state.open_sessions.fetch_sub(1, Ordering::Relaxed);
+        let _e = self.span.enter();
+        tracing::info!(
+            steps = self.steps,
+            elapsed_ms = self.opened.elapsed().as_secs_f64() * 1e3,
+            sampling_us_per_step = if self.steps > 0 {
+                self.sampling.as_secs_f64() * 1e6 / self.steps as f64
+            } else {
+                0.0
+            },
+            end = self.end,
+            "stream closed"
+        );
     }
 }
 
-/// The `SampleStream` RPC: spawns the task that drives the session.
+/// What one poll of the response stream carries over to the next.
+struct Pull {
+    session: Session,
+    inbound: Streaming<v1::SampleStreamRequest>,
+    predecoded: Option<PredecodedStream>,
+}
+
+/// The `SampleStream` RPC. The response stream drives the session itself:
+/// each poll reads the next message, runs its step on the polling thread
+/// ([`offload::run`]) and yields the response — no task and no channel
+/// between the request and the response, and the next message is read
+/// only once the client has room for the next response. A client that
+/// cancels or disconnects drops the stream, and with it the session.
 /// `predecoded` holds the messages decoded from their frames
 /// ([`super::one_frame`]); tonic yields empty ones in their place.
 pub fn handle(
     state: Arc<AppState>,
-    mut inbound: Streaming<v1::SampleStreamRequest>,
+    inbound: Streaming<v1::SampleStreamRequest>,
     predecoded: Option<PredecodedStream>,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
-    state.open_sessions.fetch_add(1, Ordering::Relaxed);
     let span = tracing::info_span!(
         "sample_stream",
         request_id = state.request_id(),
         chain = tracing::field::Empty,
         seed = tracing::field::Empty,
     );
-    let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
-    let task_span = span.clone();
-    tokio::spawn(
-        async move {
-            let _permit = permit;
-            let opened = Instant::now();
-            let mut session = Some(Session::new(state));
-            let mut end = "client closed the stream";
-            loop {
-                let msg = tokio::select! {
-                    m = inbound.message() => m,
-                    _ = tx.closed() => { end = "client went away"; break; }
-                };
-                let msg = match msg {
-                    Ok(Some(m)) => match &predecoded {
-                        Some(queue) => queue.take(m),
-                        None => m,
-                    },
-                    Ok(None) => break,
-                    Err(status) => {
-                        end = "receive error";
-                        let status = map_stream_status(status);
-                        tracing::debug!(%status, "stream receive failed");
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
-                };
-                let Some(mut s) = session.take() else { break };
-                let span = task_span.clone();
-                let joined = offload::run(move || {
-                    let r = span.in_scope(|| s.step(&msg));
-                    (s, r)
-                })
-                .await;
-                let (s, result) = match joined {
-                    Ok(v) => v,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        end = "sampling task failed";
-                        break;
-                    }
-                };
-                session = Some(s);
-                let failed = result.is_err();
-                if let Err(e) = &result {
-                    tracing::info!(error = %e, "stream step failed");
+    let first = Pull {
+        session: Session::new(state, permit, span),
+        inbound,
+        predecoded,
+    };
+    Ok(Box::pin(futures::stream::unfold(
+        Some(first),
+        |pull| async move {
+            let Pull {
+                mut session,
+                mut inbound,
+                predecoded,
+            } = pull?;
+            let span = session.span.clone();
+            let msg = match inbound.message().instrument(span.clone()).await {
+                Ok(Some(m)) => match &predecoded {
+                    Some(queue) => queue.take(m),
+                    None => m,
+                },
+                Ok(None) => {
+                    session.end = "client closed the stream";
+                    return None;
                 }
-                if tx.send(result.map_err(Status::from)).await.is_err() {
-                    end = "client went away";
-                    break;
+                Err(status) => {
+                    session.end = "receive error";
+                    let status = map_stream_status(status);
+                    span.in_scope(|| tracing::debug!(%status, "stream receive failed"));
+                    return Some((Err(status), None));
                 }
-                if failed {
-                    end = "error";
-                    break;
+            };
+            let step_span = span.clone();
+            let joined = offload::run(move || {
+                let r = step_span.in_scope(|| session.step(&msg));
+                (session, r)
+            })
+            .await;
+            // A panic in the step dropped the session on its way up.
+            let (mut session, result) = match joined {
+                Ok(v) => v,
+                Err(e) => return Some((Err(e), None)),
+            };
+            match result {
+                Ok(resp) => {
+                    let next = Pull {
+                        session,
+                        inbound,
+                        predecoded,
+                    };
+                    Some((Ok(resp), Some(next)))
+                }
+                Err(e) => {
+                    span.in_scope(|| tracing::info!(error = %e, "stream step failed"));
+                    session.end = "error";
+                    Some((Err(Status::from(e)), None))
                 }
             }
-            let (steps, sampling) = session
-                .as_ref()
-                .map(|s| (s.steps, s.sampling))
-                .unwrap_or_default();
-            tracing::info!(
-                steps,
-                elapsed_ms = opened.elapsed().as_secs_f64() * 1e3,
-                sampling_us_per_step = if steps > 0 {
-                    sampling.as_secs_f64() * 1e6 / steps as f64
-                } else {
-                    0.0
-                },
-                end,
-                "stream closed"
-            );
-            drop(session);
-        }
-        .instrument(span),
-    );
-    Ok(Box::pin(ReceiverStream::new(rx)))
+        },
+    )))
 }
