@@ -19,7 +19,7 @@
 //! over several frames or sharing one, one over the size limit or that
 //! prost rejects — reaches tonic byte for byte as the client sent it (for
 //! `Sample`, the frames read so far are replayed in front of the rest of
-//! the body; only one frame is ever held back), and tonic answers as it
+//! the body; at most two frames are held back), and tonic answers as it
 //! always does.
 
 use std::collections::VecDeque;
@@ -193,7 +193,12 @@ async fn read_one_frame(mut body: Body, max_message_bytes: usize) -> Read {
                 return Read::Replay(held, rest);
             }
         };
-        let data = frame.data_ref().filter(|d| !d.is_empty()).cloned();
+        // Empty DATA frames carry nothing for tonic: not holding them keeps
+        // what is held bounded whatever the client sends.
+        if frame.data_ref().is_some_and(|d| d.is_empty()) {
+            continue;
+        }
+        let data = frame.data_ref().cloned();
         held.push(frame);
         if let Some(data) = data {
             if message.is_some() {
