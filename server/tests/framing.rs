@@ -9,7 +9,6 @@ use common::*;
 use prost::Message;
 use prost::bytes::Bytes;
 use samplerd_api::v1;
-use tokio_stream::StreamExt;
 
 /// The gRPC length prefix + message.
 fn framed(m: &impl Message) -> Vec<u8> {
@@ -115,7 +114,7 @@ async fn sample_answers_the_same_however_the_message_is_framed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sample_stream_answers_the_same_however_its_messages_are_framed() {
-    let mut s = start().await;
+    let s = start().await;
     let addr = s.server.as_ref().unwrap().addr;
     let msgs: Vec<v1::SampleStreamRequest> = (0..6)
         .map(|i| v1::SampleStreamRequest {
@@ -126,15 +125,7 @@ async fn sample_stream_answers_the_same_however_its_messages_are_framed() {
             ..Default::default()
         })
         .collect();
-    let want: Vec<v1::SampleResponse> = s
-        .client
-        .sample_stream(tokio_stream::iter(msgs.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .map(|r| r.unwrap())
-        .collect()
-        .await;
+    let want = s.stream_all(msgs.clone()).await;
     assert_eq!(want.len(), msgs.len());
     let w: Vec<Vec<u8>> = msgs.iter().map(framed).collect();
     // Whole; split; two glued; whole; split in the prefix.

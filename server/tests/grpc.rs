@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use common::*;
 use samplerd_api::v1::{self, param_value::Kind};
-use tokio_stream::StreamExt;
 use tonic::Code;
 
 fn greedy() -> Option<v1::SamplingParams> {
@@ -250,15 +249,7 @@ async fn stream_equals_stateless_samples() {
             ..Default::default()
         })
         .collect();
-    let streamed: Vec<v1::SampleResponse> = s
-        .client
-        .sample_stream(tokio_stream::iter(msgs))
-        .await
-        .unwrap()
-        .into_inner()
-        .map(|r| r.unwrap())
-        .collect()
-        .await;
+    let streamed = s.stream_all(msgs).await;
     assert_eq!(streamed.len(), N);
 
     let mut prev = window.clone();

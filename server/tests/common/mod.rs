@@ -75,6 +75,26 @@ impl TestServer {
         &self.server.as_ref().unwrap().state
     }
 
+    /// Runs `msgs` as one `SampleStream` through tonic's client and returns
+    /// every response (each step must succeed).
+    pub async fn stream_all(
+        &self,
+        msgs: Vec<samplerd_api::v1::SampleStreamRequest>,
+    ) -> Vec<samplerd_api::v1::SampleResponse> {
+        let mut st = self
+            .client
+            .clone()
+            .sample_stream(tokio_stream::iter(msgs))
+            .await
+            .expect("SampleStream opens")
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(r) = st.message().await.expect("SampleStream step succeeds") {
+            out.push(r);
+        }
+        out
+    }
+
     /// Asserts the health check still answers SERVING.
     pub async fn assert_serving(&self) {
         let mut h = HealthClient::new(self.channel.clone());
