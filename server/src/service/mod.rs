@@ -241,9 +241,8 @@ pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 's
 impl Sampler for SamplerService {
     async fn sample(
         &self,
-        request: Request<v1::SampleRequest>,
+        mut request: Request<v1::SampleRequest>,
     ) -> Result<Response<v1::SampleResponse>, Status> {
-        let mut request = request;
         let message = match request.extensions_mut().remove::<one_frame::Predecoded>() {
             Some(one_frame::Predecoded(message)) => message,
             None => request.into_inner(),
@@ -262,7 +261,8 @@ impl Sampler for SamplerService {
         let predecoded = request
             .extensions()
             .get::<one_frame::PredecodedStream>()
-            .cloned();
+            .cloned()
+            .unwrap_or_default();
         stream::handle(self.state.clone(), request.into_inner(), predecoded).map(Response::new)
     }
 

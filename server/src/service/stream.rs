@@ -171,7 +171,7 @@ impl Drop for Session {
 struct Pull {
     session: Session,
     inbound: Streaming<v1::SampleStreamRequest>,
-    predecoded: Option<PredecodedStream>,
+    predecoded: PredecodedStream,
 }
 
 /// The `SampleStream` RPC. The response stream drives the session itself:
@@ -181,11 +181,12 @@ struct Pull {
 /// only once the client has room for the next response. A client that
 /// cancels or disconnects drops the stream, and with it the session.
 /// `predecoded` holds the messages decoded from their frames
-/// ([`super::one_frame`]); tonic yields empty ones in their place.
+/// ([`super::one_frame`]), in whose place tonic yields empty ones; it stays
+/// empty for a stream that path leaves to tonic (a compressed one).
 pub fn handle(
     state: Arc<AppState>,
     inbound: Streaming<v1::SampleStreamRequest>,
-    predecoded: Option<PredecodedStream>,
+    predecoded: PredecodedStream,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
     let span = tracing::info_span!(
@@ -209,10 +210,7 @@ pub fn handle(
             } = pull?;
             let span = session.span.clone();
             let msg = match inbound.message().instrument(span.clone()).await {
-                Ok(Some(m)) => match &predecoded {
-                    Some(queue) => queue.take(m),
-                    None => m,
-                },
+                Ok(Some(m)) => predecoded.take(m),
                 Ok(None) => {
                     session.end = "client closed the stream";
                     return None;
