@@ -130,6 +130,8 @@ impl StageMetrics {
 /// One built stage: the registered vtable and its immutable config.
 struct Link {
     stage: Arc<RegisteredStage>,
+    /// The stage's name, shared with [`crate::activity`] on every call.
+    name: Arc<str>,
     config: *mut c_void,
     metrics: StageMetrics,
 }
@@ -140,7 +142,13 @@ impl Link {
     }
 
     fn name(&self) -> &str {
-        &self.stage.info.name
+        &self.name
+    }
+
+    /// Records the call about to be made for a watchdog (`activity`).
+    fn enter(&self) -> &'static SdStage {
+        crate::activity::entering(&self.name);
+        self.stage.vtable
     }
 }
 
@@ -336,6 +344,8 @@ impl Chain {
             let raw = raw_params(&s.name, &s.params)?;
             let mut config: *mut c_void = std::ptr::null_mut();
             let mut err = new_error();
+            let name: Arc<str> = Arc::from(s.name.as_str());
+            crate::activity::entering(&name);
             let config_new = st.vtable.config_new.expect("checked at load");
             // SAFETY: params/vocab are valid for the call (vocab for the
             // config's life: `inner` holds the Arc); out-pointers are valid.
@@ -357,6 +367,7 @@ impl Chain {
             }
             let metrics = StageMetrics::new(&s.name);
             inner.links.push(Link {
+                name,
                 stage: st,
                 config,
                 metrics,
@@ -391,7 +402,7 @@ impl Chain {
         for link in &self.inner.links {
             let mut state: *mut c_void = std::ptr::null_mut();
             let mut err = new_error();
-            let state_new = link.vt().state_new.expect("checked at load");
+            let state_new = link.enter().state_new.expect("checked at load");
             // SAFETY: config from this stage's config_new; out-pointers valid.
             let rc = unsafe { state_new(link.config, &mut state, &mut err) };
             if rc != SD_OK {
@@ -445,7 +456,7 @@ impl Sequence {
     pub fn accept(&mut self, token: u32) -> Result<(), SampleError> {
         for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
             let mut err = new_error();
-            let accept = link.vt().accept.expect("checked at load");
+            let accept = link.enter().accept.expect("checked at load");
             // SAFETY: config/state belong to this stage; &mut self serialises.
             let rc = unsafe { accept(link.config, state, token, &mut err) };
             if rc != SD_OK {
@@ -468,7 +479,7 @@ impl Sequence {
     pub fn reset(&mut self) -> Result<(), SampleError> {
         for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
             let mut err = new_error();
-            let reset = link.vt().state_reset.expect("checked at load");
+            let reset = link.enter().state_reset.expect("checked at load");
             // SAFETY: as in accept.
             if unsafe { reset(link.config, state, &mut err) } != SD_OK {
                 return Err(SampleError::Plugin {
@@ -489,7 +500,7 @@ impl Sequence {
         for (link, &state) in self.chain.inner.links.iter().zip(&self.states) {
             let mut out: *mut c_void = std::ptr::null_mut();
             let mut err = new_error();
-            let clone = link.vt().state_clone.expect("checked at load");
+            let clone = link.enter().state_clone.expect("checked at load");
             // SAFETY: as in accept; `out` is a valid out-pointer.
             if unsafe { clone(link.config, state, &mut out, &mut err) } != SD_OK {
                 return Err(SampleError::Plugin {
@@ -556,7 +567,7 @@ impl Sequence {
         let n_vocab = buf.n_vocab();
         let links = &self.chain.inner.links;
         for (i, (link, &state)) in links.iter().zip(&self.states).enumerate() {
-            let vt = link.vt();
+            let vt = link.enter();
             if buf.is_dense() && vt.flags & SD_STAGE_DENSE_OK == 0 {
                 buf.materialize();
             }

@@ -6,6 +6,7 @@
 //! refuses plugin files other users could have written, or whose pinned
 //! digest does not match.
 
+pub mod activity;
 pub mod bench;
 pub mod buffer;
 pub mod chain;
