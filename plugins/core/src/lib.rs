@@ -7,7 +7,6 @@ pub mod greedy;
 pub mod logit_bias;
 pub mod min_p;
 pub mod mirostat;
-pub mod nucleus;
 pub mod penalties;
 pub mod temperature;
 pub mod top_k;

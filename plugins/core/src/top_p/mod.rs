@@ -11,19 +11,77 @@
 //! Small candidate lists (<= 4096, e.g. after top_k) or sorted ones: Z,
 //! sort if needed, walk; output sorted.
 //!
-//! Dense view or large lists (top_k off): `nucleus` computes the same f32
-//! sums bit for bit with vectorised block sums and finds the cut without
+//! Dense view or large lists (top_k off): [`nucleus::nucleus`] computes
+//! the same f32 sums bit for bit with vectorised block sums and finds the cut without
 //! sorting the nucleus (only the logit buckets where the running sum
 //! changes binade, meets an uncertain lane or reaches p are sorted). The
 //! kept tokens are then written in list order with `sorted = 0`, or sorted
 //! when at most `util::SORT_LIMIT` (llama.cpp always sorts; the draw's
 //! distribution is the same, see docs/SAMPLING.md).
+//!
+//! # The large path
+//!
+//! llama.cpp computes `Z = Σ expf(l - max)` as an f32 running sum in list
+//! order, then walks the candidates sorted by logit adding `expf(l - max) /
+//! Z` to another f32 running sum. With ~10,000 tokens in the nucleus the
+//! rounding of those sums decides the cut, so we must produce the very same
+//! f32 values, yet a sequential f32 sum of 151,936 values is latency-bound
+//! (~200 µs) and libm `expf` is scalar.
+//!
+//! The trick: while a running sum `s` stays in one binade `[2^k, 2^(k+1))`,
+//! every intermediate result is a multiple of `u = ulp(s)`, and
+//! `fl(s + v) = s + round_u(v)` (round to nearest multiple of `u`; ties to
+//! even depend on `s`). So a block of additions that stays in the binade
+//! and contains no tie equals one integer addition of `Σ round_u(v)`, which
+//! is order-independent and vectorises. `round_u(v)` needs `v` only to the
+//! precision that separates it from the nearest half-multiple of `u`: we use
+//! the branch-free polynomial `exp_f32` (within [`exp::EXP_REL_ERR`] of libm's
+//! `expf`, tested), and call libm only for the rare lanes that land within
+//! that error of a rounding boundary. Ties, binade crossings and those lanes
+//! are replayed in order with the real f32 addition, as llama.cpp does it.
+//!
+//! The walk uses the same fact to avoid sorting the nucleus: the gathered
+//! tokens (those above a floor estimated from a sample, checked against
+//! their mass) are counting-sorted into logit buckets, and a bucket whose
+//! additions stay in one binade, hold no tie or uncertain lane and do not
+//! reach p is added as one integer sum, in any order. Only the other
+//! buckets (the few largest probabilities, the binade crossings and the
+//! cut) are sorted and replayed in order. On AVX-512 a faster walk without
+//! the counting sort runs first (`ladder`) and hands over to the bucket
+//! walk when one of its assumptions fails. The result is the cut: the kept
+//! tokens are those ordered at or before its key.
+//!
+//! Files: [`nucleus`] drives it (floor estimate, gather, walk) and holds
+//! the per-sequence [`nucleus::Scratch`]; [`grid_sum`] is the exact f32
+//! running sum on a grid ([`grid_sum::F32Sum`]); [`normaliser`] the Z pass
+//! that also gathers the tokens above the floor; [`bucket_walk`] the
+//! portable walk; `ladder` its AVX-512 fast path; [`cut`] the sort keys,
+//! the [`cut::Cut`] and the writer of the kept tokens; [`exp`] the libm
+//! `expf` and the approximations' error bound.
 
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;
 
-use crate::{nucleus, util};
+use crate::util;
+
+pub mod bucket_walk;
+pub mod cut;
+pub mod exp;
+pub mod grid_sum;
+#[cfg(target_arch = "x86_64")]
+mod ladder;
+pub mod normaliser;
+pub mod nucleus;
+#[cfg(test)]
+mod tests;
+
+/// Whether the AVX-512 paths can run (they also count mask bits with
+/// `popcnt`, which every AVX-512 CPU has).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("popcnt")
+}
 
 /// Candidate lists up to this size use the sort-then-cut path.
 pub const SMALL_PATH: usize = 4096;
@@ -35,13 +93,12 @@ pub struct TopP {
 
 #[derive(Clone, Default)]
 pub struct TopPState {
-    probs: Vec<f32>,
     vals: Vec<f32>,
     nucleus: nucleus::Scratch,
 }
 
 impl TopP {
-    fn small(&self, st: &mut TopPState, tokens: &mut Tokens<'_>) {
+    fn small(&self, tokens: &mut Tokens<'_>) {
         // llama.cpp: softmax in the list's current order (max, libm expf,
         // f32 running sum), then sort, then an f32 running sum of the f32
         // probabilities.
@@ -63,7 +120,6 @@ impl TopP {
                 break;
             }
         }
-        st.probs.clear();
         tokens.truncate(last);
     }
 
@@ -88,7 +144,7 @@ impl TopP {
         let k = cut.kept;
         if dense {
             let (_, cand) = tokens.dense_and_buffer();
-            nucleus::write_kept(g, cut, cand);
+            cut::write_kept(g, cut, cand);
         } else {
             // in place: position i is read before any write at k <= i
             let cand = tokens.candidates_mut();
@@ -147,7 +203,7 @@ impl Stage for TopP {
         if tokens.view() == ViewKind::Candidates
             && (tokens.len() <= SMALL_PATH || tokens.is_sorted())
         {
-            self.small(st, tokens);
+            self.small(tokens);
         } else {
             self.large(st, tokens);
         }

@@ -1,0 +1,51 @@
+//! Parameter validation, with messages that name the stage, the
+//! parameter and the value.
+
+use samplerd_plugin_sdk::prelude::*;
+
+/// A numeric parameter (or its default); NaN is an error.
+pub fn number(params: &Params<'_>, stage: &str, name: &str) -> Result<f64, String> {
+    let v = params.number(name);
+    if v.is_nan() {
+        return Err(format!("{stage}: {name} must be a number, got NaN"));
+    }
+    Ok(v)
+}
+
+/// A numeric parameter that must satisfy `ok`; `what` describes the range.
+pub fn number_in(
+    params: &Params<'_>,
+    stage: &str,
+    name: &str,
+    what: &str,
+    ok: impl Fn(f64) -> bool,
+) -> Result<f64, String> {
+    let v = number(params, stage, name)?;
+    if !ok(v) {
+        return Err(format!("{stage}: {name} must be {what}, got {v}"));
+    }
+    Ok(v)
+}
+
+/// An integer parameter in `[lo, hi]`.
+pub fn integer(
+    params: &Params<'_>,
+    stage: &str,
+    name: &str,
+    lo: i64,
+    hi: i64,
+) -> Result<i64, String> {
+    let v = number(params, stage, name)?;
+    if v.fract() != 0.0 || !v.is_finite() {
+        return Err(format!("{stage}: {name} must be an integer, got {v}"));
+    }
+    if v < lo as f64 || v > hi as f64 {
+        return Err(format!("{stage}: {name} must be in [{lo}, {hi}], got {v}"));
+    }
+    Ok(v as i64)
+}
+
+/// The `min_keep` parameter shared by the truncating stages.
+pub fn min_keep(params: &Params<'_>, stage: &str) -> Result<usize, String> {
+    Ok(integer(params, stage, "min_keep", 0, u32::MAX as i64)? as usize)
+}
