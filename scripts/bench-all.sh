@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind docs/PERFORMANCE.md, side by side in one
 # session, and leaves the raw outputs in $OUT (default bench-results/):
-#   chain.txt        criterion: max-scan, seed port, our chains, each stage
+#   chain.txt        criterion: max-scan, naive baseline (seed_port), our chains, each stage
 #   llamacpp_sampler llama.cpp's sampler chain (same logits/params)
 #   bench_chain.json samplerd bench-chain (per-stage p50/p99, as operators see it)
 #   rpc.txt          loopback RPC round trips vs the transport floor

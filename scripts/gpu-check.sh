@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU verification of the CUDA model host (issue 8), in one script:
+# GPU verification of the CUDA model host, in one script:
 #   1. device facts (nvidia-smi, the driver / NVRTC libraries found);
 #   2. the CUDA unit tests with SAMPLERD_EXPECT_GPU=1 (auto/cuda pick the GPU);
 #   3. the GPU tests (server/tests/cuda_gpu.rs): GPU vs CPU logits (relative
@@ -24,18 +24,18 @@
 #                                   cudarc loads the driver at run time) into
 #                                   .gpu-bundle/ (stripped test and bench
 #                                   binaries, the core plugin, the model in
-#                                   40 MB parts): the device tool carries at
-#                                   most 64 MiB per call and the GPU machine
-#                                   cannot reach crates.io;
+#                                   40 MB parts), for a GPU machine that
+#                                   cannot reach crates.io and takes files
+#                                   in transfers of at most 64 MiB;
 #   scripts/gpu-check.sh run        on the GPU machine, from .gpu-bundle/.
 #
-# The model (98 MB) does not fit one carry: `prepare` splits it into
-# .gpu-model/model.part.NN (40 MB); send them over several calls on the warm
-# machine — per part but the last: carry [".gpu-model/model.part.NN"],
-# command `scripts/gpu-check.sh stash` (copies it to /tmp/samplerd-model-parts/);
-# last: carry [".gpu-bundle", ".gpu-model/model.part.LAST"], command
-# `scripts/gpu-check.sh run`, which joins and checks them (sha256). The
-# binaries (~16 MB stripped) and the core plugin travel in .gpu-bundle/.
+# The model (98 MB) does not fit one transfer: `prepare` splits it into
+# .gpu-model/model.part.NN (40 MB). Copy each part but the last to
+# .gpu-model/ on the GPU machine and run `scripts/gpu-check.sh stash` there after each (it copies
+# the part to /tmp/samplerd-model-parts/); then copy .gpu-bundle/ and the
+# last part and run `scripts/gpu-check.sh run`, which joins and checks them
+# (sha256). The binaries (~16 MB stripped) and the core plugin travel in
+# .gpu-bundle/.
 # SAMPLERD_MODEL may instead point to any GGUF already on the machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -92,7 +92,7 @@ def llama_survivors(logits, params, window):
 
 
 def check_penalties_binding():
-    """The seed document's "the / cat" case: 8.5 / 1.1 for a repeated token;
+    """docs/SAMPLING.md's "the / cat" example: 8.5 / 1.1 for a repeated token;
     then last_n = 2 over the window [0, 0, 1]: only the last two count."""
     ids, probs = llama_survivors(np.array([8.5, 7.9], dtype=np.float32),
                                  {"temperature": 1.0, "top_k": 0, "top_p": 1.0}, [0, 0, 0])

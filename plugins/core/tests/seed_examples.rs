@@ -1,5 +1,6 @@
-//! The worked examples of the sampling design document (seed doc 12),
-//! pinned to llama.cpp's semantics where the two differ.
+//! The worked examples of docs/SAMPLING.md, pinned to llama.cpp's semantics
+//! (`src/llama-sampling.cpp`, `llama_sampler_penalties_apply`) where a naive
+//! subtract-first reading of the penalties would differ.
 
 mod common;
 
@@ -61,11 +62,11 @@ fn negative_logit_in_window_is_multiplied() {
 fn frequency_presence_repeat_use_llama_cpp_order() {
     // the (count 3, 8.5) with frequency 0.5, presence 0.3, repeat 1.1:
     //   llama.cpp (÷ first):  8.5 / 1.1 - (3*0.5 + 0.3) = 5.92727
-    //   seed doc (− first):  (8.5 - 1.5 - 0.3) / 1.1   = 6.09091
+    //   subtract first:      (8.5 - 1.5 - 0.3) / 1.1   = 6.09091
     // a (count 1, 4.0):
     //   llama.cpp:            4.0 / 1.1 - (0.5 + 0.3)   = 2.83636
-    //   seed doc:            (4.0 - 0 - 0.3) / 1.1      = 3.36364 (the seed
-    //                         also drops a's frequency term; with it: 2.90909)
+    //   subtract first:      (4.0 - 0 - 0.3) / 1.1      = 3.36364 (this also
+    //                         drops a's frequency term; with it: 2.90909)
     let nums = [
         ("repeat_penalty", 1.1),
         ("frequency_penalty", 0.5),
@@ -88,8 +89,8 @@ fn frequency_presence_repeat_use_llama_cpp_order() {
 
 #[test]
 fn seed_unit_case_freq_presence_then_repeat_differs() {
-    // seed: logit 4, count 1, frequency 1, presence 1, repeat 2:
-    //   seed expectation (− first): (4 - 1 - 1) / 2 = 1.0
+    // logit 4, count 1, frequency 1, presence 1, repeat 2:
+    //   subtract first:              (4 - 1 - 1) / 2 = 1.0
     //   llama.cpp (÷ first):         4 / 2 - 1 - 1  = 0.0
     let pen: Penalties = stage(&[
         ("repeat_penalty", 2.0),

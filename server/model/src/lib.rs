@@ -1,7 +1,14 @@
-//! samplerd's model host: loads a GGUF model (llama or qwen2 architecture),
-//! builds its tokenizer and chat template from the file's metadata, and runs
-//! the forward pass on the CPU through a [`Backend`] seam that a CUDA
-//! implementation can fill later.
+//! samplerd's model host: loads a GGUF model (llama or qwen2 architecture;
+//! Q4_1 and Q8_0 weights kept in their block formats, anything else
+//! requantised to Q8_0), builds its tokenizer and chat template from the
+//! file's metadata, and runs the forward pass through a [`Backend`]: the CPU
+//! backend (`forward`: quantised matrix-vector kernels on a persistent thread
+//! pool, an f16 KV cache per [`Session`], llama.cpp's rounding reproduced by
+//! `ggml`) or, with the `cuda` cargo feature, the CUDA backend (`cuda`), which
+//! gives the same bits. [`cuda::resolve`] picks the device and
+//! [`Model::load_on`] loads for it ([`Model::load`]: CPU).
+//! [`Model::decode_batch`] runs one decode step for several sessions, reading
+//! each weight once; [`Utf8Streamer`] turns token bytes into whole characters.
 //!
 //! ```no_run
 //! use samplerd_model::{ChatMessage, Model, ModelOptions};

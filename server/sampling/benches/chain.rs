@@ -1,7 +1,7 @@
 //! Criterion benchmark of the sampler chain, side by side in one run, on
 //! 151,936 and 49,152 random N(0, 3) logits:
 //!   (a) `max_scan`: one max over the buffer — the memory floor;
-//!   (b) `seed_port`: a straightforward port of the seed document's pipeline
+//!   (b) `seed_port`: a straightforward, naive sampling pipeline
 //!       (HashMap penalties, copy + select_nth top-k, survivor top-p,
 //!       full-vocabulary temperature softmax and draw) — the baseline;
 //!   (c) `default_chain`: our default chain through the plugin ABI, as the
@@ -37,7 +37,10 @@ fn window(vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The seed document's pipeline, ported as written there (§3.2).
+/// A naive pipeline, the benchmark's baseline: penalties through a HashMap
+/// rebuilt every step, top-k by copy + select_nth (ties kept), top-p over the
+/// survivors with an f64 sum cut at `> p`, softmax and draw over the whole
+/// vocabulary.
 mod seed_port {
     use super::*;
 

@@ -2,7 +2,7 @@
 //! into a chain spec in llama.cpp's order: logit_bias → penalties →
 //! top_n_sigma → top_k → typical_p → top_p → min_p → xtc → temperature →
 //! dist. Stages at their neutral value are left out (llama.cpp runs them as
-//! no-ops), so the seed document's defaults give exactly penalties → top_k
+//! no-ops), so the default parameters give exactly penalties → top_k
 //! → top_p → temperature → dist. Validation names the request field.
 
 use serde::{Deserialize, Serialize};
@@ -27,8 +27,10 @@ pub const DEFAULT_ORDER: &[&str] = &[
 /// Largest accepted `repeat_last_n` (a window, not a history dump).
 pub const MAX_REPEAT_LAST_N: i32 = 65_536;
 
-/// Sampling parameters with the seed document's (= llama.cpp's CLI)
-/// defaults.
+/// Sampling parameters. Defaults follow llama.cpp's `common_params_sampling`
+/// (`common/common.h`: temperature 0.8, top_k 40, top_p 0.95, window 64)
+/// except `repeat_penalty` 1.1 (llama.cpp: 1.0, off) and `min_p` 0
+/// (llama.cpp: 0.05).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingParams {

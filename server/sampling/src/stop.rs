@@ -1,6 +1,6 @@
-//! Byte-level stop strings. `match_stop_suffix` is the seed document's
-//! matcher (does the byte stream now end with a stop string? earliest start
-//! wins); `StopFilter` is the streaming form Generate uses: it holds back
+//! Byte-level stop strings. `match_stop_suffix` is the plain matcher (does
+//! the byte stream now end with a stop string? earliest start wins);
+//! `StopFilter` is the streaming form Generate uses: it holds back
 //! any tail that could still begin a stop string, so streamed text never
 //! contains any part of one, and flushes it when the match fails.
 //! Bytes, not `str`: a stop string may complete in the middle of a UTF-8

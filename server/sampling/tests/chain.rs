@@ -97,7 +97,7 @@ fn greedy_ignores_the_seed_but_pays_the_penalty() {
         ..Default::default()
     });
     assert_eq!(c.stage_names(), ["penalties", "greedy"]);
-    // "the" (0) leads "cat" (1) until it is in the window (seed doc §2.4).
+    // "the" (0) leads "cat" (1) until it is in the window (SAMPLING.md, penalties).
     let l = [8.5f32, 7.9, 4.0, -2.0];
     for seed in 0..10 {
         assert_eq!(sample_once(&c, &l, &[], seed, seed), 0);

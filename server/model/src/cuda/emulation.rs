@@ -5,8 +5,9 @@
 //! expected results come from the CPU code itself (`ggml::attention_head`,
 //! `ggml::swiglu`, `forward::rms_norm`, `forward::apply_rope`,
 //! `quantize_q8_1`, `QMatrix::matmul`), in this CPU's ggml flavour. The GPU
-//! must match the CPU exactly (docs/PERFORMANCE.md, "CUDA": last-bit
-//! differences change greedy tokens), so this runs with every `cargo test`,
+//! must match the CPU exactly (docs/ARCHITECTURE.md, "CUDA", and
+//! docs/perf-log/2026-11-30-cuda.md: last-bit differences change greedy
+//! tokens), so this runs with every `cargo test`,
 //! with or without the `cuda` feature; it skips with a notice when no C++20
 //! compiler is found (`CXX`, else `g++`).
 
