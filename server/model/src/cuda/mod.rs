@@ -8,21 +8,32 @@
 //! when the library is missing, so the libraries are probed first. `auto`
 //! falls back to the CPU and says why.
 //!
-//! The CUDA backend (`backend`, `kernels`) compiles its kernels from CUDA C
-//! with NVRTC at start-up, keeps the weights in their quantised block formats
-//! on the device and dequantises inside the matrix-vector kernels (at batch 1
-//! decode reads every weight once, so fewer bytes is the speed), and
-//! reproduces `crate::forward` bit for bit (Q8_1 activations, the CPU
-//! kernels' lane orders, ggml's expf, f16 KV cache, the same RoPE table).
+//! The CUDA backend (`backend` and the files it names, `kernels`) compiles
+//! its kernels from CUDA C with NVRTC at start-up, keeps the weights in their
+//! quantised block formats on the device and dequantises inside the
+//! matrix-vector kernels (at batch 1 decode reads every weight once, so fewer
+//! bytes is the speed), and reproduces `crate::forward` bit for bit (Q8_1
+//! activations, the CPU kernels' lane orders, ggml's expf, f16 KV cache, the
+//! same RoPE table).
 
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "cuda")]
 pub mod backend;
 #[cfg(feature = "cuda")]
+mod forward;
+#[cfg(feature = "cuda")]
 pub mod kernels;
 #[cfg(feature = "cuda")]
+mod launch;
+#[cfg(feature = "cuda")]
 mod probe;
+#[cfg(feature = "cuda")]
+mod sampling;
+#[cfg(feature = "cuda")]
+mod state;
+#[cfg(feature = "cuda")]
+mod upload;
 // The kernels checked against the CPU backend on the CPU (no GPU needed).
 #[cfg(test)]
 mod emulation;

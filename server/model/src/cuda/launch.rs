@@ -1,0 +1,348 @@
+//! The kernel launches of one forward pass, enqueued on the sequence's
+//! stream: the embedding, each layer's norms, weight products, RoPE and
+//! cache store, attention and SwiGLU, and the output head.
+
+use cudarc::driver::CudaSlice;
+
+use super::backend::{CudaBackend, MmKernel};
+use super::kernels::{self, Arg, cfg};
+use super::state::{CudaState, dptr};
+use super::upload::{DevFused, DevMatrix};
+use crate::error::ModelError;
+use crate::quant::QK;
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    fn mm(
+        &self,
+        st: &CudaState,
+        m: &DevMatrix,
+        x: u64,
+        out: u64,
+        n: usize,
+        stride: usize,
+        off: usize,
+    ) -> Result<(), ModelError> {
+        let s = &st.stream;
+        let k = &self.kernels;
+        let (f, grid, threads) = match (self.opts.mm, m.q4_1) {
+            (MmKernel::Warp, q4_1) => (
+                if q4_1 { &k.mmw_q4_1 } else { &k.mmw_q8_0 },
+                (m.rows as u32).div_ceil(kernels::MMW_ROWS_PER_BLOCK),
+                kernels::MMW_ROWS_PER_BLOCK * 32,
+            ),
+            (MmKernel::Lanes, q4_1) => (
+                if q4_1 { &k.mm_q4_1 } else { &k.mm_q8_0 },
+                (m.rows as u32).div_ceil(kernels::MM_ROWS_PER_BLOCK),
+                kernels::MM_THREADS,
+            ),
+        };
+        // SAFETY: mm*_*(w, x, out, rows, nb, n_tok, out_stride, out_off):
+        // `w` holds rows × cols/32 blocks, `x` n × cols/32 Q8_1 blocks
+        // (scratch sized for n tokens of the widest activation) and `out`
+        // n × stride floats with off + rows <= stride.
+        unsafe {
+            kernels::launch(
+                s,
+                f,
+                cfg((grid, 1), threads, 0),
+                &[
+                    Arg::Ptr(dptr(&m.data, s)),
+                    Arg::Ptr(x),
+                    Arg::Ptr(out),
+                    Arg::I32(m.rows as i32),
+                    Arg::I32((m.cols / QK) as i32),
+                    Arg::I32(n as i32),
+                    Arg::I32(stride as i32),
+                    Arg::I32(off as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    fn fused(
+        &self,
+        st: &CudaState,
+        f: &DevFused,
+        x: u64,
+        out: u64,
+        n: usize,
+        stride: usize,
+    ) -> Result<(), ModelError> {
+        match f {
+            DevFused::One(m) => self.mm(st, m, x, out, n, stride, 0),
+            DevFused::Many(parts) => {
+                let mut off = 0;
+                for m in parts {
+                    self.mm(st, m, x, out, n, stride, off)?;
+                    off += m.rows;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `x += add` (when `add` is not null), then RMSNorm with `w`, quantised
+    /// into the xq scratch; `rows` rows of n_embd from `x`.
+    fn add_norm_quant(
+        &self,
+        st: &CudaState,
+        x: u64,
+        add: u64,
+        w: &CudaSlice<f32>,
+        rows: usize,
+    ) -> Result<(), ModelError> {
+        let s = &st.stream;
+        // SAFETY: add_norm_quant(x, add, w, out, d, eps): x (and add, unless
+        // null) hold rows × d floats, w d floats, the xq scratch n_tok × widest
+        // / 32 >= rows × d / 32 blocks; one NORM_THREADS block per row.
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.add_norm_quant,
+                cfg((rows as u32, 1), kernels::NORM_THREADS, 0),
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(add),
+                    Arg::Ptr(dptr(w, s)),
+                    Arg::Ptr(dptr(&st.scratch.xq, s)),
+                    Arg::I32(self.config.n_embd as i32),
+                    Arg::F32(self.config.rms_eps),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    fn quantize(&self, st: &CudaState, x: u64, n_values: usize) -> Result<(), ModelError> {
+        let s = &st.stream;
+        let blocks = n_values / QK;
+        let warps_per_block = kernels::ELEMENTWISE_THREADS / 32;
+        // SAFETY: quantize_q8_1(x, out, n_blocks): x holds n_values floats,
+        // the xq scratch n_tok × widest/32 blocks >= n_values/32.
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.quantize_q8_1,
+                cfg(
+                    ((blocks as u32).div_ceil(warps_per_block), 1),
+                    kernels::ELEMENTWISE_THREADS,
+                    0,
+                ),
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(dptr(&st.scratch.xq, s)),
+                    Arg::I32(blocks as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    /// Enqueues the forward pass of `n` tokens (already uploaded, position
+    /// in `pos_dev`) on the state's stream; the last token's logits land in
+    /// `st.logits`. Nine launches per layer (ten for one-token steps, whose
+    /// attention scores have their own kernel): add + norm + quantise,
+    /// q/k/v, RoPE + cache store, attention + quantise, output product,
+    /// add + norm + quantise, gate/up, SiLU·up + quantise, down.
+    pub(super) fn enqueue_forward(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
+        self.enqueue_embed(st, n)?;
+        for l in 0..self.weights.layers.len() {
+            self.enqueue_layer(st, n, l)?;
+        }
+        self.enqueue_output(st, n)
+    }
+
+    pub(super) fn enqueue_embed(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
+        let s = &st.stream;
+        let w = &self.weights;
+        let embed = if w.tok_embd.q4_1 {
+            &self.kernels.embed_q4_1
+        } else {
+            &self.kernels.embed_q8_0
+        };
+        // SAFETY: embed(w, tok, cols, out): n token ids (checked < n_vocab)
+        // index rows of the n_vocab × d embedding; out holds n × d floats.
+        unsafe {
+            kernels::launch(
+                s,
+                embed,
+                cfg((n as u32, 1), kernels::ELEMENTWISE_THREADS, 0),
+                &[
+                    Arg::Ptr(dptr(&w.tok_embd.data, s)),
+                    Arg::Ptr(dptr(&st.scratch.tokens, s)),
+                    Arg::I32(self.config.n_embd as i32),
+                    Arg::Ptr(dptr(&st.scratch.x, s)),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    /// Layer `l`; starts by adding the previous layer's down product.
+    pub(super) fn enqueue_layer(
+        &self,
+        st: &CudaState,
+        n: usize,
+        l: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = &st.stream;
+        let lw = &self.weights.layers[l];
+        let (d, hd) = (c.n_embd, c.head_dim);
+        let qkv_rows = d + 2 * c.n_head_kv * hd;
+        let sc = &st.scratch;
+        let (x, xq) = (dptr(&sc.x, s), dptr(&sc.xq, s));
+        let (qkv, attn, proj, gu) = (
+            dptr(&sc.qkv, s),
+            dptr(&sc.attn, s),
+            dptr(&sc.proj, s),
+            dptr(&sc.gu, s),
+        );
+        let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.add_norm_quant(st, x, if l == 0 { 0 } else { proj }, &lw.attn_norm, n)?;
+        self.fused(st, &lw.wqkv, xq, qkv, n, qkv_rows)?;
+        let bias = lw.bqkv.as_ref().map_or(0, |b| dptr(b, s));
+        // SAFETY: qkv_rope_store(qkv, bias, rope, pos, n_head, n_kv, hd,
+        // n_pairs, neox, k, v, layer, cap): qkv holds n rows of qkv_rows,
+        // bias qkv_rows floats or null, the rope table covers positions
+        // < rope_positions (checked), the cache n_layer × n_kv × cap × hd
+        // halves with pos + n <= cap (checked); hd <= MAX_HD (checked).
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.qkv_rope_store,
+                cfg((n as u32, (c.n_head + c.n_head_kv) as u32), 64, 0),
+                &[
+                    Arg::Ptr(qkv),
+                    Arg::Ptr(bias),
+                    Arg::Ptr(dptr(&self.rope, s)),
+                    Arg::Ptr(pos),
+                    Arg::I32(c.n_head as i32),
+                    Arg::I32(c.n_head_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32((c.rope_dim / 2) as i32),
+                    Arg::I32(c.rope_neox as i32),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::I32(l as i32),
+                    Arg::I32(st.capacity as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)?;
+        // hd % 32 == 0: each head's output is whole Q8_1 blocks, quantised
+        // by the attention kernel itself.
+        let fused_quant = hd.is_multiple_of(QK);
+        let split = n == 1 && self.opts.split_scores;
+        if split {
+            let blocks = (st.capacity as u32)
+                .div_ceil(kernels::SCORE_THREADS)
+                .min(kernels::SCORE_MAX_BLOCKS);
+            // SAFETY: attn_scores(qkv, k, scores, pos, layer, cap, n_head,
+            // n_kv, hd, scale, w): one token's qkv row, the cache as above,
+            // scores n_head × cap floats (allocated with the state), written
+            // for positions <= pos < cap; hd <= MAX_HD.
+            unsafe {
+                kernels::launch(
+                    s,
+                    &self.kernels.attn_scores,
+                    cfg((blocks, c.n_head as u32), kernels::SCORE_THREADS, 0),
+                    &[
+                        Arg::Ptr(qkv),
+                        Arg::Ptr(kc),
+                        Arg::Ptr(dptr(&st.scores, s)),
+                        Arg::Ptr(pos),
+                        Arg::I32(l as i32),
+                        Arg::I32(st.capacity as i32),
+                        Arg::I32(c.n_head as i32),
+                        Arg::I32(c.n_head_kv as i32),
+                        Arg::I32(hd as i32),
+                        Arg::F32(scale),
+                        Arg::I32(self.lanes),
+                    ],
+                )
+            }
+            .map_err(ModelError::Backend)?;
+        }
+        // SAFETY: attention(qkv, k, v, scores, out, outq, pos, layer, cap,
+        // n_head, n_kv, hd, scale, w, decode): as above; scores null or
+        // attn_scores' output (n == 1); out holds n × d floats, outq (the
+        // xq scratch, or null) n × d / 32 blocks; hd <= MAX_HD (checked at
+        // load), w is 8 or 16.
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.attention,
+                cfg((n as u32, c.n_head as u32), kernels::ATT_THREADS, 0),
+                &[
+                    Arg::Ptr(qkv),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::Ptr(if split { dptr(&st.scores, s) } else { 0 }),
+                    Arg::Ptr(attn),
+                    Arg::Ptr(if fused_quant { xq } else { 0 }),
+                    Arg::Ptr(pos),
+                    Arg::I32(l as i32),
+                    Arg::I32(st.capacity as i32),
+                    Arg::I32(c.n_head as i32),
+                    Arg::I32(c.n_head_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::F32(scale),
+                    Arg::I32(self.lanes),
+                    // The CPU's one-token steps sum in ggml_vec_dot_f16's
+                    // order, longer ones in tinyBLAS's.
+                    Arg::I32((n == 1) as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)?;
+        if !fused_quant {
+            self.quantize(st, attn, n * d)?;
+        }
+        self.mm(st, &lw.wo, xq, proj, n, d, 0)?;
+        self.add_norm_quant(st, x, proj, &lw.ffn_norm, n)?;
+        self.fused(st, &lw.wgu, xq, gu, n, 2 * c.n_ff)?;
+        let warps = (n * c.n_ff / QK) as u32;
+        // SAFETY: swiglu_quant(gu, out, n, n_ff, w): gu holds n × 2·n_ff
+        // floats, the xq scratch n × n_ff / 32 blocks; n_ff % 32 == 0
+        // (the down matrix's columns).
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.swiglu_quant,
+                cfg(
+                    (warps.div_ceil(kernels::ELEMENTWISE_THREADS / 32), 1),
+                    kernels::ELEMENTWISE_THREADS,
+                    0,
+                ),
+                &[
+                    Arg::Ptr(gu),
+                    Arg::Ptr(xq),
+                    Arg::I32(n as i32),
+                    Arg::I32(c.n_ff as i32),
+                    Arg::I32(self.lanes),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)?;
+        self.mm(st, &lw.w_down, xq, proj, n, d, 0)
+    }
+
+    /// The last layer's residual add, the final norm and the output product,
+    /// for the last token only.
+    pub(super) fn enqueue_output(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
+        let s = &st.stream;
+        let d = self.config.n_embd;
+        let w = &self.weights;
+        let last = ((n - 1) * d * size_of::<f32>()) as u64;
+        let (x, proj) = (dptr(&st.scratch.x, s), dptr(&st.scratch.proj, s));
+        let add = if w.layers.is_empty() { 0 } else { proj + last };
+        self.add_norm_quant(st, x + last, add, &w.output_norm, 1)?;
+        let out = w.output();
+        let xq = dptr(&st.scratch.xq, s);
+        self.mm(st, out, xq, dptr(&st.logits, s), 1, out.rows, 0)
+    }
+}
