@@ -274,9 +274,33 @@ pub struct LimitsConfig {
     pub max_request_duration_secs: u64,
     /// Most stages in a request's `params.chain` or `params.samplers`.
     pub max_chain_stages: usize,
+    /// Sampling threads (`crate::step_pool`: every step and every other
+    /// call into plugin code runs there, never on the async runtime);
+    /// 0: one per CPU.
+    pub sampling_threads: usize,
+    /// A sampling step's budget in milliseconds, time waiting for a thread
+    /// included: past it the request fails (DEADLINE_EXCEEDED naming the
+    /// stage it is in) and the thread running it is written off. The
+    /// heaviest legal step of core stages takes ~0.9 s (many top_p stages
+    /// over 262,144 logits on 2 cores).
+    pub max_step_ms: u64,
+    /// Written-off sampling threads replaced at once; past this many,
+    /// readiness turns NOT_SERVING (liveness stays SERVING).
+    pub max_stuck_workers: usize,
     /// The raw log-sum-exp (for `logprob`) on a helper core
     /// (`[limits.parallel_logprob]`, see `service/lse_helper.rs`).
     pub parallel_logprob: crate::service::lse_helper::ParallelLogprobConfig,
+}
+
+impl LimitsConfig {
+    /// The sampling pool's settings.
+    pub fn step_pool(&self) -> crate::step_pool::StepPoolConfig {
+        crate::step_pool::StepPoolConfig {
+            threads: self.sampling_threads,
+            max_step: std::time::Duration::from_millis(self.max_step_ms),
+            max_stuck: self.max_stuck_workers,
+        }
+    }
 }
 
 impl Default for LimitsConfig {
@@ -293,6 +317,9 @@ impl Default for LimitsConfig {
             max_streams_per_connection: 256,
             max_request_duration_secs: 600,
             max_chain_stages: 64,
+            sampling_threads: 0,
+            max_step_ms: 2_000,
+            max_stuck_workers: 4,
             parallel_logprob: Default::default(),
         }
     }
@@ -549,7 +576,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             format!("must be at most {}", crate::shutdown::MAX_GRACE_PERIOD_SECS),
         ));
     }
-    let security: [(&str, u64); 3] = [
+    let security: [(&str, u64); 4] = [
         (
             "limits.max_streams_per_connection",
             u64::from(c.limits.max_streams_per_connection),
@@ -559,6 +586,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             c.limits.max_request_duration_secs,
         ),
         ("limits.max_chain_stages", c.limits.max_chain_stages as u64),
+        ("limits.max_step_ms", c.limits.max_step_ms),
     ];
     for (key, v) in security {
         if v == 0 {

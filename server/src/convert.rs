@@ -94,16 +94,27 @@ impl<'a> LogitsInput<'a> {
         }
     }
 
-    /// The raw logit of `token` (as sent, before any stage).
-    pub fn get(&self, token: u32) -> f32 {
-        let i = token as usize;
-        match self {
-            LogitsInput::Floats(f) => f[i],
-            LogitsInput::Bytes(b) => {
-                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-            }
+    /// The logits as the sampling step takes them.
+    pub fn as_step(&self) -> samplerd_sampling::step::Logits<'a> {
+        match *self {
+            LogitsInput::Floats(f) => samplerd_sampling::step::Logits::Floats(f),
+            LogitsInput::Bytes(b) => samplerd_sampling::step::Logits::F32le(b),
         }
     }
+}
+
+/// A step's reported candidates as the API's messages.
+pub fn token_probabilities(
+    probs: &[samplerd_sampling::step::Candidate],
+) -> Vec<v1::TokenProbability> {
+    probs
+        .iter()
+        .map(|c| v1::TokenProbability {
+            token_id: c.token_id,
+            probability: c.probability,
+            logprob: c.logprob,
+        })
+        .collect()
 }
 
 /// A proto parameter value → the core's.
@@ -271,7 +282,7 @@ mod tests {
             .collect();
         let l = LogitsInput::from_request(&[], &bytes, 10).unwrap();
         assert_eq!(l.len(), 2);
-        assert_eq!(l.get(1), -2.0);
+        assert_eq!(l.as_step().get(1), -2.0);
     }
 
     #[test]

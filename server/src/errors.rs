@@ -29,6 +29,9 @@ pub enum RequestError {
     /// Server-side failure unrelated to the request.
     #[error("{0}")]
     Internal(String),
+    /// The step ran past its budget, found no sampling thread or panicked.
+    #[error("{0}")]
+    Step(#[from] crate::step_pool::StepFailure),
 }
 
 impl RequestError {
@@ -73,6 +76,7 @@ impl From<RequestError> for Status {
             }
             RequestError::Plugin(_) | RequestError::Internal(_) => Status::internal(msg),
             RequestError::Exhausted(_) => Status::resource_exhausted(msg),
+            RequestError::Step(f) => f.into(),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
 use samplerd_model::{ChatMessage, Model, ModelOptions, Session, Utf8Streamer};
-use samplerd_sampling::{StopFilter, TokenBuffer, Vocabulary, logits};
+use samplerd_sampling::{SampleError, Sequence, StopFilter, TokenBuffer, Vocabulary, step};
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 
@@ -40,8 +40,6 @@ pub struct GenerateConfig {
     pub max_concurrent_generations: usize,
     /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
     pub max_queued_generations: usize,
-    /// Largest `n_probs` (top candidates returned with each token).
-    pub max_n_probs: u32,
     /// Most prompt tokens (after the chat template) a request may send.
     pub max_prompt_tokens: usize,
     /// How long a decode step waits, in microseconds, for the generations
@@ -62,7 +60,6 @@ impl Default for GenerateConfig {
             max_stop_bytes: 256,
             max_concurrent_generations: 4,
             max_queued_generations: 64,
-            max_n_probs: 64,
             max_prompt_tokens: 4096,
             batch_wait_us: 2000,
         }
@@ -221,121 +218,7 @@ impl ModelHost {
     /// Request checks that need no model work; returns the prompt tokens
     /// (public for the protobuf fuzz target).
     pub fn prepare(&self, req: &v1::GenerateRequest) -> Result<Prepared, RequestError> {
-        let cfg = &self.config;
-        let max_tokens = match req.max_tokens {
-            None => cfg.default_max_tokens,
-            Some(0) => {
-                return Err(RequestError::invalid(
-                    "max_tokens",
-                    "must be at least 1, got 0",
-                ));
-            }
-            Some(n) if n > cfg.max_tokens_cap => {
-                return Err(RequestError::invalid(
-                    "max_tokens",
-                    format!(
-                        "{n} exceeds the cap of {} (generate.max_tokens_cap)",
-                        cfg.max_tokens_cap
-                    ),
-                ));
-            }
-            Some(n) => n,
-        };
-        if req.stop.len() > cfg.max_stop_strings {
-            return Err(RequestError::invalid(
-                "stop",
-                format!(
-                    "{} stop strings exceed the limit of {} (generate.max_stop_strings)",
-                    req.stop.len(),
-                    cfg.max_stop_strings
-                ),
-            ));
-        }
-        for (i, s) in req.stop.iter().enumerate() {
-            if s.is_empty() {
-                return Err(RequestError::invalid(format!("stop[{i}]"), "is empty"));
-            }
-            if s.len() > cfg.max_stop_bytes {
-                return Err(RequestError::invalid(
-                    format!("stop[{i}]"),
-                    format!(
-                        "is {} bytes, longer than the limit of {} (generate.max_stop_bytes)",
-                        s.len(),
-                        cfg.max_stop_bytes
-                    ),
-                ));
-            }
-        }
-        let text = match (req.prompt.is_empty(), req.messages.is_empty()) {
-            (true, true) => {
-                return Err(RequestError::invalid(
-                    "prompt",
-                    "is empty and no messages were given: set one of prompt or messages",
-                ));
-            }
-            (false, false) => {
-                return Err(RequestError::invalid(
-                    "messages",
-                    "both prompt and messages are set: set exactly one",
-                ));
-            }
-            (false, true) => req.prompt.clone(),
-            (true, false) => {
-                let mut msgs = Vec::with_capacity(req.messages.len());
-                for (i, m) in req.messages.iter().enumerate() {
-                    if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
-                        return Err(RequestError::invalid(
-                            format!("messages[{i}].role"),
-                            format!(
-                                "unknown role {:?} (system, user, assistant or tool)",
-                                m.role
-                            ),
-                        ));
-                    }
-                    msgs.push(ChatMessage::new(m.role.clone(), m.content.clone()));
-                }
-                self.model
-                    .render_chat(&msgs)
-                    .map_err(|e| RequestError::invalid("messages", e.to_string()))?
-            }
-        };
-        let tok = self.model.tokenizer();
-        let tokens = tok
-            .encode(&text, tok.add_bos(), true)
-            .map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
-        if tokens.is_empty() {
-            return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
-        }
-        if tokens.len() > cfg.max_prompt_tokens {
-            return Err(RequestError::invalid(
-                "prompt",
-                format!(
-                    "{} tokens exceed the limit of {} (generate.max_prompt_tokens)",
-                    tokens.len(),
-                    cfg.max_prompt_tokens
-                ),
-            ));
-        }
-        if tokens.len() >= self.model.n_ctx() {
-            return Err(RequestError::invalid(
-                "prompt",
-                format!(
-                    "{} tokens do not fit the context of {} (leave room for at least one new token)",
-                    tokens.len(),
-                    self.model.n_ctx()
-                ),
-            ));
-        }
-        if req.n_probs > cfg.max_n_probs {
-            return Err(RequestError::invalid(
-                "n_probs",
-                format!(
-                    "must be at most {} (generate.max_n_probs), got {}",
-                    cfg.max_n_probs, req.n_probs
-                ),
-            ));
-        }
-        Ok(Prepared { tokens, max_tokens })
+        prepare(&self.model, &self.config, req)
     }
 
     fn run(
@@ -347,16 +230,18 @@ impl ModelHost {
     ) -> Result<(), RequestError> {
         let start = Instant::now();
         let tok = self.model.tokenizer();
-        let mut seq = sampling
-            .chain
-            .new_sequence()
-            .map_err(RequestError::Plugin)?;
-        // Seed the penalty window with the prompt's tail (the stage keeps
-        // only its last repeat_last_n ids).
-        let n_vocab = self.model.n_vocab() as u32;
-        for &t in prepared.tokens.iter().filter(|&&t| t < n_vocab) {
-            seq.accept(t).map_err(RequestError::Plugin)?;
-        }
+        let steps = &sampling.steps;
+        // Every call into the chain's plugins runs on the sampling pool,
+        // under its watchdog. The penalty window starts with the prompt's
+        // tail (the stage keeps only its last repeat_last_n ids).
+        let chain = sampling.chain.clone();
+        let window: Vec<u32> = step::in_vocab(&prepared.tokens, self.model.n_vocab()).collect();
+        let mut seq = steps.run_blocking(move || {
+            let mut seq = chain.new_sequence()?;
+            seq.accept_all(&window)?;
+            Ok::<_, SampleError>(seq)
+        })?
+        .map_err(RequestError::Plugin)?;
         // Forward passes run on the decode engine, batched with the other
         // generations' steps; dropping `engine` (any return) leaves the batch.
         let engine = self.batcher.join();
@@ -374,44 +259,50 @@ impl ModelHost {
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
         let mut generated = 0u32;
+        let probs = step::ProbsRequest {
+            n: req.n_probs as usize,
+            post_sampling: req.post_sampling_probs,
+        };
         let reason = loop {
             if sink.is_closed() {
                 tracing::debug!(generated, "client went away; generation stopped");
                 return Ok(());
             }
             let t0 = Instant::now();
-            let logits = session.logits();
-            buf.load(logits).map_err(|e| {
-                RequestError::Internal(format!("the model produced bad logits: {e}"))
+            // The step that Sample runs, over the model's logits; the token
+            // is accepted unless it ends the generation.
+            let (seed, at, ignore_eos) = (sampling.seed, u64::from(generated), req.ignore_eos);
+            let model = Arc::clone(&self.model);
+            let mut moved = (seq, buf, session);
+            let (back, out) = steps.run_blocking(move || {
+                let (seq, buf, session) = &mut moved;
+                let out =
+                    sample_token(seq, buf, session.logits(), seed, at, probs).and_then(|out| {
+                        let ends = !ignore_eos && model.tokenizer().is_eog(out.token_id);
+                        if !ends {
+                            seq.accept(out.token_id).map_err(RequestError::Plugin)?;
+                        }
+                        Ok((out, ends))
+                    });
+                (moved, out)
             })?;
-            let token = seq
-                .sample(&mut buf, sampling.seed, generated as u64)
-                .map_err(RequestError::Plugin)?
-                .token_id;
+            (seq, buf, session) = back;
+            let (out, ends) = out?;
             sampling_ns += t0.elapsed().as_nanos();
-            if !req.ignore_eos && tok.is_eog(token) {
+            if ends {
                 break v1::FinishReason::StopToken;
             }
-            seq.accept(token).map_err(RequestError::Plugin)?;
+            let token = out.token_id;
             generated += 1;
             metrics::counter!(crate::metrics::GENERATED_TOKENS_METRIC).increment(1);
-            let lse = logits::log_sum_exp(logits);
-            let logprob = logits[token as usize] - lse;
-            let probs = logits::top_n(logits, req.n_probs as usize)
-                .into_iter()
-                .map(|(token_id, l)| v1::TokenProbability {
-                    token_id,
-                    probability: (l - lse).exp(),
-                    logprob: l - lse,
-                })
-                .collect();
             let step = filter.push(tok.token_bytes(token));
             let text = utf8.push(&step.emit);
             let event = v1::generate_response::Event::Token(v1::Token {
                 token_id: token,
                 text,
-                logprob,
-                probs,
+                logprob: out.logprob,
+                probs: crate::convert::token_probabilities(&out.probs),
+                probability: out.probability,
             });
             if sink
                 .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
@@ -475,6 +366,135 @@ impl ModelHost {
     }
 }
 
+/// Request checks that need no model work, then the prompt's tokens.
+fn prepare(
+    model: &Model,
+    cfg: &GenerateConfig,
+    req: &v1::GenerateRequest,
+) -> Result<Prepared, RequestError> {
+    let max_tokens = match req.max_tokens {
+        None => cfg.default_max_tokens,
+        Some(0) => {
+            return Err(RequestError::invalid(
+                "max_tokens",
+                "must be at least 1, got 0",
+            ));
+        }
+        Some(n) if n > cfg.max_tokens_cap => {
+            return Err(RequestError::invalid(
+                "max_tokens",
+                format!(
+                    "{n} exceeds the cap of {} (generate.max_tokens_cap)",
+                    cfg.max_tokens_cap
+                ),
+            ));
+        }
+        Some(n) => n,
+    };
+    if req.stop.len() > cfg.max_stop_strings {
+        return Err(RequestError::invalid(
+            "stop",
+            format!(
+                "{} stop strings exceed the limit of {} (generate.max_stop_strings)",
+                req.stop.len(),
+                cfg.max_stop_strings
+            ),
+        ));
+    }
+    for (i, s) in req.stop.iter().enumerate() {
+        if s.is_empty() {
+            return Err(RequestError::invalid(format!("stop[{i}]"), "is empty"));
+        }
+        if s.len() > cfg.max_stop_bytes {
+            return Err(RequestError::invalid(
+                format!("stop[{i}]"),
+                format!(
+                    "is {} bytes, longer than the limit of {} (generate.max_stop_bytes)",
+                    s.len(),
+                    cfg.max_stop_bytes
+                ),
+            ));
+        }
+    }
+    let text = match (req.prompt.is_empty(), req.messages.is_empty()) {
+        (true, true) => {
+            return Err(RequestError::invalid(
+                "prompt",
+                "is empty and no messages were given: set one of prompt or messages",
+            ));
+        }
+        (false, false) => {
+            return Err(RequestError::invalid(
+                "messages",
+                "both prompt and messages are set: set exactly one",
+            ));
+        }
+        (false, true) => req.prompt.clone(),
+        (true, false) => {
+            let mut msgs = Vec::with_capacity(req.messages.len());
+            for (i, m) in req.messages.iter().enumerate() {
+                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
+                    return Err(RequestError::invalid(
+                        format!("messages[{i}].role"),
+                        format!(
+                            "unknown role {:?} (system, user, assistant or tool)",
+                            m.role
+                        ),
+                    ));
+                }
+                msgs.push(ChatMessage::new(m.role.clone(), m.content.clone()));
+            }
+            model
+                .render_chat(&msgs)
+                .map_err(|e| RequestError::invalid("messages", e.to_string()))?
+        }
+    };
+    let tok = model.tokenizer();
+    let tokens = tok
+        .encode(&text, tok.add_bos(), true)
+        .map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
+    if tokens.is_empty() {
+        return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
+    }
+    if tokens.len() > cfg.max_prompt_tokens {
+        return Err(RequestError::invalid(
+            "prompt",
+            format!(
+                "{} tokens exceed the limit of {} (generate.max_prompt_tokens)",
+                tokens.len(),
+                cfg.max_prompt_tokens
+            ),
+        ));
+    }
+    if tokens.len() >= model.n_ctx() {
+        return Err(RequestError::invalid(
+            "prompt",
+            format!(
+                "{} tokens do not fit the context of {} (leave room for at least one new token)",
+                tokens.len(),
+                model.n_ctx()
+            ),
+        ));
+    }
+    Ok(Prepared { tokens, max_tokens })
+}
+
+/// One decode step's sampling: [`samplerd_sampling::step`] over the model's
+/// logits (bad logits are the model's fault: INTERNAL).
+fn sample_token(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    logits: &[f32],
+    seed: u64,
+    step_index: u64,
+    probs: step::ProbsRequest,
+) -> Result<step::StepOutput, RequestError> {
+    let logits = step::Logits::Floats(logits);
+    let lse = step::load::<step::NoDeferral>(buf, logits, None)
+        .map_err(|e| RequestError::Internal(format!("the model produced bad logits: {e}")))?;
+    step::run(seq, buf, logits, lse, seed, step_index, probs).map_err(RequestError::Plugin)
+}
+
 /// A validated Generate request: its prompt tokens and token budget.
 pub struct Prepared {
     tokens: Vec<u32>,
@@ -496,7 +516,18 @@ impl Generator for ModelHost {
         sampling: ResolvedSampling,
         sink: GenerateSink,
     ) {
-        let result = self.prepare(&request).and_then(|prepared| {
+        // Tokenizing a prompt is CPU work of the request's size: it runs on
+        // the sampling pool too, under the same budget.
+        let (model, config) = (Arc::clone(&self.model), self.config.clone());
+        let prepared = sampling
+            .steps
+            .run_blocking(move || {
+                let prepared = prepare(&model, &config, &request);
+                (request, prepared)
+            })
+            .map_err(RequestError::from);
+        let result = prepared.and_then(|(request, prepared)| {
+            let prepared = prepared?;
             let Some(_slot) = self.slots.acquire(|| sink.is_closed())? else {
                 return Ok(());
             };

@@ -23,5 +23,6 @@ pub mod pool;
 pub mod server;
 pub mod service;
 pub mod shutdown;
+pub mod step_pool;
 pub mod telemetry;
 pub mod tls;

@@ -17,6 +17,8 @@ pub struct ResolvedSampling {
     pub chain: Chain,
     /// The seed to use (reported in `Finished.seed`).
     pub seed: u64,
+    /// Where the generation's sampling steps (and prompt tokenization) run.
+    pub steps: crate::step_pool::StepPool,
 }
 
 /// Events of one Generate stream (`Token`s, then one `Finished`); a send

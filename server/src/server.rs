@@ -33,6 +33,8 @@ pub const HTTP2_MAX_FRAME_BYTES: u32 = 1 << 20;
 
 /// How often health re-checks a model that is still loading.
 const MODEL_READY_POLL: Duration = Duration::from_millis(100);
+/// How often readiness re-checks the sampling pool's health.
+const STEP_POOL_POLL: Duration = Duration::from_millis(100);
 /// Health service name for liveness probes: SERVING while the process
 /// answers, including while it drains (readiness uses "", which turns
 /// NOT_SERVING on shutdown; a liveness failure would restart the pod).
@@ -59,6 +61,8 @@ pub enum StartError {
     Tls(#[from] crate::tls::TlsError),
     #[error("{0}")]
     Auth(#[from] crate::auth::AuthError),
+    #[error("cannot start the sampling threads (limits.sampling_threads): {0}")]
+    StepPool(#[source] std::io::Error),
 }
 
 /// Loads the configured plugins (or the core library next to the
@@ -75,12 +79,14 @@ pub fn build_state(
     generator: Option<Arc<dyn Generator>>,
 ) -> Result<Arc<AppState>, StartError> {
     let defaults = Defaults::build(config, &registry)?;
-    Ok(Arc::new(AppState::new(
+    let state = AppState::new(
         Arc::new(registry),
         defaults,
         config.limits.clone(),
         generator,
-    )))
+    )
+    .map_err(StartError::StepPool)?;
+    Ok(Arc::new(state))
 }
 
 /// Rewrites tonic's over-size OUT_OF_RANGE (unary requests) to
@@ -137,6 +143,10 @@ pub async fn serve(
     // Plugins are loaded (the registry exists); wait for the model if any.
     let generator = state.generator.clone();
     let ready_reporter = reporter.clone();
+    // Then follow the sampling pool: once more of its threads are stuck in
+    // steps than it may replace, readiness turns NOT_SERVING (liveness
+    // stays SERVING: the process itself still answers).
+    let steps = state.steps.clone();
     let readiness = tokio::spawn(async move {
         let reporter = ready_reporter;
         if let Some(g) = generator {
@@ -144,12 +154,26 @@ pub async fn serve(
                 tokio::time::sleep(MODEL_READY_POLL).await;
             }
         }
-        reporter
-            .set_serving::<SamplerServer<SamplerService>>()
-            .await;
-        reporter
-            .set_service_status("", ServingStatus::Serving)
-            .await;
+        let mut serving = None;
+        loop {
+            let healthy = steps.healthy();
+            if serving != Some(healthy) {
+                let status = if healthy {
+                    reporter
+                        .set_serving::<SamplerServer<SamplerService>>()
+                        .await;
+                    ServingStatus::Serving
+                } else {
+                    reporter
+                        .set_not_serving::<SamplerServer<SamplerService>>()
+                        .await;
+                    ServingStatus::NotServing
+                };
+                reporter.set_service_status("", status).await;
+                serving = Some(healthy);
+            }
+            tokio::time::sleep(STEP_POOL_POLL).await;
+        }
     });
 
     let local = listener

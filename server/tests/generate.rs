@@ -307,27 +307,6 @@ async fn four_concurrent_streams_equal_their_solo_runs() {
     );
 }
 
-/// Compiles the C stage `tests/fixtures/<src>` into `dir` with the system
-/// C compiler.
-fn build_fixture_plugin(src: &str, dir: &std::path::Path) -> std::path::PathBuf {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let stem = src.trim_end_matches(".c");
-    let out = dir.join(format!("lib{stem}.{}", std::env::consts::DLL_EXTENSION));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = std::process::Command::new(&cc)
-        .args([
-            "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
-        ])
-        .arg(root.join("../plugins/sdk/include"))
-        .arg(root.join("tests/fixtures").join(src))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run C compiler {cc:?}: {e}"));
-    assert!(status.success(), "compiling {src} failed");
-    out
-}
-
 /// A stage flagged `SD_STAGE_NEEDS_VOCAB` (the `ban_byte` fixture: removes
 /// every text token containing a byte) gets the model's vocabulary in
 /// Generate; Sample, which has no model vocabulary, refuses it by name.
@@ -509,6 +488,14 @@ async fn bad_generate_requests_name_the_field() {
             },
             "top_p",
         ),
+        (
+            v1::GenerateRequest {
+                n_probs: 5000,
+                ..base.clone()
+            },
+            // One limit for every RPC.
+            "n_probs: 5000 exceeds the limit of 1024 (limits.max_n_probs)",
+        ),
     ];
     for (req, want) in cases {
         let err = generate(&s, req).await.unwrap_err();
@@ -520,4 +507,89 @@ async fn bad_generate_requests_name_the_field() {
         );
     }
     s.assert_serving().await;
+}
+
+/// Sample and Generate run one step: for the model's logits, the same
+/// parameters, seed, step and window, Sample answers exactly what Generate
+/// streamed — token, `probability`, `logprob` and `probs`, bit for bit, with
+/// raw and with post-chain probabilities.
+#[tokio::test]
+async fn a_generate_step_equals_sample_on_the_same_logits() {
+    let host = require_model!(shared_host());
+    let s = server_with(Arc::clone(&host)).await;
+    const STEPS: usize = 4;
+    let prompt = "The quick brown fox";
+    for post_sampling_probs in [false, true] {
+        let req = v1::GenerateRequest {
+            prompt: prompt.into(),
+            max_tokens: Some(STEPS as u32),
+            ignore_eos: true,
+            n_probs: 5,
+            post_sampling_probs,
+            params: Some(v1::SamplingParams {
+                seed: Some(11),
+                temperature: Some(1.5),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut stream = s
+            .client
+            .clone()
+            .generate(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        let mut streamed = Vec::new();
+        while let Some(m) = tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            if let Some(Event::Token(t)) = m.event {
+                streamed.push(t);
+            }
+        }
+        assert_eq!(streamed.len(), STEPS);
+
+        // The same steps by hand: the model's logits, then Sample.
+        let model = host.model();
+        let tok = model.tokenizer();
+        let mut window = tok.encode(prompt, tok.add_bos(), true).unwrap();
+        let mut session = model.new_session();
+        let mut logits = session.prefill(&window).unwrap().to_vec();
+        for (step, t) in streamed.iter().enumerate() {
+            let r = s
+                .client
+                .clone()
+                .sample(v1::SampleRequest {
+                    logits_f32le: to_bytes(&logits).into(),
+                    params: req.params.clone(),
+                    previous_tokens: window.clone(),
+                    step: step as u64,
+                    n_probs: 5,
+                    post_sampling_probs,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let bits = |p: &[v1::TokenProbability]| {
+                p.iter()
+                    .map(|c| (c.token_id, c.probability.to_bits(), c.logprob.to_bits()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(r.token_id, t.token_id, "step {step}");
+            assert_eq!(
+                r.probability.to_bits(),
+                t.probability.to_bits(),
+                "step {step}"
+            );
+            assert_eq!(r.logprob.to_bits(), t.logprob.to_bits(), "step {step}");
+            assert_eq!(bits(&r.probs), bits(&t.probs), "step {step}");
+            assert_eq!(r.probs.len(), 5);
+            window.push(t.token_id);
+            logits = session.decode(t.token_id).unwrap().to_vec();
+        }
+    }
 }

@@ -14,10 +14,12 @@ use crate::model::{NO_MODEL_MESSAGE, ResolvedSampling};
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;
 
-/// The `Generate` RPC.
-pub fn handle(
+/// The `Generate` RPC: the chain is built on a sampling thread (it calls
+/// into plugins), then the model host runs the generation on a blocking
+/// thread, its sampling steps again on the sampling pool.
+pub async fn handle(
     state: Arc<AppState>,
-    req: v1::GenerateRequest,
+    mut req: v1::GenerateRequest,
 ) -> Result<BoxStream<v1::GenerateResponse>, Status> {
     let Some(generator) = state.generator.clone() else {
         return Err(Status::failed_precondition(NO_MODEL_MESSAGE));
@@ -25,17 +27,30 @@ pub fn handle(
     if !generator.ready() {
         return Err(Status::unavailable("the model is still loading"));
     }
-    let (chain, seed) = state.defaults.resolve_with_vocab(
-        &state.registry,
-        req.params.as_ref(),
-        generator.vocabulary(),
-    )?;
+    super::sample::check_n_probs(req.n_probs, &state)?;
+    let params = req.params.take();
+    let vocab = generator.vocabulary();
+    let resolver = Arc::clone(&state);
+    let (chain, seed) = state
+        .steps
+        .run(move || {
+            resolver
+                .defaults
+                .resolve_with_vocab(&resolver.registry, params.as_ref(), vocab)
+                .map_err(Status::from)
+        })
+        .await??;
     let permit = state.stream_permit()?;
     let span = tracing::info_span!("generate", request_id = state.request_id(), chain = %chain.describe(), seed);
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let sampling = ResolvedSampling {
+        chain,
+        seed,
+        steps: state.steps.clone(),
+    };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        span.in_scope(|| generator.generate(req, ResolvedSampling { chain, seed }, tx));
+        span.in_scope(|| generator.generate(req, sampling, tx));
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
 }

@@ -1,12 +1,13 @@
 //! The `samplerd.v1.Sampler` service: shared state ([`AppState`]), the
 //! configured defaults ([`Defaults`]) and one module per RPC
-//! (`sample`, `stream`, `generate`, `stages`). Sampling always runs off the
-//! async reactor (`offload`: `block_in_place`, else `spawn_blocking`), so a
-//! burst of large requests never stalls health checks.
+//! (`sample`, `stream`, `generate`, `stages`). Every sampling step, and
+//! every other call into plugin code (chain builds included), runs on the
+//! sampling pool ([`crate::step_pool`]) under its watchdog, never on the
+//! async runtime: whatever a stage does, health checks, /metrics and the
+//! other RPCs keep answering.
 
 pub mod generate;
 pub mod lse_helper;
-pub mod offload;
 pub mod one_frame;
 pub mod sample;
 pub mod stages;
@@ -30,6 +31,7 @@ use crate::convert;
 use crate::errors::RequestError;
 use crate::model::Generator;
 use crate::pool::BufferPool;
+use crate::step_pool::StepPool;
 use lse_helper::LseHelper;
 
 /// The configured defaults: typed parameters, seed setting and the
@@ -184,6 +186,8 @@ pub struct AppState {
     /// Open SampleStream sessions (for tests and diagnostics).
     pub open_sessions: AtomicUsize,
     pub generator: Option<Arc<dyn Generator>>,
+    /// The threads that run sampling steps (`limits.sampling_threads`).
+    pub steps: StepPool,
     next_request_id: AtomicU64,
 }
 
@@ -193,18 +197,19 @@ impl AppState {
         defaults: Defaults,
         limits: LimitsConfig,
         generator: Option<Arc<dyn Generator>>,
-    ) -> Self {
-        AppState {
+    ) -> std::io::Result<Self> {
+        Ok(AppState {
             registry,
             defaults,
             pool: BufferPool::new(limits.buffer_pool_size, limits.max_vocab),
             lse: LseHelper::new(&limits.parallel_logprob),
             streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
+            steps: StepPool::start(limits.step_pool())?,
             limits,
             open_sessions: AtomicUsize::new(0),
             generator,
             next_request_id: AtomicU64::new(1),
-        }
+        })
     }
 
     /// A new request id (for the request's log span).
@@ -272,7 +277,9 @@ impl Sampler for SamplerService {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        generate::handle(self.state.clone(), request.into_inner()).map(Response::new)
+        generate::handle(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn list_stages(

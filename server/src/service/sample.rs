@@ -1,19 +1,20 @@
-//! `Sample`: one stateless step. Also home of [`run_step`], the step both
-//! `Sample` and `SampleStream` run, so a stream step returns exactly what
-//! `Sample` returns for the same inputs.
+//! `Sample`: one stateless step. Also home of [`run_step`], the response
+//! side of the one step ([`samplerd_sampling::step`]) that `Sample` and
+//! `SampleStream` run (and `Generate` runs too), so a stream step returns
+//! exactly what `Sample` returns for the same inputs.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use prost::bytes::Bytes;
 use samplerd_api::v1;
-use samplerd_sampling::{Sequence, TokenBuffer, logits};
+use samplerd_sampling::{Sequence, TokenBuffer, step};
 use tonic::Status;
 use tracing::Instrument;
 
+use super::AppState;
 use super::lse_helper::LseJob;
-use super::{AppState, offload};
-use crate::convert::LogitsInput;
+use crate::convert::{self, LogitsInput};
 use crate::errors::RequestError;
 
 /// What one step needs besides the chain state.
@@ -40,20 +41,9 @@ pub fn check_n_probs(n_probs: u32, state: &AppState) -> Result<(), RequestError>
     Ok(())
 }
 
-/// The raw logits' log-sum-exp (for `logprob`): known after a fused load,
-/// or being summed with the helper core (`lse_helper`).
-pub enum RawLse {
-    Known(f32),
-    Helper(LseJob),
-}
-
-impl RawLse {
-    /// The value (with the helper: once the chunks left are done here).
-    pub fn get(self) -> f32 {
-        match self {
-            RawLse::Known(v) => v,
-            RawLse::Helper(job) => job.finish(),
-        }
+impl step::DeferredLse for LseJob {
+    fn finish(self) -> f32 {
+        LseJob::finish(self)
     }
 }
 
@@ -66,87 +56,42 @@ pub fn start_lse(state: &AppState, bytes: &Bytes) -> Option<LseJob> {
     state.lse.start(bytes)
 }
 
-/// Loads the logits into `buf`, validating them (NaN / +inf name the
-/// index) and computing their log-sum-exp (for `logprob`) in the same
-/// pass — or, when `helper` has it, only copying and checking them.
-pub fn load(
-    buf: &mut TokenBuffer,
-    input: LogitsInput<'_>,
-    helper: Option<LseJob>,
-) -> Result<RawLse, RequestError> {
-    let r = match (input, helper) {
-        (LogitsInput::Bytes(b), Some(job)) => {
-            buf.load_f32le_checked(b).map(|_| RawLse::Helper(job))
-        }
-        (LogitsInput::Bytes(b), None) => {
-            buf.load_f32le_scan(b).map(|s| RawLse::Known(s.log_sum_exp))
-        }
-        (LogitsInput::Floats(f), _) => buf.load_scan(f).map(|s| RawLse::Known(s.log_sum_exp)),
-    };
-    r.map_err(|source| RequestError::Logits {
-        field: input.field(),
-        source,
-    })
-}
-
-/// Ids of `tokens` inside the vocabulary (ids >= `n_vocab` are skipped,
-/// as llama.cpp does).
-pub fn in_vocab(tokens: &[u32], n_vocab: usize) -> impl Iterator<Item = u32> + '_ {
-    tokens
-        .iter()
-        .copied()
-        .filter(move |&t| (t as usize) < n_vocab)
-}
-
-/// Runs the chain on logits already loaded into `buf` (`lse` is what
-/// [`load`] returned) and builds the response. Does not accept the chosen
-/// token.
+/// Loads and samples one step ([`samplerd_sampling::step`], the step every
+/// RPC runs) and builds the response. Does not accept the chosen token.
 pub fn run_step(
     seq: &mut Sequence,
     buf: &mut TokenBuffer,
     input: StepInput<'_>,
-    lse: RawLse,
+    helper: Option<LseJob>,
 ) -> Result<v1::SampleResponse, RequestError> {
-    let n = input.n_probs as usize;
-    let raw_top = (n > 0 && !input.post_sampling_probs).then(|| logits::top_n(buf.dense(), n));
-    let sampled = seq
-        .sample(buf, input.seed, input.step)
-        .map_err(|e| RequestError::from_sample(e, input.logits.field()))?;
-    let token = sampled.token_id;
-    let post_n = if input.post_sampling_probs { n } else { 0 };
-    let (post_top, probability) = buf.distribution(post_n, token);
-    // Needed only now: the helper has had the copy and the chain's time.
-    let lse = lse.get();
-    let logprob_of = |id: u32| input.logits.get(id) - lse;
-    let probs = match raw_top {
-        Some(top) => top
-            .into_iter()
-            .map(|(token_id, l)| v1::TokenProbability {
-                token_id,
-                probability: (l - lse).exp(),
-                logprob: l - lse,
-            })
-            .collect(),
-        None => post_top
-            .into_iter()
-            .map(|(token_id, probability)| v1::TokenProbability {
-                token_id,
-                probability,
-                logprob: logprob_of(token_id),
-            })
-            .collect(),
-    };
+    let field = input.logits.field();
+    let logits = input.logits.as_step();
+    let lse =
+        step::load(buf, logits, helper).map_err(|source| RequestError::Logits { field, source })?;
+    let out = step::run(
+        seq,
+        buf,
+        logits,
+        lse,
+        input.seed,
+        input.step,
+        step::ProbsRequest {
+            n: input.n_probs as usize,
+            post_sampling: input.post_sampling_probs,
+        },
+    )
+    .map_err(|e| RequestError::from_sample(e, field))?;
     Ok(v1::SampleResponse {
-        token_id: token,
-        probability,
-        logprob: logprob_of(token),
+        token_id: out.token_id,
+        probability: out.probability,
+        logprob: out.logprob,
         seed: input.seed,
-        probs,
+        probs: convert::token_probabilities(&out.probs),
         step: input.step,
     })
 }
 
-/// The whole stateless step, on a blocking thread (public for the
+/// The whole stateless step, on a sampling thread (public for the
 /// protobuf fuzz target, `fuzz/fuzz_targets/proto_request.rs`).
 pub fn sample_blocking(
     state: &AppState,
@@ -176,23 +121,21 @@ pub fn sample_blocking(
     let mut seq = chain
         .new_sequence()
         .map_err(|e| RequestError::from_sample(e, input.field()))?;
-    seq.accept_all(&in_vocab(&req.previous_tokens, input.len()).collect::<Vec<_>>())
+    seq.accept_all(&step::in_vocab(&req.previous_tokens, input.len()).collect::<Vec<_>>())
         .map_err(|e| RequestError::from_sample(e, input.field()))?;
     let mut buf = state.pool.take();
-    let result = load(&mut buf, input, helper).and_then(|lse| {
-        run_step(
-            &mut seq,
-            &mut buf,
-            StepInput {
-                logits: input,
-                seed,
-                step: req.step,
-                n_probs: req.n_probs,
-                post_sampling_probs: req.post_sampling_probs,
-            },
-            lse,
-        )
-    });
+    let result = run_step(
+        &mut seq,
+        &mut buf,
+        StepInput {
+            logits: input,
+            seed,
+            step: req.step,
+            n_probs: req.n_probs,
+            post_sampling_probs: req.post_sampling_probs,
+        },
+        helper,
+    );
     state.pool.put(buf);
     result
 }
@@ -212,9 +155,12 @@ pub async fn handle(
     );
     let inner = span.clone();
     let start = Instant::now();
-    let result = offload::run(move || inner.in_scope(|| sample_blocking(&state, &req)))
+    let steps = state.steps.clone();
+    let result = steps
+        .run(move || inner.in_scope(|| sample_blocking(&state, &req)))
         .instrument(span.clone())
-        .await?;
+        .await
+        .inspect_err(|e| span.in_scope(|| tracing::warn!(error = %e, "sample failed")))?;
     span.record("us", start.elapsed().as_micros() as u64);
     let _e = span.enter();
     match result {

@@ -12,22 +12,46 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
-use samplerd_sampling::{Sequence, TokenBuffer};
+use samplerd_sampling::{Sequence, TokenBuffer, step};
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::one_frame::PredecodedStream;
-use super::sample::{StepInput, check_n_probs, in_vocab, load, run_step, start_lse};
-use super::{AppState, BoxStream, offload};
+use super::sample::{StepInput, check_n_probs, run_step, start_lse};
+use super::{AppState, BoxStream};
 use crate::convert::LogitsInput;
 use crate::errors::{RequestError, map_stream_status};
+
+/// What a stream holds on the server's books: its slot under
+/// `limits.max_concurrent_streams` and its count in the open sessions.
+/// Kept by the response stream, not by the [`Session`] that moves to a
+/// sampling thread each step, so a step the watchdog gives up on releases
+/// them at once.
+struct Slot {
+    state: Arc<AppState>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    fn new(state: Arc<AppState>, permit: OwnedSemaphorePermit) -> Self {
+        state.open_sessions.fetch_add(1, Ordering::Relaxed);
+        Slot {
+            state,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.state.open_sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// The state of one stream.
 struct Session {
     state: Arc<AppState>,
-    /// The stream's slot under `limits.max_concurrent_streams`.
-    _permit: OwnedSemaphorePermit,
     span: tracing::Span,
     opened: Instant,
     /// Why the stream ended, for the closing log line.
@@ -42,11 +66,9 @@ struct Session {
 }
 
 impl Session {
-    fn new(state: Arc<AppState>, permit: OwnedSemaphorePermit, span: tracing::Span) -> Self {
-        state.open_sessions.fetch_add(1, Ordering::Relaxed);
+    fn new(state: Arc<AppState>, span: tracing::Span) -> Self {
         Session {
             state,
-            _permit: permit,
             span,
             opened: Instant::now(),
             // Until the stream ends any other way: dropped by the server
@@ -62,7 +84,7 @@ impl Session {
         }
     }
 
-    /// One message → one response (runs on a blocking thread).
+    /// One message → one response (runs on a sampling thread).
     fn step(&mut self, msg: &v1::SampleStreamRequest) -> Result<v1::SampleResponse, RequestError> {
         let start = Instant::now();
         let helper = start_lse(&self.state, &msg.logits_f32le);
@@ -87,7 +109,7 @@ impl Session {
             let mut seq = chain
                 .new_sequence()
                 .map_err(|e| RequestError::from_sample(e, input.field()))?;
-            seq.accept_all(&in_vocab(&msg.previous_tokens, input.len()).collect::<Vec<_>>())
+            seq.accept_all(&step::in_vocab(&msg.previous_tokens, input.len()).collect::<Vec<_>>())
                 .map_err(|e| RequestError::from_sample(e, input.field()))?;
             let span = tracing::Span::current();
             span.record("seed", seed);
@@ -124,7 +146,6 @@ impl Session {
                 "stream session not initialised".into(),
             ));
         };
-        let lse = load(buf, input, helper)?;
         let resp = run_step(
             seq,
             buf,
@@ -135,7 +156,7 @@ impl Session {
                 n_probs: msg.n_probs,
                 post_sampling_probs: msg.post_sampling_probs,
             },
-            lse,
+            helper,
         )?;
         seq.accept(resp.token_id)
             .map_err(|e| RequestError::from_sample(e, input.field()))?;
@@ -151,7 +172,6 @@ impl Drop for Session {
         if let Some(buf) = self.buf.take() {
             self.state.pool.put(buf);
         }
-        self.state.open_sessions.fetch_sub(1, Ordering::Relaxed);
         let _e = self.span.enter();
         tracing::info!(
             steps = self.steps,
@@ -169,14 +189,15 @@ impl Drop for Session {
 
 /// What one poll of the response stream carries over to the next.
 struct Pull {
+    _slot: Slot,
     session: Session,
     inbound: Streaming<v1::SampleStreamRequest>,
     predecoded: PredecodedStream,
 }
 
 /// The `SampleStream` RPC. The response stream drives the session itself:
-/// each poll reads the next message, runs its step on the polling thread
-/// ([`offload::run`]) and yields the response — no task and no channel
+/// each poll reads the next message, runs its step on a sampling thread
+/// ([`crate::step_pool`], under its watchdog) and yields the response — no task and no channel
 /// between the request and the response, and the next message is read
 /// only once the client has room for the next response. A client that
 /// cancels or disconnects drops the stream, and with it the session.
@@ -196,7 +217,8 @@ pub fn handle(
         seed = tracing::field::Empty,
     );
     let first = Pull {
-        session: Session::new(state, permit, span),
+        _slot: Slot::new(state.clone(), permit),
+        session: Session::new(state, span),
         inbound,
         predecoded,
     };
@@ -204,6 +226,7 @@ pub fn handle(
         Some(first),
         |pull| async move {
             let Pull {
+                _slot,
                 mut session,
                 mut inbound,
                 predecoded,
@@ -223,19 +246,27 @@ pub fn handle(
                 }
             };
             let step_span = span.clone();
-            let joined = offload::run(move || {
-                let r = step_span.in_scope(|| session.step(&msg));
-                (session, r)
-            })
-            .await;
-            // A panic in the step dropped the session on its way up.
+            let steps = session.state.steps.clone();
+            let joined = steps
+                .run(move || {
+                    let r = step_span.in_scope(|| session.step(&msg));
+                    (session, r)
+                })
+                .await;
+            // A panic dropped the session on its way up; a step the
+            // watchdog gave up on keeps it on the written-off thread. The
+            // slot is released here either way.
             let (mut session, result) = match joined {
                 Ok(v) => v,
-                Err(e) => return Some((Err(e), None)),
+                Err(e) => {
+                    span.in_scope(|| tracing::warn!(error = %e, "stream step failed"));
+                    return Some((Err(e.into()), None));
+                }
             };
             match result {
                 Ok(resp) => {
                     let next = Pull {
+                        _slot,
                         session,
                         inbound,
                         predecoded,

@@ -156,6 +156,27 @@ pub async fn wait_serving(channel: Channel) {
     .expect("server did not become SERVING in time");
 }
 
+/// Compiles the C stage `tests/fixtures/<src>` into `dir` with the system
+/// C compiler.
+pub fn build_fixture_plugin(src: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let stem = src.trim_end_matches(".c");
+    let out = dir.join(format!("lib{stem}.{}", std::env::consts::DLL_EXTENSION));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args([
+            "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
+        ])
+        .arg(root.join("../plugins/sdk/include"))
+        .arg(root.join("tests/fixtures").join(src))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run C compiler {cc:?}: {e}"));
+    assert!(status.success(), "compiling {src} failed");
+    out
+}
+
 /// Deterministic pseudo-random logits (a fixed LCG; no RNG dependency).
 pub fn logits(n: usize, seed: u64) -> Vec<f32> {
     let mut x = seed

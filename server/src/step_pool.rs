@@ -1,0 +1,491 @@
+//! The sampling pool: every sampling step (and every other call into
+//! plugin code, and prompt tokenization) runs on these threads, never on
+//! the async runtime, under a per-step watchdog.
+//!
+//! Why: a stage is third-party code. Run inline on a runtime worker, one
+//! that never returns froze the whole process (health, liveness, /metrics,
+//! every RPC, SIGTERM), and even a legal 0.9 s step of core stages held
+//! health probes up for as long. Here the runtime only waits on a reply.
+//!
+//! The watchdog: a step still running after `limits.max_step_ms` fails its
+//! request with `DEADLINE_EXCEEDED` naming the stage it is in (from
+//! [`samplerd_sampling::activity`]); its caller then releases the
+//! request's slot and permits. The stuck thread cannot be stopped (a
+//! plugin is native code), so it is written off as lost —
+//! `samplerd_stuck_steps_total{stage}` counts it, the log names it — and a
+//! fresh thread takes its place, up to `limits.max_stuck_workers` lost
+//! threads at once. Past that the pool stops replacing them and reports
+//! itself unhealthy ([`StepPool::healthy`]: readiness turns NOT_SERVING so
+//! an orchestrator replaces the pod, while liveness stays honest). A lost
+//! thread that does come back rejoins the pool if it is short of threads,
+//! else it exits.
+//!
+//! A step waiting in the queue counts against the same budget: when no
+//! worker becomes free within `limits.max_step_ms` the request fails with
+//! `UNAVAILABLE` and never runs.
+//!
+//! Hand-off cost: a worker that finishes a step spins for up to
+//! [`SPIN`] before it sleeps, so under load (and for a client that sends
+//! its next step right away) no thread is woken per step.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
+use std::time::{Duration, Instant};
+
+use samplerd_sampling::activity::{self, Activity};
+use tonic::Status;
+
+/// Prometheus counter of steps that overran `limits.max_step_ms` while
+/// running, label `stage` (the stage they were in).
+pub const STUCK_STEPS_METRIC: &str = "samplerd_stuck_steps_total";
+/// Prometheus gauge of pool threads lost to steps that have not returned.
+pub const LOST_WORKERS_METRIC: &str = "samplerd_sampling_workers_lost";
+
+/// How long an idle worker spins for the next step before it sleeps: about
+/// one loopback round trip of a client that sends its next step at once.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// Config: the pool's part of `[limits]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepPoolConfig {
+    /// Threads (0: one per CPU).
+    pub threads: usize,
+    /// A step's budget, queueing included.
+    pub max_step: Duration,
+    /// Lost threads replaced at once before the pool reports unhealthy.
+    pub max_stuck: usize,
+}
+
+impl StepPoolConfig {
+    /// `threads`, with 0 resolved to the number of CPUs.
+    pub fn resolved_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Where a submitted step is.
+enum Phase {
+    Queued,
+    Running(Arc<Worker>),
+    Done,
+    /// Given up while queued: the worker that pops it skips it.
+    Abandoned,
+}
+
+/// A step's place in the pool, shared by the submitter and the worker.
+struct Ticket {
+    phase: Mutex<Phase>,
+}
+
+/// One pool thread's state, seen by the watchdog.
+struct Worker {
+    activity: Arc<Activity>,
+    /// Written off by the watchdog: a replacement has been started (or
+    /// refused), so this thread leaves or rejoins when its step returns.
+    lost: Mutex<bool>,
+}
+
+struct Queue {
+    jobs: VecDeque<(Job, Arc<Ticket>)>,
+}
+
+struct Shared {
+    config: StepPoolConfig,
+    threads: usize,
+    queue: Mutex<Queue>,
+    queued: AtomicUsize,
+    wake: Condvar,
+    /// Threads serving the queue (configured, less lost and not replaced).
+    live: AtomicUsize,
+    /// Lost threads whose step has not returned.
+    stuck: AtomicUsize,
+    /// Steps running now (stuck ones included).
+    running: AtomicUsize,
+}
+
+/// The pool (cheap to clone).
+#[derive(Clone)]
+pub struct StepPool {
+    shared: Arc<Shared>,
+}
+
+/// Why a step produced no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepFailure {
+    /// It ran past the budget (`stage`: where it was).
+    #[error(
+        "the sampling step exceeded limits.max_step_ms = {budget_ms} in stage `{stage}` \
+         (it keeps running on a thread the server has written off)"
+    )]
+    Stuck { stage: String, budget_ms: u128 },
+    /// No worker became free within the budget.
+    #[error(
+        "no sampling worker became free within limits.max_step_ms = {budget_ms} \
+         (all {threads} are busy): try again later"
+    )]
+    NoWorker { budget_ms: u128, threads: usize },
+    /// It panicked.
+    #[error("sampling task failed: {0}")]
+    Panicked(String),
+}
+
+impl From<StepFailure> for Status {
+    fn from(f: StepFailure) -> Status {
+        match f {
+            StepFailure::Stuck { .. } => Status::deadline_exceeded(f.to_string()),
+            StepFailure::NoWorker { .. } => Status::unavailable(f.to_string()),
+            StepFailure::Panicked(_) => Status::internal(f.to_string()),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl StepPool {
+    /// Starts the pool's threads.
+    pub fn start(config: StepPoolConfig) -> std::io::Result<Self> {
+        let threads = config.resolved_threads().max(1);
+        let shared = Arc::new(Shared {
+            config,
+            threads,
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+            }),
+            queued: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            live: AtomicUsize::new(0),
+            stuck: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+        });
+        for _ in 0..threads {
+            spawn_worker(&shared)?;
+        }
+        metrics::gauge!(LOST_WORKERS_METRIC).set(0.0);
+        Ok(StepPool { shared })
+    }
+
+    /// Whether every configured thread serves the queue (false once more
+    /// than `max_stuck` threads are lost at once).
+    pub fn healthy(&self) -> bool {
+        self.shared.live.load(Ordering::Acquire) >= self.shared.threads
+    }
+
+    /// Threads lost to steps that have not returned.
+    pub fn stuck(&self) -> usize {
+        self.shared.stuck.load(Ordering::Acquire)
+    }
+
+    /// Steps running now, stuck ones included.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Acquire)
+    }
+
+    /// The configured threads.
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// The per-step budget.
+    pub fn max_step(&self) -> Duration {
+        self.shared.config.max_step
+    }
+
+    /// Runs `f` on the pool and waits for it (async callers).
+    pub async fn run<F, R>(&self, f: F) -> Result<R, StepFailure>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let ticket = self.submit(f, move |r| {
+            let _ = tx.send(r);
+        });
+        let budget = self.shared.config.max_step;
+        match tokio::time::timeout(budget, &mut rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(StepFailure::Panicked("the worker dropped the step".into())),
+            Err(_) => self.overran(&ticket, || rx.try_recv().ok()),
+        }
+    }
+
+    /// Runs `f` on the pool and waits for it (blocking callers: the
+    /// Generate thread).
+    pub fn run_blocking<F, R>(&self, f: F) -> Result<R, StepFailure>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let ticket = self.submit(f, move |r| {
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(self.shared.config.max_step) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(StepFailure::Panicked("the worker dropped the step".into()))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => self.overran(&ticket, || rx.try_recv().ok()),
+        }
+    }
+
+    fn submit<F, R>(
+        &self,
+        f: F,
+        reply: impl FnOnce(Result<R, StepFailure>) + Send + 'static,
+    ) -> Arc<Ticket>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let ticket = Arc::new(Ticket {
+            phase: Mutex::new(Phase::Queued),
+        });
+        let job: Job = Box::new(move || {
+            let r = catch_unwind(AssertUnwindSafe(f))
+                .map_err(|p| StepFailure::Panicked(panic_text(&*p).to_string()));
+            reply(r);
+        });
+        lock(&self.shared.queue)
+            .jobs
+            .push_back((job, Arc::clone(&ticket)));
+        self.shared.queued.fetch_add(1, Ordering::Release);
+        self.shared.wake.notify_one();
+        ticket
+    }
+
+    /// The budget ran out: give the step up (queued) or write its thread
+    /// off (running). `late` collects a result that raced the timeout.
+    fn overran<R>(
+        &self,
+        ticket: &Ticket,
+        late: impl FnOnce() -> Option<Result<R, StepFailure>>,
+    ) -> Result<R, StepFailure> {
+        let budget_ms = self.shared.config.max_step.as_millis();
+        let mut phase = lock(&ticket.phase);
+        match &*phase {
+            Phase::Queued => {
+                *phase = Phase::Abandoned;
+                Err(StepFailure::NoWorker {
+                    budget_ms,
+                    threads: self.shared.threads,
+                })
+            }
+            Phase::Running(worker) => {
+                let worker = Arc::clone(worker);
+                drop(phase);
+                let stage = worker
+                    .activity
+                    .current()
+                    .map_or_else(|| "(between stages)".to_string(), |s| s.to_string());
+                self.write_off(&worker, &stage);
+                Err(StepFailure::Stuck { stage, budget_ms })
+            }
+            Phase::Done | Phase::Abandoned => {
+                drop(phase);
+                late().unwrap_or_else(|| {
+                    Err(StepFailure::Panicked("the step's result was lost".into()))
+                })
+            }
+        }
+    }
+
+    /// Marks `worker` lost and starts a replacement while the bound allows.
+    fn write_off(&self, worker: &Arc<Worker>, stage: &str) {
+        let shared = &self.shared;
+        {
+            let mut lost = lock(&worker.lost);
+            if *lost {
+                return;
+            }
+            *lost = true;
+        }
+        let stuck = shared.stuck.fetch_add(1, Ordering::AcqRel) + 1;
+        shared.live.fetch_sub(1, Ordering::AcqRel);
+        metrics::counter!(STUCK_STEPS_METRIC, "stage" => stage.to_string()).increment(1);
+        metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
+        let replaced = stuck <= shared.config.max_stuck && spawn_worker(shared).is_ok();
+        tracing::error!(
+            stage,
+            budget_ms = shared.config.max_step.as_millis() as u64,
+            lost_threads = stuck,
+            replaced,
+            "a sampling step overran limits.max_step_ms: its thread is written off"
+        );
+        if !replaced {
+            tracing::error!(
+                lost_threads = stuck,
+                max = shared.config.max_stuck,
+                "more sampling threads lost than limits.max_stuck_workers: readiness is NOT_SERVING"
+            );
+        }
+    }
+}
+
+fn spawn_worker(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let worker = Arc::new(Worker {
+        activity: Activity::new(),
+        lost: Mutex::new(false),
+    });
+    let s = Arc::clone(shared);
+    shared.live.fetch_add(1, Ordering::AcqRel);
+    std::thread::Builder::new()
+        .name("samplerd-step".into())
+        .spawn(move || work(&s, worker))
+        .map(drop)
+        .inspect_err(|_| {
+            shared.live.fetch_sub(1, Ordering::AcqRel);
+        })
+}
+
+/// A worker's loop: take a step, run it, repeat; leaves when written off
+/// and not needed any more.
+fn work(shared: &Shared, worker: Arc<Worker>) {
+    activity::watch_this_thread(Arc::clone(&worker.activity));
+    loop {
+        let (job, ticket) = next_job(shared);
+        {
+            let mut phase = lock(&ticket.phase);
+            if matches!(*phase, Phase::Abandoned) {
+                continue;
+            }
+            *phase = Phase::Running(Arc::clone(&worker));
+        }
+        shared.running.fetch_add(1, Ordering::AcqRel);
+        job();
+        shared.running.fetch_sub(1, Ordering::AcqRel);
+        worker.activity.clear();
+        *lock(&ticket.phase) = Phase::Done;
+        let mut lost = lock(&worker.lost);
+        if *lost {
+            // Back from a step the watchdog gave up on.
+            let stuck = shared.stuck.fetch_sub(1, Ordering::AcqRel) - 1;
+            metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
+            let short = shared
+                .live
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < shared.threads).then_some(n + 1)
+                })
+                .is_ok();
+            tracing::warn!(rejoined = short, "a written-off sampling step returned");
+            if !short {
+                return;
+            }
+            *lost = false;
+        }
+    }
+}
+
+/// The next job: spins briefly for one, then sleeps until one is queued.
+fn next_job(shared: &Shared) -> (Job, Arc<Ticket>) {
+    let spin_until = Instant::now() + SPIN;
+    while shared.queued.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
+        std::hint::spin_loop();
+    }
+    let mut q = lock(&shared.queue);
+    loop {
+        if let Some(entry) = q.jobs.pop_front() {
+            shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return entry;
+        }
+        q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// The message of a panic payload (`panic!` with a literal or a format).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("panicked")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(threads: usize, max_step_ms: u64, max_stuck: usize) -> StepPool {
+        StepPool::start(StepPoolConfig {
+            threads,
+            max_step: Duration::from_millis(max_step_ms),
+            max_stuck,
+        })
+        .unwrap()
+    }
+
+    /// A step that blocks until `release` is sent to (or dropped).
+    fn blocker() -> (mpsc::Sender<()>, impl FnOnce() -> u32 + Send + 'static) {
+        let (release, wait) = mpsc::channel::<()>();
+        (release, move || {
+            let _ = wait.recv();
+            1
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runs_steps_and_turns_panics_into_internal() {
+        let p = pool(2, 2_000, 1);
+        assert_eq!(p.run(|| 41 + 1).await.unwrap(), 42);
+        let e = p.run(|| -> u32 { panic!("boom") }).await.unwrap_err();
+        assert_eq!(e, StepFailure::Panicked("boom".into()));
+        assert_eq!(Status::from(e).code(), tonic::Code::Internal);
+        // The panic cost no thread.
+        assert_eq!(p.run_blocking(|| 7).unwrap(), 7);
+        assert!(p.healthy());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_step_is_written_off_and_replaced() {
+        let p = pool(1, 100, 1);
+        let (release, stuck) = blocker();
+        let e = p.run(stuck).await.unwrap_err();
+        assert!(matches!(e, StepFailure::Stuck { .. }), "{e:?}");
+        assert_eq!(Status::from(e).code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(p.stuck(), 1);
+        // The replacement serves the next step although the first thread
+        // is still blocked.
+        assert_eq!(p.run(|| 5).await.unwrap(), 5);
+        assert!(p.healthy());
+        drop(release);
+        // The lost thread comes back and, the pool being full, exits.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.stuck() != 0 {
+            assert!(Instant::now() < deadline, "the lost thread never returned");
+            std::thread::yield_now();
+        }
+        assert!(p.healthy());
+    }
+
+    #[test]
+    fn past_the_bound_the_pool_is_unhealthy_until_a_thread_returns() {
+        let p = pool(1, 50, 0);
+        let (release, stuck) = blocker();
+        assert!(matches!(
+            p.run_blocking(stuck),
+            Err(StepFailure::Stuck { .. })
+        ));
+        assert!(!p.healthy(), "no replacement past max_stuck");
+        // Nothing serves the queue: the next step gives up while queued.
+        assert!(matches!(
+            p.run_blocking(|| 1),
+            Err(StepFailure::NoWorker { .. })
+        ));
+        drop(release);
+        // The lost thread rejoins (the pool is short of one) and serves.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !p.healthy() {
+            assert!(Instant::now() < deadline, "the lost thread never rejoined");
+            std::thread::yield_now();
+        }
+        assert_eq!(p.run_blocking(|| 3).unwrap(), 3);
+    }
+}
