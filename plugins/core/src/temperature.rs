@@ -80,12 +80,14 @@ impl Logit for SdCandidate {
 /// IEEE division either way, so the results are the same.
 fn divide_all<L: Logit>(xs: &mut [L], t: f32) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    let cpu = samplerd_numerics::features();
+    #[cfg(target_arch = "x86_64")]
+    if cpu.avx512f() {
         // SAFETY: the CPU supports AVX-512F (checked just above).
         return unsafe { divide_all_avx512(xs, t) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if cpu.avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { divide_all_avx2(xs, t) };
     }

@@ -284,10 +284,11 @@ impl Selector {
         best.reserve(cap + CHUNK);
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            let cpu = samplerd_numerics::features();
+            if cpu.avx512f() {
                 // SAFETY: the CPU supports AVX-512F (checked just above).
                 unsafe { filter_avx512(x, k, cap, best) };
-            } else if std::arch::is_x86_feature_detected!("avx2") {
+            } else if cpu.avx2() {
                 // SAFETY: the CPU supports AVX2 (checked just above).
                 unsafe { filter_avx2(x, k, cap, best) };
             } else {
@@ -460,11 +461,12 @@ mod tests {
         let mut f: Vec<(&'static str, Filter)> = vec![("base", filter_base)];
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") {
+            let cpu = samplerd_numerics::features();
+            if cpu.avx2() {
                 // SAFETY: AVX2 is supported (checked just above).
                 f.push(("avx2", |x, k, c, b| unsafe { filter_avx2(x, k, c, b) }));
             }
-            if std::arch::is_x86_feature_detected!("avx512f") {
+            if cpu.avx512f() {
                 // SAFETY: AVX-512F is supported (checked just above).
                 f.push(("avx512", |x, k, c, b| unsafe { filter_avx512(x, k, c, b) }));
             }

@@ -1,31 +1,10 @@
 //! Whole-vocabulary helpers over raw logits: validation (finite or −∞),
-//! log-softmax for the response's `logprob`, the top-n raw candidates, and
-//! a vectorisable `exp` for the full-vocabulary sums. All loops are written
-//! branch-free over fixed chunks so LLVM vectorises them.
+//! the max and the log-sum-exp for the response's `logprob` (both
+//! `samplerd_numerics`'s, shared with the stages and the fused scan), and
+//! the top-n raw candidates. Loops are written branch-free over fixed
+//! chunks so LLVM vectorises them.
 
 use crate::error::LogitsError;
-
-/// Runs `$body(arg)` compiled for AVX2+FMA when the CPU has them (checked
-/// at run time; std caches the answer), else for the baseline (SSE2). The
-/// body is `#[inline(always)]`, so the wrapper gets its own AVX2 copy.
-macro_rules! dispatch {
-    ($body:ident($arg:ident: $ty:ty) -> $ret:ty) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx2,fma")]
-            fn avx2($arg: $ty) -> $ret {
-                $body($arg)
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-                return unsafe { avx2($arg) };
-            }
-        }
-        $body($arg)
-    }};
-}
 
 /// NaN or +∞: not a logit (−∞ is, meaning "removed"). Branch-free.
 #[inline(always)]
@@ -36,7 +15,7 @@ fn is_bad(x: f32) -> bool {
 /// Checks that no logit is NaN or +∞ (−∞ means "removed" and is allowed)
 /// and that not all are −∞. One pass; the error names the first bad index.
 pub fn validate(logits: &[f32]) -> Result<(), LogitsError> {
-    dispatch!(validate_body(logits: &[f32]) -> Result<(), LogitsError>)
+    samplerd_numerics::dispatch!(validate_body(logits: &[f32]) -> Result<(), LogitsError>)
 }
 
 #[inline(always)]
@@ -76,56 +55,11 @@ fn validate_body(logits: &[f32]) -> Result<(), LogitsError> {
     Ok(())
 }
 
-/// The largest logit (−∞ for an empty slice). Meant for validated logits:
-/// a NaN is ignored or returned depending on its position.
+/// The largest logit (−∞ for an empty slice): `samplerd_numerics`'s max,
+/// the one the stages use. Meant for validated logits: a NaN is ignored or
+/// returned depending on its position.
 pub fn max(logits: &[f32]) -> f32 {
-    dispatch!(max_body(logits: &[f32]) -> f32)
-}
-
-#[inline(always)]
-fn max_body(logits: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = logits.chunks_exact(16);
-    for c in &mut chunks {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            // A plain compare-select maps to one `maxps`; `f32::max`'s NaN
-            // rules cost a blend per element (inputs here are validated).
-            *l = if x > *l { x } else { *l };
-        }
-    }
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    lanes.iter().fold(tail, |m, &x| m.max(x))
-}
-
-/// e^x for x ≤ 0 (as in softmax after subtracting the max), within ~2 ulp
-/// of libm's `expf`; −∞ and anything below −87 give exactly 0. Branch-free
-/// so that loops over it vectorise (libm's `expf` does not).
-#[inline(always)]
-pub fn fast_exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 * 2^23: adding and subtracting rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    let xc = x.max(-87.0);
-    let k = xc * LOG2E + ROUND;
-    let n = k - ROUND;
-    let r = xc - n * LN2_HI - n * LN2_LO;
-    // Cephes expf minimax polynomial.
-    let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 0.166_666_65;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    // 2^n from the rounding trick's bits (k = 1.5·2^23 + n exactly):
-    // integer ops only, so the loop vectorises (an `as i32` cast does not).
-    let scale = f32::from_bits(k.to_bits().wrapping_sub(0x4B40_0000).wrapping_add(127) << 23);
-    if x < -87.0 { 0.0 } else { y * scale }
+    samplerd_numerics::fold::max_scan(logits)
 }
 
 /// libm's `expf`, for the few-candidate softmaxes where exactness matters
@@ -135,31 +69,11 @@ pub fn exp_f32(x: f32) -> f32 {
     x.exp()
 }
 
-/// log Σ exp(logits), with the sum accumulated per chunk in f32 and across
-/// chunks in f64.
+/// log Σ exp(logits) (−∞ when all are −∞): `samplerd_numerics::lse`, so
+/// bit for bit the `log_sum_exp` of `scan` (what `Sample` reports) over
+/// the same logits.
 pub fn log_sum_exp(logits: &[f32]) -> f32 {
-    dispatch!(log_sum_exp_body(logits: &[f32]) -> f32)
-}
-
-#[inline(always)]
-fn log_sum_exp_body(logits: &[f32]) -> f32 {
-    let m = max_body(logits);
-    if m == f32::NEG_INFINITY {
-        return f32::NEG_INFINITY;
-    }
-    let mut total = 0.0f64;
-    for chunk in logits.chunks(256) {
-        let mut lanes = [0.0f32; 16];
-        let mut it = chunk.chunks_exact(16);
-        for c in &mut it {
-            for (l, &x) in lanes.iter_mut().zip(c) {
-                *l += fast_exp(x - m);
-            }
-        }
-        let tail: f32 = it.remainder().iter().map(|&x| fast_exp(x - m)).sum();
-        total += lanes.iter().map(|&v| v as f64).sum::<f64>() + tail as f64;
-    }
-    m + total.ln() as f32
+    samplerd_numerics::lse::log_sum_exp(logits)
 }
 
 /// The `n` largest raw logits as (id, logit), descending, ties by id.
@@ -224,22 +138,6 @@ mod tests {
             validate(&[f32::NEG_INFINITY; 3]),
             Err(LogitsError::AllMasked)
         );
-    }
-
-    #[test]
-    fn fast_exp_matches_libm() {
-        let mut x = -90.0f32;
-        while x <= 0.0 {
-            let (a, b) = (fast_exp(x), x.exp());
-            if x < -87.0 {
-                assert_eq!(a, 0.0);
-            } else {
-                assert!(((a - b) / b).abs() < 5e-7, "x={x} fast={a} libm={b}");
-            }
-            x += 0.0137;
-        }
-        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(fast_exp(0.0), 1.0);
     }
 
     #[test]

@@ -5,142 +5,32 @@
 //! per job (copy, validate, max, exp-sum). The RPC hot path uses it through
 //! `TokenBuffer::load_scan` / `load_f32le_scan`.
 //!
-//! The log-sum-exp is accumulated per [`CHUNK`] ([`PartialLse`]) and the
-//! chunks merged in order, so the same sum can also be split: the request's
-//! thread runs [`copy_check_f32le`] (copy + check + max, no exp) while a
-//! helper core runs [`chunk_lse_f32le`] over the request bytes, chunk by
-//! chunk; merging the chunks in order gives bit for bit the fused scan's
-//! result, whichever thread computed which chunk.
+//! The log-sum-exp is `samplerd_numerics::lse`'s (the same bits as
+//! `logits::log_sum_exp`), accumulated per [`CHUNK`] ([`PartialLse`]) and
+//! the chunks merged in order, so the same sum can also be split: the
+//! request's thread runs [`copy_check_f32le`] (copy + check + max, no
+//! exp) while a helper core runs [`chunk_lse_f32le`] over the request
+//! bytes, chunk by chunk; merging the chunks in order gives bit for bit
+//! the fused scan's result, whichever thread computed which chunk.
+
+use samplerd_numerics::dispatch;
+use samplerd_numerics::lse::BLOCK;
+pub use samplerd_numerics::lse::{CHUNK, PartialLse};
 
 use crate::error::LogitsError;
 
-/// Runs `$body::<FMA, …>(args)` compiled for AVX-512 (16 lanes in one
-/// register: half the exp work of AVX2) or AVX2+FMA when the CPU has them
-/// (checked at run time; std caches the answer), else for the baseline.
-/// The bodies are `#[inline(always)]`, so each wrapper gets its own copy.
-macro_rules! dispatch {
-    ($body:ident::<_ $(, $c:tt)*>($($arg:ident: $ty:ty),*) -> $ret:ty) => {{
-        fn select($($arg: $ty),*) -> $ret {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-                fn avx512($($arg: $ty),*) -> $ret {
-                    $body::<true $(, $c)*>($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                fn avx2($($arg: $ty),*) -> $ret {
-                    $body::<true $(, $c)*>($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the CPU supports every feature `avx512` enables.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body::<false $(, $c)*>($($arg),*)
-        }
-        select($($arg),*)
-    }};
-}
-
-/// Logits per block: 4 KiB, so a block copied from the request is still in
-/// L1 when it is checked and exponentiated.
-const BLOCK: usize = 1024;
-/// Independent accumulator lanes (no loop-carried dependency, so LLVM
-/// vectorises: one AVX-512 register, two AVX2 ones).
+/// Independent lanes of the check and max (no loop-carried dependency, so
+/// LLVM vectorises: one AVX-512 register, two AVX2 ones).
 const LANES: usize = 16;
-/// Logits per log-sum-exp chunk (32 KiB of request bytes, ~2 µs of exps):
-/// the unit of work shared between the request's thread and a helper, small
-/// enough that the two finish close together, large enough that claiming
-/// one (an atomic increment) costs nothing next to it.
-pub const CHUNK: usize = 8 * BLOCK;
 
 /// What the scan learnt about valid logits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Scan {
     /// The largest logit.
     pub max: f32,
-    /// log Σ exp(logits) (what `logits::log_sum_exp` computes).
+    /// log Σ exp(logits) (bit for bit what `logits::log_sum_exp` computes:
+    /// both are `samplerd_numerics::lse`).
     pub log_sum_exp: f32,
-}
-
-/// Σ exp(x − max) over some logits, with their max: a log-sum-exp in two
-/// parts, so that parts computed apart can be merged.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PartialLse {
-    /// The largest logit seen (−∞ if none was finite).
-    pub max: f32,
-    /// Σ exp(x − max).
-    pub sum: f64,
-}
-
-impl PartialLse {
-    /// No logits yet.
-    pub const EMPTY: PartialLse = PartialLse {
-        max: f32::NEG_INFINITY,
-        sum: 0.0,
-    };
-
-    /// The sum over `self`'s logits followed by `next`'s. Merging the same
-    /// parts in the same order gives the same bits.
-    pub fn merge(self, next: PartialLse) -> PartialLse {
-        if next.max > self.max {
-            // exp(−∞) = 0 also clears an empty (all −∞) `self`.
-            PartialLse {
-                max: next.max,
-                sum: self.sum * ((self.max - next.max) as f64).exp() + next.sum,
-            }
-        } else if next.max == f32::NEG_INFINITY {
-            self
-        } else {
-            PartialLse {
-                max: self.max,
-                sum: self.sum + next.sum * ((next.max - self.max) as f64).exp(),
-            }
-        }
-    }
-
-    /// log Σ exp(x) (−∞ when every logit was −∞).
-    pub fn log_sum_exp(self) -> f32 {
-        if self.max == f32::NEG_INFINITY {
-            return f32::NEG_INFINITY;
-        }
-        self.max + self.sum.ln() as f32
-    }
-
-    /// Adds one block whose max is `bmax` (rescaling the running sum in f64
-    /// when the maximum grows). Sums are f32 per lane within the block and
-    /// f64 across blocks, as in `logits::log_sum_exp`.
-    #[inline(always)]
-    fn add_block<const FMA: bool>(&mut self, block: &[f32], bmax: f32) {
-        if bmax > self.max {
-            self.sum *= ((self.max - bmax) as f64).exp();
-            self.max = bmax;
-        }
-        let m = self.max;
-        if m == f32::NEG_INFINITY {
-            return;
-        }
-        let mut sums = [0.0f32; LANES];
-        let mut it = block.chunks_exact(LANES);
-        for c in &mut it {
-            for (s, &x) in sums.iter_mut().zip(c) {
-                *s += exp_term::<FMA>(x - m);
-            }
-        }
-        let tail: f32 = it.remainder().iter().map(|&x| exp_term::<FMA>(x - m)).sum();
-        self.sum += sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64;
-    }
 }
 
 /// Where the logits come from.
@@ -208,63 +98,6 @@ fn fused(dst: &mut [f32], src: Source<'_>) -> Result<Scan, LogitsError> {
         max,
         log_sum_exp: total.log_sum_exp(),
     })
-}
-
-/// a·b + c: one fused instruction where the CPU has FMA (`FMA` is only set
-/// in the AVX-512 and AVX2+FMA builds), else a multiply and an add — `f32::mul_add`
-/// without hardware FMA is a slow libm call.
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA { a.mul_add(b, c) } else { a * b + c }
-}
-
-/// e^x for x ≤ 0, as a term of a sum: e^x = 2^n · 2^f with
-/// n = round(x·log2 e) and f = x·log2 e − n ∈ [−½, ½], 2^f from a degree-5
-/// minimax polynomial, 2^n built in the exponent bits. 12 vector
-/// operations (Cephes' `logits::fast_exp` needs 15) — the exps are most of
-/// the fused scan's time.
-///
-/// Error (relative, per term): the polynomial's 7.5e−8, plus ~3 ulp of
-/// f32 rounding in its evaluation (≤ 1.8e−7), plus the error in f: with FMA
-/// f is x·LOG2E − n rounded once, and LOG2E's own rounding (≤ 2^−25
-/// relative) shifts the exponent by ≤ |x|·log2 e·2^−25, i.e. a relative
-/// error ≤ |x|·3e−8; without FMA the product's rounding adds as much
-/// again plus |x|·log2 e·2^−24·ln 2 ≈ |x|·6e−8. So ≤ 2.6e−7 + |x|·3e−8
-/// (FMA) or + |x|·1e−7 (baseline): 3e−6 at x = −87, where the term is
-/// 1e−38. In a log-sum-exp the terms' errors are averaged with the
-/// softmax's weights, and the weighted mean of |x − max| is at most the
-/// entropy ≤ ln n (12 for n = 151,936): the sum is off by ≤ 2.6e−7 + 12 ·
-/// 1e−7 ≈ 1.5e−6 relative, i.e. the log-sum-exp by ≤ 1.5e−6 absolute,
-/// inside the 1e−5 `logprob` tolerance (tests check both bounds). x < −87
-/// (and −∞) is clamped to −87: e^−87 ≈ 2e−38 instead of 0, which cannot
-/// move a sum whose largest term is 1.
-#[inline(always)]
-fn exp_term<const FMA: bool>(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // 1.5 * 2^23: adding and subtracting rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    // 2^f on [−½, ½], minimax for relative error (7.5e−8).
-    const P: [f32; 6] = [
-        1.0,
-        0.693_146_94,
-        0.240_221_2,
-        0.055_507_135,
-        0.009_675_537,
-        0.001_327_644_5,
-    ];
-    let xc = if x > -87.0 { x } else { -87.0 };
-    let k = madd::<FMA>(xc, LOG2E, ROUND);
-    let n = k - ROUND;
-    let f = madd::<FMA>(xc, LOG2E, -n);
-    let mut p = P[5];
-    p = madd::<FMA>(p, f, P[4]);
-    p = madd::<FMA>(p, f, P[3]);
-    p = madd::<FMA>(p, f, P[2]);
-    p = madd::<FMA>(p, f, P[1]);
-    p = madd::<FMA>(p, f, P[0]);
-    // 2^n from the rounding trick's bits (k = 1.5·2^23 + n exactly).
-    let scale = f32::from_bits(k.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
-    p * scale
 }
 
 /// NaN or +∞: not a logit (−∞ is, meaning "removed").
@@ -392,25 +225,6 @@ mod tests {
             .collect()
     }
 
-    /// The per-term bound of `exp_term`'s comment, against f64.
-    #[test]
-    fn exp_term_within_its_error_bound() {
-        let mut x = -87.0f32;
-        while x <= 0.0 {
-            let want = (x as f64).exp();
-            for (got, per_unit) in [(exp_term::<true>(x), 3e-8), (exp_term::<false>(x), 1e-7)] {
-                let err = ((got as f64 - want) / want).abs();
-                let bound = 2.6e-7 + (x as f64).abs() * per_unit;
-                assert!(err < bound, "x={x} got={got} want={want} err={err:e}");
-            }
-            x += 0.001_37;
-        }
-        assert!(exp_term::<false>(f32::NEG_INFINITY) < 1e-37);
-        assert!(exp_term::<true>(f32::NEG_INFINITY) < 1e-37);
-        assert_eq!(exp_term::<true>(0.0), 1.0);
-        assert_eq!(exp_term::<false>(0.0), 1.0);
-    }
-
     /// The sum-level bound: 1.5e-6 absolute on the log-sum-exp, for
     /// spread-out logits (high entropy: the errors of far-below-max terms
     /// count most), peaked ones and a typical model-like spread.
@@ -428,6 +242,25 @@ mod tests {
                 (s.log_sum_exp as f64 - r).abs() < 1.5e-6 * r.abs().max(1.0),
                 "{} vs {r}",
                 s.log_sum_exp
+            );
+        }
+    }
+
+    /// The RPCs' log-sum-exp (the scan's) and `logits::log_sum_exp` are
+    /// one computation: the same bits.
+    #[test]
+    fn scan_and_logits_lse_agree_bit_for_bit() {
+        for n in [1, 15, 1023, 1025, CHUNK + 1, 3 * CHUNK - 5, 49_152, 151_936] {
+            let mut v = varied(n);
+            if n > 40 {
+                v[n / 3] = f32::NEG_INFINITY;
+                v[n - 2] = 25.0;
+            }
+            let s = scan(&mut v.clone()).unwrap();
+            assert_eq!(
+                s.log_sum_exp.to_bits(),
+                logits::log_sum_exp(&v).to_bits(),
+                "n={n}"
             );
         }
     }

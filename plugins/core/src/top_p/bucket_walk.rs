@@ -48,7 +48,7 @@ pub(super) fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
         return unsafe { walk_avx512(t, s) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if samplerd_numerics::features().avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { walk_avx2(t, s) };
     }

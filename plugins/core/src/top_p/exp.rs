@@ -45,7 +45,7 @@ pub(super) const EXP16_P: [f32; 6] = [
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
-    use crate::util::exp_consts::{C1, C2, LO, LOG2E, MAGIC as RMAGIC};
+    use samplerd_numerics::exp::consts::{C1, C2, LO, LOG2E, MAGIC as RMAGIC};
     // SAFETY (whole body): register-only AVX-512F operations; the
     // caller runs with AVX-512F enabled.
     unsafe {

@@ -80,7 +80,7 @@ mod tests;
 /// `popcnt`, which every AVX-512 CPU has).
 #[cfg(target_arch = "x86_64")]
 fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("popcnt")
+    samplerd_numerics::features().avx512f_popcnt()
 }
 
 /// Candidate lists up to this size use the sort-then-cut path.

@@ -54,7 +54,7 @@ pub fn softmax_sum_and_gather(x: &[f32], max: f32, floor: f32, g: &mut Gathered)
         return unsafe { avx512::softmax_sum(x, max, floor, g) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if samplerd_numerics::features().avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { softmax_sum_avx2(x, max, floor, g) };
     }

@@ -47,16 +47,15 @@ fn exp_error_bound() {
 /// `step`-th f32 in (LO, 0] (None without AVX-512F + FMA).
 #[cfg(target_arch = "x86_64")]
 fn avx512_exp_worst_error(step: u32) -> Option<f64> {
-    if !(std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("fma"))
-    {
+    let cpu = samplerd_numerics::features();
+    if !(cpu.avx512f() && cpu.fma()) {
         return None;
     }
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn worst_error(step: u32) -> f64 {
         use std::arch::x86_64::*;
         let mut worst = 0.0f64;
-        let top = crate::util::exp_consts::LO.to_bits();
+        let top = samplerd_numerics::exp::consts::LO.to_bits();
         let mut b = 0x8000_0000u32;
         let mut xs = [0.0f32; 64];
         let mut out = [0.0f32; 64];

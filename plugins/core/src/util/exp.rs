@@ -1,61 +1,16 @@
-//! The stages' vectorisable `exp` ([`exp_f32`], Cephes) and the dense
-//! `exp(x - max)` passes over logits or candidates, bit-identical on every
-//! instruction set.
+//! The dense `exp(x - max)` passes over logits or candidates, with the
+//! one vectorisable exp ([`exp_f32`], `samplerd_numerics::exp`),
+//! bit-identical on every instruction set.
 
 use samplerd_plugin_sdk::prelude::*;
 
 use super::CHUNK;
 use super::fold::sum_chunk;
 
-/// The constants of [`exp_f32`] (Cephes `expf`), shared with the AVX-512
-/// version in `top_p::exp`.
-pub mod exp_consts {
-    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
-    /// 1.5 * 2^23: round-to-nearest trick.
-    pub const MAGIC: f32 = 12_582_912.0;
-    /// ln 2 split in two for the range reduction.
-    pub const C1: f32 = 0.693_359_4;
-    pub const C2: f32 = -2.121_944_4e-4;
-    /// Input range: below LO the result flushes to 0.
-    pub const LO: f32 = -87.336_55;
-    pub const HI: f32 = 88.376_26;
-    /// Polynomial coefficients, highest degree first.
-    pub const P: [f32; 6] = [
-        1.987_569_1e-4,
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ];
-}
-
-/// `exp(x)` for f32, branch-free so loops over it vectorise (Cephes
-/// polynomial, ~1 ulp on [-87, 88]). `exp(-inf) = 0`, and results below
-/// e^-87.3 (~1e-38) flush to 0 instead of becoming subnormal.
-#[inline(always)]
-pub fn exp_f32(x: f32) -> f32 {
-    use exp_consts::*;
-    let under = x < LO;
-    let xc = if x > HI {
-        HI
-    } else if under {
-        LO
-    } else {
-        x
-    };
-    let t = xc * LOG2E + MAGIC;
-    let n_bits = t.to_bits() as i32 - MAGIC.to_bits() as i32; // round(x*log2e)
-    let n = t - MAGIC;
-    let r = xc - n * C1 - n * C2;
-    let mut y = P[0];
-    for c in &P[1..] {
-        y = y * r + c;
-    }
-    y = y * r * r + r + 1.0;
-    let scale = f32::from_bits(((n_bits + 127) as u32) << 23);
-    if under { 0.0 } else { y * scale }
-}
+/// The stages' exp: `samplerd_numerics::exp::exp` (Cephes `expf`, within
+/// 2^-23 of exact), under the name the stages use.
+pub use samplerd_numerics::exp::consts as exp_consts;
+pub use samplerd_numerics::exp::exp as exp_f32;
 
 /// `out = exp(x - max)` over one chunk (a plain map: LLVM vectorises it).
 #[inline(always)]
@@ -70,12 +25,14 @@ fn exp_chunk(x: &[f32; CHUNK], max: f32, out: &mut [f32; CHUNK]) {
 /// the sum of every chunk (the last one may be partial).
 pub fn exp_shifted(x: &[f32], max: f32, out: &mut [f32], chunk_sums: Option<&mut Vec<f64>>) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    let cpu = samplerd_numerics::features();
+    #[cfg(target_arch = "x86_64")]
+    if cpu.avx512f() {
         // SAFETY: the CPU supports AVX-512F (checked just above).
         return unsafe { exp_shifted_avx512(x, max, out, chunk_sums) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if cpu.avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { exp_shifted_avx2(x, max, out, chunk_sums) };
     }
@@ -134,7 +91,7 @@ pub fn exp_shifted_candidates(
         "exp_shifted_candidates: lengths differ"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if samplerd_numerics::features().avx512f() {
         // SAFETY: the CPU supports AVX-512F (checked just above).
         return unsafe { exp_shifted_candidates_avx512(cands, max, out, chunk_sums) };
     }
@@ -180,7 +137,7 @@ unsafe fn exp_shifted_avx512_from(
     out: &mut [f32],
     mut chunk_sums: Option<&mut Vec<f64>>,
 ) -> f64 {
-    use exp_consts::*;
+    use samplerd_numerics::exp::avx512::exp16_nonpositive;
     use std::arch::x86_64::*;
     if let Some(cs) = chunk_sums.as_deref_mut() {
         cs.clear();
@@ -189,35 +146,8 @@ unsafe fn exp_shifted_avx512_from(
     // runs with AVX-512F enabled), and stores checked below.
     unsafe {
         let vmax = _mm512_set1_ps(max);
-        let lo = _mm512_set1_ps(LO);
-        let magic = _mm512_set1_ps(MAGIC);
-        let magic_bits = _mm512_set1_epi32(MAGIC.to_bits() as i32);
-        let exp16 = |v: __m512| -> __m512 {
-            let x = _mm512_sub_ps(v, vmax);
-            // x <= 0 (max is the maximum): only the lower clamp applies
-            let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo);
-            let xc = _mm512_max_ps(x, lo);
-            let t = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), magic);
-            let n_bits = _mm512_sub_epi32(_mm512_castps_si512(t), magic_bits);
-            let n = _mm512_sub_ps(t, magic);
-            let r = _mm512_sub_ps(
-                _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(C1))),
-                _mm512_mul_ps(n, _mm512_set1_ps(C2)),
-            );
-            let mut y = _mm512_set1_ps(P[0]);
-            for &c in &P[1..] {
-                y = _mm512_add_ps(_mm512_mul_ps(y, r), _mm512_set1_ps(c));
-            }
-            y = _mm512_add_ps(
-                _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(y, r), r), r),
-                _mm512_set1_ps(1.0),
-            );
-            let scale = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
-                n_bits,
-                _mm512_set1_epi32(127),
-            )));
-            _mm512_maskz_mul_ps(!under, y, scale)
-        };
+        // x <= 0 (max is the maximum): the exp's non-positive form
+        let exp16 = |v: __m512| exp16_nonpositive(_mm512_sub_ps(v, vmax));
         let n = out.len();
         let mut total = 0.0f64;
         let full = n / CHUNK;
@@ -326,7 +256,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn exp_shifted_avx512_is_bit_identical() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !samplerd_numerics::features().avx512f() {
             return;
         }
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;

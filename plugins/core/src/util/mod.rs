@@ -1,6 +1,7 @@
 //! Shared helpers of the built-in stages, by subject: parameter validation
-//! (`params`), max and sum folds (`fold`), the vectorisable exp and the
-//! dense exp passes (`exp`), SIMD compare filters (`masks`) and the
+//! (`params`), max and sum folds (`fold`, over `samplerd_numerics::fold`),
+//! the vectorisable exp (`samplerd_numerics::exp`) and the dense exp
+//! passes (`exp`), SIMD compare filters (`masks`) and the
 //! candidate view (`candidates`). Everything is re-exported here, so
 //! stages write `util::max_scan`, `util::exp_f32`, ...
 
@@ -17,7 +18,7 @@ pub use masks::{ge_mask, indices_at_least, sign_mask, sum_at_least};
 pub use params::{integer, min_keep, number, number_in};
 
 /// Scan granularity of the dense helpers: 64 floats = 4 cache lines.
-pub const CHUNK: usize = 64;
+pub use samplerd_numerics::fold::CHUNK;
 
 /// Candidate lists at most this long are sorted outright by the stages that
 /// would otherwise leave a large result unsorted (top_p, top_n_sigma).
