@@ -9,16 +9,28 @@ use crate::error::LogitsError;
 use crate::logits;
 use crate::scan::{self, Scan};
 
-/// Dense logits + candidate buffer + the ABI header over them.
+/// Dense logits + candidate buffer + the view the stages left them in.
+///
+/// The ABI header (`sd_tokens`) is not kept here: it points into `dense`
+/// and `cand`, so [`TokenBuffer::with_abi`] builds it over a mutable borrow
+/// for each plugin call and reads the view back afterwards. The buffer holds
+/// no raw pointers and moves between threads like any `Vec`.
 pub struct TokenBuffer {
     dense: Vec<f32>,
     cand: Vec<SdCandidate>,
-    pub(crate) raw: SdTokens,
+    /// `SD_VIEW_*` as the last stage set it: any value a plugin wrote, so
+    /// the post-checks can name an unknown one.
+    view: u32,
+    /// Live candidates in the candidate view (the dense view's length
+    /// otherwise).
+    size: usize,
+    /// Candidates sorted by descending logit (a stage's promise to the
+    /// next).
+    sorted: u32,
+    /// The chosen token id, or -1.
+    selected: i64,
     max_vocab: usize,
 }
-
-// SAFETY: the raw pointers point into `dense`/`cand`, owned by this struct.
-unsafe impl Send for TokenBuffer {}
 
 impl Default for TokenBuffer {
     fn default() -> Self {
@@ -36,22 +48,18 @@ impl TokenBuffer {
         TokenBuffer {
             dense: Vec::new(),
             cand: Vec::new(),
-            raw: SdTokens {
-                struct_size: size_of::<SdTokens>() as u32,
-                n_vocab: 0,
-                dense: std::ptr::null_mut(),
-                cand: std::ptr::null_mut(),
-                size: 0,
-                view: SD_VIEW_DENSE,
-                sorted: 0,
-                selected: -1,
-            },
+            view: SD_VIEW_DENSE,
+            size: 0,
+            sorted: 0,
+            selected: -1,
             max_vocab,
         }
     }
 
+    /// Every load sizes the dense view to the vocabulary (stale in a
+    /// loaded candidate view, but of the right length).
     pub fn n_vocab(&self) -> usize {
-        self.raw.n_vocab as usize
+        self.dense.len()
     }
 
     fn check_len(&self, len: usize) -> Result<(), LogitsError> {
@@ -103,19 +111,6 @@ impl TokenBuffer {
         self.finish_load()
     }
 
-    /// Lets the caller write `n` logits in place (e.g. a model's output),
-    /// then validates them.
-    pub fn load_with(
-        &mut self,
-        n: usize,
-        fill: impl FnOnce(&mut [f32]),
-    ) -> Result<(), LogitsError> {
-        self.check_len(n)?;
-        self.resize(n);
-        fill(&mut self.dense);
-        self.finish_load()
-    }
-
     /// As [`Self::load`], fused with the raw logits' max and log-sum-exp
     /// (one pass over memory, see [`crate::scan`]).
     pub fn load_scan(&mut self, logits: &[f32]) -> Result<Scan, LogitsError> {
@@ -163,13 +158,10 @@ impl TokenBuffer {
         }
         self.resize(n_vocab);
         self.cand[..cands.len()].copy_from_slice(cands);
-        self.raw.n_vocab = n_vocab as u32;
-        self.raw.dense = self.dense.as_mut_ptr();
-        self.raw.cand = self.cand.as_mut_ptr();
-        self.raw.view = SD_VIEW_CANDIDATES;
-        self.raw.size = cands.len();
-        self.raw.sorted = sorted as u32;
-        self.raw.selected = -1;
+        self.view = SD_VIEW_CANDIDATES;
+        self.size = cands.len();
+        self.sorted = sorted as u32;
+        self.selected = -1;
         Ok(())
     }
 
@@ -182,42 +174,84 @@ impl TokenBuffer {
         self.check_len(n)?;
         self.resize(n);
         let scanned = fill(&mut self.dense);
-        self.raw.n_vocab = n as u32;
-        self.raw.dense = self.dense.as_mut_ptr();
-        self.raw.cand = self.cand.as_mut_ptr();
         self.reset_view();
         scanned
     }
 
     fn finish_load(&mut self) -> Result<(), LogitsError> {
-        let n = self.dense.len();
-        self.raw.n_vocab = n as u32;
-        self.raw.dense = self.dense.as_mut_ptr();
-        self.raw.cand = self.cand.as_mut_ptr();
         self.reset_view();
         logits::validate(&self.dense)
     }
 
     /// Back to the dense view with nothing selected (keeps the logits).
     pub(crate) fn reset_view(&mut self) {
-        self.raw.view = SD_VIEW_DENSE;
-        self.raw.size = self.dense.len();
-        self.raw.sorted = 0;
-        self.raw.selected = -1;
+        self.view = SD_VIEW_DENSE;
+        self.size = self.dense.len();
+        self.sorted = 0;
+        self.selected = -1;
+    }
+
+    /// Keeps the view, forgets any earlier selection.
+    pub(crate) fn clear_selection(&mut self) {
+        self.selected = -1;
+    }
+
+    /// Lends the buffer to one plugin call: `f` gets the ABI header over
+    /// the current view, with pointers into `dense` and `cand` that are
+    /// valid (and exclusively borrowed) for the call only; the view, size,
+    /// sorted flag and selection the stage set are read back afterwards.
+    /// Whatever else it wrote into the header (pointers, `n_vocab`) dies
+    /// with it.
+    #[inline(always)]
+    pub(crate) fn with_abi<R>(&mut self, f: impl FnOnce(&mut SdTokens) -> R) -> R {
+        let mut raw = SdTokens {
+            struct_size: size_of::<SdTokens>() as u32,
+            // Fits: check_len caps every load at u32::MAX entries.
+            n_vocab: self.dense.len() as u32,
+            dense: self.dense.as_mut_ptr(),
+            cand: self.cand.as_mut_ptr(),
+            size: self.size,
+            view: self.view,
+            sorted: self.sorted,
+            selected: self.selected,
+        };
+        let out = f(&mut raw);
+        self.view = raw.view;
+        self.size = raw.size;
+        self.sorted = raw.sorted;
+        self.selected = raw.selected;
+        out
+    }
+
+    /// The view as the last stage left it (`SD_VIEW_*`, or whatever
+    /// unknown value it wrote).
+    pub(crate) fn view(&self) -> u32 {
+        self.view
+    }
+
+    /// The candidate count as the last stage left it (unchecked: see
+    /// [`Self::len`] for the live entries).
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The token id the last stage selected, or -1 (unchecked).
+    pub(crate) fn selected(&self) -> i64 {
+        self.selected
     }
 
     /// Converts the dense view into a full, unsorted candidate list.
     pub(crate) fn materialize(&mut self) {
-        if self.raw.view == SD_VIEW_DENSE {
+        if self.view == SD_VIEW_DENSE {
             for (i, (c, &l)) in self.cand.iter_mut().zip(&self.dense).enumerate() {
                 *c = SdCandidate {
                     id: i as u32,
                     logit: l,
                 };
             }
-            self.raw.size = self.dense.len();
-            self.raw.view = SD_VIEW_CANDIDATES;
-            self.raw.sorted = 0;
+            self.size = self.dense.len();
+            self.view = SD_VIEW_CANDIDATES;
+            self.sorted = 0;
         }
     }
 
@@ -227,7 +261,7 @@ impl TokenBuffer {
     }
 
     pub(crate) fn is_dense(&self) -> bool {
-        self.raw.view == SD_VIEW_DENSE
+        self.view == SD_VIEW_DENSE
     }
 
     /// The live candidates in the candidate view (empty in the dense view).
@@ -235,7 +269,7 @@ impl TokenBuffer {
         if self.is_dense() {
             &[]
         } else {
-            &self.cand[..self.raw.size.min(self.cand.len())]
+            &self.cand[..self.size.min(self.cand.len())]
         }
     }
 
@@ -244,7 +278,7 @@ impl TokenBuffer {
         if self.is_dense() {
             self.dense.len()
         } else {
-            self.raw.size
+            self.size
         }
     }
 

@@ -1,33 +1,43 @@
 //! samplerd's sampling core: loads sampler-stage plugins over the C ABI
-//! (`library`, `registry`), builds validated chains from stage specs
-//! (`chain`, `params`), runs them over a reusable token buffer (`buffer`)
-//! with host-owned, counter-based randomness (`rng`), and provides the
-//! byte-level stop-string matcher the Generate loop uses (`stop`); `trust`
-//! refuses plugin files other users could have written, or whose pinned
-//! digest does not match.
+//! (`library`, `registry`, `stage`), builds validated chains from stage
+//! specs (`spec`, `params`, `chain`), runs them over a reusable token buffer
+//! (`sequence`, `buffer`) with host-owned, counter-based randomness (`rng`),
+//! and provides the byte-level stop-string matcher the Generate loop uses
+//! (`stop`); `trust` refuses plugin files other users could have written,
+//! or whose pinned digest does not match.
 
 pub mod activity;
 pub mod bench;
 pub mod buffer;
+mod builder;
 pub mod chain;
+mod check;
 pub mod device_prefix;
 pub mod error;
+mod ffi;
 pub mod library;
 pub mod logits;
 pub mod params;
 pub mod registry;
 pub mod rng;
 pub mod scan;
+pub mod sequence;
+pub mod spec;
+pub mod stage;
+pub mod step;
 pub mod stop;
 pub mod trust;
 pub mod vocab;
 
 pub use buffer::TokenBuffer;
-pub use chain::{Chain, ChainSpec, ParamValue, Sampled, Sequence, StageSpec};
+pub use chain::Chain;
 pub use error::{ChainError, LoadError, LogitsError, SampleError};
 pub use params::{DEFAULT_ORDER, SamplingParams};
-pub use registry::{ParamInfo, ParamKind, StageInfo, StageRegistry};
+pub use registry::StageRegistry;
 pub use rng::StepRng;
+pub use sequence::{Sampled, Sequence};
+pub use spec::{ChainSpec, ParamValue, StageSpec};
+pub use stage::{ParamInfo, ParamKind, StageInfo};
 pub use stop::{StopFilter, match_stop_suffix};
 pub use trust::{TrustError, TrustPolicy};
 pub use vocab::Vocabulary;

@@ -1,6 +1,7 @@
 //! The registry of every stage of every loaded plugin library, by name;
-//! `load` scans the configured directories at start-up and `build_chain`
-//! turns a chain spec into a runnable, validated chain.
+//! `load` scans the configured directories at start-up. Turning a chain
+//! spec into a chain (`StageRegistry::build_chain`) is in
+//! [`crate::builder`], which keeps the registry and the chain apart.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
@@ -8,73 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use samplerd_plugin_sdk::abi::*;
-use serde::Serialize;
 
-use crate::chain::{Chain, ChainSpec};
 use crate::error::{ChainError, LoadError};
 use crate::library::{Library, load_library};
+use crate::stage::RegisteredStage;
 use crate::trust::TrustPolicy;
-use crate::vocab::Vocabulary;
 
-/// The value kind of a stage parameter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ParamKind {
-    Number,
-    String,
-    TokenMap,
-    StringList,
-}
-
-impl ParamKind {
-    fn from_abi(kind: u32) -> Option<Self> {
-        match kind {
-            SD_PARAM_NUMBER => Some(Self::Number),
-            SD_PARAM_STRING => Some(Self::String),
-            SD_PARAM_TOKEN_MAP => Some(Self::TokenMap),
-            SD_PARAM_STRING_LIST => Some(Self::StringList),
-            _ => None,
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Number => "a number",
-            Self::String => "a string",
-            Self::TokenMap => "a map of token id to value",
-            Self::StringList => "a list of strings",
-        }
-    }
-}
-
-/// One parameter a stage accepts.
-#[derive(Clone, Debug, Serialize)]
-pub struct ParamInfo {
-    pub name: String,
-    pub kind: ParamKind,
-    pub default: f64,
-    pub description: String,
-}
-
-/// A registered stage, as ListStages shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct StageInfo {
-    pub name: String,
-    pub library: String,
-    pub library_version: String,
-    pub path: PathBuf,
-    pub description: String,
-    pub params: Vec<ParamInfo>,
-    /// Writes the chosen token (may only end a chain).
-    pub selects: bool,
-    /// Works on the dense view (else the host converts to candidates first).
-    pub dense_ok: bool,
-}
-
-pub(crate) struct RegisteredStage {
-    pub info: StageInfo,
-    pub vtable: &'static SdStage,
-}
+// The stage descriptions live in `stage`; these paths stay for callers.
+pub use crate::stage::{ParamInfo, ParamKind, StageInfo};
 
 /// Every loaded stage by name. Cheap to share (`Arc`) between requests.
 pub struct StageRegistry {
@@ -247,15 +189,5 @@ impl StageRegistry {
     /// Names of every registered stage.
     pub fn names(&self) -> Vec<String> {
         self.infos.iter().map(|s| s.name.clone()).collect()
-    }
-
-    /// Validates `spec` (stage names, parameter names and kinds, each
-    /// stage's own range checks, a selecting stage last) and builds it.
-    pub fn build_chain(
-        &self,
-        spec: &ChainSpec,
-        vocab: Option<Arc<Vocabulary>>,
-    ) -> Result<Chain, ChainError> {
-        Chain::build(self, spec, vocab)
     }
 }

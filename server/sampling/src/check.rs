@@ -1,0 +1,215 @@
+//! The host's checks of what each stage left in the token buffer, so that a
+//! misbehaving plugin fails the request with its name instead of handing
+//! out a wrong or out-of-range token. They run after every stage, over up
+//! to a whole vocabulary, hence the branch-free, vectorised passes.
+
+use samplerd_plugin_sdk::abi::*;
+
+use crate::buffer::TokenBuffer;
+use crate::error::SampleError;
+
+/// Cheap post-checks after each stage: the view is known, the candidate
+/// count did not grow, ids are in range and no NaN appeared (O(size), in the
+/// candidate view only).
+pub(crate) fn check_after_stage(
+    stage: &str,
+    buf: &TokenBuffer,
+    before: usize,
+    was_dense: bool,
+    n_vocab: usize,
+) -> Result<(), SampleError> {
+    let bad = |what: String| SampleError::Misbehaved {
+        stage: stage.to_string(),
+        what,
+    };
+    let (view, size, selected) = (buf.view(), buf.size(), buf.selected());
+    if view != SD_VIEW_DENSE && view != SD_VIEW_CANDIDATES {
+        return Err(bad(format!("set an unknown view {view}")));
+    }
+    if view == SD_VIEW_DENSE && !was_dense {
+        return Err(bad("switched back from candidates to the dense view".into()));
+    }
+    if view == SD_VIEW_CANDIDATES {
+        if size > before || size > n_vocab {
+            return Err(bad(format!("grew the candidates from {before} to {size}")));
+        }
+        // A branch-free pass first (it vectorises: this runs after every
+        // stage, over up to a whole vocabulary); the search for the
+        // message only when something is wrong.
+        let cands = buf.candidates();
+        let any_bad = !candidates_ok(cands, n_vocab);
+        if let Some(c) = any_bad
+            .then(|| {
+                cands
+                    .iter()
+                    .find(|c| c.id as usize >= n_vocab || c.logit.is_nan())
+            })
+            .flatten()
+        {
+            return Err(bad(format!(
+                "left candidate id {} with logit {} (vocabulary {n_vocab})",
+                c.id, c.logit
+            )));
+        }
+    }
+    if selected >= n_vocab as i64 || selected < -1 {
+        return Err(bad(format!(
+            "selected token {selected} outside the vocabulary of {n_vocab}"
+        )));
+    }
+    Ok(())
+}
+
+/// The token the chain's last stage (`stage`) chose, once it is known to
+/// be one that survived every stage.
+pub(crate) fn check_selection(stage: &str, buf: &TokenBuffer) -> Result<u32, SampleError> {
+    let Ok(id) = u32::try_from(buf.selected()) else {
+        return Err(SampleError::NoSelection {
+            stage: stage.to_string(),
+        });
+    };
+    let survived = if buf.is_dense() {
+        buf.dense()
+            .get(id as usize)
+            .is_some_and(|&l| l > f32::NEG_INFINITY)
+    } else {
+        is_live_candidate(buf.candidates(), id)
+    };
+    if !survived {
+        return Err(SampleError::Misbehaved {
+            stage: stage.to_string(),
+            what: format!("selected token {id}, which is not a surviving candidate"),
+        });
+    }
+    Ok(id)
+}
+
+/// Whether every candidate has an id below `n_vocab` and a logit that is
+/// not NaN: one branch-free pass, on AVX-512 or AVX2 where the CPU has it
+/// (this runs after every stage, over up to a whole vocabulary).
+fn candidates_ok(cands: &[SdCandidate], n_vocab: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { candidates_ok_avx512(cands, n_vocab) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { candidates_ok_avx2(cands, n_vocab) };
+    }
+    candidates_ok_impl(cands, n_vocab)
+}
+
+/// [`candidates_ok_impl`] with intrinsics: eight (id, logit) pairs per
+/// register, ids compared in the even lanes, NaN tested in the odd ones.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn candidates_ok_avx512(cands: &[SdCandidate], n_vocab: usize) -> bool {
+    use std::arch::x86_64::*;
+    const _: () = assert!(std::mem::size_of::<SdCandidate>() == 8);
+    let limit = _mm512_set1_epi32(u32::try_from(n_vocab).unwrap_or(u32::MAX) as i32);
+    let mut bad: __mmask16 = 0;
+    let pairs = cands.len() / 8 * 8;
+    let base = cands.as_ptr().cast::<f32>();
+    let mut i = 0;
+    while i < pairs {
+        // SAFETY: candidates i..i + 8 are in bounds (16 f32 of 8 pairs).
+        let v = unsafe { _mm512_loadu_ps(base.add(2 * i)) };
+        let ids = _mm512_castps_si512(v);
+        bad |= _mm512_cmpge_epu32_mask(ids, limit) & 0x5555;
+        bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v) & 0xAAAA;
+        i += 8;
+    }
+    bad == 0 && candidates_ok_impl(&cands[pairs..], n_vocab)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn candidates_ok_avx2(cands: &[SdCandidate], n_vocab: usize) -> bool {
+    candidates_ok_impl(cands, n_vocab)
+}
+
+#[inline(always)]
+fn candidates_ok_impl(cands: &[SdCandidate], n_vocab: usize) -> bool {
+    let limit = u32::try_from(n_vocab).unwrap_or(u32::MAX);
+    !cands
+        .iter()
+        .fold(false, |acc, c| acc | (c.id >= limit) | c.logit.is_nan())
+}
+
+/// Whether `id` is among the candidates with a logit above -inf (chunks
+/// of 64 checked branch-free, so the scan vectorises and stops early).
+fn is_live_candidate(cands: &[SdCandidate], id: u32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { is_live_candidate_avx512(cands, id) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { is_live_candidate_avx2(cands, id) };
+    }
+    is_live_candidate_impl(cands, id)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn is_live_candidate_avx512(cands: &[SdCandidate], id: u32) -> bool {
+    is_live_candidate_impl(cands, id)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn is_live_candidate_avx2(cands: &[SdCandidate], id: u32) -> bool {
+    is_live_candidate_impl(cands, id)
+}
+
+#[inline(always)]
+fn is_live_candidate_impl(cands: &[SdCandidate], id: u32) -> bool {
+    cands.chunks(64).any(|chunk| {
+        chunk.iter().fold(false, |acc, c| {
+            acc | ((c.id == id) & (c.logit > f32::NEG_INFINITY))
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands(n: usize) -> Vec<SdCandidate> {
+        (0..n as u32)
+            .map(|i| SdCandidate {
+                id: i,
+                logit: i as f32 * 0.5 - 3.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn candidate_checks_find_every_bad_entry() {
+        // every length around the 8- and 64-wide blocks, a bad id or a NaN
+        // at every position: the vectorised checks agree with the plain one
+        for n in [0usize, 1, 7, 8, 9, 63, 64, 65, 130] {
+            let good = cands(n);
+            assert!(candidates_ok(&good, n));
+            assert!(candidates_ok_impl(&good, n));
+            for at in 0..n {
+                let mut c = good.clone();
+                c[at].id = n as u32;
+                assert!(!candidates_ok(&c, n), "n {n}: id at {at}");
+                let mut c = good.clone();
+                c[at].logit = f32::NAN;
+                assert!(!candidates_ok(&c, n), "n {n}: NaN at {at}");
+                let id = good[at].id;
+                assert!(is_live_candidate(&good, id));
+                let mut c = good.clone();
+                c[at].logit = f32::NEG_INFINITY;
+                assert!(!is_live_candidate(&c, id), "n {n}: -inf at {at}");
+            }
+            assert!(!is_live_candidate(&good, n as u32));
+        }
+    }
+}
