@@ -337,3 +337,51 @@ impl TokenBuffer {
         (top, chosen_p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checked at compile time: no unsafe impl needed to move or share it.
+    const _: fn() = || {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<TokenBuffer>();
+    };
+
+    #[test]
+    fn a_stage_writes_through_the_header_and_its_view_comes_back() {
+        let mut buf = TokenBuffer::new();
+        buf.load(&[1.0, 3.0, 2.0]).unwrap();
+        buf.with_abi(|t| {
+            assert_eq!((t.n_vocab, t.size, t.view), (3, 3, SD_VIEW_DENSE));
+            // SAFETY: the header points at this buffer's 3 dense logits.
+            unsafe { *t.dense.add(2) = f32::NEG_INFINITY };
+        });
+        assert_eq!(buf.dense(), &[1.0, 3.0, f32::NEG_INFINITY]);
+
+        buf.materialize();
+        buf.with_abi(|t| {
+            assert_eq!((t.size, t.view, t.sorted), (3, SD_VIEW_CANDIDATES, 0));
+            // SAFETY: the header points at this buffer's 3 candidates.
+            unsafe { std::ptr::swap(t.cand, t.cand.add(1)) };
+            t.size = 2;
+            t.sorted = 1;
+            t.selected = 1;
+            // Only the view is read back: these die with the header.
+            t.n_vocab = 99;
+            t.dense = std::ptr::null_mut();
+            t.cand = std::ptr::null_mut();
+        });
+        let c = |id, logit| SdCandidate { id, logit };
+        assert_eq!(buf.candidates(), &[c(1, 3.0), c(0, 1.0)]);
+        assert_eq!((buf.len(), buf.selected(), buf.n_vocab()), (2, 1, 3));
+        buf.with_abi(|t| {
+            assert_eq!((t.n_vocab, t.size, t.sorted, t.selected), (3, 2, 1, 1));
+            assert!(!t.dense.is_null() && !t.cand.is_null());
+        });
+
+        buf.reset_view();
+        assert!(buf.is_dense());
+        assert_eq!((buf.len(), buf.selected()), (3, -1));
+    }
+}
