@@ -236,12 +236,13 @@ impl ModelHost {
         // tail (the stage keeps only its last repeat_last_n ids).
         let chain = sampling.chain.clone();
         let window: Vec<u32> = step::in_vocab(&prepared.tokens, self.model.n_vocab()).collect();
-        let mut seq = steps.run_blocking(move || {
-            let mut seq = chain.new_sequence()?;
-            seq.accept_all(&window)?;
-            Ok::<_, SampleError>(seq)
-        })?
-        .map_err(RequestError::Plugin)?;
+        let mut seq = steps
+            .run_blocking(move || {
+                let mut seq = chain.new_sequence()?;
+                seq.accept_all(&window)?;
+                Ok::<_, SampleError>(seq)
+            })?
+            .map_err(RequestError::Plugin)?;
         // Forward passes run on the decode engine, batched with the other
         // generations' steps; dropping `engine` (any return) leaves the batch.
         let engine = self.batcher.join();
@@ -254,15 +255,17 @@ impl ModelHost {
         let mut filter = StopFilter::new(&req.stop);
         let mut utf8 = Utf8Streamer::new();
         let prefill_start = Instant::now();
-        let mut session = forward(self.model.new_session(), prepared.tokens.clone())?;
+        let mut session = forward(
+            self.model
+                .new_session()
+                .map_err(|e| RequestError::Internal(e.to_string()))?,
+            prepared.tokens.clone(),
+        )?;
         let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
         let mut generated = 0u32;
-        let probs = step::ProbsRequest {
-            n: req.n_probs as usize,
-            post_sampling: req.post_sampling_probs,
-        };
+        let probs = sampling.probs;
         let reason = loop {
             if sink.is_closed() {
                 tracing::debug!(generated, "client went away; generation stopped");

@@ -126,7 +126,7 @@ fn gpu_logits_match_the_cpu_at_every_position() {
     let (mut identical, mut total) = (0, 0);
     let mut failures = Vec::new();
     for (i, toks) in prompts(&b.cpu).into_iter().enumerate() {
-        let mut cs = b.cpu.new_session();
+        let mut cs = b.cpu.new_session().unwrap();
         let mut gs = b.gpu.new_sequence(1024).unwrap();
         let mut gl = vec![0f32; n_vocab];
         for (p, &t) in toks.iter().enumerate() {
@@ -164,7 +164,7 @@ fn gpu_logits_match_the_cpu_at_every_position() {
         let mut gp = b.gpu.new_sequence(1024).unwrap();
         b.gpu.forward_device(&mut gp, &toks).unwrap();
         b.gpu.copy_logits(&mut gp, &mut gl).unwrap();
-        let mut cp = b.cpu.new_session();
+        let mut cp = b.cpu.new_session().unwrap();
         let cl = cp.prefill(&toks).unwrap().to_vec();
         let e = rel_err(&gl, &cl);
         let same = gl.iter().zip(&cl).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -185,7 +185,7 @@ fn greedy_tokens_match_the_cpu_for_32_tokens_of_three_prompts() {
     let n_vocab = b.cpu.n_vocab();
     let mut failures = Vec::new();
     for (i, toks) in prompts(&b.cpu).into_iter().enumerate() {
-        let mut cs = b.cpu.new_session();
+        let mut cs = b.cpu.new_session().unwrap();
         let mut gs = b.gpu.new_sequence(1024).unwrap();
         let mut gl = vec![0f32; n_vocab];
         let mut cl = cs.prefill(&toks).unwrap().to_vec();

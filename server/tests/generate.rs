@@ -556,7 +556,7 @@ async fn a_generate_step_equals_sample_on_the_same_logits() {
         let model = host.model();
         let tok = model.tokenizer();
         let mut window = tok.encode(prompt, tok.add_bos(), true).unwrap();
-        let mut session = model.new_session();
+        let mut session = model.new_session().unwrap();
         let mut logits = session.prefill(&window).unwrap().to_vec();
         for (step, t) in streamed.iter().enumerate() {
             let r = s

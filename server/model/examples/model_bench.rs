@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut pre, mut dec, mut agg) = (Vec::new(), Vec::new(), Vec::new());
     let mut generated = 0;
     for _ in 0..runs {
-        let mut s = model.new_session();
+        let mut s = model.new_session()?;
         let t0 = Instant::now();
         let mut logits = s.prefill(&ids)?;
         pre.push(ids.len() as f64 / t0.elapsed().as_secs_f64());
@@ -95,7 +95,7 @@ fn batched_decode(
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let mut sessions = Vec::with_capacity(batch);
     for _ in 0..batch {
-        let mut s = model.new_session();
+        let mut s = model.new_session()?;
         s.prefill(ids)?;
         sessions.push(s);
     }

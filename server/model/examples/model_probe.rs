@@ -78,7 +78,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 ),
                 None => (serde_json::from_value(v)?, Vec::new()),
             };
-            let mut session = model.new_session();
+            let mut session = model.new_session()?;
             session.prefill(&pre)?;
             for t in dec {
                 session.decode(t)?;
@@ -102,7 +102,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 _ => return Err("stdin needs \"messages\" or \"prompt\"".into()),
             };
             let prompt_ids = model.tokenizer().encode(&prompt, true, true)?;
-            let mut session = model.new_session();
+            let mut session = model.new_session()?;
             let t0 = std::time::Instant::now();
             let mut logits = session.prefill(&prompt_ids)?.to_vec();
             let prefill_s = t0.elapsed().as_secs_f64();

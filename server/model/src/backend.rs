@@ -24,8 +24,10 @@ pub trait SequenceState: Send + Any {
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// "cpu-avx2", "cpu-scalar", "cuda"…
     fn name(&self) -> String;
-    /// A fresh sequence with room for `capacity` tokens.
-    fn new_state(&self, capacity: usize) -> Box<dyn SequenceState>;
+    /// A fresh sequence with room for `capacity` tokens. Fails when its
+    /// cache cannot be allocated (the CUDA backend: device memory exhausted),
+    /// so the caller learns it before the first forward pass.
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn SequenceState>, ModelError>;
     /// Runs `tokens` at positions `state.position()..`, appends them to the
     /// cache and writes the last token's logits into `logits` (`n_vocab`).
     fn forward(

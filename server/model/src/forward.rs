@@ -500,7 +500,7 @@ impl Backend for CpuBackend {
         format!("cpu-{}", crate::quant::kernel_name())
     }
 
-    fn new_state(&self, capacity: usize) -> Box<dyn SequenceState> {
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn SequenceState>, ModelError> {
         let c = &self.config;
         let len = c.n_layer * c.n_head_kv * capacity * c.head_dim;
         let mut st = CpuState {
@@ -513,7 +513,7 @@ impl Backend for CpuBackend {
             s: Scratch::default(),
         };
         self.ensure_scratch(&mut st.s, 1, capacity);
-        Box::new(st)
+        Ok(Box::new(st))
     }
 
     fn forward(

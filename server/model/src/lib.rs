@@ -15,7 +15,7 @@
 //! let model = Model::load("models/SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &ModelOptions::default())?;
 //! let prompt = model.render_chat(&[ChatMessage::new("user", "Hi!")])?;
 //! let tokens = model.tokenizer().encode(&prompt, true, true)?;
-//! let mut session = model.new_session();
+//! let mut session = model.new_session()?;
 //! let logits = session.prefill(&tokens)?;
 //! # Ok::<(), samplerd_model::ModelError>(())
 //! ```
@@ -159,8 +159,9 @@ impl Model {
     pub fn vocabulary(&self) -> &[TokenInfo] {
         self.tokenizer.vocabulary()
     }
-    /// A new sequence with an `n_ctx`-token KV cache (allocated now, once).
-    pub fn new_session(&self) -> Session {
+    /// A new sequence with an `n_ctx`-token KV cache (allocated now, once;
+    /// an error when the backend cannot allocate it).
+    pub fn new_session(&self) -> Result<Session, ModelError> {
         self.new_session_with_capacity(self.n_ctx)
     }
     /// One decode step for several sessions at once: `tokens[i]` runs on
@@ -184,12 +185,12 @@ impl Model {
         self.backend.forward_batch(&mut states, tokens, &mut logits)
     }
     /// A new sequence with a `capacity`-token KV cache.
-    pub fn new_session_with_capacity(&self, capacity: usize) -> Session {
-        Session {
+    pub fn new_session_with_capacity(&self, capacity: usize) -> Result<Session, ModelError> {
+        Ok(Session {
             backend: Arc::clone(&self.backend),
-            state: self.backend.new_state(capacity.max(1)),
+            state: self.backend.new_state(capacity.max(1))?,
             logits: vec![0.0; self.config.n_vocab],
-        }
+        })
     }
 }
 

@@ -88,7 +88,7 @@ fn smollm2_decode_matches_prefill() {
         .render_chat(&[ChatMessage::new("user", "Name three colours.")])
         .unwrap();
     let ids = m.tokenizer().encode(&prompt, true, true).unwrap();
-    let mut s = m.new_session();
+    let mut s = m.new_session().unwrap();
     let mut logits = s.prefill(&ids).unwrap().to_vec();
     let mut seq = ids.clone();
     for _ in 0..2 {
@@ -99,7 +99,7 @@ fn smollm2_decode_matches_prefill() {
         seq.push(next);
         logits = s.decode(next).unwrap().to_vec();
     }
-    let full = m.new_session().prefill(&seq).unwrap().to_vec();
+    let full = m.new_session().unwrap().prefill(&seq).unwrap().to_vec();
     // Decode and prefill sum attention in different orders (exactly as
     // llama.cpp does; its own decode and prefill logits differ as much), and
     // 8-bit activation rounding amplifies that, so compare shapes, not bits.

@@ -205,7 +205,7 @@ fn loads_and_runs_llama_and_qwen2() {
         assert_eq!(c.rope_neox, arch == "qwen2");
         assert_eq!(m.n_vocab(), vocab().len());
         assert_eq!(m.n_ctx(), 64);
-        let mut s = m.new_session();
+        let mut s = m.new_session().unwrap();
         let logits = s.prefill(&[1, 50, 60, 70, 2]).unwrap().to_vec();
         assert_eq!(logits.len(), m.n_vocab());
         assert!(logits.iter().all(|x| x.is_finite()));
@@ -227,12 +227,12 @@ fn kv_cache_decode_matches_full_prefill() {
         let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
         let toks: Vec<u32> = vec![1, 40, 41, 42, 100, 7, 9, 250, 33, 12, 2, 44];
         // Token by token through the cache…
-        let mut inc = m.new_session();
+        let mut inc = m.new_session().unwrap();
         inc.prefill(&toks[..3]).unwrap();
         for (i, &t) in toks.iter().enumerate().skip(3) {
             let step = inc.decode(t).unwrap().to_vec();
             // …equals one prefill of the whole prefix.
-            let mut full = m.new_session();
+            let mut full = m.new_session().unwrap();
             let whole = full.prefill(&toks[..=i]).unwrap();
             let d = max_diff(&step, whole);
             assert!(
@@ -247,12 +247,17 @@ fn kv_cache_decode_matches_full_prefill() {
 fn sessions_are_independent_and_deterministic() {
     let dir = tempfile::tempdir().unwrap();
     let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
-    let mut a = m.new_session();
-    let mut b = m.new_session();
+    let mut a = m.new_session().unwrap();
+    let mut b = m.new_session().unwrap();
     let la = a.prefill(&[5, 6, 7]).unwrap().to_vec();
     b.prefill(&[9, 9]).unwrap();
     let lb = b.decode(9).unwrap().to_vec();
-    let la2 = m.new_session().prefill(&[5, 6, 7]).unwrap().to_vec();
+    let la2 = m
+        .new_session()
+        .unwrap()
+        .prefill(&[5, 6, 7])
+        .unwrap()
+        .to_vec();
     assert_eq!(la, la2);
     assert_ne!(la, lb);
     // Truncate and replay gives the same logits.
@@ -272,7 +277,7 @@ fn batched_decode_equals_each_sequence_alone_bit_for_bit() {
         let steps: [[u32; 3]; 4] = [[3, 4, 5], [6, 7, 8], [100, 101, 102], [12, 2, 44]];
         let mut solo = Vec::new();
         for ((p, &cap), st) in prompts.iter().zip(&caps).zip(&steps) {
-            let mut s = m.new_session_with_capacity(cap);
+            let mut s = m.new_session_with_capacity(cap).unwrap();
             s.prefill(p).unwrap();
             solo.push(
                 st.iter()
@@ -284,7 +289,7 @@ fn batched_decode_equals_each_sequence_alone_bit_for_bit() {
             .iter()
             .zip(&caps)
             .map(|(p, &cap)| {
-                let mut s = m.new_session_with_capacity(cap);
+                let mut s = m.new_session_with_capacity(cap).unwrap();
                 s.prefill(p).unwrap();
                 s
             })
@@ -308,9 +313,9 @@ fn batched_decode_equals_each_sequence_alone_bit_for_bit() {
             }
         }
         // A full cache is refused before anything runs.
-        let mut full = m.new_session_with_capacity(2);
+        let mut full = m.new_session_with_capacity(2).unwrap();
         full.prefill(&[1, 2]).unwrap();
-        let mut other = m.new_session();
+        let mut other = m.new_session().unwrap();
         other.prefill(&[3]).unwrap();
         let err = m
             .decode_batch(&mut [&mut other, &mut full], &[4, 5])
@@ -324,7 +329,7 @@ fn batched_decode_equals_each_sequence_alone_bit_for_bit() {
 fn errors_name_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
-    let mut s = m.new_session_with_capacity(4);
+    let mut s = m.new_session_with_capacity(4).unwrap();
     assert!(matches!(s.prefill(&[]), Err(ModelError::EmptyInput)));
     let e = s.prefill(&[100_000]).unwrap_err();
     assert!(e.to_string().contains("100000"), "{e}");

@@ -15,7 +15,6 @@
 //! prefix); this file holds the options, construction and the [`Backend`]
 //! implementation.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice};
@@ -184,16 +183,8 @@ impl Backend for CudaBackend {
         self.name.clone()
     }
 
-    fn new_state(&self, capacity: usize) -> Box<dyn SequenceState> {
-        // The trait cannot fail here; an allocation failure (device memory
-        // exhausted) surfaces as an error on the first forward call instead.
-        match self.new_cuda_state(capacity.max(1)) {
-            Ok(st) => Box::new(st),
-            Err(e) => Box::new(FailedState {
-                capacity,
-                error: e.to_string(),
-            }),
-        }
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn SequenceState>, ModelError> {
+        Ok(Box::new(self.new_cuda_state(capacity.max(1))?))
     }
 
     fn forward(
@@ -202,9 +193,6 @@ impl Backend for CudaBackend {
         tokens: &[u32],
         logits: &mut [f32],
     ) -> Result<(), ModelError> {
-        if let Some(f) = state.as_any_mut().downcast_mut::<FailedState>() {
-            return Err(ModelError::Backend(f.error.clone()));
-        }
         let st = downcast(state)?;
         if logits.len() != self.config.n_vocab {
             return Err(ModelError::Backend(format!(
@@ -227,9 +215,6 @@ impl Backend for CudaBackend {
     ) -> Result<(), ModelError> {
         crate::backend::check_batch_shape(states.len(), tokens.len(), logits.len())?;
         for (st, &tok) in states.iter_mut().zip(tokens) {
-            if st.as_any_mut().is::<FailedState>() {
-                return self.forward(&mut **st, &[tok], &mut []);
-            }
             let st = downcast(&mut **st)?;
             self.check_input(st, &[tok])?;
         }
@@ -247,24 +232,5 @@ impl Backend for CudaBackend {
             self.copy_logits(downcast(&mut **st)?, l)?;
         }
         Ok(())
-    }
-}
-
-/// A sequence whose device allocation failed; every forward call reports it.
-struct FailedState {
-    capacity: usize,
-    error: String,
-}
-
-impl SequenceState for FailedState {
-    fn position(&self) -> usize {
-        0
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    fn truncate(&mut self, _position: usize) {}
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
