@@ -5,6 +5,8 @@
 //! is [`crate::forward::CpuBackend`]; a CUDA backend implements the same two
 //! traits with device-resident weights and cache.
 
+#![forbid(unsafe_code)]
+
 use crate::error::ModelError;
 use std::any::Any;
 

@@ -5,6 +5,8 @@
 //! `add_generation_prompt = true`, `bos_token`, `eos_token`, and a
 //! `raise_exception(msg)` function as in Hugging Face's renderer.
 
+#![forbid(unsafe_code)]
+
 use crate::error::ModelError;
 use serde::{Deserialize, Serialize};
 

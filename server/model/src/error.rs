@@ -1,6 +1,8 @@
 //! The crate's error type: every variant names the file, tensor, key or value
 //! at fault.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,8 @@
 //! `quantized::gguf_file`, hyper-parameters for the supported architectures
 //! (llama, qwen2), and the raw bytes / f32 values of individual tensors.
 
+#![forbid(unsafe_code)]
+
 use crate::error::ModelError;
 use crate::quant::QMatrix;
 use candle_core::quantized::GgmlDType;

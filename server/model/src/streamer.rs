@@ -7,6 +7,8 @@
 //! invalid; a sequence that is merely incomplete becomes U+FFFD only at
 //! [`Utf8Streamer::finish`].
 
+#![forbid(unsafe_code)]
+
 /// See the module docs.
 #[derive(Debug, Default, Clone)]
 pub struct Utf8Streamer {
@@ -22,33 +24,26 @@ impl Utf8Streamer {
     pub fn push(&mut self, bytes: &[u8]) -> String {
         self.pending.extend_from_slice(bytes);
         let mut out = String::new();
-        let mut rest: &[u8] = &self.pending;
-        loop {
-            match std::str::from_utf8(rest) {
-                Ok(s) => {
-                    out.push_str(s);
-                    rest = &[];
-                    break;
-                }
-                Err(e) => {
-                    let (valid, after) = rest.split_at(e.valid_up_to());
-                    // SAFETY: `valid_up_to` bytes are valid UTF-8 by definition.
-                    out.push_str(unsafe { std::str::from_utf8_unchecked(valid) });
-                    match e.error_len() {
-                        Some(n) => {
-                            out.push('\u{FFFD}');
-                            rest = &after[n..];
-                        }
-                        None => {
-                            // Incomplete sequence at the end: hold it.
-                            rest = after;
-                            break;
-                        }
-                    }
-                }
+        let mut keep = 0;
+        let mut chunks = self.pending.utf8_chunks().peekable();
+        while let Some(chunk) = chunks.next() {
+            out.push_str(chunk.valid());
+            let invalid = chunk.invalid();
+            if invalid.is_empty() {
+                continue;
+            }
+            // The last chunk's invalid part is either bytes that can never
+            // start a character or the start of one cut off by the end of
+            // the input; only the latter may still be completed by the next
+            // token (`error_len` is None exactly for it), so it is held.
+            let incomplete = chunks.peek().is_none()
+                && std::str::from_utf8(invalid).is_err_and(|e| e.error_len().is_none());
+            if incomplete {
+                keep = invalid.len();
+            } else {
+                out.push('\u{FFFD}');
             }
         }
-        let keep = rest.len();
         let start = self.pending.len() - keep;
         self.pending.drain(..start);
         out
@@ -110,5 +105,34 @@ mod tests {
         assert_eq!(s.push(b"\xe4"), "");
         assert_eq!(s.push(b"x"), "\u{FFFD}x");
         assert_eq!(s.finish(), "");
+    }
+    /// However the bytes are split into tokens, the streamed text is the
+    /// lossy decoding of all of them (one U+FFFD per invalid sequence).
+    #[test]
+    fn any_split_gives_the_lossy_decoding_of_the_whole() {
+        let cases: [&[u8]; 6] = [
+            "a你😀b".as_bytes(),
+            b"\xe4\xbd\xff\xe4x",
+            b"\xf0\x9f\x98",
+            b"\xe0\x80\xc0\xaf\xed\xa0\x80z",
+            b"\xf4\x90\x80\x80\xf5",
+            b"ok\xc2",
+        ];
+        for bytes in cases {
+            for a in 0..=bytes.len() {
+                for b in a..=bytes.len() {
+                    let mut s = Utf8Streamer::new();
+                    let mut out = s.push(&bytes[..a]);
+                    out += &s.push(&bytes[a..b]);
+                    out += &s.push(&bytes[b..]);
+                    out += &s.finish();
+                    assert_eq!(
+                        out,
+                        String::from_utf8_lossy(bytes),
+                        "{bytes:x?} split at {a}, {b}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -12,6 +12,8 @@
 //! Decoding is byte-level: [`Tokenizer::token_bytes`] gives a token's raw
 //! bytes (which may be part of a UTF-8 character; see [`crate::Utf8Streamer`]).
 
+#![forbid(unsafe_code)]
+
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 use candle_core::quantized::gguf_file::Value;

@@ -4,6 +4,8 @@
 //! Per layer, q/k/v are concatenated into one matrix and gate/up into another
 //! (when their formats agree) so decode needs fewer parallel sections.
 
+#![forbid(unsafe_code)]
+
 use crate::error::ModelError;
 use crate::gguf::{Config, GgufFile};
 use crate::quant::{BlockQ4_1, BlockQ8_0, QMatrix};

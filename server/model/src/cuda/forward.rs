@@ -3,6 +3,8 @@
 //! graph (captured on first use, replayed after), the layer-by-layer trace,
 //! and copying the logits back.
 
+#![forbid(unsafe_code)]
+
 use std::time::Instant;
 
 use cudarc::driver::sys;
