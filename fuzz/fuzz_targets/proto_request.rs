@@ -73,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = v1::GenerateRequest::decode(bytes) else {
             return;
         };
-        if let Err(e) = state.defaults.resolve(&state.registry, req.params.as_ref()) {
+        if let Err(e) = samplerd::service::validate::sampling(state, req.params.as_ref(), None) {
             check_refusal(e);
             return;
         }

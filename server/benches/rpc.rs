@@ -551,6 +551,21 @@ async fn breakdown(state: &Arc<AppState>, bytes: &[u8], iters: usize) {
         "spawn_blocking round trip",
         (pct(&hops, 0.0), pct(&hops, 0.5)),
     ));
+    // What each step pays to leave the runtime: the sampling pool's
+    // hand-off and reply with nothing to run.
+    let mut hands = Vec::with_capacity(iters);
+    for i in 0..iters + WARMUP {
+        let t = Instant::now();
+        state.steps.run(|| ()).await.unwrap();
+        if i >= WARMUP {
+            hands.push(t.elapsed());
+        }
+    }
+    hands.sort();
+    rows.push((
+        "sampling pool round trip",
+        (pct(&hands, 0.0), pct(&hands, 0.5)),
+    ));
     let req = SampleRequest {
         logits_f32le: bytes.to_vec().into(),
         ..Default::default()

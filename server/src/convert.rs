@@ -189,32 +189,17 @@ pub fn chain_to_proto(spec: &ChainSpec) -> Vec<v1::StageSpec> {
         .collect()
 }
 
-/// Whether the request sets any typed sampling field (so the chain must be
-/// derived instead of reusing the default one).
-pub fn sets_typed_fields(p: &v1::SamplingParams) -> bool {
-    p.temperature.is_some()
-        || p.top_k.is_some()
-        || p.top_p.is_some()
-        || p.min_p.is_some()
-        || p.typical_p.is_some()
-        || p.repeat_penalty.is_some()
-        || p.frequency_penalty.is_some()
-        || p.presence_penalty.is_some()
-        || p.repeat_last_n.is_some()
-        || p.top_n_sigma.is_some()
-        || p.xtc_probability.is_some()
-        || p.xtc_threshold.is_some()
-        || !p.logit_bias.is_empty()
-        || !p.samplers.is_empty()
-}
-
-/// The request's typed fields over `base` (the configured defaults).
-pub fn merge_params(base: &SamplingParams, p: &v1::SamplingParams) -> SamplingParams {
+/// The request's typed fields over `base` (the configured defaults), or
+/// `None` when it sets none (the default chain then serves it). The one
+/// list of typed fields: a field missing here would be silently ignored,
+/// so "was any set" and "merge" are the same walk over it.
+pub fn typed_params(base: &SamplingParams, p: &v1::SamplingParams) -> Option<SamplingParams> {
     let mut out = base.clone();
-    macro_rules! set {
-        ($($f:ident),*) => { $( if let Some(v) = p.$f { out.$f = v; } )* };
+    let mut set = false;
+    macro_rules! take {
+        ($($f:ident),*) => { $( if let Some(v) = p.$f { out.$f = v; set = true; } )* };
     }
-    set!(
+    take!(
         temperature,
         top_k,
         top_p,
@@ -232,11 +217,13 @@ pub fn merge_params(base: &SamplingParams, p: &v1::SamplingParams) -> SamplingPa
         let mut bias: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&k, &v)| (k, v)).collect();
         bias.sort_by_key(|&(k, _)| k);
         out.logit_bias = bias;
+        set = true;
     }
     if !p.samplers.is_empty() {
         out.order = p.samplers.clone();
+        set = true;
     }
-    out
+    set.then_some(out)
 }
 
 /// A registered stage → proto.
@@ -299,8 +286,18 @@ mod tests {
             top_k: Some(5),
             ..Default::default()
         };
-        let m = merge_params(&SamplingParams::default(), &p);
+        let m = typed_params(&SamplingParams::default(), &p).expect("a typed field is set");
         assert_eq!(m.top_k, 5);
         assert_eq!(m.top_p, SamplingParams::default().top_p);
+    }
+
+    /// Only the seed or a chain set: no typed parameter, the default chain.
+    #[test]
+    fn no_typed_field_means_none() {
+        let p = v1::SamplingParams {
+            seed: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(typed_params(&SamplingParams::default(), &p), None);
     }
 }

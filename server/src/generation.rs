@@ -236,12 +236,13 @@ impl ModelHost {
         // tail (the stage keeps only its last repeat_last_n ids).
         let chain = sampling.chain.clone();
         let window: Vec<u32> = step::in_vocab(&prepared.tokens, self.model.n_vocab()).collect();
-        let mut seq = steps.run_blocking(move || {
-            let mut seq = chain.new_sequence()?;
-            seq.accept_all(&window)?;
-            Ok::<_, SampleError>(seq)
-        })?
-        .map_err(RequestError::Plugin)?;
+        let mut seq = steps
+            .run_blocking(move || {
+                let mut seq = chain.new_sequence()?;
+                seq.accept_all(&window)?;
+                Ok::<_, SampleError>(seq)
+            })?
+            .map_err(RequestError::Plugin)?;
         // Forward passes run on the decode engine, batched with the other
         // generations' steps; dropping `engine` (any return) leaves the batch.
         let engine = self.batcher.join();
@@ -264,10 +265,7 @@ impl ModelHost {
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
         let mut generated = 0u32;
-        let probs = step::ProbsRequest {
-            n: req.n_probs as usize,
-            post_sampling: req.post_sampling_probs,
-        };
+        let probs = sampling.probs;
         let reason = loop {
             if sink.is_closed() {
                 tracing::debug!(generated, "client went away; generation stopped");

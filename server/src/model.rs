@@ -17,6 +17,8 @@ pub struct ResolvedSampling {
     pub chain: Chain,
     /// The seed to use (reported in `Finished.seed`).
     pub seed: u64,
+    /// Which probabilities each `Token` reports (`n_probs`, validated).
+    pub probs: samplerd_sampling::step::ProbsRequest,
     /// Where the generation's sampling steps (and prompt tokenization) run.
     pub steps: crate::step_pool::StepPool,
 }

@@ -56,8 +56,8 @@ impl TokenBuffer {
         }
     }
 
-    /// Every load sizes the dense view to the vocabulary (stale in a
-    /// loaded candidate view, but of the right length).
+    /// The vocabulary of the last load: every load sizes the dense view to
+    /// it (after `load_candidates` its logits are stale, not its length).
     pub fn n_vocab(&self) -> usize {
         self.dense.len()
     }

@@ -13,9 +13,9 @@
 //! others. Results are bit-identical to running each generation alone.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use samplerd_model::{Model, Session};
@@ -42,7 +42,8 @@ enum Msg {
 
 /// The engine's inbox (shared by every generation).
 pub struct Batcher {
-    tx: Mutex<mpsc::Sender<Msg>>,
+    // std's Sender is Sync (since 1.72): shared by every generation as is.
+    tx: mpsc::Sender<Msg>,
     next_seq: AtomicU64,
     largest_batch: Arc<AtomicUsize>,
 }
@@ -57,7 +58,7 @@ impl Batcher {
             .name("samplerd-decode".into())
             .spawn(move || engine.run(rx))?;
         Ok(Batcher {
-            tx: Mutex::new(tx),
+            tx,
             next_seq: AtomicU64::new(0),
             largest_batch,
         })
@@ -80,11 +81,7 @@ impl Batcher {
     }
 
     fn send(&self, msg: Msg) -> bool {
-        self.tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(msg)
-            .is_ok()
+        self.tx.send(msg).is_ok()
     }
 }
 

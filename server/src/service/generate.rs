@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::{AppState, BoxStream};
+use super::{AppState, BoxStream, validate};
 use crate::model::{NO_MODEL_MESSAGE, ResolvedSampling};
 
 /// Events buffered ahead of a slow reader.
@@ -19,7 +19,7 @@ const EVENT_BUFFER: usize = 16;
 /// thread, its sampling steps again on the sampling pool.
 pub async fn handle(
     state: Arc<AppState>,
-    mut req: v1::GenerateRequest,
+    req: v1::GenerateRequest,
 ) -> Result<BoxStream<v1::GenerateResponse>, Status> {
     let Some(generator) = state.generator.clone() else {
         return Err(Status::failed_precondition(NO_MODEL_MESSAGE));
@@ -27,25 +27,25 @@ pub async fn handle(
     if !generator.ready() {
         return Err(Status::unavailable("the model is still loading"));
     }
-    super::sample::check_n_probs(req.n_probs, &state)?;
-    let params = req.params.take();
     let vocab = generator.vocabulary();
-    let resolver = Arc::clone(&state);
-    let (chain, seed) = state
+    let checker = Arc::clone(&state);
+    let (valid, req) = state
         .steps
-        .run(move || {
-            resolver
-                .defaults
-                .resolve_with_vocab(&resolver.registry, params.as_ref(), vocab)
-                .map_err(Status::from)
-        })
-        .await??;
+        .run(move || (validate::generate(&checker, &req, vocab), req))
+        .await?;
+    let valid = valid?;
     let permit = state.stream_permit()?;
-    let span = tracing::info_span!("generate", request_id = state.request_id(), chain = %chain.describe(), seed);
+    let span = tracing::info_span!(
+        "generate",
+        request_id = state.request_id(),
+        chain = %valid.chain.describe(),
+        seed = valid.seed
+    );
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let sampling = ResolvedSampling {
-        chain,
-        seed,
+        chain: valid.chain,
+        seed: valid.seed,
+        probs: valid.probs,
         steps: state.steps.clone(),
     };
     tokio::task::spawn_blocking(move || {

@@ -12,6 +12,7 @@ pub mod one_frame;
 pub mod sample;
 pub mod stages;
 pub mod stream;
+pub mod validate;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -27,8 +28,6 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::{Config, LimitsConfig, SeedSetting};
-use crate::convert;
-use crate::errors::RequestError;
 use crate::model::Generator;
 use crate::pool::BufferPool;
 use crate::step_pool::StepPool;
@@ -91,68 +90,6 @@ impl Defaults {
             chain,
             max_chain_stages: cfg.limits.max_chain_stages,
         })
-    }
-
-    /// The chain and seed for a request's parameters: `chain` when given,
-    /// else the typed fields over the defaults, else the default chain.
-    pub fn resolve(
-        &self,
-        registry: &StageRegistry,
-        p: Option<&v1::SamplingParams>,
-    ) -> Result<(Chain, u64), RequestError> {
-        self.resolve_with_vocab(registry, p, None)
-    }
-
-    /// [`Self::resolve`] with the model's vocabulary handed to the stages a
-    /// request names (Generate), so stages that need it can be used.
-    pub fn resolve_with_vocab(
-        &self,
-        registry: &StageRegistry,
-        p: Option<&v1::SamplingParams>,
-        vocab: Option<Arc<samplerd_sampling::Vocabulary>>,
-    ) -> Result<(Chain, u64), RequestError> {
-        let seed = p
-            .and_then(|p| p.seed)
-            .unwrap_or_else(|| self.default_seed());
-        let Some(p) = p else {
-            return Ok((self.chain.clone(), seed));
-        };
-        for (field, n) in [
-            ("params.chain", p.chain.len()),
-            ("params.samplers", p.samplers.len()),
-        ] {
-            if n > self.max_chain_stages {
-                return Err(RequestError::invalid(
-                    field,
-                    format!(
-                        "{n} stages exceed the limit of {} (limits.max_chain_stages)",
-                        self.max_chain_stages
-                    ),
-                ));
-            }
-        }
-        let chain = if !p.chain.is_empty() {
-            let spec = convert::chain_from_proto(&p.chain)?;
-            registry
-                .build_chain(&spec, vocab.clone())
-                .map_err(|e| RequestError::from_chain(e, true))?
-        } else if convert::sets_typed_fields(p) {
-            let merged = convert::merge_params(&self.params, p);
-            let spec = merged
-                .chain_spec()
-                .map_err(|e| RequestError::from_chain(e, false))?;
-            registry.build_chain(&spec, vocab).map_err(|e| {
-                let field = if p.samplers.is_empty() {
-                    "params"
-                } else {
-                    "params.samplers"
-                };
-                RequestError::invalid(field, e.to_string())
-            })?
-        } else {
-            self.chain.clone()
-        };
-        Ok((chain, seed))
     }
 
     /// The configured seed, or a fresh one for `seed = "random"`.

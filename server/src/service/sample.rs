@@ -14,32 +14,9 @@ use tracing::Instrument;
 
 use super::AppState;
 use super::lse_helper::LseJob;
-use crate::convert::{self, LogitsInput};
+use super::validate::{self, ValidStep};
+use crate::convert;
 use crate::errors::RequestError;
-
-/// What one step needs besides the chain state.
-#[derive(Clone, Copy, Debug)]
-pub struct StepInput<'a> {
-    pub logits: LogitsInput<'a>,
-    pub seed: u64,
-    pub step: u64,
-    pub n_probs: u32,
-    pub post_sampling_probs: bool,
-}
-
-/// Checks `n_probs` against the limit.
-pub fn check_n_probs(n_probs: u32, state: &AppState) -> Result<(), RequestError> {
-    if n_probs > state.limits.max_n_probs {
-        return Err(RequestError::invalid(
-            "n_probs",
-            format!(
-                "{n_probs} exceeds the limit of {} (limits.max_n_probs)",
-                state.limits.max_n_probs
-            ),
-        ));
-    }
-    Ok(())
-}
 
 impl step::DeferredLse for LseJob {
     fn finish(self) -> f32 {
@@ -61,31 +38,21 @@ pub fn start_lse(state: &AppState, bytes: &Bytes) -> Option<LseJob> {
 pub fn run_step(
     seq: &mut Sequence,
     buf: &mut TokenBuffer,
-    input: StepInput<'_>,
+    input: ValidStep<'_>,
+    seed: u64,
     helper: Option<LseJob>,
 ) -> Result<v1::SampleResponse, RequestError> {
     let field = input.logits.field();
     let logits = input.logits.as_step();
     let lse =
         step::load(buf, logits, helper).map_err(|source| RequestError::Logits { field, source })?;
-    let out = step::run(
-        seq,
-        buf,
-        logits,
-        lse,
-        input.seed,
-        input.step,
-        step::ProbsRequest {
-            n: input.n_probs as usize,
-            post_sampling: input.post_sampling_probs,
-        },
-    )
-    .map_err(|e| RequestError::from_sample(e, field))?;
+    let out = step::run(seq, buf, logits, lse, seed, input.step, input.probs)
+        .map_err(|e| RequestError::from_sample(e, field))?;
     Ok(v1::SampleResponse {
         token_id: out.token_id,
         probability: out.probability,
         logprob: out.logprob,
-        seed: input.seed,
+        seed,
         probs: convert::token_probabilities(&out.probs),
         step: input.step,
     })
@@ -98,44 +65,21 @@ pub fn sample_blocking(
     req: &v1::SampleRequest,
 ) -> Result<v1::SampleResponse, RequestError> {
     let helper = start_lse(state, &req.logits_f32le);
-    let input = LogitsInput::from_request(&req.logits, &req.logits_f32le, state.limits.max_vocab)?;
-    if req.previous_tokens.len() > state.limits.max_window_tokens {
-        return Err(RequestError::invalid(
-            "previous_tokens",
-            format!(
-                "{} tokens exceed the limit of {} (limits.max_window_tokens)",
-                req.previous_tokens.len(),
-                state.limits.max_window_tokens
-            ),
-        ));
-    }
-    check_n_probs(req.n_probs, state)?;
-    let (chain, seed) = state
-        .defaults
-        .resolve(&state.registry, req.params.as_ref())?;
+    let valid = validate::sample(state, req)?;
     let span = tracing::Span::current();
-    span.record("seed", seed);
+    span.record("seed", valid.seed);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        span.record("chain", chain.describe());
+        span.record("chain", valid.chain.describe());
     }
-    let mut seq = chain
+    let field = valid.step.logits.field();
+    let mut seq = valid
+        .chain
         .new_sequence()
-        .map_err(|e| RequestError::from_sample(e, input.field()))?;
-    seq.accept_all(&step::in_vocab(&req.previous_tokens, input.len()).collect::<Vec<_>>())
-        .map_err(|e| RequestError::from_sample(e, input.field()))?;
+        .map_err(|e| RequestError::from_sample(e, field))?;
+    seq.accept_all(&valid.window)
+        .map_err(|e| RequestError::from_sample(e, field))?;
     let mut buf = state.pool.take();
-    let result = run_step(
-        &mut seq,
-        &mut buf,
-        StepInput {
-            logits: input,
-            seed,
-            step: req.step,
-            n_probs: req.n_probs,
-            post_sampling_probs: req.post_sampling_probs,
-        },
-        helper,
-    );
+    let result = run_step(&mut seq, &mut buf, valid.step, valid.seed, helper);
     state.pool.put(buf);
     result
 }

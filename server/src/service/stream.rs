@@ -12,15 +12,15 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
-use samplerd_sampling::{Sequence, TokenBuffer, step};
+use samplerd_sampling::{Sequence, TokenBuffer};
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::one_frame::PredecodedStream;
-use super::sample::{StepInput, check_n_probs, run_step, start_lse};
+use super::sample::{run_step, start_lse};
+use super::validate;
 use super::{AppState, BoxStream};
-use crate::convert::LogitsInput;
 use crate::errors::{RequestError, map_stream_status};
 
 /// What a stream holds on the server's books: its slot under
@@ -88,78 +88,36 @@ impl Session {
     fn step(&mut self, msg: &v1::SampleStreamRequest) -> Result<v1::SampleResponse, RequestError> {
         let start = Instant::now();
         let helper = start_lse(&self.state, &msg.logits_f32le);
-        let limits = &self.state.limits;
-        let input = LogitsInput::from_request(&msg.logits, &msg.logits_f32le, limits.max_vocab)?;
-        check_n_probs(msg.n_probs, &self.state)?;
-        if self.seq.is_none() {
-            if msg.previous_tokens.len() > limits.max_window_tokens {
-                return Err(RequestError::invalid(
-                    "previous_tokens",
-                    format!(
-                        "{} tokens exceed the limit of {} (limits.max_window_tokens)",
-                        msg.previous_tokens.len(),
-                        limits.max_window_tokens
-                    ),
-                ));
+        let input = match (self.seq.as_ref(), self.buf.as_ref()) {
+            (Some(_), Some(_)) => validate::stream_step(&self.state, msg, self.n_vocab, self.step)?,
+            _ => {
+                let valid = validate::stream_start(&self.state, msg)?;
+                let field = valid.step.logits.field();
+                let mut seq = valid
+                    .chain
+                    .new_sequence()
+                    .map_err(|e| RequestError::from_sample(e, field))?;
+                seq.accept_all(&valid.window)
+                    .map_err(|e| RequestError::from_sample(e, field))?;
+                let span = tracing::Span::current();
+                span.record("seed", valid.seed);
+                span.record("chain", valid.chain.describe());
+                self.seed = valid.seed;
+                self.step = valid.step.step;
+                self.n_vocab = valid.step.logits.len();
+                self.seq = Some(seq);
+                self.buf = Some(self.state.pool.take());
+                valid.step
             }
-            let (chain, seed) = self
-                .state
-                .defaults
-                .resolve(&self.state.registry, msg.params.as_ref())?;
-            let mut seq = chain
-                .new_sequence()
-                .map_err(|e| RequestError::from_sample(e, input.field()))?;
-            seq.accept_all(&step::in_vocab(&msg.previous_tokens, input.len()).collect::<Vec<_>>())
-                .map_err(|e| RequestError::from_sample(e, input.field()))?;
-            let span = tracing::Span::current();
-            span.record("seed", seed);
-            span.record("chain", chain.describe());
-            self.seed = seed;
-            self.step = msg.first_step;
-            self.n_vocab = input.len();
-            self.seq = Some(seq);
-            self.buf = Some(self.state.pool.take());
-        } else {
-            if !msg.previous_tokens.is_empty() {
-                return Err(RequestError::invalid(
-                    "previous_tokens",
-                    format!(
-                        "only the first message of a stream may set the window (got {} tokens at step {})",
-                        msg.previous_tokens.len(),
-                        self.step
-                    ),
-                ));
-            }
-            if input.len() != self.n_vocab {
-                return Err(RequestError::invalid(
-                    input.field(),
-                    format!(
-                        "vocabulary changed within the stream: {} logits, the first message had {}",
-                        input.len(),
-                        self.n_vocab
-                    ),
-                ));
-            }
-        }
+        };
         let (Some(seq), Some(buf)) = (self.seq.as_mut(), self.buf.as_mut()) else {
             return Err(RequestError::Internal(
                 "stream session not initialised".into(),
             ));
         };
-        let resp = run_step(
-            seq,
-            buf,
-            StepInput {
-                logits: input,
-                seed: self.seed,
-                step: self.step,
-                n_probs: msg.n_probs,
-                post_sampling_probs: msg.post_sampling_probs,
-            },
-            helper,
-        )?;
+        let resp = run_step(seq, buf, input, self.seed, helper)?;
         seq.accept(resp.token_id)
-            .map_err(|e| RequestError::from_sample(e, input.field()))?;
+            .map_err(|e| RequestError::from_sample(e, input.logits.field()))?;
         self.step += 1;
         self.steps += 1;
         self.sampling += start.elapsed();

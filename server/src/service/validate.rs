@@ -1,0 +1,250 @@
+//! Request validation, in one place: each sampling request becomes a typed
+//! value here and nothing downstream checks it again.
+//!
+//! - [`sample`] — a `Sample` request → [`ValidStart`]: the step
+//!   ([`ValidStep`]: one encoding of the logits under `limits.max_vocab`,
+//!   the step index, which probabilities to report under
+//!   `limits.max_n_probs`), the built chain and seed, and the window
+//!   (`previous_tokens` under `limits.max_window_tokens`, ids outside the
+//!   vocabulary dropped as llama.cpp does).
+//! - [`stream_start`] / [`stream_step`] — the first message of a
+//!   `SampleStream` (as `Sample`, the step counter starting at
+//!   `first_step`) and every later one (no window; the vocabulary of the
+//!   first).
+//! - [`generate`] — the sampling side of a `Generate` request →
+//!   [`ValidGenerate`]. The prompt itself (text or chat roles, stop strings,
+//!   `max_tokens`, the token budget) is checked by the model host
+//!   (`generation::prepare`), which has the tokenizer and `[generate]`.
+//!
+//! Every error names the request field path, the value and, for a limit,
+//! its configuration key. A stage parameter's range is the stage's to
+//! check: its message comes back through the chain build, naming the field.
+//! Chain builds call into plugins, so these run on the sampling pool.
+
+use std::sync::Arc;
+
+use samplerd_api::v1;
+use samplerd_sampling::{Chain, Vocabulary, step};
+
+use super::AppState;
+use crate::convert::{self, LogitsInput};
+use crate::errors::RequestError;
+
+/// One step's inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidStep<'a> {
+    pub logits: LogitsInput<'a>,
+    /// The step index (the RNG's stream).
+    pub step: u64,
+    pub probs: step::ProbsRequest,
+}
+
+/// A `Sample` request, or the first message of a `SampleStream`.
+pub struct ValidStart<'a> {
+    pub step: ValidStep<'a>,
+    pub chain: Chain,
+    pub seed: u64,
+    /// `previous_tokens` inside the vocabulary, oldest first.
+    pub window: Vec<u32>,
+}
+
+/// The sampling side of a `Generate` request.
+pub struct ValidGenerate {
+    pub chain: Chain,
+    pub seed: u64,
+    pub probs: step::ProbsRequest,
+}
+
+/// A `Sample` request.
+pub fn sample<'a>(
+    state: &AppState,
+    req: &'a v1::SampleRequest,
+) -> Result<ValidStart<'a>, RequestError> {
+    start(
+        state,
+        Fields {
+            logits: &req.logits,
+            logits_f32le: &req.logits_f32le,
+            previous_tokens: &req.previous_tokens,
+            params: req.params.as_ref(),
+            step: req.step,
+            n_probs: req.n_probs,
+            post_sampling_probs: req.post_sampling_probs,
+        },
+    )
+}
+
+/// The first message of a `SampleStream`.
+pub fn stream_start<'a>(
+    state: &AppState,
+    msg: &'a v1::SampleStreamRequest,
+) -> Result<ValidStart<'a>, RequestError> {
+    start(
+        state,
+        Fields {
+            logits: &msg.logits,
+            logits_f32le: &msg.logits_f32le,
+            previous_tokens: &msg.previous_tokens,
+            params: msg.params.as_ref(),
+            step: msg.first_step,
+            n_probs: msg.n_probs,
+            post_sampling_probs: msg.post_sampling_probs,
+        },
+    )
+}
+
+/// A later message of a `SampleStream` whose first message had `n_vocab`
+/// logits; `step` is the stream's counter.
+pub fn stream_step<'a>(
+    state: &AppState,
+    msg: &'a v1::SampleStreamRequest,
+    n_vocab: usize,
+    step: u64,
+) -> Result<ValidStep<'a>, RequestError> {
+    let logits = LogitsInput::from_request(&msg.logits, &msg.logits_f32le, state.limits.max_vocab)?;
+    if !msg.previous_tokens.is_empty() {
+        return Err(RequestError::invalid(
+            "previous_tokens",
+            format!(
+                "only the first message of a stream may set the window (got {} tokens at step {step})",
+                msg.previous_tokens.len(),
+            ),
+        ));
+    }
+    if logits.len() != n_vocab {
+        return Err(RequestError::invalid(
+            logits.field(),
+            format!(
+                "vocabulary changed within the stream: {} logits, the first message had {n_vocab}",
+                logits.len(),
+            ),
+        ));
+    }
+    Ok(ValidStep {
+        logits,
+        step,
+        probs: probs(state, msg.n_probs, msg.post_sampling_probs)?,
+    })
+}
+
+/// The sampling side of a `Generate` request, the chain built with the
+/// model's vocabulary (for stages that need it).
+pub fn generate(
+    state: &AppState,
+    req: &v1::GenerateRequest,
+    vocab: Option<Arc<Vocabulary>>,
+) -> Result<ValidGenerate, RequestError> {
+    let probs = probs(state, req.n_probs, req.post_sampling_probs)?;
+    let (chain, seed) = sampling(state, req.params.as_ref(), vocab)?;
+    Ok(ValidGenerate { chain, seed, probs })
+}
+
+/// The chain and seed for a request's parameters: `chain` when given,
+/// else the typed fields over the configured defaults, else the default
+/// chain (prebuilt); the seed is the request's or the configured one.
+pub fn sampling(
+    state: &AppState,
+    p: Option<&v1::SamplingParams>,
+    vocab: Option<Arc<Vocabulary>>,
+) -> Result<(Chain, u64), RequestError> {
+    let defaults = &state.defaults;
+    let seed = p
+        .and_then(|p| p.seed)
+        .unwrap_or_else(|| defaults.default_seed());
+    let Some(p) = p else {
+        return Ok((defaults.chain.clone(), seed));
+    };
+    for (field, n) in [
+        ("params.chain", p.chain.len()),
+        ("params.samplers", p.samplers.len()),
+    ] {
+        if n > defaults.max_chain_stages {
+            return Err(RequestError::invalid(
+                field,
+                format!(
+                    "{n} stages exceed the limit of {} (limits.max_chain_stages)",
+                    defaults.max_chain_stages
+                ),
+            ));
+        }
+    }
+    let chain = if !p.chain.is_empty() {
+        let spec = convert::chain_from_proto(&p.chain)?;
+        state
+            .registry
+            .build_chain(&spec, vocab)
+            .map_err(|e| RequestError::from_chain(e, true))?
+    } else if let Some(merged) = convert::typed_params(&defaults.params, p) {
+        let spec = merged
+            .chain_spec()
+            .map_err(|e| RequestError::from_chain(e, false))?;
+        state.registry.build_chain(&spec, vocab).map_err(|e| {
+            let field = if p.samplers.is_empty() {
+                "params"
+            } else {
+                "params.samplers"
+            };
+            RequestError::invalid(field, e.to_string())
+        })?
+    } else {
+        defaults.chain.clone()
+    };
+    Ok((chain, seed))
+}
+
+/// The fields a `Sample` request and a stream's first message share.
+struct Fields<'a> {
+    logits: &'a [f32],
+    logits_f32le: &'a [u8],
+    previous_tokens: &'a [u32],
+    params: Option<&'a v1::SamplingParams>,
+    step: u64,
+    n_probs: u32,
+    post_sampling_probs: bool,
+}
+
+fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestError> {
+    let limits = &state.limits;
+    let logits = LogitsInput::from_request(f.logits, f.logits_f32le, limits.max_vocab)?;
+    if f.previous_tokens.len() > limits.max_window_tokens {
+        return Err(RequestError::invalid(
+            "previous_tokens",
+            format!(
+                "{} tokens exceed the limit of {} (limits.max_window_tokens)",
+                f.previous_tokens.len(),
+                limits.max_window_tokens
+            ),
+        ));
+    }
+    let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
+    let (chain, seed) = sampling(state, f.params, None)?;
+    Ok(ValidStart {
+        step: ValidStep {
+            logits,
+            step: f.step,
+            probs,
+        },
+        chain,
+        seed,
+        window: step::in_vocab(f.previous_tokens, logits.len()).collect(),
+    })
+}
+
+/// `n_probs` under `limits.max_n_probs` (one limit for every RPC).
+fn probs(
+    state: &AppState,
+    n_probs: u32,
+    post_sampling: bool,
+) -> Result<step::ProbsRequest, RequestError> {
+    let max = state.limits.max_n_probs;
+    if n_probs > max {
+        return Err(RequestError::invalid(
+            "n_probs",
+            format!("{n_probs} exceeds the limit of {max} (limits.max_n_probs)"),
+        ));
+    }
+    Ok(step::ProbsRequest {
+        n: n_probs as usize,
+        post_sampling,
+    })
+}
