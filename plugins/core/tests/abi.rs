@@ -6,14 +6,20 @@ use samplerd_core_stages::samplerd_plugin_entry_v1;
 use samplerd_plugin_sdk::abi::*;
 
 fn stages() -> Vec<&'static SdStage> {
+    // SAFETY: the entry point returns a pointer to the library's static
+    // descriptor, valid for the whole process.
     let plugin = unsafe { &*samplerd_plugin_entry_v1() };
     assert_eq!(plugin.abi_major, SD_ABI_MAJOR);
+    // SAFETY: the descriptor's name is a static NUL-terminated string.
     assert_eq!(unsafe { CStr::from_ptr(plugin.library_name) }, c"core");
+    // SAFETY: `stages` points to `n_stages` static stage pointers.
     let ptrs = unsafe { std::slice::from_raw_parts(plugin.stages, plugin.n_stages) };
+    // SAFETY: each stage pointer is a static, non-null descriptor.
     ptrs.iter().map(|&p| unsafe { &*p }).collect()
 }
 
 fn name(s: &SdStage) -> String {
+    // SAFETY: a stage's name is a static NUL-terminated string.
     unsafe { CStr::from_ptr(s.name) }
         .to_str()
         .unwrap()
@@ -21,9 +27,11 @@ fn name(s: &SdStage) -> String {
 }
 
 fn params(s: &SdStage) -> Vec<String> {
+    // SAFETY: `params_spec` points to `n_params_spec` static specs.
     let spec = unsafe { std::slice::from_raw_parts(s.params_spec, s.n_params_spec) };
     spec.iter()
         .map(|p| {
+            // SAFETY: a parameter's name is a static NUL-terminated string.
             unsafe { CStr::from_ptr(p.name) }
                 .to_str()
                 .unwrap()
@@ -112,21 +120,24 @@ fn top_k_and_greedy_through_the_abi() {
     // invalid k: SD_ERR with a message naming it
     let bad = mk(-3.0);
     let mut cfg: *mut c_void = std::ptr::null_mut();
+    // SAFETY: one valid parameter, no vocabulary, live out-pointers.
     let rc = unsafe { (top_k.config_new.unwrap())(&bad, 1, std::ptr::null(), &mut cfg, &mut err) };
     assert_eq!(rc, SD_ERR);
+    // SAFETY: on SD_ERR the stage wrote a NUL-terminated message into the
+    // buffer.
     let msg = unsafe { CStr::from_ptr(err.message.as_ptr()) }
         .to_str()
         .unwrap();
     assert_eq!(msg, "top_k: k must be in [0, 4294967295], got -3");
 
     let good = mk(2.0);
+    // SAFETY: as above.
     let rc = unsafe { (top_k.config_new.unwrap())(&good, 1, std::ptr::null(), &mut cfg, &mut err) };
     assert_eq!(rc, SD_OK);
     let mut state: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
-        unsafe { (top_k.state_new.unwrap())(cfg, &mut state, &mut err) },
-        SD_OK
-    );
+    // SAFETY: `cfg` is the config just made; live out-pointers.
+    let rc = unsafe { (top_k.state_new.unwrap())(cfg, &mut state, &mut err) };
+    assert_eq!(rc, SD_OK);
     let mut dense = vec![0.5f32, 3.0, -1.0, 2.0];
     let mut cand = vec![SdCandidate { id: 0, logit: 0.0 }; 4];
     let mut tokens = SdTokens {
@@ -144,10 +155,10 @@ fn top_k_and_greedy_through_the_abi() {
         ctx: std::ptr::null_mut(),
         next_u64: Some(fixed_rng),
     };
-    assert_eq!(
-        unsafe { (top_k.apply.unwrap())(cfg, state, &mut tokens, &mut rng, &mut err) },
-        SD_OK
-    );
+    // SAFETY: config and state from this stage; `tokens` describes the
+    // two live 4-entry arrays above; `rng` has a valid callback.
+    let rc = unsafe { (top_k.apply.unwrap())(cfg, state, &mut tokens, &mut rng, &mut err) };
+    assert_eq!(rc, SD_OK);
     assert_eq!(tokens.view, SD_VIEW_CANDIDATES);
     assert_eq!(tokens.size, 2);
     assert_eq!(tokens.sorted, 1);
@@ -161,23 +172,22 @@ fn top_k_and_greedy_through_the_abi() {
 
     let greedy = all.iter().find(|s| name(s) == "greedy").unwrap();
     let mut gcfg: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
-        unsafe {
-            (greedy.config_new.unwrap())(std::ptr::null(), 0, std::ptr::null(), &mut gcfg, &mut err)
-        },
-        SD_OK
-    );
+    // SAFETY: no parameters, no vocabulary, live out-pointers.
+    let rc = unsafe {
+        (greedy.config_new.unwrap())(std::ptr::null(), 0, std::ptr::null(), &mut gcfg, &mut err)
+    };
+    assert_eq!(rc, SD_OK);
     let mut gst: *mut c_void = std::ptr::null_mut();
-    assert_eq!(
-        unsafe { (greedy.state_new.unwrap())(gcfg, &mut gst, &mut err) },
-        SD_OK
-    );
-    assert_eq!(
-        unsafe { (greedy.apply.unwrap())(gcfg, gst, &mut tokens, &mut rng, &mut err) },
-        SD_OK
-    );
+    // SAFETY: `gcfg` is greedy's config just made.
+    let rc = unsafe { (greedy.state_new.unwrap())(gcfg, &mut gst, &mut err) };
+    assert_eq!(rc, SD_OK);
+    // SAFETY: greedy's config and state; the same live buffers as above.
+    let rc = unsafe { (greedy.apply.unwrap())(gcfg, gst, &mut tokens, &mut rng, &mut err) };
+    assert_eq!(rc, SD_OK);
     assert_eq!(tokens.selected, 1);
 
+    // SAFETY: each state and config is freed once, states first, by the
+    // stage that made it.
     unsafe {
         (greedy.state_free.unwrap())(gcfg, gst);
         (greedy.config_free.unwrap())(gcfg);

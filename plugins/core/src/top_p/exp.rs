@@ -46,7 +46,7 @@ pub(super) const EXP16_P: [f32; 6] = [
 #[inline(always)]
 pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
     use samplerd_numerics::exp::consts::{C1, C2, LO, LOG2E, MAGIC as RMAGIC};
-    // SAFETY (whole body): register-only AVX-512F operations; the
+    // SAFETY: (the whole body) register-only AVX-512F operations; the
     // caller runs with AVX-512F enabled.
     unsafe {
         let lo = _mm512_set1_ps(LO);

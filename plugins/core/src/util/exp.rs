@@ -142,7 +142,7 @@ unsafe fn exp_shifted_avx512_from(
     if let Some(cs) = chunk_sums.as_deref_mut() {
         cs.clear();
     }
-    // SAFETY (whole body): register-only AVX-512F operations (the caller
+    // SAFETY: (the whole body) register-only AVX-512F operations (the caller
     // runs with AVX-512F enabled), and stores checked below.
     unsafe {
         let vmax = _mm512_set1_ps(max);
