@@ -17,7 +17,7 @@ pub struct Features {
     avx512dq: bool,
 }
 
-/// The instruction-set tier a [`dispatch!`] body is compiled for, from the
+/// The instruction-set tier a [`dispatch!`](crate::dispatch) body is compiled for, from the
 /// most capable down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
@@ -70,7 +70,7 @@ impl Features {
         self.avx512f && self.popcnt
     }
 
-    /// The tier [`dispatch!`] picks.
+    /// The tier [`dispatch!`](crate::dispatch) picks.
     pub fn isa(self) -> Isa {
         if self.avx512f && self.avx512vl && self.avx512bw && self.avx512dq && self.avx2 && self.fma
         {

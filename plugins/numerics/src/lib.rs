@@ -2,7 +2,7 @@
 //! (`samplerd-core-stages`) and by the host's logit scans
 //! (`samplerd-sampling`), so that both compute the same bits:
 //!
-//! - [`features`]: the CPU features, detected once and cached, and the
+//! - [`mod@features`]: the CPU features, detected once and cached, and the
 //!   [`dispatch!`] macro that runs a body compiled for AVX-512, AVX2+FMA or
 //!   the baseline;
 //! - [`exp`]: the one vectorisable `exp` (Cephes `expf`, measured error in

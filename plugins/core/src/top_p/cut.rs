@@ -41,8 +41,9 @@ pub fn key_logit(k: u32) -> f32 {
     })
 }
 
-/// Where [`nucleus`] cut: the kept tokens are exactly those whose key
-/// `(desc_key(logit) << 32) | position` is `<= last_key`.
+/// Where [`nucleus`](super::nucleus::nucleus) cut: the kept tokens are
+/// exactly those whose key `(desc_key(logit) << 32) | position` is
+/// `<= last_key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cut {
     pub kept: usize,

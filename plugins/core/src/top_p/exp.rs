@@ -1,7 +1,7 @@
 //! The exps of the large top_p path: libm's `expf` (the values llama.cpp
 //! adds, called only where an approximation cannot decide a rounding),
 //! the error bound that both approximations (the portable `exp_f32` and
-//! the AVX-512 [`exp16x4`]) are held to, and `exp16x4` itself.
+//! the AVX-512 `exp16x4`) are held to, and `exp16x4` itself.
 
 /// Bound on `|exp(x) - expf(x)| / expf(x)` for `x <= 0` where `expf(x)` is
 /// normal, for both approximations: `exp_f32` (under 2 ulp, 2^-22, on every
