@@ -16,8 +16,8 @@ use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use samplerd::errors::RequestError;
-use samplerd::generation::{GenerateConfig, ModelHost};
+use samplerd::generate::{GenerateConfig, ModelHost};
+use samplerd::service::errors::RequestError;
 use samplerd_api::v1;
 use tonic::Code;
 

@@ -1,4 +1,4 @@
-//! Fuzzes the streaming stop-string filter (`samplerd_sampling::StopFilter`)
+//! Fuzzes the streaming stop-string filter (`samplerd::generate::stop_filter::StopFilter`)
 //! against a direct reference: stop strings and token chunks are arbitrary
 //! bytes (multi-byte characters split anywhere).
 //!
@@ -12,7 +12,7 @@
 
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use samplerd_sampling::{StopFilter, match_stop_suffix};
+use samplerd::generate::stop_filter::{StopFilter, match_stop_suffix};
 
 /// Smallest start of an occurrence of any stop that ends within `text`.
 fn earliest_match(text: &[u8], stops: &[Vec<u8>]) -> Option<usize> {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use samplerd::config::Config;
+use samplerd::app::config::Config;
 use samplerd::service::AppState;
 use samplerd_sampling::StageRegistry;
 
@@ -40,7 +40,7 @@ pub fn app_state() -> &'static Arc<AppState> {
     STATE.get_or_init(|| {
         let mut config = Config::default();
         config.plugins.files = vec![core_plugin()];
-        let registry = samplerd::server::load_registry(&config).expect("core plugin loads");
-        samplerd::server::build_state(&config, registry, None).expect("default chain builds")
+        let registry = samplerd::app::server::load_registry(&config).expect("core plugin loads");
+        samplerd::app::server::build_state(&config, registry, None).expect("default chain builds")
     })
 }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use samplerd::config::Config;
+use samplerd::app::config::Config;
 use samplerd::service::{AppState, sample};
 use samplerd_api::testing::v1::noop_client::NoopClient;
 use samplerd_api::testing::v1::noop_server::{Noop, NoopServer};
@@ -217,7 +217,7 @@ async fn main() {
         .find(|p| p.is_file())
         .expect("core plugin built (cargo bench builds it as a dev-dependency)");
     cfg.plugins.files = vec![core];
-    let server = samplerd::server::spawn(cfg, None)
+    let server = samplerd::app::server::spawn(cfg, None)
         .await
         .expect("samplerd starts");
 
@@ -233,7 +233,7 @@ async fn main() {
         tonic::transport::Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
-            .max_frame_size(samplerd::server::HTTP2_MAX_FRAME_BYTES)
+            .max_frame_size(samplerd::app::server::HTTP2_MAX_FRAME_BYTES)
             .add_service(
                 NoopServer::new(NoopService)
                     .max_decoding_message_size(MAX_MESSAGE)

@@ -1,28 +1,23 @@
 //! samplerd: the gRPC server that turns LLM logits into the next token
 //! through a chain of sampler stages loaded as plugins.
 //!
-//! Modules: [`config`] (figment layers), [`telemetry`] (tracing),
-//! [`convert`] (proto ↔ sampling types), [`errors`] (→ gRPC status),
-//! [`service`] (the RPCs), [`pool`] (token buffer reuse), [`model`] (the
-//! Generate seam), [`generation`] (the model host's decode loop), [`server`] (assembly: health, reflection, limits) and
-//! [`check`] (`check-config`), [`metrics`] (Prometheus, request layer) and
-//! [`shutdown`] (draining on SIGTERM); security: [`tls`] (rustls, mutual
-//! TLS, the plaintext rule), [`auth`] (bearer tokens) and [`deadline`]
-//! (per-request deadlines).
+//! The layers, outside in:
+//! - [`app`] — the process: configuration ([`app::config`], figment
+//!   layers), logging ([`app::telemetry`]), assembly of the server with
+//!   health and reflection ([`app::server`]), `check-config`
+//!   ([`app::check`]) and draining on SIGTERM ([`app::shutdown`]).
+//! - [`transport`] — what every RPC passes before a handler: TLS and the
+//!   plaintext rule ([`transport::tls`]), bearer tokens
+//!   ([`transport::auth`]), deadlines ([`transport::deadline`]), request
+//!   metrics and `/metrics` ([`transport::metrics`]) and decoding
+//!   single-frame messages without a copy ([`transport::one_frame`]).
+//! - [`service`] — the `samplerd.v1.Sampler` RPCs: validation
+//!   ([`service::validate`]), the sampling pool every step runs on
+//!   ([`service::step_pool`]), one module per RPC.
+//! - [`generate`] — the model host behind `Generate`: the decode loop, the
+//!   batching decode engine and the [`generate::Generator`] seam.
 
-pub mod auth;
-pub mod check;
-pub mod config;
-pub mod convert;
-pub mod deadline;
-pub mod errors;
-pub mod generation;
-pub mod metrics;
-pub mod model;
-pub mod pool;
-pub mod server;
+pub mod app;
+pub mod generate;
 pub mod service;
-pub mod shutdown;
-pub mod step_pool;
-pub mod telemetry;
-pub mod tls;
+pub mod transport;

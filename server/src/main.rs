@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use samplerd::config::{self, CliOverrides};
-use samplerd::server;
+use samplerd::app::config::{self, CliOverrides};
+use samplerd::app::server;
 use samplerd::service::Defaults;
 
 /// Default vocabulary of `bench-chain` (Qwen's).
@@ -135,21 +135,21 @@ fn main() -> ExitCode {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = config::load(args.config.config.as_deref(), &args.overrides())?;
     let cfg = loaded.config;
-    samplerd::telemetry::init(&cfg.logging);
+    samplerd::app::telemetry::init(&cfg.logging);
     // Before plugins and the model load, so their series are recorded.
     let metrics = if cfg.metrics.enabled {
-        Some(samplerd::metrics::install()?)
+        Some(samplerd::transport::metrics::install()?)
     } else {
         None
     };
     let registry = server::load_registry(&cfg).context("loading plugins")?;
-    let generator: Option<std::sync::Arc<dyn samplerd::model::Generator>> = match &cfg.model.path {
+    let generator: Option<std::sync::Arc<dyn samplerd::generate::generator::Generator>> = match &cfg.model.path {
         Some(path) => {
             let started = std::time::Instant::now();
-            let placement = samplerd::model::resolve_device(cfg.model.device)?;
+            let placement = samplerd::generate::generator::resolve_device(cfg.model.device)?;
             let host =
-                samplerd::generation::ModelHost::load_on(path, cfg.generate.clone(), &placement)?;
-            metrics::gauge!(samplerd::metrics::MODEL_LOAD_METRIC)
+                samplerd::generate::ModelHost::load_on(path, cfg.generate.clone(), &placement)?;
+            metrics::gauge!(samplerd::transport::metrics::MODEL_LOAD_METRIC)
                 .set(started.elapsed().as_secs_f64());
             Some(std::sync::Arc::new(host))
         }
@@ -161,17 +161,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     let result = rt.block_on(async move {
         if let Some(handle) = metrics {
-            match samplerd::metrics::bind(&cfg.metrics).await {
+            match samplerd::transport::metrics::bind(&cfg.metrics).await {
                 Ok(listener) => {
                     tokio::spawn(async move {
-                        if let Err(e) = samplerd::metrics::serve(listener, handle).await {
+                        if let Err(e) = samplerd::transport::metrics::serve(listener, handle).await {
                             tracing::error!(error = %e, "metrics endpoint failed");
                         }
                     });
                 }
                 // A second local instance on the default port keeps serving
                 // gRPC; an explicitly configured address must work.
-                Err(e) if cfg.metrics.listen == samplerd::metrics::MetricsConfig::default().listen => {
+                Err(e) if cfg.metrics.listen == samplerd::transport::metrics::MetricsConfig::default().listen => {
                     tracing::warn!(error = %e, "metrics endpoint disabled: set metrics.listen to a free address");
                 }
                 Err(e) => return Err(e.into()),
@@ -180,7 +180,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .with_context(|| format!("cannot listen on {} (config `listen`)", cfg.listen))?;
-        server::serve(state, &cfg, listener, samplerd::shutdown::signal()).await?;
+        server::serve(state, &cfg, listener, samplerd::app::shutdown::signal()).await?;
         tracing::info!("samplerd stopped");
         Ok(())
     });
@@ -189,7 +189,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn check(args: ServeArgs) -> anyhow::Result<()> {
-    let report = samplerd::check::check_config(args.config.config.as_deref(), &args.overrides())?;
+    let report = samplerd::app::check::check_config(args.config.config.as_deref(), &args.overrides())?;
     print!("{report}");
     Ok(())
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::*;
 use prost::Message;
-use samplerd::generation::{GenerateConfig, ModelHost};
-use samplerd::model::Generator;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
 use samplerd_api::v1::generate_response::Event;
 use tokio::sync::Barrier;
@@ -221,7 +221,7 @@ fn model_host() -> Option<Arc<dyn Generator>> {
 }
 
 async fn server(generator: Option<Arc<dyn Generator>>) -> TestServer {
-    let server = samplerd::server::spawn(test_config(), generator)
+    let server = samplerd::app::server::spawn(test_config(), generator)
         .await
         .expect("server starts");
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))

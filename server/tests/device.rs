@@ -104,7 +104,7 @@ fn auto_falls_back_to_the_cpu_and_logs_why() {
         eprintln!("NOTICE: a CUDA device is present; auto picks it (checked by gpu-check.sh)");
         return;
     }
-    let placement = samplerd::model::resolve_device(DeviceRequest::Auto).unwrap();
+    let placement = samplerd::generate::generator::resolve_device(DeviceRequest::Auto).unwrap();
     assert_eq!(placement, Placement::Cpu);
     // Through the binary: the choice is logged before the model loads (a
     // missing model file then ends the process with its own error).

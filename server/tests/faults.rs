@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use prost::Message;
-use samplerd::config::Config;
-use samplerd::generation::{GenerateConfig, ModelHost};
-use samplerd::model::Generator;
+use samplerd::app::config::Config;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
 use samplerd_api::v1::generate_response::Event;
 use tonic::Code;
@@ -40,7 +40,7 @@ fn generate_config() -> GenerateConfig {
 }
 
 async fn server(config: Config, generator: Option<Arc<dyn Generator>>) -> TestServer {
-    let server = samplerd::server::spawn(config, generator)
+    let server = samplerd::app::server::spawn(config, generator)
         .await
         .expect("server starts");
     let channel = connect(server.addr).await;

@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::*;
-use samplerd::generation::{GenerateConfig, ModelHost};
-use samplerd::model::Generator;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
 use samplerd_api::v1::generate_response::Event;
 use tonic::Code;
@@ -57,9 +57,12 @@ async fn server_with(host: Arc<ModelHost>) -> TestServer {
     server_with_config(host, test_config()).await
 }
 
-async fn server_with_config(host: Arc<ModelHost>, config: samplerd::config::Config) -> TestServer {
+async fn server_with_config(
+    host: Arc<ModelHost>,
+    config: samplerd::app::config::Config,
+) -> TestServer {
     let generator: Arc<dyn Generator> = host;
-    let server = samplerd::server::spawn(config, Some(generator))
+    let server = samplerd::app::server::spawn(config, Some(generator))
         .await
         .expect("server starts");
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))

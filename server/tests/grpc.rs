@@ -621,7 +621,7 @@ async fn stream_error_mid_stream_and_cancel_free_the_session() {
 #[tokio::test]
 async fn random_seed_setting_reports_fresh_seeds() {
     let mut cfg = test_config();
-    cfg.sampling.seed = samplerd::config::SeedSetting::Random;
+    cfg.sampling.seed = samplerd::app::config::SeedSetting::Random;
     let mut s = start_with(cfg).await;
     let l = logits(100, 12);
     let a = s.client.sample(req_floats(&l)).await.unwrap().into_inner();

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use common::*;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-use samplerd::config::Config;
-use samplerd::model::{GenerateSink, Generator, ResolvedSampling};
-use samplerd::server::{RunningServer, spawn};
+use samplerd::app::config::Config;
+use samplerd::app::server::{RunningServer, spawn};
+use samplerd::generate::generator::{GenerateSink, Generator, ResolvedSampling};
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::Code;
@@ -681,12 +681,12 @@ async fn prompt_tokens_are_limited() {
         eprintln!("SAMPLERD_MODEL is not set: skipping the prompt-limit test");
         return;
     };
-    let cfg = samplerd::generation::GenerateConfig {
+    let cfg = samplerd::generate::GenerateConfig {
         max_prompt_tokens: 8,
         ..Default::default()
     };
     let host: Arc<dyn Generator> =
-        Arc::new(samplerd::generation::ModelHost::load(&path, cfg).expect("model loads"));
+        Arc::new(samplerd::generate::ModelHost::load(&path, cfg).expect("model loads"));
     let server = spawn(test_config(), Some(host)).await.unwrap();
     let channel = Channel::from_shared(format!("http://{}", server.addr))
         .unwrap()

@@ -112,7 +112,7 @@ async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
     // Liveness stays SERVING while draining (the pod is not restarted).
     let live = HealthClient::new(ch.clone())
         .check(HealthCheckRequest {
-            service: samplerd::server::LIVENESS_SERVICE.into(),
+            service: samplerd::app::server::LIVENESS_SERVICE.into(),
         })
         .await
         .expect("liveness check while draining")
@@ -246,7 +246,7 @@ async fn generate_in_flight_at_sigterm_completes_intact() {
 /// A model stand-in that turns ready when told.
 struct Loading(std::sync::atomic::AtomicBool);
 
-impl samplerd::model::Generator for Loading {
+impl samplerd::generate::generator::Generator for Loading {
     fn ready(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -254,8 +254,8 @@ impl samplerd::model::Generator for Loading {
     fn generate(
         &self,
         _: v1::GenerateRequest,
-        _: samplerd::model::ResolvedSampling,
-        _: samplerd::model::GenerateSink,
+        _: samplerd::generate::generator::ResolvedSampling,
+        _: samplerd::generate::generator::GenerateSink,
     ) {
     }
 }
@@ -263,7 +263,7 @@ impl samplerd::model::Generator for Loading {
 #[tokio::test]
 async fn health_is_serving_only_once_the_model_is_ready() {
     let model = std::sync::Arc::new(Loading(Default::default()));
-    let server = samplerd::server::spawn(common::test_config(), Some(model.clone()))
+    let server = samplerd::app::server::spawn(common::test_config(), Some(model.clone()))
         .await
         .expect("server starts");
     let ch = Channel::from_shared(format!("http://{}", server.addr))
@@ -285,7 +285,7 @@ async fn health_is_serving_only_once_the_model_is_ready() {
     // Liveness answers SERVING even while loading (no restart loop).
     let live = HealthClient::new(ch.clone())
         .check(HealthCheckRequest {
-            service: samplerd::server::LIVENESS_SERVICE.into(),
+            service: samplerd::app::server::LIVENESS_SERVICE.into(),
         })
         .await
         .expect("liveness check")

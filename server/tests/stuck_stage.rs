@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use samplerd::config::Config;
-use samplerd::generation::{GenerateConfig, ModelHost};
-use samplerd::model::Generator;
+use samplerd::app::config::Config;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::Code;
@@ -291,7 +291,7 @@ async fn past_max_stuck_workers_readiness_fails_and_liveness_does_not() {
                 return;
             }
             if m.status == ServingStatus::NotServing as i32 {
-                let live = health_status(&s, samplerd::server::LIVENESS_SERVICE).await;
+                let live = health_status(&s, samplerd::app::server::LIVENESS_SERVICE).await;
                 assert_eq!(live, ServingStatus::Serving as i32, "liveness stays honest");
             }
         }
@@ -310,7 +310,7 @@ async fn a_heavy_legal_step_does_not_delay_health() {
     let mut c = test_config();
     c.limits.max_step_ms = 30_000;
     let s = start_with(c).await;
-    let n = samplerd::config::LimitsConfig::default().max_vocab;
+    let n = samplerd::app::config::LimitsConfig::default().max_vocab;
     let mut chain: Vec<_> = (0..60)
         .map(|i| stage("top_p", &[("p", 0.999 - i as f64 * 1e-4)]))
         .collect();
@@ -367,7 +367,7 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
         },
     )
     .expect("model loads");
-    let server = samplerd::server::spawn(
+    let server = samplerd::app::server::spawn(
         config(dir.path()),
         Some(Arc::new(host) as Arc<dyn Generator>),
     )

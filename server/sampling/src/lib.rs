@@ -1,9 +1,8 @@
 //! samplerd's sampling core: loads sampler-stage plugins over the C ABI
 //! (`library`, `registry`, `stage`), builds validated chains from stage
 //! specs (`spec`, `params`, `chain`), runs them over a reusable token buffer
-//! (`sequence`, `buffer`) with host-owned, counter-based randomness (`rng`),
-//! and provides the byte-level stop-string matcher the Generate loop uses
-//! (`stop`); `trust` refuses plugin files other users could have written,
+//! (`sequence`, `buffer`) with host-owned, counter-based randomness (`rng`);
+//! `trust` refuses plugin files other users could have written,
 //! or whose pinned digest does not match.
 
 pub mod activity;
@@ -25,7 +24,6 @@ pub mod sequence;
 pub mod spec;
 pub mod stage;
 pub mod step;
-pub mod stop;
 pub mod trust;
 pub mod vocab;
 
@@ -38,6 +36,5 @@ pub use rng::StepRng;
 pub use sequence::{Sampled, Sequence};
 pub use spec::{ChainSpec, ParamValue, StageSpec};
 pub use stage::{ParamInfo, ParamKind, StageInfo};
-pub use stop::{StopFilter, match_stop_suffix};
 pub use trust::{TrustError, TrustPolicy};
 pub use vocab::Vocabulary;

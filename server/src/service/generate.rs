@@ -1,4 +1,4 @@
-//! `Generate`: delegates to the model host's [`Generator`](crate::model::Generator);
+//! `Generate`: delegates to the model host's [`Generator`](crate::generate::generator::Generator);
 //! without one, FAILED_PRECONDITION saying how to configure a model.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{AppState, BoxStream, validate};
-use crate::model::{NO_MODEL_MESSAGE, ResolvedSampling};
+use crate::generate::generator::{NO_MODEL_MESSAGE, ResolvedSampling};
 
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;

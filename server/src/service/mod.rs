@@ -2,15 +2,18 @@
 //! configured defaults ([`Defaults`]) and one module per RPC
 //! (`sample`, `stream`, `generate`, `stages`). Every sampling step, and
 //! every other call into plugin code (chain builds included), runs on the
-//! sampling pool ([`crate::step_pool`]) under its watchdog, never on the
+//! sampling pool ([`crate::service::step_pool`]) under its watchdog, never on the
 //! async runtime: whatever a stage does, health checks, /metrics and the
 //! other RPCs keep answering.
 
+pub mod buffer_pool;
+pub mod convert;
+pub mod errors;
 pub mod generate;
 pub mod lse_helper;
-pub mod one_frame;
 pub mod sample;
 pub mod stages;
+pub mod step_pool;
 pub mod stream;
 pub mod validate;
 
@@ -27,10 +30,10 @@ use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::config::{Config, LimitsConfig, SeedSetting};
-use crate::model::Generator;
-use crate::pool::BufferPool;
-use crate::step_pool::StepPool;
+use crate::app::config::{Config, LimitsConfig, SeedSetting};
+use crate::generate::generator::Generator;
+use crate::service::buffer_pool::BufferPool;
+use crate::service::step_pool::StepPool;
 use lse_helper::LseHelper;
 
 /// The configured defaults: typed parameters, seed setting and the
@@ -185,8 +188,11 @@ impl Sampler for SamplerService {
         &self,
         mut request: Request<v1::SampleRequest>,
     ) -> Result<Response<v1::SampleResponse>, Status> {
-        let message = match request.extensions_mut().remove::<one_frame::Predecoded>() {
-            Some(one_frame::Predecoded(message)) => message,
+        let message = match request
+            .extensions_mut()
+            .remove::<crate::transport::one_frame::Predecoded>()
+        {
+            Some(crate::transport::one_frame::Predecoded(message)) => message,
             None => request.into_inner(),
         };
         sample::handle(self.state.clone(), message)
@@ -202,7 +208,7 @@ impl Sampler for SamplerService {
     ) -> Result<Response<Self::SampleStreamStream>, Status> {
         let predecoded = request
             .extensions()
-            .get::<one_frame::PredecodedStream>()
+            .get::<crate::transport::one_frame::PredecodedStream>()
             .cloned()
             .unwrap_or_default();
         stream::handle(self.state.clone(), request.into_inner(), predecoded).map(Response::new)

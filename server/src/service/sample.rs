@@ -15,8 +15,8 @@ use tracing::Instrument;
 use super::AppState;
 use super::lse_helper::LseJob;
 use super::validate::{self, ValidStep};
-use crate::convert;
-use crate::errors::RequestError;
+use crate::service::convert;
+use crate::service::errors::RequestError;
 
 impl step::DeferredLse for LseJob {
     fn finish(self) -> f32 {

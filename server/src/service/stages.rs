@@ -3,7 +3,7 @@
 use samplerd_api::v1;
 
 use super::AppState;
-use crate::convert;
+use crate::service::convert;
 
 /// Builds the ListStages response.
 pub fn list(state: &AppState) -> v1::ListStagesResponse {

@@ -17,11 +17,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
-use super::one_frame::PredecodedStream;
 use super::sample::{run_step, start_lse};
 use super::validate;
 use super::{AppState, BoxStream};
-use crate::errors::{RequestError, map_stream_status};
+use crate::service::errors::{RequestError, map_stream_status};
+use crate::transport::one_frame::PredecodedStream;
 
 /// What a stream holds on the server's books: its slot under
 /// `limits.max_concurrent_streams` and its count in the open sessions.
@@ -155,12 +155,12 @@ struct Pull {
 
 /// The `SampleStream` RPC. The response stream drives the session itself:
 /// each poll reads the next message, runs its step on a sampling thread
-/// ([`crate::step_pool`], under its watchdog) and yields the response — no task and no channel
+/// ([`crate::service::step_pool`], under its watchdog) and yields the response — no task and no channel
 /// between the request and the response, and the next message is read
 /// only once the client has room for the next response. A client that
 /// cancels or disconnects drops the stream, and with it the session.
 /// `predecoded` holds the messages decoded from their frames
-/// ([`super::one_frame`]), in whose place tonic yields empty ones; it stays
+/// ([`crate::transport::one_frame`]), in whose place tonic yields empty ones; it stays
 /// empty for a stream that path leaves to tonic (a compressed one).
 pub fn handle(
     state: Arc<AppState>,

@@ -27,8 +27,8 @@ use samplerd_api::v1;
 use samplerd_sampling::{Chain, Vocabulary, step};
 
 use super::AppState;
-use crate::convert::{self, LogitsInput};
-use crate::errors::RequestError;
+use crate::service::convert::{self, LogitsInput};
+use crate::service::errors::RequestError;
 
 /// One step's inputs.
 #[derive(Clone, Copy, Debug)]

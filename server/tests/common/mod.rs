@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use samplerd::config::Config;
-use samplerd::server::{RunningServer, spawn};
+use samplerd::app::config::Config;
+use samplerd::app::server::{RunningServer, spawn};
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;

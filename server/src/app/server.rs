@@ -2,7 +2,7 @@
 //! chain, the Sampler service with its message-size limits, health
 //! (SERVING once plugins are loaded and, when configured, the model is
 //! ready) and reflection (v1 and v1alpha, for grpcurl 1.8.x), request
-//! metrics, and draining on shutdown (`crate::shutdown`).
+//! metrics, and draining on shutdown (`crate::app::shutdown`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,13 +18,13 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
-use crate::config::Config;
-use crate::errors::{TOO_LARGE_MARKER, map_stream_status};
-use crate::metrics::{DRAINING_METRIC, RpcLayer};
-use crate::model::Generator;
-use crate::service::one_frame::OneFrameDecode;
+use crate::app::config::Config;
+use crate::app::shutdown::{CLOSE_TIMEOUT, Drain};
+use crate::generate::generator::Generator;
+use crate::service::errors::{TOO_LARGE_MARKER, map_stream_status};
 use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
-use crate::shutdown::{CLOSE_TIMEOUT, Drain};
+use crate::transport::metrics::{DRAINING_METRIC, RpcLayer};
+use crate::transport::one_frame::OneFrameDecode;
 
 /// HTTP/2 SETTINGS_MAX_FRAME_SIZE the server accepts: a 0.6 MB logits
 /// message arrives in one DATA frame instead of 37 of the default 16 KiB
@@ -58,9 +58,9 @@ pub enum StartError {
     #[error("server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
-    Tls(#[from] crate::tls::TlsError),
+    Tls(#[from] crate::transport::tls::TlsError),
     #[error("{0}")]
-    Auth(#[from] crate::auth::AuthError),
+    Auth(#[from] crate::transport::auth::AuthError),
     #[error("cannot start the sampling threads (limits.sampling_threads): {0}")]
     StepPool(#[source] std::io::Error),
 }
@@ -104,7 +104,7 @@ fn fix_too_large(mut resp: http::Response<tonic::body::Body>) -> http::Response<
 /// Serves on `listener` until `shutdown` resolves, then drains: health
 /// NOT_SERVING, new Sampler RPCs refused (UNAVAILABLE), running ones given
 /// up to `shutdown.grace_period_secs`, connections closed (see
-/// `crate::shutdown`).
+/// `crate::app::shutdown`).
 pub async fn serve(
     state: Arc<AppState>,
     config: &Config,
@@ -194,7 +194,7 @@ pub async fn serve(
     );
     let drain = Drain::new();
     let (close_tx, close_rx) = oneshot::channel::<()>();
-    let (builder, auth) = crate::tls::secured_builder(config)?;
+    let (builder, auth) = crate::transport::tls::secured_builder(config)?;
     let server = builder
         .initial_stream_window_size(limits.http2_stream_window_bytes)
         .initial_connection_window_size(limits.http2_connection_window_bytes)
@@ -203,9 +203,9 @@ pub async fn serve(
         // Outermost, so it sees the final status of every response.
         .layer(RpcLayer::new(drain.clone()))
         .layer(auth)
-        .layer(crate::deadline::DeadlineLayer::new(Duration::from_secs(
-            limits.max_request_duration_secs,
-        )))
+        .layer(crate::transport::deadline::DeadlineLayer::new(
+            Duration::from_secs(limits.max_request_duration_secs),
+        ))
         .layer(tower::util::MapResponseLayer::new(fix_too_large))
         .add_service(health)
         .add_optional_service(config.reflection.then_some(reflection_v1))

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::config::{self, CliOverrides, ConfigError, LoadedConfig};
-use crate::server::load_registry;
+use crate::app::config::{self, CliOverrides, ConfigError, LoadedConfig};
+use crate::app::server::load_registry;
 use crate::service::Defaults;
 
 /// Loads everything `serve` would load and renders a report.

@@ -7,18 +7,21 @@
 //! generation within one step and frees its KV cache.
 
 mod batcher;
+pub mod generator;
+pub mod stop_filter;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
 use samplerd_model::{ChatMessage, Model, ModelOptions, Session, Utf8Streamer};
-use samplerd_sampling::{SampleError, Sequence, StopFilter, TokenBuffer, Vocabulary, step};
+use samplerd_sampling::{SampleError, Sequence, TokenBuffer, Vocabulary, step};
 use serde::{Deserialize, Serialize};
+use stop_filter::StopFilter;
 use tonic::Status;
 
-use crate::errors::RequestError;
-use crate::model::{GenerateSink, Generator, ResolvedSampling};
+use crate::generate::generator::{GenerateSink, Generator, ResolvedSampling};
+use crate::service::errors::RequestError;
 
 /// Generate settings (config `[generate]`), defaults in one place.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -113,7 +116,7 @@ impl Slots {
             )));
         }
         s.1 += 1;
-        metrics::gauge!(crate::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
+        metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
         loop {
             let (guard, _) = self
                 .freed
@@ -122,13 +125,15 @@ impl Slots {
             s = guard;
             if s.0 < self.max_running {
                 s.1 -= 1;
-                metrics::gauge!(crate::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
+                metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC)
+                    .set(s.1 as f64);
                 s.0 += 1;
                 return Ok(Some(Slot(self)));
             }
             if gone() {
                 s.1 -= 1;
-                metrics::gauge!(crate::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
+                metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC)
+                    .set(s.1 as f64);
                 return Ok(None);
             }
         }
@@ -161,7 +166,7 @@ impl ModelHost {
     }
 
     /// Loads the GGUF at `path` for the backend of `placement` (`model.device`
-    /// as resolved by [`crate::model::resolve_device`]).
+    /// as resolved by [`crate::generate::generator::resolve_device`]).
     pub fn load_on(
         path: &std::path::Path,
         config: GenerateConfig,
@@ -297,14 +302,14 @@ impl ModelHost {
             }
             let token = out.token_id;
             generated += 1;
-            metrics::counter!(crate::metrics::GENERATED_TOKENS_METRIC).increment(1);
+            metrics::counter!(crate::transport::metrics::GENERATED_TOKENS_METRIC).increment(1);
             let step = filter.push(tok.token_bytes(token));
             let text = utf8.push(&step.emit);
             let event = v1::generate_response::Event::Token(v1::Token {
                 token_id: token,
                 text,
                 logprob: out.logprob,
-                probs: crate::convert::token_probabilities(&out.probs),
+                probs: crate::service::convert::token_probabilities(&out.probs),
                 probability: out.probability,
             });
             if sink

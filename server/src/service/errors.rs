@@ -31,7 +31,7 @@ pub enum RequestError {
     Internal(String),
     /// The step ran past its budget, found no sampling thread or panicked.
     #[error("{0}")]
-    Step(#[from] crate::step_pool::StepFailure),
+    Step(#[from] crate::service::step_pool::StepFailure),
 }
 
 impl RequestError {

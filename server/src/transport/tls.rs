@@ -134,8 +134,11 @@ impl TlsConfig {
 /// token layer (a pass-through when `[auth]` is off), both loaded from
 /// their files now so a bad file fails start-up.
 pub fn secured_builder(
-    config: &crate::config::Config,
-) -> Result<(tonic::transport::Server, crate::auth::AuthLayer), crate::server::StartError> {
+    config: &crate::app::config::Config,
+) -> Result<
+    (tonic::transport::Server, crate::transport::auth::AuthLayer),
+    crate::app::server::StartError,
+> {
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = config.tls.server_config()? {
         builder = builder
@@ -150,7 +153,9 @@ pub fn secured_builder(
         );
     }
     let tokens = match &config.auth.tokens_file {
-        Some(path) => Some(std::sync::Arc::new(crate::auth::TokenSet::load(path)?)),
+        Some(path) => Some(std::sync::Arc::new(crate::transport::auth::TokenSet::load(
+            path,
+        )?)),
         None => {
             if !config.listen.ip().is_loopback() {
                 tracing::warn!(
@@ -161,7 +166,7 @@ pub fn secured_builder(
             None
         }
     };
-    Ok((builder, crate::auth::AuthLayer::new(tokens)))
+    Ok((builder, crate::transport::auth::AuthLayer::new(tokens)))
 }
 
 /// An error and its sources on one line (rustls puts the reason a key was

@@ -40,14 +40,14 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub logging: LoggingConfig,
     pub model: ModelConfig,
-    pub generate: crate::generation::GenerateConfig,
-    pub metrics: crate::metrics::MetricsConfig,
-    pub shutdown: crate::shutdown::ShutdownConfig,
+    pub generate: crate::generate::GenerateConfig,
+    pub metrics: crate::transport::metrics::MetricsConfig,
+    pub shutdown: crate::app::shutdown::ShutdownConfig,
     /// Serve gRPC reflection (grpcurl without a .proto). Behind the bearer
     /// token when `[auth]` is on.
     pub reflection: bool,
-    pub tls: crate::tls::TlsConfig,
-    pub auth: crate::auth::AuthConfig,
+    pub tls: crate::transport::tls::TlsConfig,
+    pub auth: crate::transport::auth::AuthConfig,
 }
 
 impl Default for Config {
@@ -62,12 +62,12 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             logging: LoggingConfig::default(),
             model: ModelConfig::default(),
-            generate: crate::generation::GenerateConfig::default(),
-            metrics: crate::metrics::MetricsConfig::default(),
-            shutdown: crate::shutdown::ShutdownConfig::default(),
+            generate: crate::generate::GenerateConfig::default(),
+            metrics: crate::transport::metrics::MetricsConfig::default(),
+            shutdown: crate::app::shutdown::ShutdownConfig::default(),
             reflection: true,
-            tls: crate::tls::TlsConfig::default(),
-            auth: crate::auth::AuthConfig::default(),
+            tls: crate::transport::tls::TlsConfig::default(),
+            auth: crate::transport::auth::AuthConfig::default(),
         }
     }
 }
@@ -274,7 +274,7 @@ pub struct LimitsConfig {
     pub max_request_duration_secs: u64,
     /// Most stages in a request's `params.chain` or `params.samplers`.
     pub max_chain_stages: usize,
-    /// Sampling threads (`crate::step_pool`: every step and every other
+    /// Sampling threads (`crate::service::step_pool`: every step and every other
     /// call into plugin code runs there, never on the async runtime);
     /// 0: one per CPU.
     pub sampling_threads: usize,
@@ -294,8 +294,8 @@ pub struct LimitsConfig {
 
 impl LimitsConfig {
     /// The sampling pool's settings.
-    pub fn step_pool(&self) -> crate::step_pool::StepPoolConfig {
-        crate::step_pool::StepPoolConfig {
+    pub fn step_pool(&self) -> crate::service::step_pool::StepPoolConfig {
+        crate::service::step_pool::StepPoolConfig {
             threads: self.sampling_threads,
             max_step: std::time::Duration::from_millis(self.max_step_ms),
             max_stuck: self.max_stuck_workers,
@@ -569,11 +569,14 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             return Err(loaded.invalid(key, v, "must be > 0"));
         }
     }
-    if c.shutdown.grace_period_secs > crate::shutdown::MAX_GRACE_PERIOD_SECS {
+    if c.shutdown.grace_period_secs > crate::app::shutdown::MAX_GRACE_PERIOD_SECS {
         return Err(loaded.invalid(
             "shutdown.grace_period_secs",
             c.shutdown.grace_period_secs,
-            format!("must be at most {}", crate::shutdown::MAX_GRACE_PERIOD_SECS),
+            format!(
+                "must be at most {}",
+                crate::app::shutdown::MAX_GRACE_PERIOD_SECS
+            ),
         ));
     }
     let security: [(&str, u64); 4] = [

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use samplerd_api::v1;
 use samplerd_sampling::{ChainSpec, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec};
 
-use crate::errors::RequestError;
+use crate::service::errors::RequestError;
 
 /// Field names as clients see them (error messages name these).
 pub const FIELD_LOGITS: &str = "logits";

@@ -1,4 +1,4 @@
-//! The seam to the model host (`crate::generation::ModelHost`): the
+//! The seam to the model host (`crate::generate::ModelHost`): the
 //! `Generate` RPC delegates to a [`Generator`]; with none configured it
 //! answers FAILED_PRECONDITION saying how to configure a model.
 
@@ -20,7 +20,7 @@ pub struct ResolvedSampling {
     /// Which probabilities each `Token` reports (`n_probs`, validated).
     pub probs: samplerd_sampling::step::ProbsRequest,
     /// Where the generation's sampling steps (and prompt tokenization) run.
-    pub steps: crate::step_pool::StepPool,
+    pub steps: crate::service::step_pool::StepPool,
 }
 
 /// Events of one Generate stream (`Token`s, then one `Finished`); a send

@@ -5,7 +5,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogFormat, LoggingConfig};
+use crate::app::config::{LogFormat, LoggingConfig};
 
 /// Installs the global subscriber. Safe to call more than once (later
 /// calls are no-ops), so tests can call it freely.
