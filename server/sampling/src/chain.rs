@@ -77,8 +77,11 @@ pub(crate) struct ChainInner {
     pub(crate) _vocab: Option<Arc<Vocabulary>>,
 }
 
-// SAFETY: configs are immutable and documented as thread-safe by the ABI.
+// SAFETY: configs are immutable and documented as thread-safe by the ABI,
+// so they may be freed on whichever thread drops the last clone.
 unsafe impl Send for ChainInner {}
+// SAFETY: as for `Send`: threads only read a config, and the ABI lets them
+// call a stage with it at once (each with its own state).
 unsafe impl Sync for ChainInner {}
 
 impl Drop for ChainInner {
