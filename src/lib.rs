@@ -8,6 +8,8 @@
 //! - [`code_name`]: the canonical name of a status code (`INVALID_ARGUMENT`),
 //!   as gRPC's documentation and other languages' clients spell it.
 
+#![forbid(unsafe_code)]
+
 use tonic::Code;
 
 /// The `samplerd.v1` package.

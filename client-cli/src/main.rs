@@ -1,6 +1,8 @@
 //! `samplerctl`: the command-line client for samplerd. This file only
 //! parses the command line and dispatches; see `commands/` for behaviour.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod commands;
 mod connect;

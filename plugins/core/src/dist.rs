@@ -7,6 +7,8 @@
 //! chunks (also used for candidate lists longer than [`LARGE_LIST`]).
 //! Fails when no candidate has a finite logit.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

@@ -3,6 +3,8 @@
 //! stage: it never modifies the logits. Dense view: one vectorised chunk-max
 //! pass plus a scan of the winning 64-float chunk.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

@@ -4,6 +4,8 @@
 //! the order given. O(entries) in the dense view, O(candidates · log
 //! entries) in the candidate view.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

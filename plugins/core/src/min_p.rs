@@ -6,6 +6,8 @@
 //! cut at the first candidate below the bound. Dense view: one vectorised
 //! chunk-max pass, then only chunks reaching the bound are scanned.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

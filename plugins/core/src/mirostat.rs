@@ -7,6 +7,8 @@
 //! uniform from the host RNG. Both work on a private sorted copy of the
 //! candidates and never modify the token buffer except `selected`.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

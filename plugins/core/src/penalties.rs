@@ -9,6 +9,8 @@
 //! view (O(window)); in the candidate view it looks each candidate up in a
 //! small hash map (O(candidates)).
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -7,6 +7,8 @@
 //! `sorted = 0`. Two vectorisable passes plus a
 //! gather; the dense view is handled without conversion.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

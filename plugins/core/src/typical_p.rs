@@ -8,6 +8,8 @@
 //! resulting order (libstdc++'s `std::sort` on all-equal keys) is
 //! reproduced, see [`libstdcxx_sort_all_equal`].
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

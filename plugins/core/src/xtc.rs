@@ -5,6 +5,8 @@
 //! at least `min_keep` remain. threshold > 0.5 or probability <= 0: no-op.
 //! When it triggers it sorts the candidates (converting a dense buffer).
 
+#![forbid(unsafe_code)]
+
 use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;

@@ -102,6 +102,8 @@ pub struct SdParamSpec {
 
 // SAFETY: a param spec is immutable static data (pointers to static C strings).
 unsafe impl Sync for SdParamSpec {}
+// SAFETY: as for `Sync`: the pointers name static, never-freed C strings, so
+// moving the spec to another thread cannot leave them dangling.
 unsafe impl Send for SdParamSpec {}
 
 #[repr(C)]
@@ -168,6 +170,8 @@ pub struct SdStage {
 // SAFETY: a stage vtable is immutable static data: C strings, a static spec
 // array and function pointers.
 unsafe impl Sync for SdStage {}
+// SAFETY: as for `Sync`: everything the vtable points to is static and
+// never written, so it may be moved to any thread.
 unsafe impl Send for SdStage {}
 
 #[repr(C)]
@@ -186,6 +190,8 @@ pub struct SdPlugin {
 
 // SAFETY: the descriptor is immutable static data.
 unsafe impl Sync for SdPlugin {}
+// SAFETY: as for `Sync`: the strings and the stage array it points to are
+// static and never written, so it may be moved to any thread.
 unsafe impl Send for SdPlugin {}
 
 pub type PluginEntryFn = unsafe extern "C" fn() -> *const SdPlugin;

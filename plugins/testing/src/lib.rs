@@ -2,6 +2,8 @@
 //! a stage that panics, one that selects a token outside the vocabulary and
 //! one that writes NaN. Never shipped.
 
+#![forbid(unsafe_code)]
+
 use samplerd_plugin_sdk::prelude::*;
 
 /// Panics inside `apply` when the first candidate's logit is above

@@ -2,6 +2,8 @@
 //! and the default chain — or the first problem, naming the key and the
 //! source that set it (file, environment variable, flag or default).
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::path::Path;
 

@@ -6,6 +6,8 @@
 //!
 //! Errors name the key and the source that set it (figment metadata).
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -2,6 +2,8 @@
 //! the server (health, reflection, limits, layers), `check-config` and
 //! graceful shutdown.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod config;
 pub mod server;

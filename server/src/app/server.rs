@@ -4,6 +4,8 @@
 //! ready) and reflection (v1 and v1alpha, for grpcurl 1.8.x), request
 //! metrics, and draining on shutdown (`crate::app::shutdown`).
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -8,6 +8,8 @@
 //! [`Drain`] is the admission gate and in-flight counter the request layer
 //! (`metrics::RpcLayer`) consults for every Sampler RPC.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! stderr. Requests get one span each (see `service`); nothing is logged
 //! per token at info level.
 
+#![forbid(unsafe_code)]
+
 use tracing_subscriber::EnvFilter;
 
 use crate::app::config::{LogFormat, LoggingConfig};

@@ -12,6 +12,8 @@
 //! up by a slow client is stepped later on its own rather than stalling the
 //! others. Results are bit-identical to running each generation alone.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -2,6 +2,8 @@
 //! `Generate` RPC delegates to a [`Generator`]; with none configured it
 //! answers FAILED_PRECONDITION saying how to configure a model.
 
+#![forbid(unsafe_code)]
+
 use samplerd_api::v1::{GenerateRequest, GenerateResponse};
 use std::sync::Arc;
 

@@ -6,6 +6,8 @@
 //! limits concurrent generations; a client that goes away stops its
 //! generation within one step and frees its KV cache.
 
+#![forbid(unsafe_code)]
+
 mod batcher;
 pub mod generator;
 pub mod stop_filter;

@@ -6,6 +6,8 @@
 //! Bytes, not `str`: a stop string may complete in the middle of a UTF-8
 //! character split across tokens.
 
+#![forbid(unsafe_code)]
+
 /// If `buf` ends with one of `stops`, the byte offset where the earliest-
 /// starting (i.e. longest) matching stop string begins. Empty stops are
 /// ignored.

@@ -1,6 +1,8 @@
 //! A small pool of [`TokenBuffer`]s, so a request reuses the ~0.6 MB
 //! dense + candidate buffers of an earlier one instead of allocating.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Mutex;
 
 use samplerd_sampling::TokenBuffer;

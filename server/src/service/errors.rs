@@ -1,6 +1,8 @@
 //! Mapping of sampling-core errors to gRPC `Status`es. Every message names
 //! the request field (or stage) and the offending value.
 
+#![forbid(unsafe_code)]
+
 use samplerd_sampling::{ChainError, LogitsError, SampleError};
 use tonic::Status;
 

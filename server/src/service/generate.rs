@@ -1,6 +1,8 @@
 //! `Generate`: delegates to the model host's [`Generator`](crate::generate::generator::Generator);
 //! without one, FAILED_PRECONDITION saying how to configure a model.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use samplerd_api::v1;

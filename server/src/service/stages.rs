@@ -1,5 +1,7 @@
 //! `ListStages`: every loaded stage and the default chain.
 
+#![forbid(unsafe_code)]
+
 use samplerd_api::v1;
 
 use super::AppState;

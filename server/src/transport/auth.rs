@@ -8,6 +8,8 @@
 //! compared against every one of them in constant time (`subtle`), so
 //! neither timing nor token length leaks; tokens are never logged.
 
+#![forbid(unsafe_code)]
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -8,6 +8,8 @@
 //! tonic's own `Server::timeout` is not used: it answers CANCELLED and only
 //! covers the handler, not a streaming response.
 
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};

@@ -9,6 +9,8 @@
 //! `samplerd_sampling::chain`); without an installed recorder every call is a
 //! no-op, so in-process tests and benchmarks pay nothing.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;

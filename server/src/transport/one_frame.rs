@@ -22,6 +22,8 @@
 //! the body; at most two frames are held back), and tonic answers as it
 //! always does.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;

@@ -4,6 +4,8 @@
 //! non-loopback address is served in plaintext only when explicitly
 //! allowed (`tls.allow_insecure = true`).
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,8 @@
 //! of its binade (see the parent module): bit-identical to adding the
 //! values one by one in order.
 
+#![forbid(unsafe_code)]
+
 /// Values are processed in blocks of this many (four registers of 16).
 pub const BLOCK: usize = 64;
 const _: () = assert!(BLOCK == 4 * 16);

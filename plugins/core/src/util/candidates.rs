@@ -2,6 +2,8 @@
 //! candidate conversion, the max logit of either view and a candidate
 //! softmax.
 
+#![forbid(unsafe_code)]
+
 use std::cmp::Ordering;
 
 use samplerd_plugin_sdk::prelude::*;

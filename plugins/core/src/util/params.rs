@@ -1,6 +1,8 @@
 //! Parameter validation, with messages that name the stage, the
 //! parameter and the value.
 
+#![forbid(unsafe_code)]
+
 use samplerd_plugin_sdk::prelude::*;
 
 /// A numeric parameter (or its default); NaN is an error.

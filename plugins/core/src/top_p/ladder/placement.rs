@@ -1,6 +1,8 @@
 //! Where the ladder walk's sets go: ladders of logit thresholds and the
 //! placement of the top set, the middle and the band from their masses.
 
+#![forbid(unsafe_code)]
+
 use super::{Bounds, FIRST_RUNGS, MASS_MARGIN};
 
 /// R thresholds descending from just below `hi` to `lo` (the last is `lo`
