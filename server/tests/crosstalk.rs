@@ -221,24 +221,7 @@ fn model_host() -> Option<Arc<dyn Generator>> {
 }
 
 async fn server(generator: Option<Arc<dyn Generator>>) -> TestServer {
-    let server = samplerd::app::server::spawn(test_config(), generator)
-        .await
-        .expect("server starts");
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .initial_stream_window_size(8 << 20)
-        .initial_connection_window_size(32 << 20)
-        .connect()
-        .await
-        .expect("connect");
-    wait_serving(channel.clone()).await;
-    TestServer {
-        server: Some(server),
-        client: v1::sampler_client::SamplerClient::new(channel.clone())
-            .max_decoding_message_size(CLIENT_MAX_MESSAGE)
-            .max_encoding_message_size(CLIENT_MAX_MESSAGE),
-        channel,
-    }
+    start_serving(test_config(), generator).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,18 +39,7 @@ fn generate_config() -> GenerateConfig {
 }
 
 async fn server(config: Config, generator: Option<Arc<dyn Generator>>) -> TestServer {
-    let server = samplerd::app::server::spawn(config, generator)
-        .await
-        .expect("server starts");
-    let channel = connect(server.addr).await;
-    wait_serving(channel.clone()).await;
-    TestServer {
-        server: Some(server),
-        client: v1::sampler_client::SamplerClient::new(channel.clone())
-            .max_decoding_message_size(CLIENT_MAX_MESSAGE)
-            .max_encoding_message_size(CLIENT_MAX_MESSAGE),
-        channel,
-    }
+    start_serving(config, generator).await
 }
 
 /// A fresh HTTP/2 connection (its own TCP socket).
@@ -70,20 +58,7 @@ fn addr(s: &TestServer) -> std::net::SocketAddr {
 fn chain(stages: &[(&str, &[(&str, f64)])]) -> Vec<v1::StageSpec> {
     stages
         .iter()
-        .map(|(name, params)| v1::StageSpec {
-            name: name.to_string(),
-            params: params
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        v1::ParamValue {
-                            kind: Some(v1::param_value::Kind::Number(*v)),
-                        },
-                    )
-                })
-                .collect::<HashMap<_, _>>(),
-        })
+        .map(|(name, params)| number_stage(name, params))
         .collect()
 }
 

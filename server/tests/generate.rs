@@ -61,21 +61,7 @@ async fn server_with_config(
     host: Arc<ModelHost>,
     config: samplerd::app::config::Config,
 ) -> TestServer {
-    let generator: Arc<dyn Generator> = host;
-    let server = samplerd::app::server::spawn(config, Some(generator))
-        .await
-        .expect("server starts");
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    wait_serving(channel.clone()).await;
-    TestServer {
-        server: Some(server),
-        client: v1::sampler_client::SamplerClient::new(channel.clone()),
-        channel,
-    }
+    start_serving(config, Some(host as Arc<dyn Generator>)).await
 }
 
 /// Everything one Generate call streamed.

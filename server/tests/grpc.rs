@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::*;
-use samplerd_api::v1::{self, param_value::Kind};
+use samplerd_api::v1;
 use tonic::Code;
 
 fn greedy() -> Option<v1::SamplingParams> {
@@ -24,9 +24,23 @@ fn req_floats(l: &[f32]) -> v1::SampleRequest {
     }
 }
 
+fn req_params(l: &[f32], params: v1::SamplingParams) -> v1::SampleRequest {
+    v1::SampleRequest {
+        params: Some(params),
+        ..req_floats(l)
+    }
+}
+
 fn req_bytes(l: &[f32]) -> v1::SampleRequest {
     v1::SampleRequest {
         logits_f32le: to_bytes(l).into(),
+        ..Default::default()
+    }
+}
+
+fn stream_msg(l: &[f32]) -> v1::SampleStreamRequest {
+    v1::SampleStreamRequest {
+        logits: l.to_vec(),
         ..Default::default()
     }
 }
@@ -43,14 +57,11 @@ async fn sample_greedy_returns_argmax_with_logprob() {
     let l = logits(1000, 1);
     let want = argmax(&l);
     let r = s
-        .client
-        .sample(v1::SampleRequest {
+        .sample_ok(v1::SampleRequest {
             params: greedy(),
             ..req_floats(&l)
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert_eq!(r.token_id, want);
     assert_eq!(r.seed, 42, "default seed");
     assert!(
@@ -66,33 +77,13 @@ async fn raw_bytes_and_floats_agree_and_are_deterministic() {
     let mut s = start().await;
     let l = logits(5000, 2);
     for step in 0..5 {
-        let a = s
-            .client
-            .sample(v1::SampleRequest {
-                step,
-                ..req_floats(&l)
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let b = s
-            .client
-            .sample(v1::SampleRequest {
-                step,
-                ..req_bytes(&l)
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let c = s
-            .client
-            .sample(v1::SampleRequest {
-                step,
-                ..req_bytes(&l)
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let mut at_step = async |req: v1::SampleRequest| {
+            let req = v1::SampleRequest { step, ..req };
+            s.client.sample(req).await.unwrap().into_inner()
+        };
+        let a = at_step(req_floats(&l)).await;
+        let b = at_step(req_bytes(&l)).await;
+        let c = at_step(req_bytes(&l)).await;
         assert_eq!(a, b);
         assert_eq!(b, c);
         assert_eq!(a.step, step);
@@ -105,14 +96,11 @@ async fn n_probs_raw_and_post_sampling() {
     let mut s = start().await;
     let l = logits(2000, 3);
     let raw = s
-        .client
-        .sample(v1::SampleRequest {
+        .sample_ok(v1::SampleRequest {
             n_probs: 5,
             ..req_floats(&l)
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert_eq!(raw.probs.len(), 5);
     assert_eq!(raw.probs[0].token_id, argmax(&l));
     assert!((raw.probs[0].logprob - log_softmax(&l, argmax(&l) as usize)).abs() < 1e-3);
@@ -122,8 +110,7 @@ async fn n_probs_raw_and_post_sampling() {
             .all(|w| w[0].probability >= w[1].probability)
     );
     let post = s
-        .client
-        .sample(v1::SampleRequest {
+        .sample_ok(v1::SampleRequest {
             n_probs: 100,
             post_sampling_probs: true,
             params: Some(v1::SamplingParams {
@@ -132,9 +119,7 @@ async fn n_probs_raw_and_post_sampling() {
             }),
             ..req_floats(&l)
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert!(
         post.probs.len() <= 10,
         "top_k=10 leaves at most 10: {}",
@@ -153,46 +138,29 @@ async fn explicit_chain_and_samplers_order() {
     let mut s = start().await;
     let l = logits(1000, 4);
     let chain = vec![
-        v1::StageSpec {
-            name: "top_k".into(),
-            params: HashMap::from([(
-                "k".to_string(),
-                v1::ParamValue {
-                    kind: Some(Kind::Number(1.0)),
-                },
-            )]),
-        },
-        v1::StageSpec {
-            name: "dist".into(),
-            params: HashMap::new(),
-        },
+        number_stage("top_k", &[("k", 1.0)]),
+        number_stage("dist", &[]),
     ];
     let r = s
-        .client
-        .sample(v1::SampleRequest {
-            params: Some(v1::SamplingParams {
+        .sample_ok(req_params(
+            &l,
+            v1::SamplingParams {
                 chain,
                 ..Default::default()
-            }),
-            ..req_floats(&l)
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            },
+        ))
+        .await;
     assert_eq!(r.token_id, argmax(&l), "top_k(1) → dist picks the argmax");
     let r = s
-        .client
-        .sample(v1::SampleRequest {
-            params: Some(v1::SamplingParams {
+        .sample_ok(req_params(
+            &l,
+            v1::SamplingParams {
                 samplers: vec!["top_k".into(), "temperature".into()],
                 top_k: Some(1),
                 ..Default::default()
-            }),
-            ..req_floats(&l)
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            },
+        ))
+        .await;
     assert_eq!(r.token_id, argmax(&l));
     s.stop().await;
 }
@@ -203,18 +171,15 @@ async fn logit_bias_changes_the_greedy_choice() {
     let l = logits(100, 5);
     let target = (argmax(&l) + 1) % 100;
     let r = s
-        .client
-        .sample(v1::SampleRequest {
-            params: Some(v1::SamplingParams {
+        .sample_ok(req_params(
+            &l,
+            v1::SamplingParams {
                 temperature: Some(0.0),
                 logit_bias: HashMap::from([(target, 100.0)]),
                 ..Default::default()
-            }),
-            ..req_floats(&l)
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            },
+        ))
+        .await;
     assert_eq!(r.token_id, target);
     s.stop().await;
 }
@@ -255,8 +220,7 @@ async fn stream_equals_stateless_samples() {
     let mut prev = window.clone();
     for (t, l) in steps.iter().enumerate() {
         let r = s
-            .client
-            .sample(v1::SampleRequest {
+            .sample_ok(v1::SampleRequest {
                 logits: l.clone(),
                 previous_tokens: prev.clone(),
                 params: params.clone(),
@@ -264,9 +228,7 @@ async fn stream_equals_stateless_samples() {
                 n_probs: 3,
                 ..Default::default()
             })
-            .await
-            .unwrap()
-            .into_inner();
+            .await;
         assert_eq!(r, streamed[t], "step {t}");
         prev.push(r.token_id);
     }
@@ -403,49 +365,24 @@ async fn bad_inputs_name_field_and_value() {
             "-3",
         ),
     ] {
-        let r = v1::SampleRequest {
-            params: Some(p),
-            ..req_floats(&l)
-        };
-        expect_err(&mut s, r, inv, &[field, value]).await;
+        expect_err(&mut s, req_params(&l, p), inv, &[field, value]).await;
     }
-    // Unknown stage in chain.
-    let r = v1::SampleRequest {
-        params: Some(v1::SamplingParams {
-            chain: vec![
-                v1::StageSpec {
-                    name: "no_such_stage".into(),
-                    params: HashMap::new(),
-                },
-                v1::StageSpec {
-                    name: "dist".into(),
-                    params: HashMap::new(),
-                },
-            ],
+    // Unknown stage in chain, and a bad stage parameter.
+    for (chain, needles) in [
+        (
+            vec![number_stage("no_such_stage", &[]), number_stage("dist", &[])],
+            &["params.chain", "no_such_stage"][..],
+        ),
+        (vec![number_stage("top_k", &[("kk", 3.0)])], &["params.chain"]),
+    ] {
+        let p = v1::SamplingParams {
+            chain,
             ..Default::default()
-        }),
-        ..req_floats(&l)
-    };
-    expect_err(&mut s, r, inv, &["params.chain", "no_such_stage"]).await;
-    // Bad stage parameter.
-    let r = v1::SampleRequest {
-        params: Some(v1::SamplingParams {
-            chain: vec![v1::StageSpec {
-                name: "top_k".into(),
-                params: HashMap::from([(
-                    "kk".to_string(),
-                    v1::ParamValue {
-                        kind: Some(Kind::Number(3.0)),
-                    },
-                )]),
-            }],
-            ..Default::default()
-        }),
-        ..req_floats(&l)
-    };
-    expect_err(&mut s, r, inv, &["params.chain"]).await;
+        };
+        expect_err(&mut s, req_params(&l, p), inv, needles).await;
+    }
     // Still serving real requests.
-    let ok = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    let ok = s.sample_ok(req_floats(&l)).await;
     assert!((ok.token_id as usize) < l.len());
     s.stop().await;
 }
@@ -459,36 +396,27 @@ async fn previous_tokens_out_of_vocabulary_are_skipped() {
         temperature: Some(0.0),
         ..Default::default()
     });
-    let with_bad = s
-        .client
-        .sample(v1::SampleRequest {
-            previous_tokens: vec![argmax(&l), 50, 1_000_000, u32::MAX],
+    let with_previous = async |previous_tokens| {
+        s.sample_ok(v1::SampleRequest {
+            previous_tokens,
             params: params.clone(),
             ..req_floats(&l)
         })
         .await
-        .unwrap()
-        .into_inner();
-    let without = s
-        .client
-        .sample(v1::SampleRequest {
-            previous_tokens: vec![argmax(&l)],
-            params,
-            ..req_floats(&l)
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let with_bad = with_previous(vec![argmax(&l), 50, 1_000_000, u32::MAX]).await;
+    let without = with_previous(vec![argmax(&l)]).await;
     assert_eq!(with_bad, without);
     s.stop().await;
 }
 
 #[tokio::test]
 async fn vocabulary_and_message_limits() {
-    let mut cfg = test_config();
-    cfg.limits.max_vocab = 1000;
-    cfg.limits.max_message_bytes = 16 * 1024;
-    let mut s = start_with(cfg).await;
+    let mut s = start_tuned(|c| {
+        c.limits.max_vocab = 1000;
+        c.limits.max_message_bytes = 16 * 1024;
+    })
+    .await;
     // Over the vocabulary limit (but under the message limit).
     let err = s
         .client
@@ -521,41 +449,21 @@ async fn vocabulary_and_message_limits() {
     let err = st.message().await.unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     s.assert_serving().await;
-    let ok = s
-        .client
-        .sample(req_bytes(&logits(500, 9)))
-        .await
-        .unwrap()
-        .into_inner();
+    let ok = s.sample_ok(req_bytes(&logits(500, 9))).await;
     assert!(ok.token_id < 500);
     s.stop().await;
 }
 
 #[tokio::test]
 async fn plugin_failure_is_internal_naming_the_stage() {
-    let mut cfg = test_config();
-    cfg.plugins.files.push(test_plugin());
-    let mut s = start_with(cfg).await;
+    let mut s = start_tuned(|c| c.plugins.files.push(test_plugin())).await;
     let l = logits(100, 10);
-    let chain = vec![
-        v1::StageSpec {
-            name: "test_panic".into(),
-            params: HashMap::new(),
-        },
-        v1::StageSpec {
-            name: "greedy".into(),
-            params: HashMap::new(),
-        },
-    ];
-    let r = v1::SampleRequest {
-        params: Some(v1::SamplingParams {
-            chain,
-            ..Default::default()
-        }),
-        ..req_floats(&l)
+    let p = v1::SamplingParams {
+        chain: vec![number_stage("test_panic", &[]), number_stage("greedy", &[])],
+        ..Default::default()
     };
-    expect_err(&mut s, r, Code::Internal, &["test_panic"]).await;
-    let ok = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    expect_err(&mut s, req_params(&l, p), Code::Internal, &["test_panic"]).await;
+    let ok = s.sample_ok(req_floats(&l)).await;
     assert!(ok.token_id < 100);
     s.stop().await;
 }
@@ -567,16 +475,7 @@ async fn stream_error_mid_stream_and_cancel_free_the_session() {
     // A bad second message ends the stream with an error naming the field.
     let mut bad = l.clone();
     bad[3] = f32::NAN;
-    let msgs = vec![
-        v1::SampleStreamRequest {
-            logits: l.clone(),
-            ..Default::default()
-        },
-        v1::SampleStreamRequest {
-            logits: bad,
-            ..Default::default()
-        },
-    ];
+    let msgs = vec![stream_msg(&l), stream_msg(&bad)];
     let mut st = s
         .client
         .sample_stream(tokio_stream::iter(msgs))
@@ -589,57 +488,32 @@ async fn stream_error_mid_stream_and_cancel_free_the_session() {
     assert!(err.message().contains("[3]"), "{err:?}");
 
     // A client that disconnects mid-stream: the session is freed.
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(v1::SampleStreamRequest {
-        logits: l.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut st = s
-        .client
-        .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(st.message().await.unwrap().is_some());
+    let (tx, st, _) = open_stream(&mut s.client, stream_msg(&l)).await;
     assert_eq!(s.state().open_sessions(), 1);
     drop(st);
     drop(tx);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while s.state().open_sessions() != 0 {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("session freed after the client went away");
+    wait_sessions_closed(&s).await;
     s.assert_serving().await;
     s.stop().await;
 }
 
 #[tokio::test]
 async fn random_seed_setting_reports_fresh_seeds() {
-    let mut cfg = test_config();
-    cfg.sampling.seed = samplerd::app::config::SeedSetting::Random;
-    let mut s = start_with(cfg).await;
+    let s = start_tuned(|c| c.sampling.seed = samplerd::app::config::SeedSetting::Random).await;
     let l = logits(100, 12);
-    let a = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
-    let b = s.client.sample(req_floats(&l)).await.unwrap().into_inner();
+    let a = s.sample_ok(req_floats(&l)).await;
+    let b = s.sample_ok(req_floats(&l)).await;
     assert_ne!(a.seed, b.seed);
     // A request seed still wins.
     let c = s
-        .client
-        .sample(v1::SampleRequest {
-            params: Some(v1::SamplingParams {
+        .sample_ok(req_params(
+            &l,
+            v1::SamplingParams {
                 seed: Some(5),
                 ..Default::default()
-            }),
-            ..req_floats(&l)
-        })
-        .await
-        .unwrap()
-        .into_inner();
+            },
+        ))
+        .await;
     assert_eq!(c.seed, 5);
     s.stop().await;
 }
@@ -761,90 +635,32 @@ fn check_config_names_key_and_source() {
 #[tokio::test]
 async fn reflection_v1_and_v1alpha_list_the_services() {
     let s = start().await;
-    {
-        use tonic_reflection::pb::v1::ServerReflectionRequest;
-        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-        let mut c = ServerReflectionClient::new(s.channel.clone());
-        let req = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut resp = c
-            .server_reflection_info(tokio_stream::iter(vec![req]))
-            .await
-            .unwrap()
-            .into_inner();
-        let msg = resp.message().await.unwrap().unwrap();
-        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
-            panic!("unexpected v1 reflection answer: {msg:?}");
-        };
-        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-        assert!(
-            names.iter().any(|n| n == "samplerd.v1.Sampler"),
-            "{names:?}"
-        );
-        assert!(
-            names.iter().any(|n| n == "grpc.health.v1.Health"),
-            "{names:?}"
-        );
-        assert!(
-            !names.iter().any(|n| n.contains("testing")),
-            "test-only services are not listed: {names:?}"
-        );
-    }
-    {
-        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-        let mut c = ServerReflectionClient::new(s.channel.clone());
-        let req = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut resp = c
-            .server_reflection_info(tokio_stream::iter(vec![req]))
-            .await
-            .unwrap()
-            .into_inner();
-        let msg = resp.message().await.unwrap().unwrap();
-        let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
-            panic!("unexpected v1alpha reflection answer: {msg:?}");
-        };
-        assert!(list.service.iter().any(|s| s.name == "samplerd.v1.Sampler"));
-    }
+    let names = list_services_v1(s.channel.clone()).await.unwrap();
+    assert!(
+        names.iter().any(|n| n == "samplerd.v1.Sampler"),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n == "grpc.health.v1.Health"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.contains("testing")),
+        "test-only services are not listed: {names:?}"
+    );
+    let names = list_services_v1alpha(s.channel.clone()).await.unwrap();
+    assert!(names.iter().any(|n| n == "samplerd.v1.Sampler"));
     s.stop().await;
 }
 
 #[tokio::test]
 async fn stream_limit_is_resource_exhausted() {
-    let mut cfg = test_config();
-    cfg.limits.max_concurrent_streams = 1;
-    let mut s = start_with(cfg).await;
+    let mut s = start_tuned(|c| c.limits.max_concurrent_streams = 1).await;
     let l = logits(10, 14);
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(v1::SampleStreamRequest {
-        logits: l.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut first = s
-        .client
-        .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(first.message().await.unwrap().is_some());
-    let msg = v1::SampleStreamRequest {
-        logits: l,
-        ..Default::default()
-    };
+    let (tx, mut first, _) = open_stream(&mut s.client, stream_msg(&l)).await;
     let err = s
         .client
-        .sample_stream(tokio_stream::iter(vec![msg]))
+        .sample_stream(tokio_stream::iter(vec![stream_msg(&l)]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use common::{core_plugin, logits, test_plugin};
 use samplerd_api::v1;
-use samplerd_api::v1::param_value::Kind;
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -76,22 +75,7 @@ impl Scrape {
     }
 }
 
-fn stage(name: &str, params: &[(&str, f64)]) -> v1::StageSpec {
-    v1::StageSpec {
-        name: name.into(),
-        params: params
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v1::ParamValue {
-                        kind: Some(Kind::Number(*v)),
-                    },
-                )
-            })
-            .collect(),
-    }
-}
+use common::number_stage as stage;
 
 fn sample(chain: Vec<v1::StageSpec>, seed: u64) -> v1::SampleRequest {
     v1::SampleRequest {

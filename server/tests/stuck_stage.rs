@@ -13,7 +13,6 @@
 mod common;
 mod process;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,22 +37,7 @@ const MAX_STEP: Duration = Duration::from_millis(1_000);
 const HEALTH_BOUND: Duration = Duration::from_millis(250);
 const VOCAB: usize = 1_000;
 
-fn stage(name: &str, params: &[(&str, f64)]) -> v1::StageSpec {
-    v1::StageSpec {
-        name: name.into(),
-        params: params
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v1::ParamValue {
-                        kind: Some(v1::param_value::Kind::Number(*v)),
-                    },
-                )
-            })
-            .collect::<HashMap<_, _>>(),
-    }
-}
+use common::number_stage as stage;
 
 /// A chain that runs `stuck` (`test_sleep` or `test_spin`) for `ms`, then
 /// picks the top token.
@@ -367,19 +351,12 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
         },
     )
     .expect("model loads");
-    let server = samplerd::app::server::spawn(
+    let s = start_serving(
         config(dir.path()),
         Some(Arc::new(host) as Arc<dyn Generator>),
     )
-    .await
-    .expect("server starts");
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    wait_serving(channel.clone()).await;
-    let mut client = SamplerClient::new(channel);
+    .await;
+    let mut client = s.client.clone();
     let request = |params| v1::GenerateRequest {
         prompt: "The capital of France is".into(),
         max_tokens: Some(4),
@@ -404,7 +381,7 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
     .expect("the stuck generation ends");
     assert_names_stage(&e, "test_sleep");
     // The only slot is free again although the stage still sleeps.
-    assert!(server.state.steps.running() >= 1);
+    assert!(s.state().steps.running() >= 1);
     let mut next = client
         .generate(request(greedy()))
         .await
@@ -419,13 +396,13 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
         finished |= matches!(m.event, Some(v1::generate_response::Event::Finished(_)));
     }
     assert!(finished);
-    let max = server.state.limits.max_concurrent_streams;
-    let state = Arc::clone(&server.state);
+    let state = s.state();
+    let max = state.limits.max_concurrent_streams;
     wait_until("stream permits back", || {
         state.streams.available_permits() == max
     })
     .await;
-    server.stop().await.expect("clean shutdown");
+    s.stop().await;
 }
 
 /// The real process: a stuck stage is logged and counted by name, and

@@ -3,6 +3,8 @@
 //! configured defaults), stage specs and parameter values both ways, and
 //! the two logits encodings.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 
 use samplerd_api::v1;
@@ -75,10 +77,7 @@ impl<'a> LogitsInput<'a> {
 
     /// Number of logits.
     pub fn len(&self) -> usize {
-        match self {
-            LogitsInput::Floats(f) => f.len(),
-            LogitsInput::Bytes(b) => b.len() / 4,
-        }
+        self.as_step().len()
     }
 
     /// Whether there are no logits.

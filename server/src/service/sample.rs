@@ -3,6 +3,8 @@
 //! `SampleStream` run (and `Generate` runs too), so a stream step returns
 //! exactly what `Sample` returns for the same inputs.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -71,13 +73,7 @@ pub fn sample_blocking(
     if tracing::enabled!(tracing::Level::DEBUG) {
         span.record("chain", valid.chain.describe());
     }
-    let field = valid.step.logits.field();
-    let mut seq = valid
-        .chain
-        .new_sequence()
-        .map_err(|e| RequestError::from_sample(e, field))?;
-    seq.accept_all(&valid.window)
-        .map_err(|e| RequestError::from_sample(e, field))?;
+    let mut seq = valid.open_sequence()?;
     let mut buf = state.pool.take();
     let result = run_step(&mut seq, &mut buf, valid.step, valid.seed, helper);
     state.pool.put(buf);

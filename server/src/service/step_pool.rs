@@ -24,13 +24,16 @@
 //! worker becomes free within `limits.max_step_ms` the request fails with
 //! `UNAVAILABLE` and never runs.
 //!
-//! Hand-off cost: a worker that finishes a step spins for up to
-//! [`SPIN`] before it sleeps, so under load (and for a client that sends
-//! its next step right away) no thread is woken per step.
+//! Hand-off cost: one idle worker at a time spins for up to [`SPIN`]
+//! before it sleeps, so under load (and for a client that sends its next
+//! step right away) no thread is woken per step, and waiting costs at most
+//! one core for that long.
+
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
@@ -101,6 +104,8 @@ struct Shared {
     threads: usize,
     queue: Mutex<Queue>,
     queued: AtomicUsize,
+    /// An idle worker is spinning for the next job (at most one).
+    spinning: AtomicBool,
     wake: Condvar,
     /// Threads serving the queue (configured, less lost and not replaced).
     live: AtomicUsize,
@@ -161,6 +166,7 @@ impl StepPool {
                 jobs: VecDeque::new(),
             }),
             queued: AtomicUsize::new(0),
+            spinning: AtomicBool::new(false),
             wake: Condvar::new(),
             live: AtomicUsize::new(0),
             stuck: AtomicUsize::new(0),
@@ -254,11 +260,16 @@ impl StepPool {
                 .map_err(|p| StepFailure::Panicked(panic_text(&*p).to_string()));
             reply(r);
         });
-        lock(&self.shared.queue)
-            .jobs
-            .push_back((job, Arc::clone(&ticket)));
-        self.shared.queued.fetch_add(1, Ordering::Release);
-        self.shared.wake.notify_one();
+        {
+            let mut q = lock(&self.shared.queue);
+            q.jobs.push_back((job, Arc::clone(&ticket)));
+            self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        }
+        // A spinning worker sees the count (it takes the queue's lock
+        // after its spin, so it cannot miss the job): no wake needed.
+        if !self.shared.spinning.load(Ordering::SeqCst) {
+            self.shared.wake.notify_one();
+        }
         ticket
     }
 
@@ -384,16 +395,31 @@ fn work(shared: &Shared, worker: Arc<Worker>) {
     }
 }
 
-/// The next job: spins briefly for one, then sleeps until one is queued.
+/// The next job. One idle worker at a time spins briefly for it (so a step
+/// that follows soon wakes no thread, and at most one core is spent
+/// waiting); the others, and the spinner after [`SPIN`], sleep until one
+/// is queued.
 fn next_job(shared: &Shared) -> (Job, Arc<Ticket>) {
-    let spin_until = Instant::now() + SPIN;
-    while shared.queued.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
-        std::hint::spin_loop();
+    if shared
+        .spinning
+        .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+    {
+        let spin_until = Instant::now() + SPIN;
+        while shared.queued.load(Ordering::SeqCst) == 0 && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        shared.spinning.store(false, Ordering::SeqCst);
     }
     let mut q = lock(&shared.queue);
     loop {
         if let Some(entry) = q.jobs.pop_front() {
-            shared.queued.fetch_sub(1, Ordering::AcqRel);
+            shared.queued.fetch_sub(1, Ordering::SeqCst);
+            // A submitter that saw the spinner did not wake anyone: pass
+            // what is left on.
+            if !q.jobs.is_empty() {
+                shared.wake.notify_one();
+            }
             return entry;
         }
         q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);

@@ -7,6 +7,8 @@
 //! A client that cancels or disconnects ends the session: the server drops
 //! the response stream, and with it the sequence states and token buffer.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -92,13 +94,7 @@ impl Session {
             (Some(_), Some(_)) => validate::stream_step(&self.state, msg, self.n_vocab, self.step)?,
             _ => {
                 let valid = validate::stream_start(&self.state, msg)?;
-                let field = valid.step.logits.field();
-                let mut seq = valid
-                    .chain
-                    .new_sequence()
-                    .map_err(|e| RequestError::from_sample(e, field))?;
-                seq.accept_all(&valid.window)
-                    .map_err(|e| RequestError::from_sample(e, field))?;
+                let seq = valid.open_sequence()?;
                 let span = tracing::Span::current();
                 span.record("seed", valid.seed);
                 span.record("chain", valid.chain.describe());

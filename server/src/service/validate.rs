@@ -21,10 +21,12 @@
 //! check: its message comes back through the chain build, naming the field.
 //! Chain builds call into plugins, so these run on the sampling pool.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 
 use samplerd_api::v1;
-use samplerd_sampling::{Chain, Vocabulary, step};
+use samplerd_sampling::{Chain, Sequence, Vocabulary, step};
 
 use super::AppState;
 use crate::service::convert::{self, LogitsInput};
@@ -46,6 +48,20 @@ pub struct ValidStart<'a> {
     pub seed: u64,
     /// `previous_tokens` inside the vocabulary, oldest first.
     pub window: Vec<u32>,
+}
+
+impl ValidStart<'_> {
+    /// A fresh sequence of the chain with the window accepted.
+    pub fn open_sequence(&self) -> Result<Sequence, RequestError> {
+        let field = self.step.logits.field();
+        let mut seq = self
+            .chain
+            .new_sequence()
+            .map_err(|e| RequestError::from_sample(e, field))?;
+        seq.accept_all(&self.window)
+            .map_err(|e| RequestError::from_sample(e, field))?;
+        Ok(seq)
+    }
 }
 
 /// The sampling side of a `Generate` request.

@@ -11,7 +11,9 @@ use samplerd::app::server::{RunningServer, spawn};
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+use tonic_health::pb::{
+    HealthCheckRequest, HealthCheckResponse, health_check_response::ServingStatus,
+};
 
 /// Upper bound on waiting for the server to report SERVING.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -95,23 +97,45 @@ impl TestServer {
         out
     }
 
+    /// One Sample call that must succeed.
+    pub async fn sample_ok(
+        &self,
+        req: samplerd_api::v1::SampleRequest,
+    ) -> samplerd_api::v1::SampleResponse {
+        let mut client = self.client.clone();
+        client.sample(req).await.expect("Sample succeeds").into_inner()
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.as_ref().unwrap().addr
+    }
+
     /// Asserts the health check still answers SERVING.
     pub async fn assert_serving(&self) {
-        let mut h = HealthClient::new(self.channel.clone());
-        let r = h
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("health check")
-            .into_inner();
-        assert_eq!(r.status, ServingStatus::Serving as i32);
+        assert_health(&self.channel, "", ServingStatus::Serving).await;
     }
 }
 
 /// Starts a server with `config` and waits (bounded) for SERVING.
 pub async fn start_with(config: Config) -> TestServer {
-    let server = spawn(config, None).await.expect("server starts");
+    start_serving(config, None).await
+}
+
+/// Starts a server with the test config as `tune` changes it (most tests
+/// differ from it in one limit or switch).
+pub async fn start_tuned(tune: impl FnOnce(&mut Config)) -> TestServer {
+    let mut config = test_config();
+    tune(&mut config);
+    start_with(config).await
+}
+
+/// Starts a server with `config` and a model host for Generate, and
+/// waits (bounded) for SERVING.
+pub async fn start_serving(
+    config: Config,
+    generator: Option<std::sync::Arc<dyn samplerd::generate::generator::Generator>>,
+) -> TestServer {
+    let server = spawn(config, generator).await.expect("server starts");
     let channel = Channel::from_shared(format!("http://{}", server.addr))
         .unwrap()
         .initial_stream_window_size(8 << 20)
@@ -130,30 +154,199 @@ pub async fn start_with(config: Config) -> TestServer {
     }
 }
 
+/// A chain stage with numeric parameters.
+pub fn number_stage(name: &str, params: &[(&str, f64)]) -> samplerd_api::v1::StageSpec {
+    use samplerd_api::v1;
+    v1::StageSpec {
+        name: name.into(),
+        params: params
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v1::ParamValue {
+                        kind: Some(v1::param_value::Kind::Number(*v)),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
 pub async fn start() -> TestServer {
     start_with(test_config()).await
 }
 
-/// Watches the overall health status until SERVING, within HEALTH_TIMEOUT.
-pub async fn wait_serving(channel: Channel) {
-    let mut h = HealthClient::new(channel);
+/// A fresh HTTP/2 connection (its own TCP socket) to `addr`.
+pub async fn connect(addr: std::net::SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Bound on opening a held stream and on its first answer.
+pub const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The sending half of a SampleStream the test feeds by hand; dropping it
+/// half-closes the request stream.
+pub type StreamSender = tokio::sync::mpsc::Sender<samplerd_api::v1::SampleStreamRequest>;
+
+/// A request stream fed through the returned sender, with `first` already
+/// queued (so the server answers as soon as the stream opens).
+pub async fn held_requests(
+    first: samplerd_api::v1::SampleStreamRequest,
+) -> (
+    StreamSender,
+    tokio_stream::wrappers::ReceiverStream<samplerd_api::v1::SampleStreamRequest>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    (tx, tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A SampleStream held open by the test: the sender of its requests, its
+/// responses, and the answer to its first message.
+pub type HeldStream = (
+    StreamSender,
+    tonic::Streaming<samplerd_api::v1::SampleResponse>,
+    samplerd_api::v1::SampleResponse,
+);
+
+/// Opens a SampleStream with `first` as its first message, waits (bounded)
+/// for that message's answer and keeps the stream open.
+pub async fn open_stream(
+    client: &mut SamplerClient<Channel>,
+    first: samplerd_api::v1::SampleStreamRequest,
+) -> HeldStream {
+    let (tx, requests) = held_requests(first).await;
+    let mut stream = tokio::time::timeout(STREAM_OPEN_TIMEOUT, client.sample_stream(requests))
+        .await
+        .expect("stream opens in time")
+        .expect("stream opens")
+        .into_inner();
+    let first = next_message(&mut stream, STREAM_OPEN_TIMEOUT).await;
+    (tx, stream, first)
+}
+
+/// Waits (bounded) until every SampleStream session has been released.
+pub async fn wait_sessions_closed(s: &TestServer) {
     tokio::time::timeout(HEALTH_TIMEOUT, async {
-        let mut watch = h
-            .watch(HealthCheckRequest {
-                service: String::new(),
-            })
+        while s.state().open_sessions() != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("sessions released in time");
+}
+
+/// Defines `$name(channel)`: the service names that reflection (protocol
+/// `$version`) lists. The two versions are separate generated types with
+/// no trait in common, hence one body for both through a macro.
+macro_rules! reflection_list_services {
+    ($name:ident, $version:ident) => {
+        pub async fn $name(channel: Channel) -> Result<Vec<String>, tonic::Status> {
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            let mut c = ServerReflectionClient::new(channel);
+            let req = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut resp = tokio::time::timeout(
+                HEALTH_TIMEOUT,
+                c.server_reflection_info(tokio_stream::iter(vec![req])),
+            )
             .await
-            .expect("health watch")
+            .expect("reflection answers in time")?
             .into_inner();
+            let msg = resp.message().await?.expect("one answer");
+            match msg.message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    Ok(list.service.into_iter().map(|s| s.name).collect())
+                }
+                other => panic!(
+                    "unexpected {} reflection answer: {other:?}",
+                    stringify!($version)
+                ),
+            }
+        }
+    };
+}
+reflection_list_services!(list_services_v1, v1);
+reflection_list_services!(list_services_v1alpha, v1alpha);
+
+/// Asserts that the health check of `service` ("" for the overall
+/// status) answers `want`.
+pub async fn assert_health(channel: &Channel, service: &str, want: ServingStatus) {
+    let r = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner();
+    assert_eq!(r.status, want as i32, "health of {service:?}");
+}
+
+/// A Watch on the overall health status.
+pub async fn health_watch(channel: &Channel) -> tonic::Streaming<HealthCheckResponse> {
+    HealthClient::new(channel.clone())
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health watch")
+        .into_inner()
+}
+
+/// Reads `watch` until it reports `want`, within `timeout`.
+pub async fn wait_health(
+    watch: &mut tonic::Streaming<HealthCheckResponse>,
+    want: ServingStatus,
+    timeout: Duration,
+) {
+    tokio::time::timeout(timeout, async {
         while let Some(msg) = watch.message().await.expect("health stream") {
-            if msg.status == ServingStatus::Serving as i32 {
+            if msg.status == want as i32 {
                 return;
             }
         }
-        panic!("health stream ended before SERVING");
+        panic!("health stream ended before {want:?}");
     })
     .await
-    .expect("server did not become SERVING in time");
+    .unwrap_or_else(|_| panic!("health did not turn {want:?} within {timeout:?}"));
+}
+
+/// Watches the overall health status until SERVING, within HEALTH_TIMEOUT.
+pub async fn wait_serving(channel: Channel) {
+    let mut watch = tokio::time::timeout(HEALTH_TIMEOUT, health_watch(&channel))
+        .await
+        .expect("health watch opens in time");
+    wait_health(&mut watch, ServingStatus::Serving, HEALTH_TIMEOUT).await;
+}
+
+/// The next message of `stream`, which must come, and within `timeout`.
+pub async fn next_message<T>(stream: &mut tonic::Streaming<T>, timeout: Duration) -> T {
+    tokio::time::timeout(timeout, stream.message())
+        .await
+        .expect("next message in time")
+        .expect("next message")
+        .expect("a message, not the end of the stream")
+}
+
+/// Asserts that `stream` ends cleanly (no error), within `timeout`.
+pub async fn assert_clean_end<T: std::fmt::Debug>(
+    stream: &mut tonic::Streaming<T>,
+    timeout: Duration,
+) {
+    let end = tokio::time::timeout(timeout, stream.message())
+        .await
+        .expect("stream end in time");
+    assert!(matches!(end, Ok(None)), "stream ends cleanly: {end:?}");
 }
 
 /// Compiles the C stage `tests/fixtures/<src>` into `dir` with the system
