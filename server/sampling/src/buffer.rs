@@ -12,7 +12,7 @@ use crate::scan::{self, Scan};
 /// Dense logits + candidate buffer + the view the stages left them in.
 ///
 /// The ABI header (`sd_tokens`) is not kept here: it points into `dense`
-/// and `cand`, so [`TokenBuffer::with_abi`] builds it over a mutable borrow
+/// and `cand`, so `TokenBuffer::with_abi` builds it over a mutable borrow
 /// for each plugin call and reads the view back afterwards. The buffer holds
 /// no raw pointers and moves between threads like any `Vec`.
 pub struct TokenBuffer {

@@ -1,7 +1,7 @@
 //! The registry of every stage of every loaded plugin library, by name;
 //! `load` scans the configured directories at start-up. Turning a chain
 //! spec into a chain (`StageRegistry::build_chain`) is in
-//! [`crate::builder`], which keeps the registry and the chain apart.
+//! `builder.rs`, which keeps the registry and the chain apart.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char};
