@@ -228,6 +228,10 @@ pub struct GenerateArgs {
     /// Return this many top candidates with each token (shown with --json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub n_probs: u32,
+    /// With --n-probs: the candidates that survive the chain, with their
+    /// post-chain probabilities, instead of the raw softmax's top N.
+    #[arg(long)]
+    pub post_sampling_probs: bool,
     /// Print one JSON object per streamed message (stdout) instead of text.
     #[arg(long)]
     pub json: bool,

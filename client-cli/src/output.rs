@@ -157,6 +157,7 @@ pub fn generate_response_json(r: &v1::GenerateResponse) -> Value {
         Some(Event::Token(t)) => json!({"token": {
             "token_id": t.token_id,
             "text": t.text,
+            "probability": t.probability,
             "logprob": t.logprob,
             "probs": t.probs.iter().map(prob_json).collect::<Vec<_>>(),
         }}),

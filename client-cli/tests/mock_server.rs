@@ -77,6 +77,7 @@ impl Sampler for Mock {
                     text: text.into(),
                     logprob: -0.5,
                     probs: vec![],
+                    probability: 0.6,
                 })),
             };
             if req.prompt == ENDLESS {

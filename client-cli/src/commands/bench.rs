@@ -288,6 +288,7 @@ async fn generate_once(
             stop: Vec::new(),
             ignore_eos: true,
             n_probs: 0,
+            post_sampling_probs: false,
         })
         .await?
         .into_inner();

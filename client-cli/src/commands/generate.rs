@@ -45,6 +45,7 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
         n_probs: args.n_probs,
+        post_sampling_probs: args.post_sampling_probs,
     }
 }
 
@@ -172,6 +173,7 @@ mod tests {
             stop: vec!["\n".into()],
             ignore_eos: false,
             n_probs: 0,
+            post_sampling_probs: false,
             json: false,
             sampling: SamplingArgs::default(),
         }
