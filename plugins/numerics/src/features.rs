@@ -65,6 +65,10 @@ impl Features {
         self.avx512f
     }
 
+    pub fn avx512dq(self) -> bool {
+        self.avx512dq
+    }
+
     /// AVX-512F and POPCNT (the AVX-512 kernels that count mask bits).
     pub fn avx512f_popcnt(self) -> bool {
         self.avx512f && self.popcnt

@@ -33,7 +33,8 @@ pub fn flavor() -> Flavor {
         _ => {
             #[cfg(target_arch = "x86_64")]
             {
-                if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+                let f = samplerd_numerics::features();
+                if f.avx512f() && f.avx512dq() {
                     return Flavor::Avx512;
                 }
             }
@@ -47,7 +48,8 @@ fn has_fma() -> bool {
     *F.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx2")
+            let f = samplerd_numerics::features();
+            f.fma() && f.avx2()
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

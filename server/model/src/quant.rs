@@ -9,7 +9,7 @@
 //! dot products are the ones `ggml_vec_dot_q4_1_q8_1` / `ggml_vec_dot_q8_0_q8_0`
 //! compute, up to the order of float additions.
 //!
-//! Kernels: AVX2+FMA chosen at run time (`is_x86_feature_detected!`), with a
+//! Kernels: AVX2+FMA chosen at run time (`samplerd_numerics::features`), with a
 //! portable scalar fallback (forced with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows over the
 //! [`ThreadPool`].
 
@@ -252,8 +252,8 @@ fn kernels() -> &'static Kernels {
         #[cfg(target_arch = "x86_64")]
         {
             if std::env::var_os("SAMPLERD_MODEL_SCALAR").is_none()
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
+                && samplerd_numerics::features().avx2()
+                && samplerd_numerics::features().fma()
             {
                 return Kernels {
                     name: "avx2",
@@ -352,7 +352,7 @@ mod avx2 {
 
     pub fn rows_q8_0_safe(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
         // SAFETY: this function is only installed in `kernels()` after
-        // `is_x86_feature_detected!("avx2")` and `("fma")` returned true.
+        // `samplerd_numerics::features()` reported AVX2 and FMA.
         unsafe { rows_q8_0(w, a, out) }
     }
 

@@ -89,12 +89,12 @@ pub(crate) fn check_selection(stage: &str, buf: &TokenBuffer) -> Result<u32, Sam
 /// (this runs after every stage, over up to a whole vocabulary).
 fn candidates_ok(cands: &[SdCandidate], n_vocab: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if samplerd_numerics::features().avx512f() {
         // SAFETY: the CPU supports AVX-512F (checked just above).
         return unsafe { candidates_ok_avx512(cands, n_vocab) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if samplerd_numerics::features().avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { candidates_ok_avx2(cands, n_vocab) };
     }
@@ -142,12 +142,12 @@ fn candidates_ok_impl(cands: &[SdCandidate], n_vocab: usize) -> bool {
 /// of 64 checked branch-free, so the scan vectorises and stops early).
 fn is_live_candidate(cands: &[SdCandidate], id: u32) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if samplerd_numerics::features().avx512f() {
         // SAFETY: the CPU supports AVX-512F (checked just above).
         return unsafe { is_live_candidate_avx512(cands, id) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if samplerd_numerics::features().avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
         return unsafe { is_live_candidate_avx2(cands, id) };
     }
