@@ -10,42 +10,20 @@
 //! Set `SAMPLERD_MODEL=/path/to/model.gguf` to also run the Generate tests
 //! against a real model.
 
+mod common;
+
 use std::io::Write as _;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::{samplerctl, samplerd_in, stderr, stdout, wait_serving};
 
 /// Upper bound on waiting for a server to report SERVING.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The same with a model to load (debug builds load slowly).
 const MODEL_READY_TIMEOUT: Duration = Duration::from_secs(180);
-/// Env vars of the client that must not leak into a test's commands.
-const CLIENT_ENV: [&str; 2] = ["SAMPLERD_ADDR", "SAMPLERD_TOKEN"];
-
-fn samplerctl() -> &'static str {
-    env!("CARGO_BIN_EXE_samplerctl")
-}
-
-/// `target/<profile>/` (this test binary lives in `target/<profile>/deps/`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/..")
-        .to_path_buf()
-}
-
-fn samplerd_bin() -> PathBuf {
-    let p = profile_dir().join(format!("samplerd{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        p.is_file(),
-        "samplerd is not built at {}: run `cargo build -p samplerd` (or `cargo test --workspace`, \
-         which builds every binary) first",
-        p.display()
-    );
-    p
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -57,11 +35,8 @@ fn free_port() -> u16 {
 
 /// A `samplerctl` command aimed at `addr`, with the client env cleared.
 fn ctl(addr: &str) -> Command {
-    let mut c = Command::new(samplerctl());
-    for v in CLIENT_ENV {
-        c.env_remove(v);
-    }
-    c.env("NO_COLOR", "1").arg("--addr").arg(addr);
+    let mut c = samplerctl();
+    c.arg("--addr").arg(addr);
     c
 }
 
@@ -81,26 +56,14 @@ impl Server {
     /// directory (no stray samplerd.toml) without any SAMPLERD_* variable
     /// (the server reads its config from them), and waits for SERVING.
     fn start_with(extra: &[&str]) -> Server {
-        let bin = samplerd_bin();
         let mut last_err = String::new();
         // A free port can be taken between probing and binding: retry.
         for _ in 0..3 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
-            let mut cmd = Command::new(&bin);
-            for (k, _) in std::env::vars_os() {
-                if k.to_string_lossy().starts_with("SAMPLERD_") {
-                    cmd.env_remove(&k);
-                }
-            }
-            let log = std::fs::File::create(dir.path().join("samplerd.log")).unwrap();
-            let child = cmd
-                .current_dir(dir.path())
+            let child = samplerd_in(dir.path())
                 .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
                 .args(extra)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
                 .spawn()
                 .expect("spawn samplerd");
             let mut server = Server {
@@ -124,33 +87,13 @@ impl Server {
     /// Polls `samplerctl health` until it exits 0, the server exits, or
     /// `limit` passes.
     fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let out = ctl(&self.addr)
+        let addr = self.addr.clone();
+        wait_serving(&mut self.child, self._dir.path(), limit, || {
+            ctl(&addr)
                 .args(["--timeout", "2", "health"])
                 .output()
-                .expect("run samplerctl health");
-            if out.status.success() {
-                return Ok(());
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Err(format!("samplerd exited early ({status}): {}", self.log()));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "not SERVING after {limit:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            // Back off between polls (bounded by the deadline above).
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("samplerd.log")).unwrap_or_default()
+                .expect("run samplerctl health")
+        })
     }
 
     fn ctl(&self) -> Command {
@@ -170,11 +113,11 @@ impl Drop for Server {
     }
 }
 
-fn run(mut cmd: Command) -> Output {
+fn run(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("run samplerctl")
 }
 
-fn run_stdin(mut cmd: Command, input: &[u8]) -> Output {
+fn run_stdin(cmd: &mut Command, input: &[u8]) -> Output {
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -183,14 +126,6 @@ fn run_stdin(mut cmd: Command, input: &[u8]) -> Output {
         .expect("spawn samplerctl");
     child.stdin.take().unwrap().write_all(input).unwrap();
     child.wait_with_output().unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[track_caller]
@@ -280,9 +215,7 @@ fn sample_greedy_from_every_format_gives_the_argmax() {
     for (name, bytes) in &files {
         let path = dir.path().join(name);
         std::fs::write(&path, bytes).unwrap();
-        let mut c = server.ctl();
-        c.arg("sample").arg(&path).arg("--greedy");
-        let o = run(c);
+        let o = run(server.ctl().arg("sample").arg(&path).arg("--greedy"));
         assert_code(&o, 0);
         assert_eq!(token_id(&o), want, "{name}");
         assert_eq!(stdout(&o).trim(), want.to_string(), "{name}: only the id");
@@ -291,35 +224,42 @@ fn sample_greedy_from_every_format_gives_the_argmax() {
     // --format overrides the extension.
     let odd = dir.path().join("logits.dat");
     std::fs::write(&odd, raw_bytes(&l)).unwrap();
-    let mut c = server.ctl();
-    c.arg("sample")
+    let o = run(server
+        .ctl()
+        .arg("sample")
         .arg(&odd)
-        .args(["--format", "raw", "--greedy"]);
-    let o = run(c);
+        .args(["--format", "raw", "--greedy"]));
     assert_code(&o, 0);
     assert_eq!(token_id(&o), want);
 
     // stdin: JSON (sniffed), raw (sniffed and explicit).
-    let mut c = server.ctl();
-    c.args(["sample", "-", "--greedy"]);
-    let o = run_stdin(c, json_array(&l).as_bytes());
+    let o = run_stdin(
+        server.ctl().args(["sample", "-", "--greedy"]),
+        json_array(&l).as_bytes(),
+    );
     assert_code(&o, 0);
     assert_eq!(token_id(&o), want, "stdin json");
 
-    let mut c = server.ctl();
-    c.args(["sample", "-", "--format", "raw", "--greedy"]);
-    let o = run_stdin(c, &raw_bytes(&l));
+    let o = run_stdin(
+        server
+            .ctl()
+            .args(["sample", "-", "--format", "raw", "--greedy"]),
+        &raw_bytes(&l),
+    );
     assert_code(&o, 0);
     assert_eq!(token_id(&o), want, "stdin raw");
 
     // Seeded sampling is reproducible and honours --prev-tokens/--step.
     let path = dir.path().join("logits.f32");
     let seeded = |step: &str| {
-        let mut c = server.ctl();
-        c.arg("sample")
-            .arg(&path)
-            .args(["--seed", "3", "--prev-tokens", "1,2,3", "--step", step]);
-        let o = run(c);
+        let o = run(server.ctl().arg("sample").arg(&path).args([
+            "--seed",
+            "3",
+            "--prev-tokens",
+            "1,2,3",
+            "--step",
+            step,
+        ]));
         assert_code(&o, 0);
         token_id(&o)
     };
@@ -335,11 +275,14 @@ fn sample_n_probs_shows_raw_and_post_chain_tables() {
     let path = dir.path().join("l.json");
     std::fs::write(&path, json_array(&l)).unwrap();
 
-    let mut c = server.ctl();
-    c.arg("sample")
-        .arg(&path)
-        .args(["--top-k", "3", "--n-probs", "5", "--seed", "1"]);
-    let o = run(c);
+    let o = run(server.ctl().arg("sample").arg(&path).args([
+        "--top-k",
+        "3",
+        "--n-probs",
+        "5",
+        "--seed",
+        "1",
+    ]));
     assert_code(&o, 0);
     let out = stdout(&o);
     assert!(out.contains("Top 5 of the raw logits"), "{out}");
@@ -365,11 +308,12 @@ fn sample_n_probs_shows_raw_and_post_chain_tables() {
     assert_eq!(rows_after("Top 5 after the chain"), 3, "{out}");
 
     // --json carries both lists.
-    let mut c = server.ctl();
-    c.arg("sample")
-        .arg(&path)
-        .args(["--greedy", "--n-probs", "2", "--json"]);
-    let o = run(c);
+    let o =
+        run(server
+            .ctl()
+            .arg("sample")
+            .arg(&path)
+            .args(["--greedy", "--n-probs", "2", "--json"]));
     assert_code(&o, 0);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(v["token_id"], want);
@@ -380,11 +324,7 @@ fn sample_n_probs_shows_raw_and_post_chain_tables() {
 #[test]
 fn stages_lists_top_k_and_the_default_chain() {
     let server = Server::start();
-    let o = run({
-        let mut c = server.ctl();
-        c.arg("stages");
-        c
-    });
+    let o = run(server.ctl().arg("stages"));
     assert_code(&o, 0);
     let out = stdout(&o);
     assert!(out.lines().any(|l| l.starts_with("top_k ")), "{out}");
@@ -396,11 +336,7 @@ fn stages_lists_top_k_and_the_default_chain() {
         "{out}"
     );
 
-    let o = run({
-        let mut c = server.ctl();
-        c.args(["stages", "--json"]);
-        c
-    });
+    let o = run(server.ctl().args(["stages", "--json"]));
     assert_code(&o, 0);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let names: Vec<&str> = v["stages"]
@@ -416,21 +352,13 @@ fn stages_lists_top_k_and_the_default_chain() {
 #[test]
 fn health_is_zero_when_serving_and_one_when_gone() {
     let mut server = Server::start();
-    let o = run({
-        let mut c = server.ctl();
-        c.arg("health");
-        c
-    });
+    let o = run(server.ctl().arg("health"));
     assert_code(&o, 0);
     assert!(stdout(&o).contains("SERVING"), "{}", stdout(&o));
 
     let addr = server.addr.clone();
     server.stop();
-    let o = run({
-        let mut c = ctl(&addr);
-        c.args(["--timeout", "5", "health"]);
-        c
-    });
+    let o = run(ctl(&addr).args(["--timeout", "5", "health"]));
     assert_code(&o, 1);
     assert!(stderr(&o).contains(&addr), "{}", stderr(&o));
 }
@@ -438,22 +366,18 @@ fn health_is_zero_when_serving_and_one_when_gone() {
 #[test]
 fn bench_reports_sane_json() {
     let server = Server::start();
-    let o = run({
-        let mut c = server.ctl();
-        c.args([
-            "bench",
-            "--rpc",
-            "sample",
-            "--concurrency",
-            "2",
-            "--duration",
-            "2",
-            "--vocab",
-            "32000",
-            "--json",
-        ]);
-        c
-    });
+    let o = run(server.ctl().args([
+        "bench",
+        "--rpc",
+        "sample",
+        "--concurrency",
+        "2",
+        "--duration",
+        "2",
+        "--vocab",
+        "32000",
+        "--json",
+    ]));
     assert_code(&o, 0);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim())
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(&o)));
@@ -473,20 +397,16 @@ fn bench_reports_sane_json() {
     );
 
     // --requests runs exactly that many.
-    let o = run({
-        let mut c = server.ctl();
-        c.args([
-            "bench",
-            "--requests",
-            "7",
-            "-c",
-            "3",
-            "--vocab",
-            "1000",
-            "--json",
-        ]);
-        c
-    });
+    let o = run(server.ctl().args([
+        "bench",
+        "--requests",
+        "7",
+        "-c",
+        "3",
+        "--vocab",
+        "1000",
+        "--json",
+    ]));
     assert_code(&o, 0);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(v["requests"], 7, "{v}");
@@ -505,11 +425,7 @@ fn bad_flags_exit_2_with_a_helpful_message() {
         &["frobnicate"],
     ];
     for args in cases {
-        let o = run({
-            let mut c = ctl(addr);
-            c.args(args);
-            c
-        });
+        let o = run(ctl(addr).args(args));
         assert_code(&o, 2);
         let err = stderr(&o);
         assert!(err.starts_with("error:"), "{args:?}: {err}");
@@ -519,11 +435,7 @@ fn bad_flags_exit_2_with_a_helpful_message() {
         );
     }
     // --help explains the flags and shows an example.
-    let o = run({
-        let mut c = ctl(addr);
-        c.args(["generate", "--help"]);
-        c
-    });
+    let o = run(ctl(addr).args(["generate", "--help"]));
     assert_code(&o, 0);
     let out = stdout(&o);
     for flag in [
@@ -543,11 +455,7 @@ fn bad_flags_exit_2_with_a_helpful_message() {
 fn server_invalid_argument_exits_1_with_the_message() {
     let server = Server::start();
     let o = run_stdin(
-        {
-            let mut c = server.ctl();
-            c.args(["sample", "-", "--top-p", "1.5"]);
-            c
-        },
+        server.ctl().args(["sample", "-", "--top-p", "1.5"]),
         b"[1.0, 2.0, 3.0]",
     );
     assert_code(&o, 1);
@@ -563,11 +471,7 @@ fn unreachable_server_names_the_address() {
     let port = free_port();
     let addr = format!("http://127.0.0.1:{port}");
     for args in [&["health"][..], &["stages"][..]] {
-        let o = run({
-            let mut c = ctl(&addr);
-            c.args(["--timeout", "5"]).args(args);
-            c
-        });
+        let o = run(ctl(&addr).args(["--timeout", "5"]).args(args));
         assert_code(&o, 1);
         let err = stderr(&o);
         assert!(
@@ -577,13 +481,9 @@ fn unreachable_server_names_the_address() {
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
     // SAMPLERD_ADDR is honoured (host:port form).
-    let o = run({
-        let mut c = Command::new(samplerctl());
-        c.env("SAMPLERD_ADDR", format!("127.0.0.1:{port}"))
-            .env_remove("SAMPLERD_TOKEN")
-            .arg("health");
-        c
-    });
+    let o = run(samplerctl()
+        .env("SAMPLERD_ADDR", format!("127.0.0.1:{port}"))
+        .arg("health"));
     assert_code(&o, 1);
     assert!(stderr(&o).contains(&addr), "{}", stderr(&o));
 }
@@ -591,11 +491,9 @@ fn unreachable_server_names_the_address() {
 #[test]
 fn generate_without_a_model_is_failed_precondition() {
     let server = Server::start();
-    let o = run({
-        let mut c = server.ctl();
-        c.args(["generate", "Tell me a story", "-n", "4"]);
-        c
-    });
+    let o = run(server
+        .ctl()
+        .args(["generate", "Tell me a story", "-n", "4"]));
     assert_code(&o, 1);
     let err = stderr(&o);
     assert!(err.starts_with("error: FAILED_PRECONDITION: "), "{err}");
@@ -616,20 +514,16 @@ fn generate_with_a_model_streams_deterministically() {
     let model = model.to_str().expect("UTF-8 model path").to_string();
     let server = Server::start_with(&["--model", &model]);
     let gen_once = || {
-        let o = run({
-            let mut c = server.ctl();
-            c.args([
-                "--timeout",
-                "120",
-                "generate",
-                "Tell me a story",
-                "-n",
-                "16",
-                "--seed",
-                "1",
-            ]);
-            c
-        });
+        let o = run(server.ctl().args([
+            "--timeout",
+            "120",
+            "generate",
+            "Tell me a story",
+            "-n",
+            "16",
+            "--seed",
+            "1",
+        ]));
         assert_code(&o, 0);
         o
     };

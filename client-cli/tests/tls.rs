@@ -6,31 +6,20 @@
 //! `samplerd` must be built next to this test's target directory (as for
 //! `tests/cli.rs`: `cargo test --workspace` builds it first).
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{samplerctl, samplerd_in, samplerd_log, stderr, wait_serving};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// Upper bound on waiting for the server to report SERVING.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The bearer token of these tests.
 const TOKEN: &str = "tls-test-token-1";
-
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/..")
-        .to_path_buf()
-}
-
-fn samplerd_bin() -> PathBuf {
-    let p = profile_dir().join("samplerd");
-    assert!(p.is_file(), "samplerd is not built at {}", p.display());
-    p
-}
 
 struct Ca(CertifiedIssuer<'static, KeyPair>);
 
@@ -100,21 +89,10 @@ impl Server {
             ),
         )
         .unwrap();
-        let mut cmd = Command::new(samplerd_bin());
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("SAMPLERD_") {
-                cmd.env_remove(&k);
-            }
-        }
-        let log = std::fs::File::create(dir.path().join("samplerd.log")).unwrap();
-        let child = cmd
-            .current_dir(dir.path())
+        let child = samplerd_in(dir.path())
             .arg("serve")
             .arg("--config")
             .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
             .spawn()
             .expect("spawn samplerd");
         let mut s = Server {
@@ -131,18 +109,8 @@ impl Server {
 
     /// samplerctl with the full set of TLS flags and the token.
     fn ctl(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_samplerctl"));
-        for v in [
-            "SAMPLERD_ADDR",
-            "SAMPLERD_TOKEN",
-            "SAMPLERD_TLS",
-            "SAMPLERD_CA_CERT",
-        ] {
-            c.env_remove(v);
-        }
-        c.env("NO_COLOR", "1")
-            .args(["--addr", &self.addr, "--timeout", "5", "--tls"])
-            .arg("--ca-cert")
+        let mut c = self.bare(&["--tls"]);
+        c.arg("--ca-cert")
             .arg(&self.ca)
             .arg("--client-cert")
             .arg(&self.client.0)
@@ -154,46 +122,23 @@ impl Server {
 
     /// samplerctl with only the given flags (no TLS/token defaults).
     fn bare(&self, flags: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_samplerctl"));
-        for v in [
-            "SAMPLERD_ADDR",
-            "SAMPLERD_TOKEN",
-            "SAMPLERD_TLS",
-            "SAMPLERD_CA_CERT",
-        ] {
-            c.env_remove(v);
-        }
-        c.env("NO_COLOR", "1")
-            .args(["--addr", &self.addr, "--timeout", "5"])
-            .args(flags);
+        let mut c = samplerctl();
+        c.args(["--addr", &self.addr, "--timeout", "5"]).args(flags);
         c
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let out = run(self.ctl().arg("health"));
-            if out.status.success() {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("samplerd exited early ({status}): {}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not SERVING in time: {}\n{}",
-                String::from_utf8_lossy(&out.stderr),
-                self.log()
-            );
-            // Back off between polls (bounded by the deadline above).
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        // One command, run again at every poll.
+        let mut health = self.ctl();
+        health.arg("health");
+        wait_serving(&mut self.child, self.dir.path(), READY_TIMEOUT, || {
+            run(&mut health)
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("samplerd.log")).unwrap_or_default()
+        samplerd_log(self.dir.path())
     }
 }
 
@@ -206,10 +151,6 @@ impl Drop for Server {
 
 fn run(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("run samplerctl")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

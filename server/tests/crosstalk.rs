@@ -42,19 +42,13 @@ enum Req {
 
 /// Varied sampling parameters for request `i` (every one sets its seed).
 fn params(i: usize) -> v1::SamplingParams {
-    let seed = Some(1000 + i as u64);
-    match i % 6 {
-        0 => v1::SamplingParams {
-            seed,
-            ..Default::default()
-        },
+    let varied = match i % 6 {
+        0 => v1::SamplingParams::default(),
         1 => v1::SamplingParams {
-            seed,
             temperature: Some(0.0),
             ..Default::default()
         },
         2 => v1::SamplingParams {
-            seed,
             temperature: Some(1.3),
             top_k: Some(0),
             top_p: Some(0.8),
@@ -62,7 +56,6 @@ fn params(i: usize) -> v1::SamplingParams {
             ..Default::default()
         },
         3 => v1::SamplingParams {
-            seed,
             repeat_penalty: Some(1.5),
             frequency_penalty: Some(0.3),
             presence_penalty: Some(0.2),
@@ -71,32 +64,21 @@ fn params(i: usize) -> v1::SamplingParams {
             ..Default::default()
         },
         4 => v1::SamplingParams {
-            seed,
             typical_p: Some(0.9),
             samplers: vec!["top_k".into(), "typical_p".into(), "temperature".into()],
             ..Default::default()
         },
         _ => v1::SamplingParams {
-            seed,
             chain: vec![
-                v1::StageSpec {
-                    name: "top_k".into(),
-                    params: [(
-                        "k".to_string(),
-                        v1::ParamValue {
-                            kind: Some(v1::param_value::Kind::Number(20.0)),
-                        },
-                    )]
-                    .into_iter()
-                    .collect(),
-                },
-                v1::StageSpec {
-                    name: "dist".into(),
-                    params: Default::default(),
-                },
+                number_stage("top_k", &[("k", 20.0)]),
+                number_stage("dist", &[]),
             ],
             ..Default::default()
         },
+    };
+    v1::SamplingParams {
+        seed: Some(1000 + i as u64),
+        ..varied
     }
 }
 
@@ -164,25 +146,15 @@ fn mix(with_model: bool) -> Vec<Req> {
 async fn run(s: &TestServer, req: Req) -> Vec<Vec<u8>> {
     let mut client = s.client.clone();
     match req {
-        Req::Sample(r) => vec![
-            client
-                .sample(r)
-                .await
-                .expect("Sample succeeds")
-                .into_inner()
-                .encode_to_vec(),
-        ],
+        Req::Sample(r) => vec![s.sample_ok(r).await.encode_to_vec()],
         Req::Stream(msgs) => {
             let n = msgs.len();
-            let mut st = client
-                .sample_stream(tokio_stream::iter(msgs))
+            let out: Vec<_> = s
+                .stream_all(msgs)
                 .await
-                .expect("SampleStream opens")
-                .into_inner();
-            let mut out = Vec::new();
-            while let Some(r) = st.message().await.expect("SampleStream step succeeds") {
-                out.push(r.encode_to_vec());
-            }
+                .iter()
+                .map(|r| r.encode_to_vec())
+                .collect();
             assert_eq!(out.len(), n, "one response per message");
             out
         }
@@ -207,17 +179,13 @@ async fn run(s: &TestServer, req: Req) -> Vec<Vec<u8>> {
 }
 
 fn model_host() -> Option<Arc<dyn Generator>> {
-    let path = std::path::PathBuf::from(std::env::var_os("SAMPLERD_MODEL")?);
-    assert!(
-        path.is_file(),
-        "SAMPLERD_MODEL={} is not a file",
-        path.display()
-    );
     let cfg = GenerateConfig {
         n_ctx: 512,
         ..Default::default()
     };
-    Some(Arc::new(ModelHost::load(&path, cfg).expect("model loads")))
+    Some(Arc::new(
+        ModelHost::load(&model_path()?, cfg).expect("model loads"),
+    ))
 }
 
 async fn server(generator: Option<Arc<dyn Generator>>) -> TestServer {

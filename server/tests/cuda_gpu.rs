@@ -87,16 +87,6 @@ fn rel_err(gpu: &[f32], cpu: &[f32]) -> f32 {
     diff / scale
 }
 
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 #[test]
 fn placement_is_cuda_when_a_gpu_is_present() {
     if setup().is_none() {

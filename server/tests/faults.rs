@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use prost::Message;
-use samplerd::app::config::Config;
 use samplerd::generate::generator::Generator;
 use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
@@ -25,12 +24,6 @@ use tonic::transport::Channel;
 /// Bound on any single wait in these tests.
 const WAIT: Duration = Duration::from_secs(60);
 
-fn model_path() -> Option<std::path::PathBuf> {
-    let p = std::path::PathBuf::from(std::env::var_os("SAMPLERD_MODEL")?);
-    assert!(p.is_file(), "SAMPLERD_MODEL={} is not a file", p.display());
-    Some(p)
-}
-
 fn generate_config() -> GenerateConfig {
     GenerateConfig {
         n_ctx: 512,
@@ -38,21 +31,33 @@ fn generate_config() -> GenerateConfig {
     }
 }
 
-async fn server(config: Config, generator: Option<Arc<dyn Generator>>) -> TestServer {
-    start_serving(config, generator).await
-}
-
-/// A fresh HTTP/2 connection (its own TCP socket).
-async fn connect(addr: std::net::SocketAddr) -> Channel {
-    Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
+/// Starts a Generate of `max_tokens` tokens (never stopping early) and
+/// waits (bounded) for its first token.
+async fn generating(
+    client: &mut v1::sampler_client::SamplerClient<Channel>,
+    prompt: &str,
+    max_tokens: u32,
+) -> tonic::Streaming<v1::GenerateResponse> {
+    let mut st = client
+        .generate(exact_generate(prompt, max_tokens))
         .await
-        .expect("connect")
+        .expect("Generate starts")
+        .into_inner();
+    let first = next_message(&mut st, WAIT).await;
+    assert!(matches!(first.event, Some(Event::Token(_))), "{first:?}");
+    st
 }
 
-fn addr(s: &TestServer) -> std::net::SocketAddr {
-    s.server.as_ref().unwrap().addr
+/// The first message of a SampleStream over `logits` with `seed`.
+fn seeded_stream_msg(logits: Vec<f32>, seed: u64) -> v1::SampleStreamRequest {
+    v1::SampleStreamRequest {
+        logits,
+        params: Some(v1::SamplingParams {
+            seed: Some(seed),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 fn chain(stages: &[(&str, &[(&str, f64)])]) -> Vec<v1::StageSpec> {
@@ -95,31 +100,17 @@ async fn clients_that_disconnect_mid_stream_free_their_resources() {
         Arc::new(ModelHost::load(&p, cfg).expect("model loads")) as Arc<dyn Generator>
     });
     let with_model = host.is_some();
-    let s = server(test_config(), host).await;
+    let s = start_serving(test_config(), host).await;
     let l = logits(5000, 1);
 
     for round in 0..2 {
         let mut tasks = Vec::new();
         for i in 0..CLIENTS {
-            let (a, l) = (addr(&s), l.clone());
+            let (a, l) = (s.addr(), l.clone());
             tasks.push(tokio::spawn(async move {
                 let mut client = v1::sampler_client::SamplerClient::new(connect(a).await);
-                let (tx, rx) = tokio::sync::mpsc::channel(4);
-                let msg = v1::SampleStreamRequest {
-                    logits: l,
-                    params: Some(v1::SamplingParams {
-                        seed: Some(i as u64),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                tx.send(msg.clone()).await.unwrap();
-                let mut st = client
-                    .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-                    .await
-                    .expect("stream opens")
-                    .into_inner();
-                st.message().await.unwrap().expect("first response");
+                let msg = seeded_stream_msg(l, i as u64);
+                let (tx, mut st, _) = open_stream(&mut client, msg.clone()).await;
                 tx.send(v1::SampleStreamRequest {
                     params: None,
                     ..msg
@@ -141,21 +132,10 @@ async fn clients_that_disconnect_mid_stream_free_their_resources() {
     if with_model {
         // One generation slot: a vanished client must give it back.
         for _ in 0..2 {
-            let mut client = v1::sampler_client::SamplerClient::new(connect(addr(&s)).await);
-            let mut st = client
-                .generate(v1::GenerateRequest {
-                    prompt: "Once upon a time".into(),
-                    max_tokens: Some(400),
-                    ignore_eos: true,
-                    ..Default::default()
-                })
-                .await
-                .expect("Generate starts")
-                .into_inner();
-            for _ in 0..2 {
-                let m = tokio::time::timeout(WAIT, st.message()).await.unwrap();
-                assert!(matches!(m.unwrap().unwrap().event, Some(Event::Token(_))));
-            }
+            let mut client = v1::sampler_client::SamplerClient::new(connect(s.addr()).await);
+            let mut st = generating(&mut client, "Once upon a time", 400).await;
+            let m = next_message(&mut st, WAIT).await;
+            assert!(matches!(m.event, Some(Event::Token(_))));
             drop(st);
             drop(client);
         }
@@ -255,10 +235,8 @@ async fn final_status(s: Stalled) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_messages_and_stalls_do_not_block_the_server() {
     const CAP_SECS: u64 = 5;
-    let mut cfg = test_config();
-    cfg.limits.max_request_duration_secs = CAP_SECS;
-    let s = server(cfg, None).await;
-    let a = addr(&s);
+    let s = start_tuned(|c| c.limits.max_request_duration_secs = CAP_SECS).await;
+    let a = s.addr();
 
     // 8 connections × 4 streams, more than the blocking threads a
     // thread-per-request server would have spare on 2 cores.
@@ -485,7 +463,7 @@ async fn a_panicking_plugin_fails_only_its_own_requests() {
     let mix = panic_mix(host.is_some());
     let mut cfg = test_config();
     cfg.plugins.files.push(test_plugin());
-    let s = Arc::new(server(cfg, host).await);
+    let s = Arc::new(start_serving(cfg, host).await);
 
     let calm: Vec<Req> = mix.iter().filter(|r| !r.panics()).cloned().collect();
     let baseline = run_all(&s, &calm).await;
@@ -530,7 +508,7 @@ async fn a_model_file_deleted_after_startup_keeps_serving() {
     let copy = dir.path().join("model.gguf");
     std::fs::copy(&src, &copy).expect("copy the model");
     let host = Arc::new(ModelHost::load(&copy, generate_config()).expect("model loads"));
-    let s = server(test_config(), Some(host)).await;
+    let s = start_serving(test_config(), Some(host)).await;
     let req = v1::GenerateRequest {
         prompt: "The capital of France is".into(),
         max_tokens: Some(8),
@@ -722,19 +700,11 @@ async fn disconnects_are_counted_in_the_metrics() {
     let l = logits(3000, 3);
     for _ in 0..CLIENTS {
         let mut c = v1::sampler_client::SamplerClient::new(connect(d.grpc).await);
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
-        tx.send(v1::SampleStreamRequest {
+        let msg = v1::SampleStreamRequest {
             logits: l.clone(),
             ..Default::default()
-        })
-        .await
-        .unwrap();
-        let mut st = c
-            .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        st.message().await.unwrap().expect("a response");
+        };
+        let _held = open_stream(&mut c, msg).await;
         // Dropped here, mid-stream: client, channel, TCP connection.
     }
     // Dropping a client both ends its request stream (END_STREAM) and
@@ -757,21 +727,7 @@ async fn disconnects_are_counted_in_the_metrics() {
     );
     if model.is_some() {
         let mut c = v1::sampler_client::SamplerClient::new(connect(d.grpc).await);
-        let mut st = c
-            .generate(v1::GenerateRequest {
-                prompt: "Once upon a time".into(),
-                max_tokens: Some(400),
-                ignore_eos: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        tokio::time::timeout(WAIT, st.message())
-            .await
-            .unwrap()
-            .unwrap()
-            .expect("a token");
+        let st = generating(&mut c, "Once upon a time", 400).await;
         drop(st);
         drop(c);
         wait_metrics(&d, "the Generate disconnect", |t| {
@@ -803,46 +759,15 @@ async fn sigterm_under_load_lets_in_flight_streams_complete() {
     // SampleStreams, each answered once, then held open.
     let mut streams = Vec::new();
     for i in 0..STREAMS {
-        let (tx, rx) = tokio::sync::mpsc::channel(STEPS);
-        let msg = v1::SampleStreamRequest {
-            logits: l.clone(),
-            params: Some(v1::SamplingParams {
-                seed: Some(i as u64),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        tx.send(msg).await.unwrap();
-        let mut st = client
-            .clone()
-            .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        st.message().await.unwrap().expect("first response");
+        let msg = seeded_stream_msg(l.clone(), i as u64);
+        let (tx, st, _) = open_stream(&mut client.clone(), msg).await;
         streams.push((tx, st));
     }
     // Long Generates, already streaming tokens.
     let mut generates = Vec::new();
     if model.is_some() {
         for _ in 0..GENERATES {
-            let mut st = client
-                .clone()
-                .generate(v1::GenerateRequest {
-                    prompt: "Tell me a story".into(),
-                    max_tokens: Some(48),
-                    ignore_eos: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            let first = tokio::time::timeout(WAIT, st.message()).await.unwrap();
-            assert!(matches!(
-                first.unwrap().unwrap().event,
-                Some(Event::Token(_))
-            ));
-            generates.push(st);
+            generates.push(generating(&mut client.clone(), "Tell me a story", 48).await);
         }
     } else {
         eprintln!("SAMPLERD_MODEL is not set: SIGTERM under SampleStream load only");

@@ -10,11 +10,11 @@ mod process;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::{core_plugin, logits, test_plugin};
+use common::{
+    assert_clean_end, core_plugin, exact_generate, logits, next_message, open_stream, test_plugin,
+};
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_client::SamplerClient;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 const VOCAB: usize = 1000;
@@ -131,36 +131,21 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
         .expect("list stages");
 
     // A SampleStream of 2 steps over the same chain, scraped while open.
-    let (tx, rx) = mpsc::channel(4);
-    let mut responses = client
-        .sample_stream(ReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
-    for i in 0..2 {
-        tx.send(v1::SampleStreamRequest {
-            logits: logits(VOCAB, 100 + i),
-            params: (i == 0).then(|| v1::SamplingParams {
-                chain: top_k_dist(),
-                ..Default::default()
-            }),
+    let step = |i: u64| v1::SampleStreamRequest {
+        logits: logits(VOCAB, 100 + i),
+        params: (i == 0).then(|| v1::SamplingParams {
+            chain: top_k_dist(),
             ..Default::default()
-        })
-        .await
-        .unwrap();
-        tokio::time::timeout(RPC_TIMEOUT, responses.message())
-            .await
-            .expect("step in time")
-            .expect("step")
-            .expect("response");
-    }
+        }),
+        ..Default::default()
+    };
+    let (tx, mut responses, _) = open_stream(&mut client, step(0)).await;
+    tx.send(step(1)).await.unwrap();
+    next_message(&mut responses, RPC_TIMEOUT).await;
     let open = Scrape::parse(&p.scrape());
     assert_eq!(open.get("samplerd_active_streams", &[("rpc", STREAM)]), 1.0);
     drop(tx);
-    let end = tokio::time::timeout(RPC_TIMEOUT, responses.message())
-        .await
-        .expect("stream end in time");
-    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert_clean_end(&mut responses, RPC_TIMEOUT).await;
 
     let s = Scrape::parse(&p.scrape());
     let req = "samplerd_requests_total";
@@ -203,12 +188,7 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
     if model.is_some() {
         const MAX_TOKENS: u32 = 5;
         let mut events = client
-            .generate(v1::GenerateRequest {
-                prompt: "Hello".into(),
-                max_tokens: Some(MAX_TOKENS),
-                ignore_eos: true,
-                ..Default::default()
-            })
+            .generate(exact_generate("Hello", MAX_TOKENS))
             .await
             .expect("generate")
             .into_inner();

@@ -173,6 +173,17 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
     server.stop().await.unwrap();
 }
 
+/// The error a server with `cfg` ends with: it starts, and its task ends
+/// (bounded) with the error once serving begins.
+async fn serve_error(cfg: Config) -> String {
+    let server = spawn(cfg, None).await.unwrap();
+    tokio::time::timeout(WAIT, server.stop())
+        .await
+        .expect("server task ends")
+        .unwrap_err()
+        .to_string()
+}
+
 #[tokio::test]
 async fn bad_tls_files_fail_start_up_naming_key_and_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -180,13 +191,8 @@ async fn bad_tls_files_fail_start_up_naming_key_and_file() {
     let missing = dir.path().join("missing.pem");
     c.tls.cert_file = Some(missing.clone());
     c.tls.key_file = Some(dir.path().join("missing.key"));
-    let server = spawn(c, None).await.unwrap();
-    // The files are read when serving starts; the task ends with the error.
-    let err = tokio::time::timeout(WAIT, server.stop())
-        .await
-        .expect("server task ends")
-        .unwrap_err()
-        .to_string();
+    // The files are read when serving starts.
+    let err = serve_error(c).await;
     assert!(err.contains("tls.cert_file"), "{err}");
     assert!(err.contains(&missing.display().to_string()), "{err}");
 }
@@ -209,9 +215,8 @@ async fn bearer_tokens_guard_everything_but_health() {
         "tokens",
         "# deploy tokens\n\n  alpha-123  \nbeta-456\n",
     );
-    let mut cfg = test_config();
-    cfg.auth.tokens_file = Some(tokens);
-    let s = start_with(cfg).await; // waits on health: open without a token
+    // start_tuned waits on health: open without a token.
+    let s = start_tuned(|c| c.auth.tokens_file = Some(tokens)).await;
 
     let err = list_stages(s.channel.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
@@ -239,7 +244,7 @@ async fn bearer_tokens_guard_everything_but_health() {
         assert!(r.is_ok(), "{good}: {r:?}");
     }
     // Reflection is behind the token too.
-    let err = reflection_list(s.channel.clone()).await.unwrap_err();
+    let err = list_services_v1(s.channel.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
     s.assert_serving().await;
     s.stop().await;
@@ -251,13 +256,8 @@ async fn token_file_problems_fail_start_up() {
     let empty = write(dir.path(), "empty", "# nothing\n\n");
     let mut cfg = test_config();
     cfg.auth.tokens_file = Some(empty.clone());
-    let server = spawn(cfg, None).await.unwrap();
-    // The token file is read when serving starts; the task ends with it.
-    let err = tokio::time::timeout(WAIT, server.stop())
-        .await
-        .expect("server task ends")
-        .unwrap_err()
-        .to_string();
+    // The token file is read when serving starts.
+    let err = serve_error(cfg).await;
     assert!(
         err.contains("auth.tokens_file") && err.contains("no tokens"),
         "{err}"
@@ -265,44 +265,16 @@ async fn token_file_problems_fail_start_up() {
     assert!(err.contains(&empty.display().to_string()), "{err}");
 }
 
-async fn reflection_list(channel: Channel) -> Result<Vec<String>, tonic::Status> {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    let mut c = ServerReflectionClient::new(channel);
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut resp = tokio::time::timeout(
-        WAIT,
-        c.server_reflection_info(tokio_stream::iter(vec![req])),
-    )
-    .await
-    .expect("reflection answers in time")?
-    .into_inner();
-    let msg = resp.message().await?.expect("one answer");
-    match msg.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            Ok(list.service.into_iter().map(|s| s.name).collect())
-        }
-        other => panic!("unexpected reflection answer: {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn reflection_can_be_disabled() {
-    let mut cfg = test_config();
-    cfg.reflection = false;
-    let s = start_with(cfg).await;
-    let err = reflection_list(s.channel.clone()).await.unwrap_err();
+    let s = start_tuned(|c| c.reflection = false).await;
+    let err = list_services_v1(s.channel.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
     assert!(list_stages(s.channel.clone()).await.unwrap() > 0);
     s.stop().await;
 
     let s = start().await;
-    let names = reflection_list(s.channel.clone()).await.unwrap();
+    let names = list_services_v1(s.channel.clone()).await.unwrap();
     assert!(
         names.iter().any(|n| n == "samplerd.v1.Sampler"),
         "{names:?}"
@@ -410,9 +382,7 @@ async fn sha256_pins_are_enforced() {
 
 #[tokio::test]
 async fn chain_length_is_limited() {
-    let mut cfg = test_config();
-    cfg.limits.max_chain_stages = 3;
-    let mut s = start_with(cfg).await;
+    let mut s = start_tuned(|c| c.limits.max_chain_stages = 3).await;
     let stage = |name: &str| v1::StageSpec {
         name: name.into(),
         ..Default::default()
@@ -454,50 +424,44 @@ async fn chain_length_is_limited() {
     s.stop().await;
 }
 
-/// Opens a SampleStream session, gets its first answer, keeps it open.
-async fn open_session(
-    client: &mut SamplerClient<Channel>,
-) -> (
-    tokio::sync::mpsc::Sender<v1::SampleStreamRequest>,
-    tonic::Streaming<v1::SampleResponse>,
-) {
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(v1::SampleStreamRequest {
+/// The first message of every held session in these tests.
+fn first_message() -> v1::SampleStreamRequest {
+    v1::SampleStreamRequest {
         logits: logits(16, 5),
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut stream = tokio::time::timeout(
-        WAIT,
-        client.sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
-    )
-    .await
-    .expect("stream opens in time")
-    .unwrap()
-    .into_inner();
-    let first = tokio::time::timeout(WAIT, stream.message()).await.unwrap();
-    assert!(first.unwrap().is_some());
+    }
+}
+
+/// Opens a SampleStream session, gets its first answer, keeps it open.
+async fn open_session(client: &mut SamplerClient<Channel>) -> HeldStream {
+    open_stream(client, first_message()).await
+}
+
+/// Opens a SampleStream session whose client sets `timeout` as its
+/// deadline, and gets its first answer.
+async fn open_session_with_deadline(
+    client: &mut SamplerClient<Channel>,
+    timeout: Duration,
+) -> (StreamSender, tonic::Streaming<v1::SampleResponse>) {
+    let (tx, requests) = held_requests(first_message()).await;
+    let mut req = tonic::Request::new(requests);
+    req.set_timeout(timeout);
+    let mut stream = client.sample_stream(req).await.unwrap().into_inner();
+    assert!(stream.message().await.unwrap().is_some());
     (tx, stream)
 }
 
 #[tokio::test]
 async fn streams_per_connection_are_limited_by_http2_settings() {
-    let mut cfg = test_config();
-    cfg.limits.max_streams_per_connection = 2;
-    let mut s = start_with(cfg).await;
-    let (tx1, mut st1) = open_session(&mut s.client).await;
-    let (tx2, st2) = open_session(&mut s.client).await;
+    let mut s = start_tuned(|c| c.limits.max_streams_per_connection = 2).await;
+    let (tx1, mut st1, _) = open_session(&mut s.client).await;
+    let (tx2, st2, _) = open_session(&mut s.client).await;
 
     // A third stream on the same connection waits for a free slot...
     let mut third_client = s.client.clone();
     let third = tokio::spawn(async move { open_session(&mut third_client).await });
     // ...while another connection is not affected.
-    let other = Channel::from_shared(format!("http://{}", s.server.as_ref().unwrap().addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let other = connect(s.addr()).await;
     let other_session = open_session(&mut SamplerClient::new(other)).await;
     assert!(!third.is_finished(), "the third stream must wait");
 
@@ -520,32 +484,11 @@ async fn streams_per_connection_are_limited_by_http2_settings() {
     s.stop().await;
 }
 
-/// Waits (bounded) until every SampleStream session has been released.
-async fn wait_sessions_closed(s: &TestServer) {
-    tokio::time::timeout(WAIT, async {
-        while s.state().open_sessions() != 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("sessions released after the deadline");
-}
-
 #[tokio::test]
 async fn client_deadline_ends_a_stream_with_deadline_exceeded() {
-    let s = start().await;
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(v1::SampleStreamRequest {
-        logits: logits(16, 5),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    req.set_timeout(Duration::from_millis(300));
-    let mut client = s.client.clone();
-    let mut stream = client.sample_stream(req).await.unwrap().into_inner();
-    assert!(stream.message().await.unwrap().is_some());
+    let mut s = start().await;
+    let (tx, mut stream) =
+        open_session_with_deadline(&mut s.client, Duration::from_millis(300)).await;
     // The client stays silent; the server ends the stream at the deadline.
     let err = tokio::time::timeout(WAIT, stream.message())
         .await
@@ -560,10 +503,8 @@ async fn client_deadline_ends_a_stream_with_deadline_exceeded() {
 
 #[tokio::test]
 async fn server_cap_bounds_requests_without_a_client_deadline() {
-    let mut cfg = test_config();
-    cfg.limits.max_request_duration_secs = 1;
-    let mut s = start_with(cfg).await;
-    let (_tx, mut stream) = open_session(&mut s.client).await;
+    let mut s = start_tuned(|c| c.limits.max_request_duration_secs = 1).await;
+    let (_tx, mut stream, _) = open_session(&mut s.client).await;
     let err = tokio::time::timeout(WAIT, stream.message())
         .await
         .expect("the server ends the stream")
@@ -575,17 +516,8 @@ async fn server_cap_bounds_requests_without_a_client_deadline() {
     );
     wait_sessions_closed(&s).await;
     // A longer client deadline does not lift the cap.
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(v1::SampleStreamRequest {
-        logits: logits(16, 5),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-    req.set_timeout(Duration::from_secs(3600));
-    let mut stream = s.client.sample_stream(req).await.unwrap().into_inner();
-    assert!(stream.message().await.unwrap().is_some());
+    let (_tx, mut stream) =
+        open_session_with_deadline(&mut s.client, Duration::from_secs(3600)).await;
     let err = tokio::time::timeout(WAIT, stream.message())
         .await
         .unwrap()
@@ -635,14 +567,8 @@ async fn generate_past_its_deadline_ends_and_stops_generating() {
     let generator = Arc::new(EndlessGenerator {
         stopped: stopped.clone(),
     });
-    let server = spawn(test_config(), Some(generator)).await.unwrap();
-    let channel = Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    wait_serving(channel.clone()).await;
-    let mut client = SamplerClient::new(channel);
+    let s = start_serving(test_config(), Some(generator)).await;
+    let mut client = s.client.clone();
     let mut req = tonic::Request::new(v1::GenerateRequest {
         prompt: "hi".into(),
         ..Default::default()
@@ -670,7 +596,7 @@ async fn generate_past_its_deadline_ends_and_stops_generating() {
     })
     .await
     .expect("the generation stops once its deadline passed");
-    server.stop().await.unwrap();
+    s.stop().await;
 }
 
 /// The prompt limit needs the real model (tokenizer); skipped without
@@ -687,14 +613,8 @@ async fn prompt_tokens_are_limited() {
     };
     let host: Arc<dyn Generator> =
         Arc::new(samplerd::generate::ModelHost::load(&path, cfg).expect("model loads"));
-    let server = spawn(test_config(), Some(host)).await.unwrap();
-    let channel = Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    wait_serving(channel.clone()).await;
-    let mut client = SamplerClient::new(channel);
+    let s = start_serving(test_config(), Some(host)).await;
+    let mut client = s.client.clone();
     let long = "one two three four five six seven eight nine ten eleven twelve";
     // The model host validates on its worker: the error may come with the
     // response headers or as the stream's first message.
@@ -738,5 +658,5 @@ async fn prompt_tokens_are_limited() {
     {
         let _ = msg;
     }
-    server.stop().await.unwrap();
+    s.stop().await;
 }

@@ -10,15 +10,16 @@ mod process;
 
 use std::time::Duration;
 
-use common::{argmax, logits};
+use common::{
+    argmax, assert_clean_end, assert_health, exact_generate, health_watch, logits, next_message,
+    open_stream, wait_health,
+};
+use samplerd::app::server::LIVENESS_SERVICE;
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_client::SamplerClient;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Channel;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Bound on any single RPC step in these tests.
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -42,21 +43,6 @@ fn stream_msg(i: u64, first: bool) -> v1::SampleStreamRequest {
     }
 }
 
-/// Waits (bounded) on a Watch stream opened before the signal until it
-/// reports NOT_SERVING.
-async fn wait_not_serving(watch: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>) {
-    tokio::time::timeout(STEP_TIMEOUT, async {
-        while let Some(m) = watch.message().await.expect("health watch") {
-            if m.status == ServingStatus::NotServing as i32 {
-                return;
-            }
-        }
-        panic!("health watch ended before NOT_SERVING");
-    })
-    .await
-    .expect("NOT_SERVING after SIGTERM");
-}
-
 /// A new RPC during the drain gets UNAVAILABLE (or, once the listener has
 /// closed, a connection error, which clients also see as UNAVAILABLE).
 async fn assert_refused(client: &mut SamplerClient<Channel>) {
@@ -74,50 +60,22 @@ async fn assert_refused(client: &mut SamplerClient<Channel>) {
     assert!(err.message().contains("shutting down"), "{err:?}");
 }
 
-async fn watch(ch: &Channel) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
-    HealthClient::new(ch.clone())
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .expect("health watch")
-        .into_inner()
-}
-
 #[tokio::test]
 async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
     let mut p = process::start("[shutdown]\ngrace_period_secs = 20\n");
     let ch = p.channel().await;
     let mut client = SamplerClient::new(ch.clone());
-    let mut health = watch(&ch).await;
+    let mut health = health_watch(&ch).await;
 
     // A stream in flight: one step answered, more to come.
     const STEPS: u64 = 6;
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(stream_msg(0, true)).await.unwrap();
-    let mut responses = client
-        .sample_stream(ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
-    let first = tokio::time::timeout(STEP_TIMEOUT, responses.message())
-        .await
-        .expect("first step in time")
-        .expect("first step")
-        .expect("a response");
+    let (tx, mut responses, first) = open_stream(&mut client, stream_msg(0, true)).await;
     assert_eq!(first.token_id, argmax(&logits(VOCAB, 0)));
 
     p.terminate();
-    wait_not_serving(&mut health).await;
+    wait_health(&mut health, ServingStatus::NotServing, STEP_TIMEOUT).await;
     // Liveness stays SERVING while draining (the pod is not restarted).
-    let live = HealthClient::new(ch.clone())
-        .check(HealthCheckRequest {
-            service: samplerd::app::server::LIVENESS_SERVICE.into(),
-        })
-        .await
-        .expect("liveness check while draining")
-        .into_inner();
-    assert_eq!(live.status, ServingStatus::Serving as i32);
+    assert_health(&ch, LIVENESS_SERVICE, ServingStatus::Serving).await;
     assert_refused(&mut client).await;
     let err = client
         .list_stages(v1::ListStagesRequest {})
@@ -137,10 +95,7 @@ async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
         assert_eq!(r.token_id, argmax(&logits(VOCAB, i)));
     }
     drop(tx);
-    let end = tokio::time::timeout(STEP_TIMEOUT, responses.message())
-        .await
-        .expect("stream end in time");
-    assert!(matches!(end, Ok(None)), "stream ends cleanly: {end:?}");
+    assert_clean_end(&mut responses, STEP_TIMEOUT).await;
     drop(health);
 
     let status = p.wait_exit(EXIT_TIMEOUT);
@@ -153,19 +108,8 @@ async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
 async fn stream_past_the_grace_period_is_cut_and_process_still_exits_0() {
     let mut p = process::start("[shutdown]\ngrace_period_secs = 1\n");
     let ch = p.channel().await;
-    let mut client = SamplerClient::new(ch.clone());
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(stream_msg(0, true)).await.unwrap();
-    let mut responses = client
-        .sample_stream(ReceiverStream::new(rx))
-        .await
-        .expect("stream opens")
-        .into_inner();
-    tokio::time::timeout(STEP_TIMEOUT, responses.message())
-        .await
-        .expect("first step in time")
-        .expect("first step")
-        .expect("a response");
+    let mut client = SamplerClient::new(ch);
+    let (tx, mut responses, _) = open_stream(&mut client, stream_msg(0, true)).await;
 
     // The client keeps the stream open (sends nothing): the server must not
     // wait for it beyond the grace period.
@@ -195,31 +139,24 @@ async fn generate_in_flight_at_sigterm_completes_intact() {
     ));
     let ch = p.channel().await;
     let mut client = SamplerClient::new(ch.clone());
-    let mut health = watch(&ch).await;
+    let mut health = health_watch(&ch).await;
     const MAX_TOKENS: u32 = 48;
     let mut events = client
         .generate(v1::GenerateRequest {
-            prompt: "Once upon a time".into(),
-            max_tokens: Some(MAX_TOKENS),
-            ignore_eos: true,
             params: greedy(),
-            ..Default::default()
+            ..exact_generate("Once upon a time", MAX_TOKENS)
         })
         .await
         .expect("generate starts")
         .into_inner();
-    let first = tokio::time::timeout(STEP_TIMEOUT, events.message())
-        .await
-        .expect("first token in time")
-        .expect("first token")
-        .expect("an event");
+    let first = next_message(&mut events, STEP_TIMEOUT).await;
     assert!(matches!(
         first.event,
         Some(v1::generate_response::Event::Token(_))
     ));
 
     p.terminate();
-    wait_not_serving(&mut health).await;
+    wait_health(&mut health, ServingStatus::NotServing, STEP_TIMEOUT).await;
     assert_refused(&mut client).await;
 
     let mut tokens = 1;
@@ -266,31 +203,16 @@ async fn health_is_serving_only_once_the_model_is_ready() {
     let server = samplerd::app::server::spawn(common::test_config(), Some(model.clone()))
         .await
         .expect("server starts");
-    let ch = Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = watch(&ch).await;
-    let first = tokio::time::timeout(STEP_TIMEOUT, health.message())
-        .await
-        .expect("first health status in time")
-        .expect("health watch")
-        .expect("a status");
+    let ch = common::connect(server.addr).await;
+    let mut health = health_watch(&ch).await;
+    let first = next_message(&mut health, STEP_TIMEOUT).await;
     assert_eq!(
         first.status,
         ServingStatus::NotServing as i32,
         "NOT_SERVING while the model loads"
     );
     // Liveness answers SERVING even while loading (no restart loop).
-    let live = HealthClient::new(ch.clone())
-        .check(HealthCheckRequest {
-            service: samplerd::app::server::LIVENESS_SERVICE.into(),
-        })
-        .await
-        .expect("liveness check")
-        .into_inner();
-    assert_eq!(live.status, ServingStatus::Serving as i32);
+    assert_health(&ch, LIVENESS_SERVICE, ServingStatus::Serving).await;
     model.0.store(true, std::sync::atomic::Ordering::SeqCst);
     common::wait_serving(ch).await;
     drop(health);

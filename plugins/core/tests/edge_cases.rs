@@ -14,83 +14,108 @@ const NEG: f32 = f32::NEG_INFINITY;
 
 // ----------------------------------------------------------------- validation
 
+/// Asserts that `S` refuses each `(parameter, value)` with exactly the
+/// message given.
+fn assert_refuses<S: Stage>(cases: &[(&str, f64, &str)]) {
+    for &(name, value, want) in cases {
+        assert_eq!(build_err::<S>(&[(name, value)]), want);
+    }
+}
+
 #[test]
 fn invalid_parameters_name_the_parameter_and_value() {
+    // Per stage: (parameter, value, the whole message it must give).
+    assert_refuses::<TopP>(&[
+        ("p", 1.5, "top_p: p must be in (0, 1], got 1.5"),
+        ("p", 0.0, "top_p: p must be in (0, 1], got 0"),
+        ("p", f64::NAN, "top_p: p must be a number, got NaN"),
+    ]);
+    assert_refuses::<TopK>(&[
+        ("k", -1.0, "top_k: k must be in [0, 4294967295], got -1"),
+        ("k", 2.5, "top_k: k must be an integer, got 2.5"),
+    ]);
+    assert_refuses::<Penalties>(&[
+        (
+            "repeat_penalty",
+            0.0,
+            "penalties: repeat_penalty must be finite and > 0, got 0",
+        ),
+        (
+            "frequency_penalty",
+            -0.5,
+            "penalties: frequency_penalty must be finite and >= 0, got -0.5",
+        ),
+        (
+            "presence_penalty",
+            -1.0,
+            "penalties: presence_penalty must be finite and >= 0, got -1",
+        ),
+        (
+            "repeat_last_n",
+            -2.0,
+            "penalties: repeat_last_n must be in [-1, 65536], got -2",
+        ),
+    ]);
+    assert_refuses::<Temperature>(&[(
+        "t",
+        -0.1,
+        "temperature: t must be finite and >= 0, got -0.1",
+    )]);
+    assert_refuses::<MinP>(&[
+        ("p", 1.1, "min_p: p must be in [0, 1], got 1.1"),
+        (
+            "min_keep",
+            -1.0,
+            "min_p: min_keep must be in [0, 4294967295], got -1",
+        ),
+    ]);
+    assert_refuses::<TypicalP>(&[("p", -0.1, "typical_p: p must be in [0, 1], got -0.1")]);
+    assert_refuses::<Xtc>(&[(
+        "probability",
+        2.0,
+        "xtc: probability must be in [0, 1], got 2",
+    )]);
+    assert_refuses::<Mirostat>(&[("m", 0.0, "mirostat: m must be in [1, 4294967295], got 0")]);
     assert_eq!(
-        build_err::<TopP>(&[("p", 1.5)]),
-        "top_p: p must be in (0, 1], got 1.5"
-    );
-    assert_eq!(
-        build_err::<TopP>(&[("p", 0.0)]),
-        "top_p: p must be in (0, 1], got 0"
-    );
-    assert_eq!(
-        build_err::<TopP>(&[("p", f64::NAN)]),
-        "top_p: p must be a number, got NaN"
-    );
-    assert_eq!(
-        build_err::<TopK>(&[("k", -1.0)]),
-        "top_k: k must be in [0, 4294967295], got -1"
-    );
-    assert_eq!(
-        build_err::<TopK>(&[("k", 2.5)]),
-        "top_k: k must be an integer, got 2.5"
-    );
-    assert_eq!(
-        build_err::<Penalties>(&[("repeat_penalty", 0.0)]),
-        "penalties: repeat_penalty must be finite and > 0, got 0"
-    );
-    assert_eq!(
-        build_err::<Penalties>(&[("frequency_penalty", -0.5)]),
-        "penalties: frequency_penalty must be finite and >= 0, got -0.5"
-    );
-    assert_eq!(
-        build_err::<Penalties>(&[("presence_penalty", -1.0)]),
-        "penalties: presence_penalty must be finite and >= 0, got -1"
-    );
-    assert_eq!(
-        build_err::<Penalties>(&[("repeat_last_n", -2.0)]),
-        "penalties: repeat_last_n must be in [-1, 65536], got -2"
-    );
-    assert!(build_err::<Penalties>(&[("repeat_penalty", f64::NAN)]).contains("NaN"));
-    assert_eq!(
-        build_err::<Temperature>(&[("t", -0.1)]),
-        "temperature: t must be finite and >= 0, got -0.1"
-    );
-    assert!(build_err::<Temperature>(&[("t", f64::NAN)]).contains("t must be a number, got NaN"));
-    assert_eq!(
-        build_err::<MinP>(&[("p", 1.1)]),
-        "min_p: p must be in [0, 1], got 1.1"
-    );
-    assert_eq!(
-        build_err::<MinP>(&[("min_keep", -1.0)]),
-        "min_p: min_keep must be in [0, 4294967295], got -1"
-    );
-    assert_eq!(
-        build_err::<TypicalP>(&[("p", -0.1)]),
-        "typical_p: p must be in [0, 1], got -0.1"
-    );
-    assert!(
-        build_err::<TopNSigma>(&[("n", f64::INFINITY)])
-            .starts_with("top_n_sigma: n must be finite")
-    );
-    assert_eq!(
-        build_err::<Xtc>(&[("probability", 2.0)]),
-        "xtc: probability must be in [0, 1], got 2"
-    );
-    assert_eq!(
-        build_err::<Mirostat>(&[("m", 0.0)]),
-        "mirostat: m must be in [1, 4294967295], got 0"
-    );
-    assert!(build_err::<MirostatV2>(&[("tau", -1.0)]).starts_with("mirostat_v2: tau"));
-    assert!(OwnedParams::new().number("q", 1.0).build::<TopK>().is_err());
-    let bias = OwnedParams::new()
-        .token_map("bias", &[(3, f32::NAN)])
-        .build::<LogitBias>();
-    assert_eq!(
-        bias.err().unwrap(),
+        OwnedParams::new()
+            .token_map("bias", &[(3, f32::NAN)])
+            .build::<LogitBias>()
+            .err()
+            .unwrap(),
         "logit_bias: bias for token 3 must be finite or -inf, got NaN"
     );
+    // (the error, a part it must contain)
+    let partial = [
+        (
+            build_err::<Penalties>(&[("repeat_penalty", f64::NAN)]),
+            "NaN",
+        ),
+        (
+            build_err::<Temperature>(&[("t", f64::NAN)]),
+            "t must be a number, got NaN",
+        ),
+    ];
+    for (got, part) in partial {
+        assert!(got.contains(part), "{got:?} should contain {part:?}");
+    }
+    // (the error, how it must start)
+    let prefixed = [
+        (
+            build_err::<TopNSigma>(&[("n", f64::INFINITY)]),
+            "top_n_sigma: n must be finite",
+        ),
+        (
+            build_err::<MirostatV2>(&[("tau", -1.0)]),
+            "mirostat_v2: tau",
+        ),
+    ];
+    for (got, start) in prefixed {
+        assert!(
+            got.starts_with(start),
+            "{got:?} should start with {start:?}"
+        );
+    }
+    assert!(OwnedParams::new().number("q", 1.0).build::<TopK>().is_err());
     assert!(
         OwnedParams::new()
             .token_map("bias", &[(3, f32::INFINITY)])
@@ -127,19 +152,11 @@ fn top_k_zero_is_off() {
 #[test]
 fn top_k_keeps_exactly_k_sorted() {
     let logits = normal_logits(5000, 3.0, 1);
-    let mut want: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
-    want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut want = id_pairs(&logits);
+    sort_desc(&mut want);
     for k in [1usize, 2, 40, 64, 65, 256, 257, 1000] {
         for dense in [true, false] {
-            let mut buf = if dense {
-                OwnedTokens::dense(&logits)
-            } else {
-                OwnedTokens::dense_as_candidates(&logits)
-            };
+            let mut buf = tokens(&logits, dense);
             run::<TopK>(&[("k", k as f64)], &mut buf);
             assert_eq!(buf.entries(), want[..k].to_vec(), "k={k} dense={dense}");
             assert!(buf.is_sorted());
@@ -189,27 +206,20 @@ fn top_k_on_sorted_candidates_truncates() {
 #[test]
 fn tiny_vocabularies() {
     for logits in [vec![0.3f32], vec![0.3, -1.0]] {
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<TopK>(&[("k", 1.0)], &mut buf);
-        assert_eq!(buf.survivor_ids(), vec![0]);
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<TopP>(&[("p", 0.5)], &mut buf);
-        assert_eq!(buf.survivor_ids(), vec![0]);
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<MinP>(&[("p", 0.5)], &mut buf);
-        assert_eq!(buf.survivor_ids(), vec![0]);
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<Dist>(&[], &mut buf);
-        assert!(buf.selected().is_some());
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<Greedy>(&[], &mut buf);
-        assert_eq!(buf.selected(), Some(0));
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<TypicalP>(&[("p", 0.5)], &mut buf);
-        assert!(!buf.is_empty());
-        let mut buf = OwnedTokens::dense(&logits);
-        run::<TopNSigma>(&[("n", 0.5)], &mut buf);
-        assert_eq!(buf.survivor_ids()[0], 0);
+        for survivors in [
+            run_dense::<TopK>(&[("k", 1.0)], &logits),
+            run_dense::<TopP>(&[("p", 0.5)], &logits),
+            run_dense::<MinP>(&[("p", 0.5)], &logits),
+        ] {
+            assert_eq!(survivors.survivor_ids(), vec![0]);
+        }
+        assert!(run_dense::<Dist>(&[], &logits).selected().is_some());
+        assert_eq!(run_dense::<Greedy>(&[], &logits).selected(), Some(0));
+        assert!(!run_dense::<TypicalP>(&[("p", 0.5)], &logits).is_empty());
+        assert_eq!(
+            run_dense::<TopNSigma>(&[("n", 0.5)], &logits).survivor_ids()[0],
+            0
+        );
     }
 }
 
@@ -229,18 +239,10 @@ fn top_p_one_is_off() {
 fn top_p_min_keep() {
     let logits = [5.0f32, 1.0, 0.0, -1.0];
     for dense in [true, false] {
-        let mut buf = if dense {
-            OwnedTokens::dense(&logits)
-        } else {
-            OwnedTokens::dense_as_candidates(&logits)
-        };
+        let mut buf = tokens(&logits, dense);
         run::<TopP>(&[("p", 0.01), ("min_keep", 3.0)], &mut buf);
         assert_eq!(buf.survivor_ids(), vec![0, 1, 2], "dense={dense}");
-        let mut buf = if dense {
-            OwnedTokens::dense(&logits)
-        } else {
-            OwnedTokens::dense_as_candidates(&logits)
-        };
+        let mut buf = tokens(&logits, dense);
         run::<TopP>(&[("p", 0.01)], &mut buf);
         assert_eq!(buf.survivor_ids(), vec![0]);
     }
@@ -250,11 +252,7 @@ fn top_p_min_keep() {
 fn top_p_drops_neg_inf() {
     let logits = [NEG, 0.0, NEG, 0.0];
     for dense in [true, false] {
-        let mut buf = if dense {
-            OwnedTokens::dense(&logits)
-        } else {
-            OwnedTokens::dense_as_candidates(&logits)
-        };
+        let mut buf = tokens(&logits, dense);
         run::<TopP>(&[("p", 0.99)], &mut buf);
         assert_eq!(buf.survivor_ids(), vec![1, 3]);
         assert_eq!(buf.len(), 2);
@@ -266,11 +264,7 @@ fn top_p_ties_at_the_cut_keep_lower_ids() {
     // four equal tokens, p = 0.5 -> two of them
     let logits = [1.0f32, 1.0, 1.0, 1.0];
     for dense in [true, false] {
-        let mut buf = if dense {
-            OwnedTokens::dense(&logits)
-        } else {
-            OwnedTokens::dense_as_candidates(&logits)
-        };
+        let mut buf = tokens(&logits, dense);
         run::<TopP>(&[("p", 0.45)], &mut buf);
         assert_eq!(buf.survivor_ids(), vec![0, 1], "dense={dense}");
     }
@@ -280,22 +274,14 @@ fn top_p_ties_at_the_cut_keep_lower_ids() {
 fn top_p_large_paths_match_sort_then_cut() {
     for seed in 0..6u64 {
         let logits = normal_logits(20_000, 3.0, seed);
-        let pairs: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
+        let pairs = id_pairs(&logits);
         for p in [0.5f32, 0.9, 0.95, 0.99] {
             let (want, margin) = reference_top_p(&pairs, p, 1);
             if margin < 1e-5 {
                 continue; // within float rounding of p: documented
             }
             for dense in [true, false] {
-                let mut buf = if dense {
-                    OwnedTokens::dense(&logits)
-                } else {
-                    OwnedTokens::dense_as_candidates(&logits)
-                };
+                let mut buf = tokens(&logits, dense);
                 run::<TopP>(&[("p", p as f64)], &mut buf);
                 assert_eq!(buf.survivor_ids(), want, "seed {seed} p {p} dense {dense}");
                 assert_eq!(buf.len(), want.len());
@@ -340,10 +326,7 @@ fn min_p_basics() {
     run::<MinP>(&[("p", 0.0)], &mut buf);
     assert!(buf.is_dense());
     // min_keep
-    for mut buf in [
-        OwnedTokens::dense(&logits),
-        OwnedTokens::dense_as_candidates(&logits),
-    ] {
+    for mut buf in both_views(&logits) {
         run::<MinP>(&[("p", 0.9), ("min_keep", 3.0)], &mut buf);
         assert_eq!(buf.survivor_ids(), vec![0, 1, 3]);
     }
@@ -361,12 +344,8 @@ fn min_p_unsorted_keeps_order() {
 
 /// llama.cpp's typical sampling in f64, returns the kept ids in order.
 fn reference_typical(logits: &[f32], p: f64, min_keep: usize) -> Vec<u32> {
-    let mut v: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
-    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut v = id_pairs(logits);
+    sort_desc(&mut v);
     let probs = softmax(&v.iter().map(|x| x.1).collect::<Vec<_>>());
     let h: f64 = probs
         .iter()
@@ -416,10 +395,7 @@ fn typical_p_matches_reference() {
 
 #[test]
 fn temperature_zero_keeps_first_max() {
-    for mut buf in [
-        OwnedTokens::dense(&[1.0, 3.0, 3.0, NEG]),
-        OwnedTokens::dense_as_candidates(&[1.0, 3.0, 3.0, NEG]),
-    ] {
+    for mut buf in both_views(&[1.0, 3.0, 3.0, NEG]) {
         run::<Temperature>(&[("t", 0.0)], &mut buf);
         assert_eq!(buf.survivors(), vec![(1, 3.0)]);
     }
@@ -441,8 +417,7 @@ fn dynatemp_uses_entropy() {
         assert!((l - 1.0 / 1.5).abs() < 1e-5, "{l}");
     }
     // peaked distribution: low entropy -> close to t - range
-    let mut buf = OwnedTokens::dense(&[30.0, 0.0, 0.0]);
-    run::<Temperature>(&[("t", 1.0), ("dynatemp_range", 0.5)], &mut buf);
+    let buf = run_dense::<Temperature>(&[("t", 1.0), ("dynatemp_range", 0.5)], &[30.0, 0.0, 0.0]);
     assert!((buf.logit(0).unwrap() - 60.0).abs() < 0.1);
     assert!(buf.is_sorted());
 }
@@ -453,10 +428,7 @@ fn dynatemp_uses_entropy() {
 fn top_n_sigma_basics() {
     // mean 2, σ = sqrt(2) = 1.414: bound 4 - 1.414 = 2.586 -> keeps 3 and 4
     let logits = [0.0f32, 1.0, 2.0, 3.0, 4.0, NEG];
-    for mut buf in [
-        OwnedTokens::dense(&logits),
-        OwnedTokens::dense_as_candidates(&logits),
-    ] {
+    for mut buf in both_views(&logits) {
         run::<TopNSigma>(&[("n", 1.0)], &mut buf);
         assert_eq!(buf.survivors(), vec![(4, 4.0), (3, 3.0)]);
         assert!(buf.is_sorted());
@@ -507,32 +479,31 @@ fn top_n_sigma_with_a_nan_bound_masks_nothing() {
 #[test]
 fn xtc_removes_top_choices() {
     let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
-    let params = [("probability", 0.5), ("threshold", 0.1)];
+    // XTC with `nums` and its dart at `u`, on `logits`.
+    let xtc = |nums: &[(&str, f64)], u: f64| {
+        let mut buf = OwnedTokens::dense(&logits);
+        apply_once::<Xtc>(&params(nums), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        buf
+    };
+    let nums = [("probability", 0.5), ("threshold", 0.1)];
     // dart 0.1 <= 0.5: triggers; tokens >= 0.1: 0, 1, 2 -> drop 0 and 1
-    let mut buf = OwnedTokens::dense(&logits);
-    apply_once::<Xtc>(&params_of(&params), &mut buf, &mut TestRng::uniform(0.1)).unwrap();
-    assert_eq!(buf.survivor_ids(), vec![2, 3]);
+    assert_eq!(xtc(&nums, 0.1).survivor_ids(), vec![2, 3]);
     // dart 0.9 > 0.5: no-op
-    let mut buf = OwnedTokens::dense(&logits);
-    apply_once::<Xtc>(&params_of(&params), &mut buf, &mut TestRng::uniform(0.9)).unwrap();
-    assert!(buf.is_dense());
+    assert!(xtc(&nums, 0.9).is_dense());
     // min_keep 3 prevents it
-    let mut buf = OwnedTokens::dense(&logits);
     let p3 = [("probability", 1.0), ("threshold", 0.1), ("min_keep", 3.0)];
-    apply_once::<Xtc>(&params_of(&p3), &mut buf, &mut TestRng::uniform(0.0)).unwrap();
-    assert_eq!(buf.survivor_ids(), vec![0, 1, 2, 3]);
+    assert_eq!(xtc(&p3, 0.0).survivor_ids(), vec![0, 1, 2, 3]);
     // threshold > 0.5: off
-    let mut buf = OwnedTokens::dense(&logits);
     let off = [("probability", 1.0), ("threshold", 0.6)];
-    apply_once::<Xtc>(&params_of(&off), &mut buf, &mut TestRng::uniform(0.0)).unwrap();
-    assert!(buf.is_dense());
-}
-
-fn params_of(nums: &[(&str, f64)]) -> OwnedParams {
-    params(nums)
+    assert!(xtc(&off, 0.0).is_dense());
 }
 
 // ----------------------------------------------------------------- selection
+
+/// Runs `dist` on `tokens` with its dart at `u`.
+fn dist_at(u: f64, tokens: &mut OwnedTokens) -> Result<(), String> {
+    apply_once::<Dist>(&OwnedParams::new(), tokens, &mut TestRng::uniform(u))
+}
 
 #[test]
 fn dist_walks_in_candidate_order() {
@@ -548,7 +519,7 @@ fn dist_walks_in_candidate_order() {
         (0.999, 1),
     ] {
         let mut buf = OwnedTokens::candidates(3, &cands, false);
-        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        dist_at(u, &mut buf).unwrap();
         assert_eq!(buf.selected(), Some(want), "u = {u}");
         assert_eq!(
             buf.entries(),
@@ -559,7 +530,7 @@ fn dist_walks_in_candidate_order() {
     // dense view walks in id order: 0 (0.25), 1 (0.25), 2 (0.5)
     for (u, want) in [(0.0, 0), (0.3, 1), (0.6, 2)] {
         let mut buf = OwnedTokens::dense(&l);
-        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        dist_at(u, &mut buf).unwrap();
         assert_eq!(buf.selected(), Some(want));
         assert_eq!(buf.dense_logits(), &l);
     }
@@ -570,18 +541,17 @@ fn dist_never_picks_neg_inf() {
     let cands = [(0u32, NEG), (1, 0.0), (2, NEG)];
     for u in [0.0, 0.5, 0.999_999] {
         let mut buf = OwnedTokens::candidates(3, &cands, false);
-        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        dist_at(u, &mut buf).unwrap();
         assert_eq!(buf.selected(), Some(1));
         let mut buf = OwnedTokens::dense(&[NEG, 0.0, NEG]);
-        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(u)).unwrap();
+        dist_at(u, &mut buf).unwrap();
         assert_eq!(buf.selected(), Some(1));
     }
     let mut buf = OwnedTokens::dense(&[NEG, NEG]);
-    let err =
-        apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(0.5)).unwrap_err();
+    let err = dist_at(0.5, &mut buf).unwrap_err();
     assert!(err.contains("no candidate"), "{err}");
     let mut buf = OwnedTokens::candidates(3, &[], false);
-    assert!(apply_once::<Dist>(&OwnedParams::new(), &mut buf, &mut TestRng::uniform(0.5)).is_err());
+    assert!(dist_at(0.5, &mut buf).is_err());
 }
 
 #[test]
@@ -589,9 +559,9 @@ fn dist_dense_large_matches_candidate_view() {
     let logits = normal_logits(10_000, 1.0, 4);
     for u in [0.0, 0.1, 0.37, 0.5, 0.93, 0.999] {
         let mut a = OwnedTokens::dense(&logits);
-        apply_once::<Dist>(&OwnedParams::new(), &mut a, &mut TestRng::uniform(u)).unwrap();
+        dist_at(u, &mut a).unwrap();
         let mut b = OwnedTokens::dense_as_candidates(&logits);
-        apply_once::<Dist>(&OwnedParams::new(), &mut b, &mut TestRng::uniform(u)).unwrap();
+        dist_at(u, &mut b).unwrap();
         let (sa, sb) = (a.selected().unwrap(), b.selected().unwrap());
         // chunked vs sequential sums may move the dart by rounding only
         assert!(sa.abs_diff(sb) <= 1, "u {u}: {sa} vs {sb}");
@@ -603,13 +573,9 @@ fn greedy_picks_first_max_everywhere() {
     let mut logits = normal_logits(1000, 1.0, 2);
     logits[700] = 50.0;
     logits[999] = 50.0;
-    let mut buf = OwnedTokens::dense(&logits);
-    run::<Greedy>(&[], &mut buf);
-    assert_eq!(buf.selected(), Some(700));
+    assert_eq!(run_dense::<Greedy>(&[], &logits).selected(), Some(700));
     logits[999] = 51.0; // in the tail after the last full chunk
-    let mut buf = OwnedTokens::dense(&logits);
-    run::<Greedy>(&[], &mut buf);
-    assert_eq!(buf.selected(), Some(999));
+    assert_eq!(run_dense::<Greedy>(&[], &logits).selected(), Some(999));
     let mut buf = OwnedTokens::candidates(5, &[(3, 1.0), (1, 2.0), (4, 2.0)], false);
     run::<Greedy>(&[], &mut buf);
     assert_eq!(buf.selected(), Some(1));
@@ -652,92 +618,70 @@ fn mirostat_selects_and_adapts_mu() {
 
 #[test]
 fn penalties_empty_window_and_noop_settings() {
-    let pen: Penalties = stage(&[]);
-    let mut st = pen.new_state();
-    let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
-    assert_eq!(buf.dense_logits(), &[1.0, 2.0]);
-    for nums in [
-        vec![("repeat_last_n", 0.0), ("repeat_penalty", 2.0)],
-        vec![("repeat_penalty", 1.0)],
+    for (nums, window) in [
+        (vec![], &[][..]),
+        (vec![("repeat_last_n", 0.0), ("repeat_penalty", 2.0)], &[0]),
+        (vec![("repeat_penalty", 1.0)], &[0]),
     ] {
-        let pen: Penalties = stage(&nums);
-        let mut st = pen.new_state();
-        pen.accept(&mut st, 0);
+        let (pen, mut st) = penalties_after(&nums, window);
         let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
-        apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+        penalise(&pen, &mut st, &mut buf);
         assert_eq!(buf.dense_logits(), &[1.0, 2.0], "{nums:?}");
     }
 }
 
 #[test]
 fn penalties_out_of_range_ids_are_skipped() {
-    let pen: Penalties = stage(&[("repeat_penalty", 2.0)]);
-    let mut st = pen.new_state();
-    for t in [1, 99, 1_000_000] {
-        pen.accept(&mut st, t);
-    }
+    let (pen, mut st) = penalties_after(&[("repeat_penalty", 2.0)], &[1, 99, 1_000_000]);
     let mut buf = OwnedTokens::dense(&[1.0, 2.0]);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    penalise(&pen, &mut st, &mut buf);
     assert_eq!(buf.dense_logits(), &[1.0, 1.0]);
 }
 
 #[test]
 fn penalties_window_slides() {
-    let pen: Penalties = stage(&[
+    let nums = [
         ("repeat_last_n", 2.0),
         ("repeat_penalty", 2.0),
         ("frequency_penalty", 0.0),
-    ]);
-    let mut st = pen.new_state();
-    for t in [0, 1, 2, 2] {
-        pen.accept(&mut st, t);
-    }
+    ];
+    let (pen, mut st) = penalties_after(&nums, &[0, 1, 2, 2]);
     // window = [2, 2]
     assert_eq!(st.count(0), 0);
     assert_eq!(st.count(1), 0);
     assert_eq!(st.count(2), 2);
     let mut buf = OwnedTokens::dense(&[4.0, 4.0, 4.0]);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    penalise(&pen, &mut st, &mut buf);
     assert_eq!(buf.dense_logits(), &[4.0, 4.0, 2.0]);
 }
 
 #[test]
 fn penalties_whole_history() {
-    let pen: Penalties = stage(&[
+    let nums = [
         ("repeat_last_n", -1.0),
         ("frequency_penalty", 1.0),
         ("repeat_penalty", 1.0),
-    ]);
-    let mut st = pen.new_state();
-    for _ in 0..1000 {
-        pen.accept(&mut st, 0);
-    }
+    ];
+    let (pen, mut st) = penalties_after(&nums, &[0; 1000]);
     assert_eq!(st.count(0), 1000);
     let mut buf = OwnedTokens::dense(&[0.0]);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    penalise(&pen, &mut st, &mut buf);
     assert_eq!(buf.dense_logits(), &[-1000.0]);
 }
 
 #[test]
 fn repeat_penalty_below_one_is_applied_like_llama_cpp() {
-    let pen: Penalties = stage(&[("repeat_penalty", 0.5)]);
-    let mut st = pen.new_state();
-    pen.accept(&mut st, 0);
-    pen.accept(&mut st, 1);
+    let (pen, mut st) = penalties_after(&[("repeat_penalty", 0.5)], &[0, 1]);
     let mut buf = OwnedTokens::dense(&[2.0, -2.0, 2.0]);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    penalise(&pen, &mut st, &mut buf);
     assert_eq!(buf.dense_logits(), &[4.0, -1.0, 2.0]);
 }
 
 #[test]
 fn penalties_neg_inf_stays_removed_and_clears_sorted() {
-    let pen: Penalties = stage(&[("presence_penalty", 1.0)]);
-    let mut st = pen.new_state();
-    pen.accept(&mut st, 0);
-    pen.accept(&mut st, 2);
+    let (pen, mut st) = penalties_after(&[("presence_penalty", 1.0)], &[0, 2]);
     let mut buf = OwnedTokens::candidates(3, &[(0, 5.0), (1, 4.5), (2, NEG)], true);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    penalise(&pen, &mut st, &mut buf);
     let l = buf.entries();
     assert!((l[0].1 - (5.0 / 1.1 - 1.0)).abs() < 1e-6);
     assert_eq!(l[2].1, NEG);
@@ -746,9 +690,7 @@ fn penalties_neg_inf_stays_removed_and_clears_sorted() {
 
 #[test]
 fn penalties_state_clone_is_independent() {
-    let pen: Penalties = stage(&[]);
-    let mut a = pen.new_state();
-    pen.accept(&mut a, 1);
+    let (pen, a) = penalties_after(&[], &[1]);
     let mut b = a.clone();
     pen.accept(&mut b, 1);
     assert_eq!(a.count(1), 1);
@@ -785,8 +727,7 @@ fn greedy_leaves_only_the_winner() {
     // the chain): greedy switches to a one-candidate view.
     let mut logits = normal_logits(1000, 1.0, 7);
     logits[321] = 40.0;
-    let mut buf = OwnedTokens::dense(&logits);
-    run::<Greedy>(&[], &mut buf);
+    let buf = run_dense::<Greedy>(&[], &logits);
     assert_eq!(buf.selected(), Some(321));
     assert_eq!(buf.entries(), vec![(321, 40.0)]);
     assert!(buf.is_sorted());
@@ -797,10 +738,7 @@ fn top_n_sigma_keeps_masked_tokens_at_neg_inf() {
     // llama.cpp sets the masked tokens to -inf and keeps them in the list,
     // so a following top_k keeps -inf entries when fewer finite remain.
     let logits = [0.0f32, 1.0, 2.0, 3.0, 4.0, NEG];
-    for mut buf in [
-        OwnedTokens::dense(&logits),
-        OwnedTokens::dense_as_candidates(&logits),
-    ] {
+    for mut buf in both_views(&logits) {
         run::<TopNSigma>(&[("n", 1.0)], &mut buf);
         assert_eq!(buf.len(), 6);
         let e = buf.entries();
@@ -821,10 +759,7 @@ fn typical_p_follows_llama_cpp_when_the_entropy_is_nan() {
     // (0.63) crosses 0.5.
     let mut logits: Vec<f32> = (0..16).map(|i| -(i as f32)).collect();
     logits.push(NEG);
-    for mut buf in [
-        OwnedTokens::dense(&logits),
-        OwnedTokens::dense_as_candidates(&logits),
-    ] {
+    for mut buf in both_views(&logits) {
         run::<TypicalP>(&[("p", 0.5)], &mut buf);
         assert_eq!(buf.survivor_ids(), vec![0, 8, 9, 10, 11, 12, 13, 14, 15]);
     }
@@ -885,11 +820,7 @@ fn top_p_large_nuclei_match_llama_cpp_bit_for_bit() {
             }
             let want = llama_top_p(&logits, p);
             for dense in [true, false] {
-                let mut buf = if dense {
-                    OwnedTokens::dense(&logits)
-                } else {
-                    OwnedTokens::dense_as_candidates(&logits)
-                };
+                let mut buf = tokens(&logits, dense);
                 run::<TopP>(&[("p", p as f64)], &mut buf);
                 assert_eq!(
                     buf.survivor_ids(),

@@ -111,7 +111,7 @@ proptest! {
         dense in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let mut buf = if dense { OwnedTokens::dense(&logits) } else { OwnedTokens::dense_as_candidates(&logits) };
+        let mut buf = tokens(&logits, dense);
         let mut rng = TestRng::seeded(seed);
         let mut before_len = buf.len();
         let mut before_ids = buf.survivor_ids();
@@ -149,7 +149,7 @@ proptest! {
         dense in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let mut buf = if dense { OwnedTokens::dense(&logits) } else { OwnedTokens::dense_as_candidates(&logits) };
+        let mut buf = tokens(&logits, dense);
         let mut rng = TestRng::seeded(seed);
         for s in &pre {
             apply_any(s, &mut buf, &mut rng);
@@ -165,7 +165,7 @@ proptest! {
 
     #[test]
     fn greedy_picks_the_max(logits in logits_strategy(1000), dense in any::<bool>()) {
-        let mut buf = if dense { OwnedTokens::dense(&logits) } else { OwnedTokens::dense_as_candidates(&logits) };
+        let mut buf = tokens(&logits, dense);
         run::<Greedy>(&[], &mut buf);
         let id = buf.selected().unwrap() as usize;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -232,7 +232,7 @@ proptest! {
 
     #[test]
     fn top_k_matches_sort(logits in logits_strategy(2000), k in 1usize..400, dense in any::<bool>()) {
-        let mut buf = if dense { OwnedTokens::dense(&logits) } else { OwnedTokens::dense_as_candidates(&logits) };
+        let mut buf = tokens(&logits, dense);
         run::<TopK>(&[("k", k as f64)], &mut buf);
         let mut want: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));

@@ -5,10 +5,7 @@
 mod common;
 
 use common::*;
-use samplerd_core_stages::{
-    greedy::Greedy, penalties::Penalties, temperature::Temperature, top_p::TopP,
-};
-use samplerd_plugin_sdk::Stage;
+use samplerd_core_stages::{greedy::Greedy, temperature::Temperature, top_p::TopP};
 
 const THE: u32 = 0;
 const CAT: u32 = 1;
@@ -23,17 +20,9 @@ fn the_cat_logits() -> Vec<f32> {
 
 /// Window: "the" three times, "a" once.
 fn penalised(nums: &[(&str, f64)], window: &[u32], dense: bool) -> OwnedTokens {
-    let pen: Penalties = stage(nums);
-    let mut st = pen.new_state();
-    for &t in window {
-        pen.accept(&mut st, t);
-    }
-    let mut buf = if dense {
-        OwnedTokens::dense(&the_cat_logits())
-    } else {
-        OwnedTokens::dense_as_candidates(&the_cat_logits())
-    };
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    let (pen, mut st) = penalties_after(nums, window);
+    let mut buf = tokens(&the_cat_logits(), dense);
+    penalise(&pen, &mut st, &mut buf);
     buf
 }
 
@@ -92,15 +81,14 @@ fn seed_unit_case_freq_presence_then_repeat_differs() {
     // logit 4, count 1, frequency 1, presence 1, repeat 2:
     //   subtract first:              (4 - 1 - 1) / 2 = 1.0
     //   llama.cpp (÷ first):         4 / 2 - 1 - 1  = 0.0
-    let pen: Penalties = stage(&[
+    let nums = [
         ("repeat_penalty", 2.0),
         ("frequency_penalty", 1.0),
         ("presence_penalty", 1.0),
-    ]);
-    let mut st = pen.new_state();
-    pen.accept(&mut st, 0);
+    ];
+    let (pen, mut st) = penalties_after(&nums, &[0]);
     let mut buf = OwnedTokens::dense(&[4.0, 1.0]);
-    apply(&pen, &mut st, &mut buf, &mut TestRng::constant(0)).unwrap();
+    penalise(&pen, &mut st, &mut buf);
     assert_eq!(buf.logit(0).unwrap(), 0.0);
     assert_ne!(buf.logit(0).unwrap(), 1.0);
 }
@@ -152,12 +140,9 @@ fn nucleus_example_keeps_three_with_raw_logits() {
 #[test]
 fn nucleus_threshold_token_is_kept() {
     // p exactly reachable only by including the crossing token
-    let mut buf = OwnedTokens::dense(&nucleus_logits());
-    run::<TopP>(&[("p", 0.71)], &mut buf);
-    assert_eq!(buf.survivor_ids(), vec![0, 1, 2]);
-    let mut buf = OwnedTokens::dense(&nucleus_logits());
-    run::<TopP>(&[("p", 0.69)], &mut buf);
-    assert_eq!(buf.survivor_ids(), vec![0, 1]);
+    let kept = |p| run_dense::<TopP>(&[("p", p)], &nucleus_logits()).survivor_ids();
+    assert_eq!(kept(0.71), vec![0, 1, 2]);
+    assert_eq!(kept(0.69), vec![0, 1]);
 }
 
 #[test]
@@ -171,11 +156,7 @@ fn temperature_table() {
     for (t, want) in table {
         for dense in [true, false] {
             let logits = [4.0f32, 3.0, 2.0];
-            let mut buf = if dense {
-                OwnedTokens::dense(&logits)
-            } else {
-                OwnedTokens::dense_as_candidates(&logits)
-            };
+            let mut buf = tokens(&logits, dense);
             run::<Temperature>(&[("t", t)], &mut buf);
             let scaled: Vec<f32> = (0..3).map(|i| buf.logit(i).unwrap()).collect();
             for (s, l) in scaled.iter().zip(logits) {

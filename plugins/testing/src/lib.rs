@@ -4,29 +4,39 @@
 
 #![forbid(unsafe_code)]
 
+use std::ffi::CStr;
+
 use samplerd_plugin_sdk::prelude::*;
 
-/// Panics inside `apply` when the first candidate's logit is above
-/// `threshold` (default: always).
-pub struct PanicOnApply {
-    threshold: f32,
+/// What tells the fixture stages apart. None keeps per-sequence state or
+/// reports an error, so the rest of a [`Stage`] is the same for all of them
+/// and written once, in [`Fixture`].
+pub trait Misbehaviour: Default + Send + Sync + 'static {
+    const NAME: &'static CStr;
+    const DESCRIPTION: &'static CStr;
+    const PARAMS: &'static [SdParamSpec] = &[];
+    const FLAGS: u32 = 0;
+
+    /// The fixture for `params` (those without parameters: the default).
+    fn new(_params: &Params<'_>) -> Self {
+        Self::default()
+    }
+
+    fn misbehave(&self, tokens: &mut Tokens<'_>);
 }
 
-impl Stage for PanicOnApply {
-    const NAME: &'static std::ffi::CStr = c"test_panic";
-    const DESCRIPTION: &'static std::ffi::CStr = c"panics in apply (test fixture)";
-    const PARAMS: &'static [SdParamSpec] = &[number_param(
-        c"threshold",
-        c"panic when the largest logit exceeds this",
-        f64::NEG_INFINITY,
-    )];
-    const FLAGS: u32 = SD_STAGE_DENSE_OK;
+/// A [`Misbehaviour`] as a stage.
+pub struct Fixture<M>(M);
+
+impl<M: Misbehaviour> Stage for Fixture<M> {
+    const NAME: &'static CStr = M::NAME;
+    const DESCRIPTION: &'static CStr = M::DESCRIPTION;
+    const PARAMS: &'static [SdParamSpec] = M::PARAMS;
+    const FLAGS: u32 = M::FLAGS;
     type State = ();
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        Ok(Self {
-            threshold: params.number("threshold") as f32,
-        })
+        Ok(Fixture(M::new(params)))
     }
 
     fn new_state(&self) {}
@@ -37,6 +47,42 @@ impl Stage for PanicOnApply {
         tokens: &mut Tokens<'_>,
         _: &mut HostRng<'_>,
     ) -> Result<(), String> {
+        self.0.misbehave(tokens);
+        Ok(())
+    }
+}
+
+/// Panics inside `apply` when the first candidate's logit is above
+/// `threshold` (default: always).
+pub struct PanicOnApply {
+    threshold: f32,
+}
+
+impl Default for PanicOnApply {
+    fn default() -> Self {
+        Self {
+            threshold: f32::NEG_INFINITY,
+        }
+    }
+}
+
+impl Misbehaviour for PanicOnApply {
+    const NAME: &'static CStr = c"test_panic";
+    const DESCRIPTION: &'static CStr = c"panics in apply (test fixture)";
+    const PARAMS: &'static [SdParamSpec] = &[number_param(
+        c"threshold",
+        c"panic when the largest logit exceeds this",
+        f64::NEG_INFINITY,
+    )];
+    const FLAGS: u32 = SD_STAGE_DENSE_OK;
+
+    fn new(params: &Params<'_>) -> Self {
+        Self {
+            threshold: params.number("threshold") as f32,
+        }
+    }
+
+    fn misbehave(&self, tokens: &mut Tokens<'_>) {
         let max = match tokens.view() {
             ViewKind::Dense => tokens
                 .dense()
@@ -52,70 +98,44 @@ impl Stage for PanicOnApply {
         if max > self.threshold {
             panic!("test_panic: logit {max} above threshold {}", self.threshold);
         }
-        Ok(())
     }
 }
 
 /// Selects a token id outside the vocabulary (what a buggy C plugin could
 /// do; the SDK's safe `Tokens` API cannot grow the candidate count).
+#[derive(Default)]
 pub struct SelectOutOfRange;
 
-impl Stage for SelectOutOfRange {
-    const NAME: &'static std::ffi::CStr = c"test_bad_select";
-    const DESCRIPTION: &'static std::ffi::CStr =
-        c"selects a token outside the vocabulary (test fixture)";
-    const PARAMS: &'static [SdParamSpec] = &[];
-    const FLAGS: u32 = 0;
-    type State = ();
+impl Misbehaviour for SelectOutOfRange {
+    const NAME: &'static CStr = c"test_bad_select";
+    const DESCRIPTION: &'static CStr = c"selects a token outside the vocabulary (test fixture)";
 
-    fn new(_: &Params<'_>, _: Option<&Vocab<'_>>) -> Result<Self, String> {
-        Ok(Self)
-    }
-
-    fn new_state(&self) {}
-
-    fn apply(
-        &self,
-        _: &mut (),
-        tokens: &mut Tokens<'_>,
-        _: &mut HostRng<'_>,
-    ) -> Result<(), String> {
+    fn misbehave(&self, tokens: &mut Tokens<'_>) {
         tokens.select(tokens.n_vocab() as u32 + 7);
-        Ok(())
     }
 }
 
 /// Writes NaN into the first candidate.
+#[derive(Default)]
 pub struct WriteNan;
 
-impl Stage for WriteNan {
-    const NAME: &'static std::ffi::CStr = c"test_nan";
-    const DESCRIPTION: &'static std::ffi::CStr = c"writes NaN into a candidate (test fixture)";
-    const PARAMS: &'static [SdParamSpec] = &[];
-    const FLAGS: u32 = 0;
-    type State = ();
+impl Misbehaviour for WriteNan {
+    const NAME: &'static CStr = c"test_nan";
+    const DESCRIPTION: &'static CStr = c"writes NaN into a candidate (test fixture)";
 
-    fn new(_: &Params<'_>, _: Option<&Vocab<'_>>) -> Result<Self, String> {
-        Ok(Self)
-    }
-
-    fn new_state(&self) {}
-
-    fn apply(
-        &self,
-        _: &mut (),
-        tokens: &mut Tokens<'_>,
-        _: &mut HostRng<'_>,
-    ) -> Result<(), String> {
+    fn misbehave(&self, tokens: &mut Tokens<'_>) {
         if let Some(c) = tokens.candidates_mut().first_mut() {
             c.logit = f32::NAN;
         }
-        Ok(())
     }
 }
 
 samplerd_plugin_sdk::export_plugin!(
     name: c"testing",
     version: c"0.1.0",
-    stages: [PanicOnApply, SelectOutOfRange, WriteNan]
+    stages: [
+        Fixture<PanicOnApply>,
+        Fixture<SelectOutOfRange>,
+        Fixture<WriteNan>,
+    ]
 );

@@ -103,7 +103,11 @@ impl TestServer {
         req: samplerd_api::v1::SampleRequest,
     ) -> samplerd_api::v1::SampleResponse {
         let mut client = self.client.clone();
-        client.sample(req).await.expect("Sample succeeds").into_inner()
+        client
+            .sample(req)
+            .await
+            .expect("Sample succeeds")
+            .into_inner()
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {
@@ -154,23 +158,61 @@ pub async fn start_serving(
     }
 }
 
-/// A chain stage with numeric parameters.
-pub fn number_stage(name: &str, params: &[(&str, f64)]) -> samplerd_api::v1::StageSpec {
+/// A chain stage with `params` of any kind.
+pub fn stage_spec<'a>(
+    name: &str,
+    params: impl IntoIterator<Item = (&'a str, samplerd_api::v1::param_value::Kind)>,
+) -> samplerd_api::v1::StageSpec {
     use samplerd_api::v1;
     v1::StageSpec {
         name: name.into(),
         params: params
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v1::ParamValue {
-                        kind: Some(v1::param_value::Kind::Number(*v)),
-                    },
-                )
-            })
+            .into_iter()
+            .map(|(k, kind)| (k.to_string(), v1::ParamValue { kind: Some(kind) }))
             .collect(),
     }
+}
+
+/// A chain stage with numeric parameters.
+pub fn number_stage(name: &str, params: &[(&str, f64)]) -> samplerd_api::v1::StageSpec {
+    use samplerd_api::v1::param_value::Kind;
+    stage_spec(name, params.iter().map(|&(k, v)| (k, Kind::Number(v))))
+}
+
+/// A chain stage with text parameters.
+pub fn text_stage(name: &str, params: &[(&str, &str)]) -> samplerd_api::v1::StageSpec {
+    use samplerd_api::v1::param_value::Kind;
+    stage_spec(name, params.iter().map(|&(k, v)| (k, Kind::Text(v.into()))))
+}
+
+/// A Generate of exactly `max_tokens` tokens of `prompt` (the end of
+/// sequence does not stop it).
+pub fn exact_generate(prompt: &str, max_tokens: u32) -> samplerd_api::v1::GenerateRequest {
+    samplerd_api::v1::GenerateRequest {
+        prompt: prompt.into(),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// Asserts that `err` has `code` and a message naming every one of `needles`.
+pub fn assert_status(err: &tonic::Status, code: tonic::Code, needles: &[&str]) {
+    assert_eq!(err.code(), code, "{err:?}");
+    for n in needles {
+        assert!(
+            err.message().contains(n),
+            "{:?} should contain {n:?}",
+            err.message()
+        );
+    }
+}
+
+/// The real-model path from `SAMPLERD_MODEL`, if set (it must name a file).
+pub fn model_path() -> Option<PathBuf> {
+    let p = PathBuf::from(std::env::var_os("SAMPLERD_MODEL")?);
+    assert!(p.is_file(), "SAMPLERD_MODEL={} is not a file", p.display());
+    Some(p)
 }
 
 pub async fn start() -> TestServer {

@@ -21,12 +21,7 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often `wait_exit` looks at the child (a bounded poll of its status).
 const EXIT_POLL: Duration = Duration::from_millis(20);
 
-/// The real-model path from `SAMPLERD_MODEL`, if set.
-pub fn model_path() -> Option<PathBuf> {
-    let p = PathBuf::from(std::env::var_os("SAMPLERD_MODEL")?);
-    assert!(p.is_file(), "SAMPLERD_MODEL={} is not a file", p.display());
-    Some(p)
-}
+pub use crate::common::model_path;
 
 /// A running `samplerd serve`.
 pub struct Process {
