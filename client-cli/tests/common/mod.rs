@@ -15,12 +15,13 @@ const CLIENT_ENV: [&str; 4] = [
     "SAMPLERD_CA_CERT",
 ];
 
-/// `target/<profile>/` (the test binaries live in `target/<profile>/deps/`).
+/// `target/<profile>/`, where cargo put samplerctl (and, when built,
+/// samplerd).
 pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/..")
+    let samplerctl = Path::new(env!("CARGO_BIN_EXE_samplerctl"));
+    samplerctl
+        .parent()
+        .expect("target/<profile>/")
         .to_path_buf()
 }
 

@@ -83,36 +83,25 @@ fn write_tiny(path: &Path, arch: &str) {
     for l in 0..LAYERS {
         let n = |s: &str| format!("blk.{l}.{s}");
         // Mixed formats: Q4_1 and Q8_0 kept, F32/F16 requantised at load.
+        // Each norm, then the (name, rows, columns, scale, format) of the
+        // matrices after it, in this order (one RNG stream makes them all).
         tensors.push((n("attn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
-        tensors.push((
-            n("attn_q.weight"),
-            matrix(&mut rng, D, D, 0.3, GgmlDType::Q4_1),
-        ));
-        tensors.push((
-            n("attn_k.weight"),
-            matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q4_1),
-        ));
-        tensors.push((
-            n("attn_v.weight"),
-            matrix(&mut rng, dkv, D, 0.3, GgmlDType::Q8_0),
-        ));
-        tensors.push((
-            n("attn_output.weight"),
-            matrix(&mut rng, D, D, 0.2, GgmlDType::F16),
-        ));
+        for (name, rows, cols, scale, dtype) in [
+            ("attn_q.weight", D, D, 0.3, GgmlDType::Q4_1),
+            ("attn_k.weight", dkv, D, 0.3, GgmlDType::Q4_1),
+            ("attn_v.weight", dkv, D, 0.3, GgmlDType::Q8_0),
+            ("attn_output.weight", D, D, 0.2, GgmlDType::F16),
+        ] {
+            tensors.push((n(name), matrix(&mut rng, rows, cols, scale, dtype)));
+        }
         tensors.push((n("ffn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
-        tensors.push((
-            n("ffn_gate.weight"),
-            matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1),
-        ));
-        tensors.push((
-            n("ffn_up.weight"),
-            matrix(&mut rng, FF, D, 0.3, GgmlDType::Q4_1),
-        ));
-        tensors.push((
-            n("ffn_down.weight"),
-            matrix(&mut rng, D, FF, 0.2, GgmlDType::F32),
-        ));
+        for (name, rows, cols, scale, dtype) in [
+            ("ffn_gate.weight", FF, D, 0.3, GgmlDType::Q4_1),
+            ("ffn_up.weight", FF, D, 0.3, GgmlDType::Q4_1),
+            ("ffn_down.weight", D, FF, 0.2, GgmlDType::F32),
+        ] {
+            tensors.push((n(name), matrix(&mut rng, rows, cols, scale, dtype)));
+        }
         if arch == "qwen2" {
             tensors.push((n("attn_q.bias"), vector(&mut rng, D, 0.0, 0.1)));
             tensors.push((n("attn_k.bias"), vector(&mut rng, dkv, 0.0, 0.1)));

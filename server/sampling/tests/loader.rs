@@ -56,16 +56,17 @@ fn c_plugin_loads_from_a_directory_and_bans_ids() {
     assert_eq!(info.library, "ban_tokens_example");
     assert!(info.path.starts_with(&dir));
 
-    let chain = reg
-        .build_chain(
-            &spec(&[
-                StageSpec::new("ban_tokens")
-                    .with("ids", samplerd_sampling::ParamValue::String("3, 1".into())),
-                StageSpec::new("greedy"),
-            ]),
-            None,
-        )
-        .unwrap();
+    // `ban_tokens` with `ids`, after `before`, then greedy.
+    let ban = |before: Option<StageSpec>, ids: &str| {
+        let ban = StageSpec::new("ban_tokens")
+            .with("ids", samplerd_sampling::ParamValue::String(ids.into()));
+        let stages: Vec<StageSpec> = before
+            .into_iter()
+            .chain([ban, StageSpec::new("greedy")])
+            .collect();
+        reg.build_chain(&spec(&stages), None)
+    };
+    let chain = ban(None, "3, 1").unwrap();
     let mut seq = chain.new_sequence().unwrap();
     let mut buf = TokenBuffer::new();
     // Token 3 is the best and token 1 second: both banned, so 0 wins.
@@ -73,33 +74,13 @@ fn c_plugin_loads_from_a_directory_and_bans_ids() {
     assert_eq!(seq.sample(&mut buf, 42, 0).unwrap().token_id, 0);
 
     // The C stage also works in the candidate view (after top_k).
-    let chain = reg
-        .build_chain(
-            &spec(&[
-                StageSpec::new("top_k").number("k", 3.0),
-                StageSpec::new("ban_tokens")
-                    .with("ids", samplerd_sampling::ParamValue::String("3".into())),
-                StageSpec::new("greedy"),
-            ]),
-            None,
-        )
-        .unwrap();
+    let chain = ban(Some(StageSpec::new("top_k").number("k", 3.0)), "3").unwrap();
     let mut seq = chain.new_sequence().unwrap();
     buf.load(&[2.0, 4.0, 1.0, 9.0]).unwrap();
     assert_eq!(seq.sample(&mut buf, 42, 0).unwrap().token_id, 1);
 
     // Its own parameter validation reaches the caller with the stage named.
-    let err = reg
-        .build_chain(
-            &spec(&[
-                StageSpec::new("ban_tokens")
-                    .with("ids", samplerd_sampling::ParamValue::String("x".into())),
-                StageSpec::new("greedy"),
-            ]),
-            None,
-        )
-        .err()
-        .unwrap();
+    let err = ban(None, "x").err().unwrap();
     assert!(
         err.to_string()
             .starts_with("stage `ban_tokens`: ids must be a comma-separated list"),
