@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{samplerctl, samplerd_in, stderr, stdout, wait_serving};
+use common::{argmax, logits, samplerctl, samplerd_in, stderr, stdout, to_bytes, wait_serving};
 
 /// Upper bound on waiting for a server to report SERVING.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -139,35 +139,6 @@ fn assert_code(o: &Output, code: i32) {
     );
 }
 
-/// Deterministic pseudo-random logits with a unique maximum.
-fn logits(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
-        })
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn raw_bytes(l: &[f32]) -> Vec<u8> {
-    l.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
 /// What `np.save` writes for a 1-D float32 array (format version 1.0).
 fn npy_bytes(l: &[f32]) -> Vec<u8> {
     let mut header = format!(
@@ -181,7 +152,7 @@ fn npy_bytes(l: &[f32]) -> Vec<u8> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend((header.len() as u16).to_le_bytes());
     out.extend(header.as_bytes());
-    out.extend(raw_bytes(l));
+    out.extend(to_bytes(l));
     out
 }
 
@@ -208,8 +179,8 @@ fn sample_greedy_from_every_format_gives_the_argmax() {
 
     let files = [
         ("logits.npy", npy_bytes(&l)),
-        ("logits.f32", raw_bytes(&l)),
-        ("logits.bin", raw_bytes(&l)),
+        ("logits.f32", to_bytes(&l)),
+        ("logits.bin", to_bytes(&l)),
         ("logits.json", json_array(&l).into_bytes()),
     ];
     for (name, bytes) in &files {
@@ -223,7 +194,7 @@ fn sample_greedy_from_every_format_gives_the_argmax() {
 
     // --format overrides the extension.
     let odd = dir.path().join("logits.dat");
-    std::fs::write(&odd, raw_bytes(&l)).unwrap();
+    std::fs::write(&odd, to_bytes(&l)).unwrap();
     let o = run(server
         .ctl()
         .arg("sample")
@@ -244,7 +215,7 @@ fn sample_greedy_from_every_format_gives_the_argmax() {
         server
             .ctl()
             .args(["sample", "-", "--format", "raw", "--greedy"]),
-        &raw_bytes(&l),
+        &to_bytes(&l),
     );
     assert_code(&o, 0);
     assert_eq!(token_id(&o), want, "stdin raw");

@@ -3,6 +3,12 @@
 //! `samplerd serve` started without any inherited configuration.
 #![allow(dead_code)]
 
+#[path = "../../../server/tests/common/logits.rs"]
+mod logits;
+// Not every test binary uses them (as with the rest of this module).
+#[allow(unused_imports)]
+pub use logits::{argmax, logits, to_bytes};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

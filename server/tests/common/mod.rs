@@ -3,6 +3,11 @@
 //! and a bounded wait on the health check (no sleeps).
 #![allow(dead_code)]
 
+mod logits;
+// Not every test binary uses them (as with the rest of this module).
+#[allow(unused_imports)]
+pub use logits::{argmax, logits, to_bytes};
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -412,21 +417,6 @@ pub fn build_fixture_plugin(src: &str, dir: &std::path::Path) -> std::path::Path
     out
 }
 
-/// Deterministic pseudo-random logits (a fixed LCG; no RNG dependency).
-pub fn logits(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
-        })
-        .collect()
-}
-
 /// The headers of a gRPC call to `path` for a raw HTTP/2 client (tests
 /// that control the framing themselves).
 pub fn raw_grpc_request(addr: std::net::SocketAddr, path: &str) -> http::Request<()> {
@@ -437,20 +427,6 @@ pub fn raw_grpc_request(addr: std::net::SocketAddr, path: &str) -> http::Request
         .header("te", "trailers")
         .body(())
         .unwrap()
-}
-
-pub fn to_bytes(l: &[f32]) -> Vec<u8> {
-    l.iter().flat_map(|f| f.to_le_bytes()).collect()
-}
-
-pub fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The device ops of a device-prefix plan for the current window (what a
