@@ -219,8 +219,7 @@ async fn bearer_tokens_guard_everything_but_health() {
     let s = start_tuned(|c| c.auth.tokens_file = Some(tokens)).await;
 
     let err = list_stages(s.channel.clone()).await.unwrap_err();
-    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
-    assert!(err.message().contains("authorization"), "{err:?}");
+    assert_status(&err, Code::Unauthenticated, &["authorization"]);
 
     for bad in ["alpha-12", "alpha-1234", "ALPHA-123", "# deploy tokens", ""] {
         let mut c = SamplerClient::with_interceptor(s.channel.clone(), with_token(bad));
@@ -413,12 +412,10 @@ async fn chain_length_is_limited() {
         .expect("3 stages are allowed");
     for (p, field) in [(long, "params.chain"), (samplers, "params.samplers")] {
         let err = s.client.sample(req(p)).await.unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-        assert!(
-            err.message().contains(field)
-                && err.message().contains("4 stages")
-                && err.message().contains("limits.max_chain_stages"),
-            "{err:?}"
+        assert_status(
+            &err,
+            Code::InvalidArgument,
+            &[field, "4 stages", "limits.max_chain_stages"],
         );
     }
     s.stop().await;
@@ -494,8 +491,7 @@ async fn client_deadline_ends_a_stream_with_deadline_exceeded() {
         .await
         .expect("the server ends the stream")
         .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
-    assert!(err.message().contains("grpc-timeout"), "{err:?}");
+    assert_status(&err, Code::DeadlineExceeded, &["grpc-timeout"]);
     wait_sessions_closed(&s).await;
     drop(tx);
     s.stop().await;
