@@ -102,6 +102,8 @@ struct Worker {
 
 struct Queue {
     jobs: VecDeque<(Job, Arc<Ticket>)>,
+    /// No handle is left: idle workers exit.
+    closed: bool,
 }
 
 struct Shared {
@@ -120,10 +122,23 @@ struct Shared {
     running: AtomicUsize,
 }
 
-/// The pool (cheap to clone).
+/// The pool (cheap to clone). When the last clone drops, idle threads
+/// exit; a thread still in a step exits when the step returns.
 #[derive(Clone)]
 pub struct StepPool {
     shared: Arc<Shared>,
+    _owner: Arc<Owner>,
+}
+
+/// Closes the pool when the last [`StepPool`] drops (the workers hold
+/// [`Shared`] themselves, so its count never reaches zero while they run).
+struct Owner(Arc<Shared>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        lock(&self.0.queue).closed = true;
+        self.0.wake.notify_all();
+    }
 }
 
 /// Why a step produced no result.
@@ -169,6 +184,7 @@ impl StepPool {
             threads,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
+                closed: false,
             }),
             queued: AtomicUsize::new(0),
             spinning: AtomicBool::new(false),
@@ -181,7 +197,10 @@ impl StepPool {
             spawn_worker(&shared)?;
         }
         metrics::gauge!(LOST_WORKERS_METRIC).set(0.0);
-        Ok(StepPool { shared })
+        Ok(StepPool {
+            _owner: Arc::new(Owner(Arc::clone(&shared))),
+            shared,
+        })
     }
 
     /// Whether every configured thread serves the queue (false once more
@@ -385,7 +404,9 @@ fn spawn_worker(shared: &Arc<Shared>) -> std::io::Result<()> {
 fn work(shared: &Shared, worker: Arc<Worker>) {
     activity::watch_this_thread(Arc::clone(&worker.activity));
     loop {
-        let (job, ticket) = next_job(shared);
+        let Some((job, ticket)) = next_job(shared) else {
+            return;
+        };
         {
             let mut phase = lock(&ticket.phase);
             if matches!(*phase, Phase::Abandoned) {
@@ -418,11 +439,11 @@ fn work(shared: &Shared, worker: Arc<Worker>) {
     }
 }
 
-/// The next job. One idle worker at a time spins briefly for it (so a step
-/// that follows soon wakes no thread, and at most one core is spent
-/// waiting); the others, and the spinner after [`SPIN`], sleep until one
-/// is queued.
-fn next_job(shared: &Shared) -> (Job, Arc<Ticket>) {
+/// The next job (`None` once the pool is closed and nothing is queued).
+/// One idle worker at a time spins briefly for it (so a step that follows
+/// soon wakes no thread, and at most one core is spent waiting); the
+/// others, and the spinner after [`SPIN`], sleep until one is queued.
+fn next_job(shared: &Shared) -> Option<(Job, Arc<Ticket>)> {
     if shared
         .spinning
         .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
@@ -443,7 +464,10 @@ fn next_job(shared: &Shared) -> (Job, Arc<Ticket>) {
             if !q.jobs.is_empty() {
                 shared.wake.notify_one();
             }
-            return entry;
+            return Some(entry);
+        }
+        if q.closed {
+            return None;
         }
         q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
     }
@@ -512,6 +536,20 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(p.healthy());
+    }
+
+    #[test]
+    fn dropping_the_pool_ends_its_threads() {
+        let p = pool(2, 1_000, 1);
+        assert_eq!(p.clone().run_blocking(|| 1).unwrap(), 1);
+        let shared = Arc::downgrade(&p.shared);
+        drop(p);
+        // Each worker holds the shared state until it exits.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shared.upgrade().is_some() {
+            assert!(Instant::now() < deadline, "the pool's threads did not exit");
+            std::thread::yield_now();
+        }
     }
 
     #[test]
