@@ -143,18 +143,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None
     };
     let registry = server::load_registry(&cfg).context("loading plugins")?;
-    let generator: Option<std::sync::Arc<dyn samplerd::generate::generator::Generator>> = match &cfg.model.path {
-        Some(path) => {
-            let started = std::time::Instant::now();
-            let placement = samplerd::generate::generator::resolve_device(cfg.model.device)?;
-            let host =
-                samplerd::generate::ModelHost::load_on(path, cfg.generate.clone(), &placement)?;
-            metrics::gauge!(samplerd::transport::metrics::MODEL_LOAD_METRIC)
-                .set(started.elapsed().as_secs_f64());
-            Some(std::sync::Arc::new(host))
-        }
-        None => None,
-    };
+    let generator: Option<std::sync::Arc<dyn samplerd::generate::generator::Generator>> =
+        match &cfg.model.path {
+            Some(path) => {
+                let started = std::time::Instant::now();
+                let placement = samplerd::generate::generator::resolve_device(cfg.model.device)?;
+                let host =
+                    samplerd::generate::ModelHost::load_on(path, cfg.generate.clone(), &placement)?;
+                metrics::gauge!(samplerd::transport::metrics::MODEL_LOAD_METRIC)
+                    .set(started.elapsed().as_secs_f64());
+                Some(std::sync::Arc::new(host))
+            }
+            None => None,
+        };
     let state = server::build_state(&cfg, registry, generator)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -189,7 +190,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn check(args: ServeArgs) -> anyhow::Result<()> {
-    let report = samplerd::app::check::check_config(args.config.config.as_deref(), &args.overrides())?;
+    let report =
+        samplerd::app::check::check_config(args.config.config.as_deref(), &args.overrides())?;
     print!("{report}");
     Ok(())
 }

@@ -18,8 +18,8 @@
 //! The step does not `accept` the chosen token: a stateful caller does,
 //! after deciding whether the token ends the sequence.
 
-use crate::TokenBuffer;
 use crate::Sequence;
+use crate::TokenBuffer;
 use crate::error::{LogitsError, SampleError};
 use crate::logits;
 
