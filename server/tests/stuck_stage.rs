@@ -402,6 +402,22 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
         state.streams.available_permits() == max
     })
     .await;
+
+    // Tokenizing runs on the pool under the same budget, and names itself:
+    // 6 MB of prompt take seconds to tokenize (~0.5 s per MB on 2 cores).
+    let huge = v1::GenerateRequest {
+        prompt: "word ".repeat(1_200_000),
+        ..request(greedy())
+    };
+    let e = match tokio::time::timeout(WAIT, client.generate(huge)).await {
+        Ok(Err(e)) => e,
+        Ok(Ok(r)) => tokio::time::timeout(WAIT, r.into_inner().message())
+            .await
+            .expect("the stream answers")
+            .expect_err("a prompt over the budget fails"),
+        Err(_) => panic!("no answer within {WAIT:?}"),
+    };
+    assert_names_stage(&e, "(prompt tokenization)");
     s.stop().await;
 }
 

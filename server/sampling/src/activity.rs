@@ -56,8 +56,10 @@ pub fn watch_this_thread(activity: Arc<Activity>) {
     WATCHED.with(|w| *w.borrow_mut() = Some(activity));
 }
 
-/// Records that this thread is about to call into `stage`.
-pub(crate) fn entering(stage: &Arc<str>) {
+/// Records that this thread is about to call into `stage` (the chain does
+/// this before every plugin call; other work on a watched thread, such as
+/// tokenizing a prompt, names itself the same way).
+pub fn entering(stage: &Arc<str>) {
     WATCHED.with(|w| {
         if let Some(a) = w.borrow().as_ref() {
             a.enter(stage);

@@ -532,6 +532,11 @@ impl Generator for ModelHost {
         let prepared = sampling
             .steps
             .run_blocking(move || {
+                // Named for the watchdog: a prompt that takes longer than
+                // the step budget is reported as what it is.
+                static TOKENIZER: std::sync::LazyLock<Arc<str>> =
+                    std::sync::LazyLock::new(|| Arc::from("(prompt tokenization)"));
+                samplerd_sampling::activity::entering(&TOKENIZER);
                 let prepared = prepare(&model, &config, &request);
                 (request, prepared)
             })
