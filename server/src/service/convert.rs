@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use samplerd_api::v1;
+use samplerd_sampling::step::Logits;
 use samplerd_sampling::{ChainSpec, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec};
 
 use crate::service::errors::RequestError;
@@ -16,12 +17,11 @@ use crate::service::errors::RequestError;
 pub const FIELD_LOGITS: &str = "logits";
 pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
 
-/// The logits of one step, in whichever encoding the request used.
+/// The logits of one step, in whichever encoding the request used: the
+/// step's own [`Logits`](samplerd_sampling::step::Logits), plus the request
+/// field they came from.
 #[derive(Clone, Copy, Debug)]
-pub enum LogitsInput<'a> {
-    Floats(&'a [f32]),
-    Bytes(&'a [u8]),
-}
+pub struct LogitsInput<'a>(samplerd_sampling::step::Logits<'a>);
 
 impl<'a> LogitsInput<'a> {
     /// Picks the one set encoding: both or neither is INVALID_ARGUMENT;
@@ -49,7 +49,7 @@ impl<'a> LogitsInput<'a> {
                     "set exactly one of `logits` and `logits_f32le`, got neither (both empty)",
                 ));
             }
-            (false, true) => LogitsInput::Floats(floats),
+            (false, true) => LogitsInput(Logits::Floats(floats)),
             (true, false) => {
                 if !bytes.len().is_multiple_of(4) {
                     return Err(RequestError::invalid(
@@ -60,7 +60,7 @@ impl<'a> LogitsInput<'a> {
                         ),
                     ));
                 }
-                LogitsInput::Bytes(bytes)
+                LogitsInput(Logits::F32le(bytes))
             }
         };
         if input.len() > max_vocab {
@@ -77,7 +77,7 @@ impl<'a> LogitsInput<'a> {
 
     /// Number of logits.
     pub fn len(&self) -> usize {
-        self.as_step().len()
+        self.0.len()
     }
 
     /// Whether there are no logits.
@@ -87,18 +87,15 @@ impl<'a> LogitsInput<'a> {
 
     /// The request field these came from.
     pub fn field(&self) -> &'static str {
-        match self {
-            LogitsInput::Floats(_) => FIELD_LOGITS,
-            LogitsInput::Bytes(_) => FIELD_LOGITS_F32LE,
+        match self.0 {
+            Logits::Floats(_) => FIELD_LOGITS,
+            Logits::F32le(_) => FIELD_LOGITS_F32LE,
         }
     }
 
     /// The logits as the sampling step takes them.
-    pub fn as_step(&self) -> samplerd_sampling::step::Logits<'a> {
-        match *self {
-            LogitsInput::Floats(f) => samplerd_sampling::step::Logits::Floats(f),
-            LogitsInput::Bytes(b) => samplerd_sampling::step::Logits::F32le(b),
-        }
+    pub fn as_step(&self) -> Logits<'a> {
+        self.0
     }
 }
 

@@ -219,16 +219,6 @@ impl StepPool {
         self.shared.running.load(Ordering::Acquire)
     }
 
-    /// The configured threads.
-    pub fn threads(&self) -> usize {
-        self.shared.threads
-    }
-
-    /// The per-step budget.
-    pub fn max_step(&self) -> Duration {
-        self.shared.config.max_step
-    }
-
     /// Runs `f` on the pool and waits for it (async callers).
     pub async fn run<F, R>(&self, f: F) -> Result<R, StepFailure>
     where
