@@ -32,7 +32,7 @@
 # The model (98 MB) does not fit one transfer: `prepare` splits it into
 # .gpu-model/model.part.NN (40 MB). Copy each part but the last to
 # .gpu-model/ on the GPU machine and run `scripts/gpu-check.sh stash` there after each (it copies
-# the part to /tmp/samplerd-model-parts/); then copy .gpu-bundle/ and the
+# the part to $SCRATCH/model-parts/); then copy .gpu-bundle/ and the
 # last part and run `scripts/gpu-check.sh run`, which joins and checks them
 # (sha256). The binaries (~16 MB stripped) and the core plugin travel in
 # .gpu-bundle/.
@@ -42,7 +42,11 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BUNDLE="$ROOT/.gpu-bundle"
 MODEL_PARTS_DIR="$ROOT/.gpu-model"
-PARTS=/tmp/samplerd-model-parts
+# Scratch space outside the checkout (which is laid anew for each run on the
+# GPU machine), so stashed parts survive from one run to the next: the
+# system's temporary directory unless GPU_CHECK_SCRATCH names another.
+SCRATCH=${GPU_CHECK_SCRATCH:-${TMPDIR:-/tmp}/samplerd-gpu-check}
+PARTS="$SCRATCH/model-parts"
 MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 mode=${1:-all}
 export CARGO_TERM_COLOR=never
@@ -112,29 +116,30 @@ find_model() {
   fi
   stash >/dev/null
   if ls "$PARTS"/model.part.* >/dev/null 2>&1; then
-    cat "$PARTS"/model.part.* >"/tmp/$MODEL_NAME"
+    cat "$PARTS"/model.part.* >"$SCRATCH/$MODEL_NAME"
     if [ -f "$BUNDLE/model.sha256" ] &&
-       [ "$(sha256sum <"/tmp/$MODEL_NAME" | cut -d' ' -f1)" != "$(cat "$BUNDLE/model.sha256")" ]; then
+       [ "$(sha256sum <"$SCRATCH/$MODEL_NAME" | cut -d' ' -f1)" != "$(cat "$BUNDLE/model.sha256")" ]; then
       echo "gpu-check: the joined model parts do not match model.sha256 (a part is missing?)" >&2
       ls -la "$PARTS" >&2
       return
     fi
-    export SAMPLERD_MODEL="/tmp/$MODEL_NAME"
+    export SAMPLERD_MODEL="$SCRATCH/$MODEL_NAME"
   fi
 }
 
 # NVRTC: the system's, or libnvrtc from the nvidia-cuda-nvrtc-cu12 wheel
 # sent like the model (`prepare-nvrtc` packs it into .gpu-nvrtc/ parts).
-NVRTC_PARTS=/tmp/samplerd-nvrtc-parts
+NVRTC_PARTS="$SCRATCH/nvrtc-parts"
+NVRTC_DIR="$SCRATCH/nvrtc"
 find_nvrtc() {
   if ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then return; fi
   mkdir -p "$NVRTC_PARTS"
   cp "$ROOT"/.gpu-nvrtc/nvrtc.part.* "$NVRTC_PARTS"/ 2>/dev/null || true
   if ls "$NVRTC_PARTS"/nvrtc.part.* >/dev/null 2>&1; then
-    mkdir -p /tmp/samplerd-nvrtc
-    cat "$NVRTC_PARTS"/nvrtc.part.* | tar -C /tmp/samplerd-nvrtc -xzf - &&
-      export LD_LIBRARY_PATH="/tmp/samplerd-nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    ls -la /tmp/samplerd-nvrtc
+    mkdir -p "$NVRTC_DIR"
+    cat "$NVRTC_PARTS"/nvrtc.part.* | tar -C "$NVRTC_DIR" -xzf - &&
+      export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    ls -la "$NVRTC_DIR"
   fi
 }
 
@@ -160,7 +165,8 @@ run_checks() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
   ldconfig -p 2>/dev/null | grep -E 'libcuda\.so|libnvrtc\.so' || echo "(ldconfig lists no libcuda/libnvrtc)"
   echo "model: ${SAMPLERD_MODEL:-<none>} ($(stat -c %s "${SAMPLERD_MODEL:-/dev/null}" 2>/dev/null) bytes)"
-  local log=/tmp/gpu-check.log
+  mkdir -p "$SCRATCH"
+  local log="$SCRATCH/gpu-check.log"
   : >"$log"
 
   step "CUDA unit tests (device selection)"
@@ -207,7 +213,7 @@ run_checks() {
     printf '%-28s %s\n' "benchmark" "${RESULT[bench]:-?}"
     grep -h '^GPU-CHECK' "$log" | sed 's/^GPU-CHECK /  /'
     grep -hE '^(mode|[18] stream)' "$log"
-  } | tee "${OUT:-/tmp}/gpu-check.txt"
+  } | tee "${OUT:-$SCRATCH}/gpu-check.txt"
   [ "${RESULT[unit]:-}" = PASS ] && [ "${RESULT[gpu_tests]:-}" = PASS ] && [ "${RESULT[bench]:-}" = DONE ]
 }
 
