@@ -219,15 +219,13 @@ fn check_step(chain: &Chain, buf: &mut TokenBuffer, r: std::result::Result<u32, 
 }
 
 fn run(u: &mut Unstructured<'_>) -> Result<()> {
-    let spec = if u.arbitrary()? {
-        match typed(u)?.chain_spec() {
-            Ok(s) => s,
-            Err(_) => return Ok(()),
-        }
+    let registry = samplerd_fuzz::registry();
+    let built = if u.arbitrary()? {
+        registry.build_typed(&typed(u)?, None)
     } else {
-        explicit(u)?
+        registry.build_chain(&explicit(u)?, None)
     };
-    let Ok(chain) = samplerd_fuzz::registry().build_chain(&spec, None) else {
+    let Ok(chain) = built else {
         return Ok(());
     };
     let seed: u64 = u.arbitrary()?;

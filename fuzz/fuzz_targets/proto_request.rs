@@ -2,8 +2,9 @@
 //! prost as a `SampleRequest` or a `GenerateRequest` (the first byte picks
 //! which), then the server's own path — `service::sample::sample_blocking`
 //! (limits, logits encodings, parameters → chain, the chain itself) and, for
-//! Generate, `Defaults::resolve` plus `ModelHost::prepare` (limits, prompt or
-//! chat messages, template, tokenizer) when `SAMPLERD_MODEL` names a model.
+//! Generate, `service::validate::generate` (limits, prompt or chat messages,
+//! parameters → chain) plus `ModelHost::prompt_tokens` (template, tokenizer,
+//! token budget) when `SAMPLERD_MODEL` names a model.
 //!
 //! Oracle: undecodable bytes are a decode error; a decoded request is either
 //! served or refused with INVALID_ARGUMENT / RESOURCE_EXHAUSTED naming a
@@ -73,12 +74,12 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = v1::GenerateRequest::decode(bytes) else {
             return;
         };
-        if let Err(e) = samplerd::service::validate::sampling(state, req.params.as_ref(), None) {
-            check_refusal(e);
-            return;
-        }
+        let valid = match samplerd::service::validate::generate(state, &req, None) {
+            Ok(v) => v,
+            Err(e) => return check_refusal(e),
+        };
         if let Some(host) = model_host()
-            && let Err(e) = host.prepare(&req)
+            && let Err(e) = host.prompt_tokens(&valid.prompt)
         {
             check_refusal(e);
         }

@@ -156,7 +156,7 @@ fn main() {
     let gpu = CudaBackend::new(config, &weights, CudaOptions::default()).expect("CUDA backend");
     let registry = StageRegistry::load(&[], &[core_plugin()]).expect("core stages");
     let chain = registry
-        .build_chain(&SamplingParams::default().chain_spec().unwrap(), None)
+        .build_chain(&SamplingParams::default().chain_spec(), None)
         .unwrap();
     let n_vocab = cpu.n_vocab();
     let prompt = cpu

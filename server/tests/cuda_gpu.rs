@@ -259,9 +259,7 @@ fn device_prefix_equals_the_cpu_chain_on_1000_random_vectors() {
     let mut bytes = 0u64;
     for i in 0..1000u64 {
         let p = &param_sets[i as usize % param_sets.len()];
-        let chain = registry()
-            .build_chain(&p.chain_spec().unwrap(), None)
-            .unwrap();
+        let chain = registry().build_chain(&p.chain_spec(), None).unwrap();
         let mut split = device_prefix::SplitSequence::new(registry(), &chain, N).unwrap();
         let mut full = chain.new_sequence().unwrap();
         let window: Vec<u32> = (0..64)

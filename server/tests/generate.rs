@@ -355,6 +355,16 @@ async fn cancelled_streams_free_their_slot_and_the_queue_is_bounded() {
         Code::ResourceExhausted,
         &["max_concurrent_generations"],
     );
+    // Refused before its prompt is tokenized: admission comes first, so a
+    // prompt over the token limit meets the full slot, not the tokenizer.
+    let mut over = chat("", 4, seeded(1));
+    over.messages[0].content = "word ".repeat(6000);
+    let err = generate(&s, over).await.unwrap_err();
+    assert_status(
+        &err,
+        Code::ResourceExhausted,
+        &["max_concurrent_generations"],
+    );
     // Cancel: the generation stops within a step and frees the slot.
     drop(stream);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -414,6 +424,27 @@ async fn bad_generate_requests_name_the_field() {
             // The server-wide cap (4096 by default) is below SmolLM2's
             // 8192-token context, so it is the limit a long prompt meets.
             "exceed the limit of 4096 (generate.max_prompt_tokens)",
+        ),
+        (
+            v1::GenerateRequest {
+                messages: vec![],
+                prompt: "x".repeat(256 * 1024 + 1),
+                ..base.clone()
+            },
+            "prompt: 262145 bytes exceed the limit of 262144 (generate.max_prompt_bytes)",
+        ),
+        (
+            v1::GenerateRequest {
+                messages: vec![
+                    v1::ChatMessage {
+                        role: "user".into(),
+                        content: "y".repeat(200 * 1024),
+                    };
+                    2
+                ],
+                ..base.clone()
+            },
+            "messages: 409608 bytes exceed the limit of 262144 (generate.max_prompt_bytes)",
         ),
         (
             v1::GenerateRequest {

@@ -357,9 +357,45 @@ async fn bad_inputs_name_field_and_value() {
             "top_k",
             "-3",
         ),
+        // Values at which the stage would be a no-op are still the stage's
+        // to judge: under the greedy shortcut, and with xtc switched off.
+        (
+            v1::SamplingParams {
+                temperature: Some(0.0),
+                top_p: Some(1.5),
+                ..Default::default()
+            },
+            "params.top_p: refused by stage `top_p`",
+            "got 1.5",
+        ),
+        (
+            v1::SamplingParams {
+                xtc_threshold: Some(7.0),
+                ..Default::default()
+            },
+            "params.xtc_threshold: refused by stage `xtc`",
+            "got 7",
+        ),
+        (
+            v1::SamplingParams {
+                top_p: Some(1.1),
+                ..Default::default()
+            },
+            "params.top_p",
+            // The value as sent, not its f64 widening.
+            "got 1.1",
+        ),
     ] {
         expect_err(&mut s, req_params(&l, p), inv, &[field, value]).await;
     }
+    // No-op values llama.cpp accepts are accepted.
+    let off = v1::SamplingParams {
+        top_n_sigma: Some(-0.5),
+        top_k: Some(0),
+        ..Default::default()
+    };
+    let ok = s.client.sample(req_params(&l, off)).await;
+    assert!(ok.is_ok(), "{ok:?}");
     // Unknown stage in chain, and a bad stage parameter.
     for (chain, needles) in [
         (
@@ -557,8 +593,14 @@ fn check_config_prints_effective_config_and_chain() {
 
 /// A directory holding only the core plugin (the profile dir also has
 /// the misbehaving test plugins).
+/// A fresh directory per call: tests run in parallel, and copying the
+/// library over one that another test's `check-config` is loading would
+/// hand it a half-written file.
 fn tempdir_with_core() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("samplerd-test-plugins-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("samplerd-test-plugins-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(core_plugin(), dir.join("libsamplerd_core_stages.so")).unwrap();
     dir

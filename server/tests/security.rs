@@ -16,7 +16,7 @@ use common::*;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use samplerd::app::config::Config;
 use samplerd::app::server::{RunningServer, spawn};
-use samplerd::generate::generator::{GenerateSink, Generator, ResolvedSampling};
+use samplerd::generate::generator::{GenerateJob, GenerateSink, Generator};
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::Code;
@@ -540,7 +540,7 @@ impl Generator for EndlessGenerator {
         true
     }
 
-    fn generate(&self, _req: v1::GenerateRequest, _s: ResolvedSampling, sink: GenerateSink) {
+    fn generate(&self, _job: GenerateJob, sink: GenerateSink) {
         for i in 0..ENDLESS_MAX_TOKENS {
             let token = v1::GenerateResponse {
                 event: Some(v1::generate_response::Event::Token(v1::Token {

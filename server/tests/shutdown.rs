@@ -190,8 +190,7 @@ impl samplerd::generate::generator::Generator for Loading {
 
     fn generate(
         &self,
-        _: v1::GenerateRequest,
-        _: samplerd::generate::generator::ResolvedSampling,
+        _: samplerd::generate::generator::GenerateJob,
         _: samplerd::generate::generator::GenerateSink,
     ) {
     }

@@ -161,9 +161,9 @@ fn bench_chain(c: &mut Criterion) {
         ..Default::default()
     };
     let configs: Vec<(&str, ChainSpec)> = vec![
-        ("default_chain", defaults.chain_spec().unwrap()),
-        ("greedy", greedy.chain_spec().unwrap()),
-        ("top_p_only", top_p_only.chain_spec().unwrap()),
+        ("default_chain", defaults.chain_spec()),
+        ("greedy", greedy.chain_spec()),
+        ("top_p_only", top_p_only.chain_spec()),
         (
             "stage/penalties",
             ChainSpec {

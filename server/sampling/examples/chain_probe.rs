@@ -44,8 +44,9 @@ fn main() {
         }
         let case: Case = serde_json::from_str(&line).expect("parse case");
         let result = (|| -> Result<serde_json::Value, String> {
-            let spec = case.params.chain_spec().map_err(|e| e.to_string())?;
-            let chain = reg.build_chain(&spec, None).map_err(|e| e.to_string())?;
+            let chain = reg
+                .build_typed(&case.params, None)
+                .map_err(|e| e.to_string())?;
             let mut seq = chain.new_sequence().map_err(|e| e.to_string())?;
             seq.accept_all(&case.window).map_err(|e| e.to_string())?;
             buf.load(&all[case.offset..case.offset + case.vocab])

@@ -619,7 +619,7 @@ mod tests {
 
     #[test]
     fn default_chain_runs_penalties_and_top_k_on_the_device() {
-        let s = crate::SamplingParams::default().chain_spec().unwrap();
+        let s = crate::SamplingParams::default().chain_spec();
         let plan = split(&s);
         assert_eq!(
             plan.device,
@@ -649,7 +649,7 @@ mod tests {
             logit_bias: vec![(7, 1.0), (3, -2.0), (7, 0.5)],
             ..Default::default()
         };
-        let plan = split(&p.chain_spec().unwrap());
+        let plan = split(&p.chain_spec());
         assert_eq!(plan.device.len(), 3);
         assert_eq!(
             plan.device[0],

@@ -3,12 +3,107 @@
 //! top_n_sigma → top_k → typical_p → top_p → min_p → xtc → temperature →
 //! dist. Stages at their neutral value are left out (llama.cpp runs them as
 //! no-ops), so the default parameters give exactly penalties → top_k
-//! → top_p → temperature → dist. Validation names the request field.
+//! → top_p → temperature → dist.
+//!
+//! Ranges are the stages' to check, not this module's: a field outside its
+//! stage's neutral value keeps the stage in the plan (in the chain, or as
+//! a stage that is built only to be checked), so the stage's own message
+//! reaches the client, renamed to the request field by [`TYPED_FIELDS`].
 
 use serde::{Deserialize, Serialize};
 
 use crate::chain::{ChainSpec, ParamValue, StageSpec};
 use crate::error::ChainError;
+
+/// A typed field and the stage parameter it sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypedField {
+    pub field: &'static str,
+    pub stage: &'static str,
+    pub param: &'static str,
+}
+
+const fn typed(field: &'static str, stage: &'static str, param: &'static str) -> TypedField {
+    TypedField {
+        field,
+        stage,
+        param,
+    }
+}
+
+/// Which stage parameter each typed field becomes: the table that turns a
+/// stage's complaint about its parameter into one about the request field.
+pub const TYPED_FIELDS: &[TypedField] = &[
+    typed("logit_bias", "logit_bias", "bias"),
+    typed("repeat_last_n", "penalties", "repeat_last_n"),
+    typed("repeat_penalty", "penalties", "repeat_penalty"),
+    typed("frequency_penalty", "penalties", "frequency_penalty"),
+    typed("presence_penalty", "penalties", "presence_penalty"),
+    typed("top_n_sigma", "top_n_sigma", "n"),
+    typed("top_k", "top_k", "k"),
+    typed("typical_p", "typical_p", "p"),
+    typed("top_p", "top_p", "p"),
+    typed("min_p", "min_p", "p"),
+    typed("xtc_probability", "xtc", "probability"),
+    typed("xtc_threshold", "xtc", "threshold"),
+    typed("temperature", "temperature", "t"),
+];
+
+/// A stage's refusal of a parameter built from typed fields, renamed to
+/// the typed field ([`ChainError::Param`]); other errors pass through.
+/// Stages word their messages `"<stage>: <param> must be …"` (the core
+/// stages and the host's own kind checks do); a stage with one typed field
+/// is named even when its message does not start with the parameter.
+pub fn name_typed_field(err: ChainError) -> ChainError {
+    let ChainError::Invalid { stage, message } = &err else {
+        return err;
+    };
+    let rest = message
+        .strip_prefix(stage.as_str())
+        .and_then(|m| m.strip_prefix(": "))
+        .unwrap_or(message);
+    let word = rest
+        .split([' ', ':', ','])
+        .next()
+        .unwrap_or("")
+        .trim_matches('`');
+    let mut of_stage = TYPED_FIELDS.iter().filter(|f| f.stage == stage);
+    let only = {
+        let mut all = of_stage.clone();
+        match (all.next(), all.next()) {
+            (Some(f), None) => Some(f),
+            _ => None,
+        }
+    };
+    match of_stage.find(|f| f.param == word).or(only) {
+        Some(f) => ChainError::Param {
+            field: f.field,
+            message: format!("refused by stage `{stage}`: {rest}"),
+        },
+        None => err,
+    }
+}
+
+/// The stages typed parameters give: the chain itself, and the stages left
+/// out at a no-op value that is not their plain "off" (for example
+/// `top_p = 1.5`, or `top_k` under the greedy shortcut), which are built
+/// only so that the stage checks the value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChainPlan {
+    pub spec: ChainSpec,
+    pub check_only: Vec<StageSpec>,
+}
+
+/// What one name of the order becomes.
+enum Planned {
+    /// The stage runs.
+    Run(StageSpec),
+    /// The stage is a no-op here, but the value is not its plain "off":
+    /// only the stage can say whether it is valid.
+    Check(StageSpec),
+    /// At its plain "off" value: left out.
+    Off,
+}
 
 /// llama.cpp's default stage order (common/common.h), without the final
 /// draw, which is always `dist` (or `greedy` at temperature 0).
@@ -47,9 +142,11 @@ pub struct SamplingParams {
     pub xtc_probability: f32,
     pub xtc_threshold: f32,
     /// Token id → bias added to its logit.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logit_bias: Vec<(u32, f32)>,
     /// Stage order by name (llama.cpp `--samplers`); empty = `DEFAULT_ORDER`.
     /// May name any loaded non-selecting stage, e.g. a third-party plugin.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub order: Vec<String>,
 }
 
@@ -74,10 +171,6 @@ impl Default for SamplingParams {
     }
 }
 
-fn invalid(field: &'static str, message: String) -> ChainError {
-    ChainError::Param { field, message }
-}
-
 /// Maps llama.cpp's `--samplers` aliases to our stage names.
 pub fn canonical_stage_name(name: &str) -> &str {
     match name {
@@ -92,111 +185,6 @@ pub fn canonical_stage_name(name: &str) -> &str {
 }
 
 impl SamplingParams {
-    /// Range checks, each error naming the field and the value.
-    pub fn validate(&self) -> Result<(), ChainError> {
-        let finite = |field: &'static str, v: f32| {
-            if v.is_finite() {
-                Ok(())
-            } else {
-                Err(invalid(field, format!("must be a finite number, got {v}")))
-            }
-        };
-        for (field, v) in [
-            ("temperature", self.temperature),
-            ("top_p", self.top_p),
-            ("min_p", self.min_p),
-            ("typical_p", self.typical_p),
-            ("repeat_penalty", self.repeat_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-            ("presence_penalty", self.presence_penalty),
-            ("top_n_sigma", self.top_n_sigma),
-            ("xtc_probability", self.xtc_probability),
-            ("xtc_threshold", self.xtc_threshold),
-        ] {
-            finite(field, v)?;
-        }
-        if self.temperature < 0.0 {
-            return Err(invalid(
-                "temperature",
-                format!("must be >= 0, got {}", self.temperature),
-            ));
-        }
-        if self.top_k < 0 {
-            return Err(invalid(
-                "top_k",
-                format!("must be >= 0 (0 = off), got {}", self.top_k),
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(invalid(
-                "top_p",
-                format!("must be in (0, 1], got {}", self.top_p),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(invalid(
-                "min_p",
-                format!("must be in [0, 1], got {}", self.min_p),
-            ));
-        }
-        if !(self.typical_p > 0.0 && self.typical_p <= 1.0) {
-            return Err(invalid(
-                "typical_p",
-                format!("must be in (0, 1], got {}", self.typical_p),
-            ));
-        }
-        if self.repeat_penalty <= 0.0 {
-            return Err(invalid(
-                "repeat_penalty",
-                format!("must be > 0 (1 = off), got {}", self.repeat_penalty),
-            ));
-        }
-        if self.frequency_penalty < 0.0 {
-            return Err(invalid(
-                "frequency_penalty",
-                format!("must be >= 0, got {}", self.frequency_penalty),
-            ));
-        }
-        if self.presence_penalty < 0.0 {
-            return Err(invalid(
-                "presence_penalty",
-                format!("must be >= 0, got {}", self.presence_penalty),
-            ));
-        }
-        if self.repeat_last_n < -1 || self.repeat_last_n > MAX_REPEAT_LAST_N {
-            return Err(invalid(
-                "repeat_last_n",
-                format!(
-                    "must be in [-1, {MAX_REPEAT_LAST_N}] (-1 = whole history), got {}",
-                    self.repeat_last_n
-                ),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.xtc_probability) {
-            return Err(invalid(
-                "xtc_probability",
-                format!("must be in [0, 1], got {}", self.xtc_probability),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.xtc_threshold) {
-            return Err(invalid(
-                "xtc_threshold",
-                format!("must be in [0, 1], got {}", self.xtc_threshold),
-            ));
-        }
-        if let Some((id, b)) = self
-            .logit_bias
-            .iter()
-            .find(|(_, b)| b.is_nan() || *b == f32::INFINITY)
-        {
-            return Err(invalid(
-                "logit_bias",
-                format!("bias of token {id} must be finite or -inf, got {b}"),
-            ));
-        }
-        Ok(())
-    }
-
     fn penalties_active(&self) -> bool {
         self.repeat_last_n != 0
             && (self.repeat_penalty != 1.0
@@ -204,51 +192,91 @@ impl SamplingParams {
                 || self.presence_penalty != 0.0)
     }
 
-    /// The stage (with parameters) for one name of the order, or None when
-    /// that built-in stage is at its neutral value.
-    fn stage_for(&self, name: &str) -> Option<StageSpec> {
+    /// The stage (with parameters) for one name of the order. A stage at
+    /// its no-op value is left out only when the value is the plain "off"
+    /// (`!=` is true for NaN, so NaN always reaches the stage's check).
+    fn stage_for(&self, name: &str) -> Planned {
         let n = |v: f32| v as f64;
+        let plan = |run: bool, off: bool, spec: StageSpec| {
+            if run {
+                Planned::Run(spec)
+            } else if off {
+                Planned::Off
+            } else {
+                Planned::Check(spec)
+            }
+        };
         match name {
-            "logit_bias" => (!self.logit_bias.is_empty()).then(|| {
+            "logit_bias" => plan(
+                !self.logit_bias.is_empty(),
+                true,
                 StageSpec::new("logit_bias")
-                    .with("bias", ParamValue::TokenMap(self.logit_bias.clone()))
-            }),
-            "penalties" => self.penalties_active().then(|| {
+                    .with("bias", ParamValue::TokenMap(self.logit_bias.clone())),
+            ),
+            "penalties" => plan(
+                self.penalties_active(),
+                self.repeat_penalty == 1.0
+                    && self.frequency_penalty == 0.0
+                    && self.presence_penalty == 0.0
+                    && self.repeat_last_n == SamplingParams::default().repeat_last_n,
                 StageSpec::new("penalties")
                     .number("repeat_last_n", self.repeat_last_n as f64)
                     .number("repeat_penalty", n(self.repeat_penalty))
                     .number("frequency_penalty", n(self.frequency_penalty))
-                    .number("presence_penalty", n(self.presence_penalty))
-            }),
-            "top_n_sigma" => (self.top_n_sigma > 0.0)
-                .then(|| StageSpec::new("top_n_sigma").number("n", n(self.top_n_sigma))),
-            "top_k" => {
-                (self.top_k > 0).then(|| StageSpec::new("top_k").number("k", self.top_k as f64))
-            }
-            "typical_p" => (self.typical_p < 1.0)
-                .then(|| StageSpec::new("typical_p").number("p", n(self.typical_p))),
-            "top_p" => {
-                (self.top_p < 1.0).then(|| StageSpec::new("top_p").number("p", n(self.top_p)))
-            }
-            "min_p" => {
-                (self.min_p > 0.0).then(|| StageSpec::new("min_p").number("p", n(self.min_p)))
-            }
-            "xtc" => (self.xtc_probability > 0.0).then(|| {
+                    .number("presence_penalty", n(self.presence_penalty)),
+            ),
+            // llama.cpp: n <= 0 is off.
+            "top_n_sigma" => plan(
+                self.top_n_sigma > 0.0,
+                self.top_n_sigma == -1.0,
+                StageSpec::new("top_n_sigma").number("n", n(self.top_n_sigma)),
+            ),
+            "top_k" => plan(
+                self.top_k > 0,
+                self.top_k == 0,
+                StageSpec::new("top_k").number("k", self.top_k as f64),
+            ),
+            "typical_p" => plan(
+                self.typical_p < 1.0,
+                self.typical_p == 1.0,
+                StageSpec::new("typical_p").number("p", n(self.typical_p)),
+            ),
+            "top_p" => plan(
+                self.top_p < 1.0,
+                self.top_p == 1.0,
+                StageSpec::new("top_p").number("p", n(self.top_p)),
+            ),
+            "min_p" => plan(
+                self.min_p > 0.0,
+                self.min_p == 0.0,
+                StageSpec::new("min_p").number("p", n(self.min_p)),
+            ),
+            "xtc" => plan(
+                self.xtc_probability > 0.0,
+                self.xtc_probability == 0.0
+                    && self.xtc_threshold == SamplingParams::default().xtc_threshold,
                 StageSpec::new("xtc")
                     .number("probability", n(self.xtc_probability))
-                    .number("threshold", n(self.xtc_threshold))
-            }),
-            "temperature" => Some(StageSpec::new("temperature").number("t", n(self.temperature))),
-            other => Some(StageSpec::new(other)),
+                    .number("threshold", n(self.xtc_threshold)),
+            ),
+            "temperature" => {
+                Planned::Run(StageSpec::new("temperature").number("t", n(self.temperature)))
+            }
+            other => Planned::Run(StageSpec::new(other)),
         }
     }
 
-    /// The chain for these parameters. At temperature 0 with the default
-    /// order (and no stage that can drop the most likely token: typical_p,
-    /// xtc) the tail collapses to `greedy`, which picks exactly the token
-    /// llama.cpp's temperature-0 chain picks, without truncating first.
-    pub fn chain_spec(&self) -> Result<ChainSpec, ChainError> {
-        self.validate()?;
+    /// The chain for these parameters (see [`Self::plan`]).
+    pub fn chain_spec(&self) -> ChainSpec {
+        self.plan().spec
+    }
+
+    /// The chain for these parameters, and the stages to build only to
+    /// check their values. At temperature 0 with the default order (and no
+    /// stage that can drop the most likely token: typical_p, xtc) the tail
+    /// collapses to `greedy`, which picks exactly the token llama.cpp's
+    /// temperature-0 chain picks, without truncating first.
+    pub fn plan(&self) -> ChainPlan {
         let custom = !self.order.is_empty();
         let order: Vec<&str> = if custom {
             self.order.iter().map(|s| canonical_stage_name(s)).collect()
@@ -260,16 +288,21 @@ impl SamplingParams {
             && self.typical_p >= 1.0
             && self.xtc_probability <= 0.0;
         let mut stages = Vec::new();
+        let mut check_only = Vec::new();
         for name in order {
-            if greedy && !matches!(name, "logit_bias" | "penalties") {
-                continue;
-            }
-            if let Some(s) = self.stage_for(name) {
-                stages.push(s);
+            let skipped = greedy && !matches!(name, "logit_bias" | "penalties");
+            match self.stage_for(name) {
+                Planned::Run(s) if skipped => check_only.push(s),
+                Planned::Run(s) => stages.push(s),
+                Planned::Check(s) => check_only.push(s),
+                Planned::Off => {}
             }
         }
         stages.push(StageSpec::new(if greedy { "greedy" } else { "dist" }));
-        Ok(ChainSpec { stages })
+        ChainPlan {
+            spec: ChainSpec { stages },
+            check_only,
+        }
     }
 }
 
@@ -283,7 +316,7 @@ mod tests {
 
     #[test]
     fn defaults_give_the_seed_documents_chain() {
-        let spec = SamplingParams::default().chain_spec().unwrap();
+        let spec = SamplingParams::default().chain_spec();
         assert_eq!(
             names(&spec),
             ["penalties", "top_k", "top_p", "temperature", "dist"]
@@ -297,7 +330,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            names(&p.chain_spec().unwrap()),
+            names(&p.chain_spec()),
             [
                 "penalties",
                 "top_k",
@@ -317,7 +350,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            names(&p.chain_spec().unwrap()),
+            names(&p.chain_spec()),
             ["logit_bias", "penalties", "greedy"]
         );
     }
@@ -329,60 +362,99 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            names(&p.chain_spec().unwrap()),
+            names(&p.chain_spec()),
             ["top_k", "penalties", "temperature", "dist"]
         );
     }
 
+    /// Out-of-range and non-plain no-op values keep their stage in the
+    /// plan (for the stage to judge); plain "off" values leave it out.
     #[test]
-    fn invalid_values_name_the_field() {
-        let cases: [(SamplingParams, &str); 6] = [
+    fn no_op_values_other_than_off_are_checked_by_the_stage() {
+        let checked = |p: SamplingParams| -> Vec<String> {
+            p.plan().check_only.into_iter().map(|s| s.name).collect()
+        };
+        assert!(checked(SamplingParams::default()).is_empty());
+        let cases: [(SamplingParams, &str); 5] = [
             (
                 SamplingParams {
                     top_p: 1.5,
                     ..Default::default()
                 },
-                "top_p must be in (0, 1], got 1.5",
-            ),
-            (
-                SamplingParams {
-                    temperature: -1.0,
-                    ..Default::default()
-                },
-                "temperature must be >= 0, got -1",
+                "top_p",
             ),
             (
                 SamplingParams {
                     top_k: -3,
                     ..Default::default()
                 },
-                "top_k must be >= 0 (0 = off), got -3",
+                "top_k",
             ),
             (
                 SamplingParams {
-                    temperature: f32::NAN,
+                    min_p: f32::NAN,
                     ..Default::default()
                 },
-                "temperature must be a finite number, got NaN",
-            ),
-            (
-                SamplingParams {
-                    presence_penalty: -0.5,
-                    ..Default::default()
-                },
-                "presence_penalty must be >= 0, got -0.5",
+                "min_p",
             ),
             (
                 SamplingParams {
                     repeat_last_n: -2,
+                    repeat_penalty: 1.0,
                     ..Default::default()
                 },
-                "repeat_last_n must be in",
+                "penalties",
+            ),
+            (
+                SamplingParams {
+                    xtc_threshold: 7.0,
+                    ..Default::default()
+                },
+                "xtc",
             ),
         ];
-        for (p, want) in cases {
-            let msg = p.chain_spec().unwrap_err().to_string();
-            assert!(msg.starts_with(want), "{msg:?} should start with {want:?}");
+        for (p, stage) in cases {
+            assert_eq!(checked(p.clone()), [stage], "{p:?}");
         }
+        // The greedy shortcut drops the truncating stages from the chain,
+        // but their values are still the stages' to check.
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            top_p: 1.5,
+            ..Default::default()
+        };
+        assert_eq!(names(&greedy.chain_spec()), ["penalties", "greedy"]);
+        assert!(checked(greedy).contains(&"top_p".to_string()));
+    }
+
+    #[test]
+    fn a_stage_refusal_names_the_typed_field() {
+        let refusal = |stage: &str, message: &str| {
+            name_typed_field(ChainError::Invalid {
+                stage: stage.into(),
+                message: message.into(),
+            })
+            .to_string()
+        };
+        assert_eq!(
+            refusal("top_p", "top_p: p must be in (0, 1], got 1.5"),
+            "top_p refused by stage `top_p`: p must be in (0, 1], got 1.5"
+        );
+        assert_eq!(
+            refusal(
+                "penalties",
+                "penalties: presence_penalty must be finite and >= 0, got -0.5"
+            ),
+            "presence_penalty refused by stage `penalties`: presence_penalty must be finite and >= 0, got -0.5"
+        );
+        // One typed field: named whatever the wording.
+        assert!(refusal("logit_bias", "some other words").starts_with("logit_bias refused"));
+        // Several, and no parameter named: left as the stage said it.
+        assert_eq!(
+            refusal("xtc", "something odd"),
+            "stage `xtc`: something odd"
+        );
+        // Not a typed stage at all.
+        assert_eq!(refusal("mine", "mine: x bad"), "stage `mine`: mine: x bad");
     }
 }

@@ -15,9 +15,7 @@ fn registry() -> &'static StageRegistry {
 }
 
 fn chain(p: &SamplingParams) -> Chain {
-    registry()
-        .build_chain(&p.chain_spec().unwrap(), None)
-        .unwrap()
+    registry().build_chain(&p.chain_spec(), None).unwrap()
 }
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {

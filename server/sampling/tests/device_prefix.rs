@@ -154,7 +154,7 @@ fn split_chain_chooses_the_cpu_chains_token() {
     for case in 0..400 {
         let n = if case % 40 == 0 { 151_936 } else { 2_000 };
         let p = param_cases(&mut rng, n);
-        let spec = p.chain_spec().unwrap();
+        let spec = p.chain_spec();
         let l = logits(n, &mut rng, case % 2 == 0);
         let window: Vec<u32> = (0..rng.below(100))
             .map(|_| rng.below(n as u64 / 10) as u32)
@@ -210,7 +210,7 @@ fn hand_built_chains_with_host_tails_and_plugins_in_the_remainder() {
 
 #[test]
 fn bad_and_masked_logits_fall_back_to_the_host_for_the_exact_outcome() {
-    let spec = SamplingParams::default().chain_spec().unwrap();
+    let spec = SamplingParams::default().chain_spec();
     let mut l = vec![0.5f32; 1000];
     l[17] = f32::NAN;
     check_case(&spec, &l, &[], 1, 0);
@@ -223,5 +223,5 @@ fn bad_and_masked_logits_fall_back_to_the_host_for_the_exact_outcome() {
         logit_bias: (0..4).map(|i| (i, f32::NEG_INFINITY)).collect(),
         ..Default::default()
     };
-    check_case(&p.chain_spec().unwrap(), &[1.0, 2.0, 3.0, 4.0], &[], 1, 0);
+    check_case(&p.chain_spec(), &[1.0, 2.0, 3.0, 4.0], &[], 1, 0);
 }

@@ -16,17 +16,17 @@ pub fn check_config(config_file: Option<&Path>, cli: &CliOverrides) -> Result<St
     let loaded = config::load(config_file, cli)?;
     let registry = load_registry(&loaded.config).map_err(|e| plugin_error(&loaded, e))?;
     let defaults = Defaults::build(&loaded.config, &registry).map_err(|e| {
-        let key = match &e.error {
-            samplerd_sampling::ChainError::Param { field, .. } => format!("sampling.{field}"),
-            _ => e.key.to_string(),
-        };
         let value = loaded
             .figment
-            .find_value(&key)
+            .find_value(&e.key)
             .ok()
             .and_then(|v| serde_json::to_string(&v).ok())
             .unwrap_or_else(|| "(default)".to_string());
-        loaded.invalid(&key, value, e.error.to_string())
+        let message = match e.error {
+            samplerd_sampling::ChainError::Param { message, .. } => message,
+            other => other.to_string(),
+        };
+        loaded.invalid(&e.key, value, message)
     })?;
     let mut out = String::new();
     let _ = writeln!(out, "# effective configuration");

@@ -182,44 +182,64 @@ impl<'de> Deserialize<'de> for SeedSetting {
     }
 }
 
-/// Default sampling parameters: what a request's unset fields take.
-/// Defaults are llama.cpp's CLI defaults (from `samplerd_sampling`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// Default sampling parameters (`[sampling]`): what a request's unset
+/// fields take. The typed fields are the sampling crate's own
+/// [`SamplingParams`] (its defaults are llama.cpp's CLI defaults), beside
+/// the seed setting; `logit_bias` and `order` are not configurable here
+/// (the stage order is `chain.order`).
+#[derive(Clone, Debug, PartialEq, Default)]
 pub struct SamplingDefaults {
     pub seed: SeedSetting,
-    pub temperature: f32,
-    pub top_k: i32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub typical_p: f32,
-    pub repeat_penalty: f32,
-    pub frequency_penalty: f32,
-    pub presence_penalty: f32,
-    pub repeat_last_n: i32,
-    pub top_n_sigma: f32,
-    pub xtc_probability: f32,
-    pub xtc_threshold: f32,
+    pub params: SamplingParams,
 }
 
-impl Default for SamplingDefaults {
-    fn default() -> Self {
-        let p = SamplingParams::default();
-        SamplingDefaults {
-            seed: SeedSetting::default(),
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            typical_p: p.typical_p,
-            repeat_penalty: p.repeat_penalty,
-            frequency_penalty: p.frequency_penalty,
-            presence_penalty: p.presence_penalty,
-            repeat_last_n: p.repeat_last_n,
-            top_n_sigma: p.top_n_sigma,
-            xtc_probability: p.xtc_probability,
-            xtc_threshold: p.xtc_threshold,
+/// `[sampling]` keys that `SamplingParams` has but the configuration
+/// takes elsewhere (or not at all), with where to set them instead.
+const SAMPLING_KEYS_ELSEWHERE: &[(&str, &str)] = &[
+    ("order", "set the stage order with chain.order"),
+    (
+        "logit_bias",
+        "a logit bias is set per request (params.logit_bias)",
+    ),
+];
+
+impl Serialize for SamplingDefaults {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct View<'a> {
+            seed: SeedSetting,
+            #[serde(flatten)]
+            params: &'a SamplingParams,
         }
+        View {
+            seed: self.seed,
+            params: &self.params,
+        }
+        .serialize(s)
+    }
+}
+
+// By hand rather than `#[serde(flatten)]`: flatten would silently accept
+// misspelt keys (it cannot be combined with `deny_unknown_fields`), while
+// `SamplingParams` refuses them itself once `seed` is taken out.
+impl<'de> Deserialize<'de> for SamplingDefaults {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = figment::value::Dict::deserialize(d)?;
+        for (key, instead) in SAMPLING_KEYS_ELSEWHERE {
+            if table.contains_key(*key) {
+                return Err(D::Error::custom(format!(
+                    "`{key}` is not a [sampling] key: {instead}"
+                )));
+            }
+        }
+        let seed = match table.remove("seed") {
+            Some(v) => SeedSetting::deserialize(&v).map_err(D::Error::custom)?,
+            None => SeedSetting::default(),
+        };
+        let params = SamplingParams::deserialize(&figment::value::Value::from(table))
+            .map_err(D::Error::custom)?;
+        Ok(SamplingDefaults { seed, params })
     }
 }
 
@@ -227,20 +247,8 @@ impl SamplingDefaults {
     /// The typed parameters (without a logit bias) in `order`.
     pub fn params(&self, order: &[String]) -> SamplingParams {
         SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            typical_p: self.typical_p,
-            repeat_penalty: self.repeat_penalty,
-            frequency_penalty: self.frequency_penalty,
-            presence_penalty: self.presence_penalty,
-            repeat_last_n: self.repeat_last_n,
-            top_n_sigma: self.top_n_sigma,
-            xtc_probability: self.xtc_probability,
-            xtc_threshold: self.xtc_threshold,
-            logit_bias: Vec::new(),
             order: order.to_vec(),
+            ..self.params.clone()
         }
     }
 }
@@ -547,16 +555,10 @@ fn format_figment_error(err: figment::Error) -> String {
     lines.join("\n")
 }
 
-/// Checks that do not need plugins: sampling ranges, limits.
+/// Checks that do not need plugins (the sampling defaults' ranges are
+/// their stages' to check, when the default chain is built).
 fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let c = &loaded.config;
-    if let Err(samplerd_sampling::ChainError::Param { field, message }) =
-        c.sampling.params(&c.chain.order).validate()
-    {
-        let key = format!("sampling.{field}");
-        let value = figment_value(&loaded.figment, &key);
-        return Err(loaded.invalid(&key, value, message));
-    }
     let limits: [(&str, usize); 4] = [
         ("limits.max_message_bytes", c.limits.max_message_bytes),
         ("limits.max_vocab", c.limits.max_vocab),
@@ -668,6 +670,25 @@ mod tests {
             .merge(Toml::string("[sampling]\nseed = \"random\"\n"));
         let c: Config = f.extract().unwrap();
         assert_eq!(c.sampling.seed, SeedSetting::Random);
+    }
+
+    /// `[sampling]` is the sampling crate's own parameters beside `seed`:
+    /// every typed field is settable there, `order` is not (it is
+    /// `chain.order`).
+    #[test]
+    fn sampling_section_is_the_sampling_params() {
+        let f = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(
+            "[sampling]\nseed = 7\ntop_p = 0.5\nxtc_threshold = 0.2\n",
+        ));
+        let c: Config = f.extract().unwrap();
+        assert_eq!(c.sampling.seed, SeedSetting::Fixed(7));
+        assert_eq!(c.sampling.params.top_p, 0.5);
+        assert_eq!(c.sampling.params.xtc_threshold, 0.2);
+        assert_eq!(c.sampling.params.top_k, SamplingParams::default().top_k);
+        let f = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string("[sampling]\norder = [\"top_k\"]\n"));
+        let msg = format_figment_error(f.extract::<Config>().unwrap_err());
+        assert!(msg.contains("chain.order"), "{msg}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::service::errors::{TOO_LARGE_MARKER, map_stream_status};
 use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
 use crate::transport::metrics::{DRAINING_METRIC, RpcLayer};
 use crate::transport::one_frame::OneFrameDecode;
+use crate::transport::request_size::{MethodLimit, RequestSizeLimit};
 
 /// HTTP/2 SETTINGS_MAX_FRAME_SIZE the server accepts: a 0.6 MB logits
 /// message arrives in one DATA frame instead of 37 of the default 16 KiB
@@ -85,6 +86,7 @@ pub fn build_state(
         Arc::new(registry),
         defaults,
         config.limits.clone(),
+        config.generate.clone(),
         generator,
     )
     .map_err(StartError::StepPool)?;
@@ -114,13 +116,20 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let limits = &config.limits;
-    let sampler = OneFrameDecode::new(
-        SamplerServer::new(SamplerService {
-            state: state.clone(),
-        })
-        .max_decoding_message_size(limits.max_message_bytes)
-        .max_encoding_message_size(limits.max_message_bytes),
-        limits.max_message_bytes,
+    let sampler = RequestSizeLimit::new(
+        OneFrameDecode::new(
+            SamplerServer::new(SamplerService {
+                state: state.clone(),
+            })
+            .max_decoding_message_size(limits.max_message_bytes)
+            .max_encoding_message_size(limits.max_message_bytes),
+            limits.max_message_bytes,
+        ),
+        vec![MethodLimit {
+            path: "/samplerd.v1.Sampler/Generate",
+            max_bytes: config.generate.max_request_bytes,
+            key: "generate.max_request_bytes",
+        }],
     );
 
     let (reporter, health) = tonic_health::server::health_reporter();

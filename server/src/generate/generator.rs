@@ -4,24 +4,20 @@
 
 #![forbid(unsafe_code)]
 
-use samplerd_api::v1::{GenerateRequest, GenerateResponse};
+use samplerd_api::v1::GenerateResponse;
 use std::sync::Arc;
 
-use samplerd_sampling::{Chain, Vocabulary};
+use samplerd_sampling::Vocabulary;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-/// Sampling settings resolved by the server for one Generate request
-/// (request fields over the configured defaults).
-#[derive(Clone)]
-pub struct ResolvedSampling {
-    /// The built chain.
-    pub chain: Chain,
-    /// The seed to use (reported in `Finished.seed`).
-    pub seed: u64,
-    /// Which probabilities each `Token` reports (`n_probs`, validated).
-    pub probs: samplerd_sampling::step::ProbsRequest,
-    /// Where the generation's sampling steps (and prompt tokenization) run.
+use crate::service::validate::ValidGenerate;
+
+/// One Generate request as the model host gets it: validated
+/// ([`ValidGenerate`]: prompt, budgets, chain, seed), and where its
+/// sampling steps (and prompt tokenization) run.
+pub struct GenerateJob {
+    pub request: ValidGenerate,
     pub steps: crate::service::step_pool::StepPool,
 }
 
@@ -36,7 +32,7 @@ pub trait Generator: Send + Sync + 'static {
 
     /// Runs one generation to completion on the calling (blocking) thread,
     /// sending events to `sink` with `blocking_send`.
-    fn generate(&self, request: GenerateRequest, sampling: ResolvedSampling, sink: GenerateSink);
+    fn generate(&self, job: GenerateJob, sink: GenerateSink);
 
     /// The model's vocabulary for the stages of a request's chain (those
     /// flagged `SD_STAGE_NEEDS_VOCAB` refuse to build without one).

@@ -16,14 +16,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
-use samplerd_model::{ChatMessage, Model, ModelOptions, Session, Utf8Streamer};
+use samplerd_model::{Model, ModelOptions, Session, Utf8Streamer};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer, Vocabulary, step};
 use serde::{Deserialize, Serialize};
 use stop_filter::StopFilter;
 use tonic::Status;
 
-use crate::generate::generator::{GenerateSink, Generator, ResolvedSampling};
+use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
 use crate::service::errors::RequestError;
+use crate::service::step_pool::StepPool;
+use crate::service::validate::{Prompt, ValidGenerate};
 
 /// Generate settings (config `[generate]`), defaults in one place.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -47,6 +49,16 @@ pub struct GenerateConfig {
     pub max_queued_generations: usize,
     /// Most prompt tokens (after the chat template) a request may send.
     pub max_prompt_tokens: usize,
+    /// Longest prompt in bytes (`prompt`, or the messages' roles and
+    /// contents together), checked before anything else: it bounds the
+    /// tokenizer's time and memory (~0.5 s and ~40 MB per MB of text on
+    /// one core).
+    pub max_prompt_bytes: usize,
+    /// Largest Generate request message in bytes (prompt, messages, stop
+    /// strings and parameters together), refused from its length prefix
+    /// before it is read: an oversized request costs neither memory nor
+    /// decoding time.
+    pub max_request_bytes: usize,
     /// How long a decode step waits, in microseconds, for the generations
     /// served in the previous step to come back (they are sampling) so it
     /// can batch them; one held up longer (e.g. by a slow client) is stepped
@@ -66,6 +78,8 @@ impl Default for GenerateConfig {
             max_concurrent_generations: 4,
             max_queued_generations: 64,
             max_prompt_tokens: 4096,
+            max_prompt_bytes: 256 * 1024,
+            max_request_bytes: 4 * 1024 * 1024,
             batch_wait_us: 2000,
         }
     }
@@ -222,27 +236,27 @@ impl ModelHost {
         self.batcher.largest_batch()
     }
 
-    /// Request checks that need no model work; returns the prompt tokens
-    /// (public for the protobuf fuzz target).
-    pub fn prepare(&self, req: &v1::GenerateRequest) -> Result<Prepared, RequestError> {
-        prepare(&self.model, &self.config, req)
+    /// A validated prompt's tokens: the chat template applied, tokenized,
+    /// the count under `generate.max_prompt_tokens` and the context (public
+    /// for the protobuf fuzz target).
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
+        prompt_tokens(&self.model, &self.config, prompt)
     }
 
     fn run(
         &self,
-        req: &v1::GenerateRequest,
-        sampling: &ResolvedSampling,
-        prepared: Prepared,
+        req: &ValidGenerate,
+        steps: &StepPool,
+        prompt: Vec<u32>,
         sink: &GenerateSink,
     ) -> Result<(), RequestError> {
         let start = Instant::now();
         let tok = self.model.tokenizer();
-        let steps = &sampling.steps;
         // Every call into the chain's plugins runs on the sampling pool,
         // under its watchdog. The penalty window starts with the prompt's
         // tail (the stage keeps only its last repeat_last_n ids).
-        let chain = sampling.chain.clone();
-        let window: Vec<u32> = step::in_vocab(&prepared.tokens, self.model.n_vocab()).collect();
+        let chain = req.chain.clone();
+        let window: Vec<u32> = step::in_vocab(&prompt, self.model.n_vocab()).collect();
         let mut seq = steps
             .run_blocking(move || {
                 let mut seq = chain.new_sequence()?;
@@ -266,13 +280,13 @@ impl ModelHost {
             self.model
                 .new_session()
                 .map_err(|e| RequestError::Internal(e.to_string()))?,
-            prepared.tokens.clone(),
+            prompt.clone(),
         )?;
         let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
         let mut generated = 0u32;
-        let probs = sampling.probs;
+        let probs = req.probs;
         let reason = loop {
             if sink.is_closed() {
                 tracing::debug!(generated, "client went away; generation stopped");
@@ -281,7 +295,7 @@ impl ModelHost {
             let t0 = Instant::now();
             // The step that Sample runs, over the model's logits; the token
             // is accepted unless it ends the generation.
-            let (seed, at, ignore_eos) = (sampling.seed, u64::from(generated), req.ignore_eos);
+            let (seed, at, ignore_eos) = (req.seed, u64::from(generated), req.ignore_eos);
             let model = Arc::clone(&self.model);
             let mut moved = (seq, buf, session);
             let (back, out) = steps.run_blocking(move || {
@@ -324,7 +338,7 @@ impl ModelHost {
             if step.stopped {
                 break v1::FinishReason::StopString;
             }
-            if generated >= prepared.max_tokens {
+            if generated >= req.max_tokens {
                 break v1::FinishReason::MaxTokens;
             }
             if session.position() >= session.capacity() {
@@ -343,10 +357,10 @@ impl ModelHost {
         let finished = v1::Finished {
             finish_reason: reason as i32,
             usage: Some(v1::Usage {
-                prompt_tokens: prepared.tokens.len() as u32,
+                prompt_tokens: prompt.len() as u32,
                 completion_tokens: generated,
             }),
-            seed: sampling.seed,
+            seed: req.seed,
             timings: Some(v1::Timings {
                 prefill_ms,
                 decode_tokens_per_second: if decode_s > 0.0 {
@@ -363,7 +377,7 @@ impl ModelHost {
             text: rest,
         };
         tracing::info!(
-            prompt_tokens = prepared.tokens.len(),
+            prompt_tokens = prompt.len(),
             completion_tokens = generated,
             reason = ?reason,
             ms = start.elapsed().as_millis() as u64,
@@ -376,92 +390,25 @@ impl ModelHost {
     }
 }
 
-/// Request checks that need no model work, then the prompt's tokens.
-fn prepare(
+/// The prompt's tokens (see [`ModelHost::prompt_tokens`]).
+fn prompt_tokens(
     model: &Model,
     cfg: &GenerateConfig,
-    req: &v1::GenerateRequest,
-) -> Result<Prepared, RequestError> {
-    let max_tokens = match req.max_tokens {
-        None => cfg.default_max_tokens,
-        Some(0) => {
-            return Err(RequestError::invalid(
-                "max_tokens",
-                "must be at least 1, got 0",
-            ));
-        }
-        Some(n) if n > cfg.max_tokens_cap => {
-            return Err(RequestError::invalid(
-                "max_tokens",
-                format!(
-                    "{n} exceeds the cap of {} (generate.max_tokens_cap)",
-                    cfg.max_tokens_cap
-                ),
-            ));
-        }
-        Some(n) => n,
-    };
-    if req.stop.len() > cfg.max_stop_strings {
-        return Err(RequestError::invalid(
-            "stop",
-            format!(
-                "{} stop strings exceed the limit of {} (generate.max_stop_strings)",
-                req.stop.len(),
-                cfg.max_stop_strings
-            ),
-        ));
-    }
-    for (i, s) in req.stop.iter().enumerate() {
-        if s.is_empty() {
-            return Err(RequestError::invalid(format!("stop[{i}]"), "is empty"));
-        }
-        if s.len() > cfg.max_stop_bytes {
-            return Err(RequestError::invalid(
-                format!("stop[{i}]"),
-                format!(
-                    "is {} bytes, longer than the limit of {} (generate.max_stop_bytes)",
-                    s.len(),
-                    cfg.max_stop_bytes
-                ),
-            ));
-        }
-    }
-    let text = match (req.prompt.is_empty(), req.messages.is_empty()) {
-        (true, true) => {
-            return Err(RequestError::invalid(
-                "prompt",
-                "is empty and no messages were given: set one of prompt or messages",
-            ));
-        }
-        (false, false) => {
-            return Err(RequestError::invalid(
-                "messages",
-                "both prompt and messages are set: set exactly one",
-            ));
-        }
-        (false, true) => req.prompt.clone(),
-        (true, false) => {
-            let mut msgs = Vec::with_capacity(req.messages.len());
-            for (i, m) in req.messages.iter().enumerate() {
-                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
-                    return Err(RequestError::invalid(
-                        format!("messages[{i}].role"),
-                        format!(
-                            "unknown role {:?} (system, user, assistant or tool)",
-                            m.role
-                        ),
-                    ));
-                }
-                msgs.push(ChatMessage::new(m.role.clone(), m.content.clone()));
-            }
-            model
-                .render_chat(&msgs)
-                .map_err(|e| RequestError::invalid("messages", e.to_string()))?
+    prompt: &Prompt,
+) -> Result<Vec<u32>, RequestError> {
+    let rendered;
+    let text = match prompt {
+        Prompt::Text(t) => t.as_str(),
+        Prompt::Chat(msgs) => {
+            rendered = model
+                .render_chat(msgs)
+                .map_err(|e| RequestError::invalid("messages", e.to_string()))?;
+            rendered.as_str()
         }
     };
     let tok = model.tokenizer();
     let tokens = tok
-        .encode(&text, tok.add_bos(), true)
+        .encode(text, tok.add_bos(), true)
         .map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
     if tokens.is_empty() {
         return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
@@ -486,7 +433,7 @@ fn prepare(
             ),
         ));
     }
-    Ok(Prepared { tokens, max_tokens })
+    Ok(tokens)
 }
 
 /// One decode step's sampling: [`samplerd_sampling::step`] over the model's
@@ -505,12 +452,6 @@ fn sample_token(
     step::run(seq, buf, logits, lse, seed, step_index, probs).map_err(RequestError::Plugin)
 }
 
-/// A validated Generate request: its prompt tokens and token budget.
-pub struct Prepared {
-    tokens: Vec<u32>,
-    max_tokens: u32,
-}
-
 impl Generator for ModelHost {
     fn ready(&self) -> bool {
         true
@@ -520,34 +461,27 @@ impl Generator for ModelHost {
         Some(Arc::clone(&self.vocab))
     }
 
-    fn generate(
-        &self,
-        request: v1::GenerateRequest,
-        sampling: ResolvedSampling,
-        sink: GenerateSink,
-    ) {
-        // Tokenizing a prompt is CPU work of the request's size: it runs on
-        // the sampling pool too, under the same budget.
-        let (model, config) = (Arc::clone(&self.model), self.config.clone());
-        let prepared = sampling
-            .steps
-            .run_blocking(move || {
+    fn generate(&self, job: GenerateJob, sink: GenerateSink) {
+        let GenerateJob { request, steps } = job;
+        let result = (|| {
+            // Admission first: tokenizing is work of the request's size,
+            // so it happens inside a generation slot.
+            let Some(_slot) = self.slots.acquire(|| sink.is_closed())? else {
+                return Ok(());
+            };
+            // On the sampling pool, under the step budget, like a step.
+            let (model, config) = (Arc::clone(&self.model), self.config.clone());
+            let prompt = request.prompt.clone();
+            let tokens = steps.run_blocking(move || {
                 // Named for the watchdog: a prompt that takes longer than
                 // the step budget is reported as what it is.
                 static TOKENIZER: std::sync::LazyLock<Arc<str>> =
                     std::sync::LazyLock::new(|| Arc::from("(prompt tokenization)"));
                 samplerd_sampling::activity::entering(&TOKENIZER);
-                let prepared = prepare(&model, &config, &request);
-                (request, prepared)
-            })
-            .map_err(RequestError::from);
-        let result = prepared.and_then(|(request, prepared)| {
-            let prepared = prepared?;
-            let Some(_slot) = self.slots.acquire(|| sink.is_closed())? else {
-                return Ok(());
-            };
-            self.run(&request, &sampling, prepared, &sink)
-        });
+                prompt_tokens(&model, &config, &prompt)
+            })??;
+            self.run(&request, &steps, tokens, &sink)
+        })();
         if let Err(e) = result {
             let status: Status = e.into();
             let _ = sink.blocking_send(Err(status));

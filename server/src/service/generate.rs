@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{AppState, BoxStream, validate};
-use crate::generate::generator::{NO_MODEL_MESSAGE, ResolvedSampling};
+use crate::generate::generator::{GenerateJob, NO_MODEL_MESSAGE};
 
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;
@@ -31,11 +31,10 @@ pub async fn handle(
     }
     let vocab = generator.vocabulary();
     let checker = Arc::clone(&state);
-    let (valid, req) = state
+    let valid = state
         .steps
-        .run(move || (validate::generate(&checker, &req, vocab), req))
-        .await?;
-    let valid = valid?;
+        .run(move || validate::generate(&checker, &req, vocab))
+        .await??;
     let permit = state.stream_permit()?;
     let span = tracing::info_span!(
         "generate",
@@ -44,15 +43,13 @@ pub async fn handle(
         seed = valid.seed
     );
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let sampling = ResolvedSampling {
-        chain: valid.chain,
-        seed: valid.seed,
-        probs: valid.probs,
+    let job = GenerateJob {
+        request: valid,
         steps: state.steps.clone(),
     };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        span.in_scope(|| generator.generate(req, sampling, tx));
+        span.in_scope(|| generator.generate(job, tx));
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
 }

@@ -31,6 +31,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::app::config::{Config, LimitsConfig, SeedSetting};
+use crate::generate::GenerateConfig;
 use crate::generate::generator::Generator;
 use crate::service::buffer_pool::BufferPool;
 use crate::service::step_pool::StepPool;
@@ -55,8 +56,9 @@ pub struct Defaults {
 #[derive(Debug, thiserror::Error)]
 #[error("{key}: {error}")]
 pub struct DefaultChainError {
-    /// The config key (`chain.stages`, `chain.order` or `sampling`).
-    pub key: &'static str,
+    /// The config key: `sampling.<field>` for a stage's refusal of a typed
+    /// default, else `chain.stages`, `chain.order` or `sampling`.
+    pub key: String,
     pub error: ChainError,
 }
 
@@ -65,31 +67,30 @@ impl Defaults {
     /// set, else `[sampling]` in `chain.order`.
     pub fn build(cfg: &Config, registry: &StageRegistry) -> Result<Self, DefaultChainError> {
         let params = cfg.sampling.params(&cfg.chain.order);
-        let (key, spec) = if cfg.chain.stages.is_empty() {
-            let key = if cfg.chain.order.is_empty() {
-                "sampling"
-            } else {
-                "chain.order"
-            };
-            let spec = params
-                .chain_spec()
-                .map_err(|error| DefaultChainError { key, error })?;
-            (key, spec)
+        let chain = if cfg.chain.stages.is_empty() {
+            registry.build_typed(&params, None).map_err(|error| {
+                let key = match &error {
+                    ChainError::Param { field, .. } => format!("sampling.{field}"),
+                    _ if cfg.chain.order.is_empty() => "sampling".to_string(),
+                    _ => "chain.order".to_string(),
+                };
+                DefaultChainError { key, error }
+            })?
         } else {
-            (
-                "chain.stages",
-                ChainSpec {
-                    stages: cfg.chain.stages.clone(),
-                },
-            )
+            let spec = ChainSpec {
+                stages: cfg.chain.stages.clone(),
+            };
+            registry
+                .build_chain(&spec, None)
+                .map_err(|error| DefaultChainError {
+                    key: "chain.stages".to_string(),
+                    error,
+                })?
         };
-        let chain = registry
-            .build_chain(&spec, None)
-            .map_err(|error| DefaultChainError { key, error })?;
         Ok(Defaults {
             params,
             seed: cfg.sampling.seed,
-            spec,
+            spec: chain.spec().clone(),
             chain,
             max_chain_stages: cfg.limits.max_chain_stages,
         })
@@ -118,6 +119,8 @@ pub struct AppState {
     pub registry: Arc<StageRegistry>,
     pub defaults: Defaults,
     pub limits: LimitsConfig,
+    /// `[generate]`: the limits a Generate request is validated against.
+    pub generate: GenerateConfig,
     pub pool: BufferPool,
     /// The raw log-sum-exp's helper core (`limits.parallel_logprob`).
     pub lse: LseHelper,
@@ -136,6 +139,7 @@ impl AppState {
         registry: Arc<StageRegistry>,
         defaults: Defaults,
         limits: LimitsConfig,
+        generate: GenerateConfig,
         generator: Option<Arc<dyn Generator>>,
     ) -> std::io::Result<Self> {
         Ok(AppState {
@@ -146,6 +150,7 @@ impl AppState {
             streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
             steps: StepPool::start(limits.step_pool())?,
             limits,
+            generate,
             open_sessions: AtomicUsize::new(0),
             generator,
             next_request_id: AtomicU64::new(1),

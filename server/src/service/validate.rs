@@ -11,10 +11,13 @@
 //!   `SampleStream` (as `Sample`, the step counter starting at
 //!   `first_step`) and every later one (no window; the vocabulary of the
 //!   first).
-//! - [`generate`] — the sampling side of a `Generate` request →
-//!   [`ValidGenerate`]. The prompt itself (text or chat roles, stop strings,
-//!   `max_tokens`, the token budget) is checked by the model host
-//!   (`generation::prepare`), which has the tokenizer and `[generate]`.
+//! - [`generate`] — a `Generate` request → [`ValidGenerate`]: the prompt
+//!   (text, or chat messages with known roles) under
+//!   `generate.max_prompt_bytes`, `max_tokens` under
+//!   `generate.max_tokens_cap`, the stop strings under their limits, and the
+//!   sampling side as above. What needs the model (the chat template, the
+//!   token count against `generate.max_prompt_tokens` and the context) is
+//!   the model host's, after admission.
 //!
 //! Every error names the request field path, the value and, for a limit,
 //! its configuration key. A stage parameter's range is the stage's to
@@ -26,9 +29,12 @@
 use std::sync::Arc;
 
 use samplerd_api::v1;
-use samplerd_sampling::{Chain, Sequence, Vocabulary, step};
+use samplerd_sampling::{Chain, ChainError, Sequence, Vocabulary, step};
+
+use samplerd_model::ChatMessage;
 
 use super::AppState;
+use crate::generate::GenerateConfig;
 use crate::service::convert::{self, LogitsInput};
 use crate::service::errors::RequestError;
 
@@ -64,11 +70,26 @@ impl ValidStart<'_> {
     }
 }
 
-/// The sampling side of a `Generate` request.
+/// A `Generate` request.
 pub struct ValidGenerate {
     pub chain: Chain,
     pub seed: u64,
     pub probs: step::ProbsRequest,
+    pub prompt: Prompt,
+    /// Tokens to generate at most (`max_tokens` or
+    /// `generate.default_max_tokens`).
+    pub max_tokens: u32,
+    /// Non-empty stop strings.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+/// A Generate prompt: plain text, or chat messages for the model's
+/// template (roles checked).
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Chat(Vec<ChatMessage>),
 }
 
 /// A `Sample` request.
@@ -143,16 +164,123 @@ pub fn stream_step<'a>(
     })
 }
 
-/// The sampling side of a `Generate` request, the chain built with the
-/// model's vocabulary (for stages that need it).
+/// A `Generate` request, the chain built with the model's vocabulary (for
+/// stages that need it). The cheap size checks come first, so an
+/// oversized prompt is refused before any chain is built.
 pub fn generate(
     state: &AppState,
     req: &v1::GenerateRequest,
     vocab: Option<Arc<Vocabulary>>,
 ) -> Result<ValidGenerate, RequestError> {
+    let cfg = &state.generate;
+    let prompt = prompt(cfg, req)?;
+    let max_tokens = match req.max_tokens {
+        None => cfg.default_max_tokens,
+        Some(0) => {
+            return Err(RequestError::invalid(
+                "max_tokens",
+                "must be at least 1, got 0",
+            ));
+        }
+        Some(n) if n > cfg.max_tokens_cap => {
+            return Err(RequestError::invalid(
+                "max_tokens",
+                format!(
+                    "{n} exceeds the cap of {} (generate.max_tokens_cap)",
+                    cfg.max_tokens_cap
+                ),
+            ));
+        }
+        Some(n) => n,
+    };
+    if req.stop.len() > cfg.max_stop_strings {
+        return Err(RequestError::invalid(
+            "stop",
+            format!(
+                "{} stop strings exceed the limit of {} (generate.max_stop_strings)",
+                req.stop.len(),
+                cfg.max_stop_strings
+            ),
+        ));
+    }
+    for (i, s) in req.stop.iter().enumerate() {
+        if s.is_empty() {
+            return Err(RequestError::invalid(format!("stop[{i}]"), "is empty"));
+        }
+        if s.len() > cfg.max_stop_bytes {
+            return Err(RequestError::invalid(
+                format!("stop[{i}]"),
+                format!(
+                    "is {} bytes, longer than the limit of {} (generate.max_stop_bytes)",
+                    s.len(),
+                    cfg.max_stop_bytes
+                ),
+            ));
+        }
+    }
     let probs = probs(state, req.n_probs, req.post_sampling_probs)?;
     let (chain, seed) = sampling(state, req.params.as_ref(), vocab)?;
-    Ok(ValidGenerate { chain, seed, probs })
+    Ok(ValidGenerate {
+        chain,
+        seed,
+        probs,
+        prompt,
+        max_tokens,
+        stop: req.stop.clone(),
+        ignore_eos: req.ignore_eos,
+    })
+}
+
+/// Exactly one of `prompt` and `messages`, its text (message contents and
+/// roles together) under `generate.max_prompt_bytes`: the bound on the
+/// tokenizer's work and memory, checked before any of it.
+fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, RequestError> {
+    let (field, bytes) = if req.messages.is_empty() {
+        ("prompt", req.prompt.len())
+    } else {
+        let total = req
+            .messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum();
+        ("messages", total)
+    };
+    if bytes > cfg.max_prompt_bytes {
+        return Err(RequestError::invalid(
+            field,
+            format!(
+                "{bytes} bytes exceed the limit of {} (generate.max_prompt_bytes)",
+                cfg.max_prompt_bytes
+            ),
+        ));
+    }
+    match (req.prompt.is_empty(), req.messages.is_empty()) {
+        (true, true) => Err(RequestError::invalid(
+            "prompt",
+            "is empty and no messages were given: set one of prompt or messages",
+        )),
+        (false, false) => Err(RequestError::invalid(
+            "messages",
+            "both prompt and messages are set: set exactly one",
+        )),
+        (false, true) => Ok(Prompt::Text(req.prompt.clone())),
+        (true, false) => {
+            let mut msgs = Vec::with_capacity(req.messages.len());
+            for (i, m) in req.messages.iter().enumerate() {
+                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
+                    return Err(RequestError::invalid(
+                        format!("messages[{i}].role"),
+                        format!(
+                            "unknown role {:?} (system, user, assistant or tool)",
+                            m.role
+                        ),
+                    ));
+                }
+                msgs.push(ChatMessage::new(m.role.clone(), m.content.clone()));
+            }
+            Ok(Prompt::Chat(msgs))
+        }
+    }
 }
 
 /// The chain and seed for a request's parameters: `chain` when given,
@@ -191,17 +319,16 @@ pub fn sampling(
             .build_chain(&spec, vocab)
             .map_err(|e| RequestError::from_chain(e, true))?
     } else if let Some(merged) = convert::typed_params(&defaults.params, p) {
-        let spec = merged
-            .chain_spec()
-            .map_err(|e| RequestError::from_chain(e, false))?;
-        state.registry.build_chain(&spec, vocab).map_err(|e| {
-            let field = if p.samplers.is_empty() {
-                "params"
-            } else {
-                "params.samplers"
-            };
-            RequestError::invalid(field, e.to_string())
-        })?
+        state
+            .registry
+            .build_typed(&merged, vocab)
+            .map_err(|e| match e {
+                ChainError::Param { .. } => RequestError::from_chain(e, false),
+                other if p.samplers.is_empty() => {
+                    RequestError::invalid("params", other.to_string())
+                }
+                other => RequestError::invalid("params.samplers", other.to_string()),
+            })?
     } else {
         defaults.chain.clone()
     };

@@ -2,7 +2,7 @@
 //! file with ephemeral gRPC and metrics ports and JSON logs, the addresses
 //! read from the server's own log lines (no port probing), a bounded wait
 //! for SERVING, SIGTERM, and a bounded wait for the exit status.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -14,6 +14,18 @@ pub fn number(params: &Params<'_>, stage: &str, name: &str) -> Result<f64, Strin
     Ok(v)
 }
 
+/// `v` as the client most likely wrote it: the host widens a request's
+/// 32-bit typed fields (`top_p = 1.1`) to the ABI's f64, where they would
+/// print as 1.100000023841858; a value that is exactly an f32 prints as one.
+fn shown(v: f64) -> String {
+    let narrow = v as f32;
+    if f64::from(narrow) == v {
+        narrow.to_string()
+    } else {
+        v.to_string()
+    }
+}
+
 /// A numeric parameter that must satisfy `ok`; `what` describes the range.
 pub fn number_in(
     params: &Params<'_>,
@@ -24,7 +36,7 @@ pub fn number_in(
 ) -> Result<f64, String> {
     let v = number(params, stage, name)?;
     if !ok(v) {
-        return Err(format!("{stage}: {name} must be {what}, got {v}"));
+        return Err(format!("{stage}: {name} must be {what}, got {}", shown(v)));
     }
     Ok(v)
 }
@@ -39,10 +51,16 @@ pub fn integer(
 ) -> Result<i64, String> {
     let v = number(params, stage, name)?;
     if v.fract() != 0.0 || !v.is_finite() {
-        return Err(format!("{stage}: {name} must be an integer, got {v}"));
+        return Err(format!(
+            "{stage}: {name} must be an integer, got {}",
+            shown(v)
+        ));
     }
     if v < lo as f64 || v > hi as f64 {
-        return Err(format!("{stage}: {name} must be in [{lo}, {hi}], got {v}"));
+        return Err(format!(
+            "{stage}: {name} must be in [{lo}, {hi}], got {}",
+            shown(v)
+        ));
     }
     Ok(v as i64)
 }

@@ -1,0 +1,67 @@
+//! Requests that are hostile by size rather than by shape, against the real
+//! `samplerd serve` process (its RSS read from /proc): an oversized
+//! Generate request is refused from its length prefix, before its bytes
+//! are read or decoded, and the server keeps serving.
+
+mod common;
+mod process;
+
+use std::time::{Duration, Instant};
+
+use samplerd_api::v1;
+use samplerd_api::v1::sampler_client::SamplerClient;
+use tonic::Code;
+
+/// A generous bound on the refusal (the refusal itself takes well under
+/// 100 ms on loopback; this leaves room for a loaded CI machine).
+const REFUSAL_BOUND: Duration = Duration::from_secs(2);
+
+/// The server's resident set in bytes (`VmRSS` of /proc/PID/status).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kb * 1024
+}
+
+#[tokio::test]
+async fn an_oversized_generate_request_is_refused_before_it_is_read() {
+    let p = process::start("");
+    let ch = p.channel().await;
+    let mut client = SamplerClient::new(ch)
+        .max_encoding_message_size(usize::MAX)
+        .max_decoding_message_size(usize::MAX);
+    let pid = p.child.id();
+    let before = rss_bytes(pid);
+    let req = v1::GenerateRequest {
+        prompt: "x".repeat(16 << 20),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let err = tokio::time::timeout(REFUSAL_BOUND, client.generate(req))
+        .await
+        .expect("refused within the bound")
+        .expect_err("a 16 MB Generate request is refused");
+    let took = t0.elapsed();
+    common::assert_status(
+        &err,
+        Code::ResourceExhausted,
+        &["Generate request of", "generate.max_request_bytes"],
+    );
+    let grown = rss_bytes(pid).saturating_sub(before);
+    assert!(
+        grown < 20 << 20,
+        "RSS grew by {grown} bytes refusing a 16 MB request (took {took:?})"
+    );
+    // The same connection still serves.
+    let ok = client
+        .sample(v1::SampleRequest {
+            logits: common::logits(100, 1),
+            ..Default::default()
+        })
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+}
