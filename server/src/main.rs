@@ -126,10 +126,29 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("samplerd: {e:#}");
+            eprintln!("samplerd: {}", describe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: the library
+/// errors already quote their source in their own message (`loading
+/// plugins: plugin X: …`), so a cause already in the text is not repeated
+/// (anyhow's `{:#}` would print it a second time).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -142,3 +142,173 @@ async fn sample_stream_answers_the_same_however_its_messages_are_framed() {
     assert_eq!(got, want);
     s.stop().await;
 }
+
+/// What a raw call got back: the HTTP status, and the gRPC status code and
+/// message (from a trailers-only response's headers, or the trailers).
+struct RawOutcome {
+    http: http::StatusCode,
+    grpc_status: Option<String>,
+    grpc_message: String,
+}
+
+/// Sends `frames` (none: the headers end the stream) to `path` with the
+/// given method and content-type, reads the response to its end.
+async fn raw_outcome(
+    addr: std::net::SocketAddr,
+    method: &str,
+    content_type: Option<&str>,
+    path: &str,
+    frames: Vec<Vec<u8>>,
+) -> RawOutcome {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("h2 ready");
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("te", "trailers");
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let (response, mut send) = h2
+        .send_request(req.body(()).unwrap(), frames.is_empty())
+        .expect("send headers");
+    let n = frames.len();
+    for (i, f) in frames.into_iter().enumerate() {
+        send.send_data(Bytes::from(f), i + 1 == n)
+            .expect("send data");
+    }
+    let resp = tokio::time::timeout(HEALTH_TIMEOUT, response)
+        .await
+        .expect("response in time")
+        .expect("response");
+    let http = resp.status();
+    let header = |h: &http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
+    let mut grpc_status = header(resp.headers(), "grpc-status");
+    let mut grpc_message = header(resp.headers(), "grpc-message").unwrap_or_default();
+    let mut body = resp.into_body();
+    while let Some(chunk) = tokio::time::timeout(HEALTH_TIMEOUT, body.data())
+        .await
+        .expect("body in time")
+    {
+        let chunk = chunk.expect("response body");
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    if let Some(t) = tokio::time::timeout(HEALTH_TIMEOUT, body.trailers())
+        .await
+        .expect("trailers in time")
+        .expect("trailers")
+    {
+        grpc_status = grpc_status.or(header(&t, "grpc-status"));
+        if let Some(m) = header(&t, "grpc-message") {
+            grpc_message = m;
+        }
+    }
+    RawOutcome {
+        http,
+        grpc_status,
+        // grpc-message is percent-encoded; spaces are all these tests read.
+        grpc_message: grpc_message.replace("%20", " "),
+    }
+}
+
+/// gRPC's cardinality rule: a unary call (or a server-streaming one such as
+/// Generate) carries exactly one request message; more or none is
+/// UNIMPLEMENTED, never served from the first or answered INTERNAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_calls_carry_exactly_one_message() {
+    let s = start().await;
+    let addr = s.server.as_ref().unwrap().addr;
+    let one = framed(&v1::SampleRequest {
+        logits: logits(64, 1),
+        ..Default::default()
+    });
+    let two_in_one_frame = [one.clone(), one.clone()].concat();
+    let generate = framed(&v1::GenerateRequest {
+        prompt: "hi".into(),
+        ..Default::default()
+    });
+    let cases: Vec<(&str, &str, Vec<Vec<u8>>)> = vec![
+        (
+            "Sample, two messages in one frame",
+            "Sample",
+            vec![two_in_one_frame],
+        ),
+        (
+            "Sample, two frames",
+            "Sample",
+            vec![one.clone(), one.clone()],
+        ),
+        ("Sample, no message", "Sample", vec![]),
+        ("Sample, empty body frame", "Sample", vec![vec![]]),
+        (
+            "Generate, two messages",
+            "Generate",
+            vec![generate.clone(), generate],
+        ),
+        ("ListStages, no message", "ListStages", vec![]),
+    ];
+    for (name, method, frames) in cases {
+        let path = format!("/samplerd.v1.Sampler/{method}");
+        let out = raw_outcome(addr, "POST", Some("application/grpc"), &path, frames).await;
+        assert_eq!(
+            out.grpc_status.as_deref(),
+            Some("12"),
+            "{name}: {:?} {}",
+            out.grpc_status,
+            out.grpc_message
+        );
+        assert!(
+            out.grpc_message.contains("request message"),
+            "{name}: {}",
+            out.grpc_message
+        );
+    }
+    // One message is served.
+    let out = raw_outcome(
+        addr,
+        "POST",
+        Some("application/grpc+proto"),
+        "/samplerd.v1.Sampler/Sample",
+        vec![one],
+    )
+    .await;
+    assert_eq!(
+        out.grpc_status.as_deref(),
+        Some("0"),
+        "{}",
+        out.grpc_message
+    );
+    s.assert_serving().await;
+}
+
+/// Only gRPC on the gRPC port: another content-type (or none) is HTTP 415,
+/// another method HTTP 405, before any handler runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_are_not_grpc_get_http_errors() {
+    let s = start().await;
+    let addr = s.server.as_ref().unwrap().addr;
+    let one = framed(&v1::SampleRequest {
+        logits: logits(64, 1),
+        ..Default::default()
+    });
+    let path = "/samplerd.v1.Sampler/Sample";
+    for ct in [Some("application/json"), Some("text/plain"), None] {
+        let out = raw_outcome(addr, "POST", ct, path, vec![one.clone()]).await;
+        assert_eq!(out.http, http::StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct:?}");
+        assert_eq!(out.grpc_status, None, "{ct:?}");
+    }
+    let out = raw_outcome(addr, "GET", None, path, vec![]).await;
+    assert_eq!(out.http, http::StatusCode::METHOD_NOT_ALLOWED);
+    let out = raw_outcome(
+        addr,
+        "GET",
+        Some("application/grpc"),
+        "/grpc.health.v1.Health/Check",
+        vec![],
+    )
+    .await;
+    assert_eq!(out.http, http::StatusCode::METHOD_NOT_ALLOWED);
+    s.assert_serving().await;
+}

@@ -184,6 +184,66 @@ async fn logit_bias_changes_the_greedy_choice() {
     s.stop().await;
 }
 
+/// Token maps are bounded by the vocabulary the request brings: no more
+/// entries than tokens, no id outside it (llama-server drops such ids
+/// silently; samplerd says which one).
+#[tokio::test]
+async fn token_maps_are_bounded_by_the_vocabulary() {
+    let mut s = start().await;
+    let l = logits(100, 5);
+    let inv = Code::InvalidArgument;
+    let bias = |entries: HashMap<u32, f32>| v1::SamplingParams {
+        logit_bias: entries,
+        ..Default::default()
+    };
+    expect_err(
+        &mut s,
+        req_params(&l, bias(HashMap::from([(3, 1.0), (100, 1.0)]))),
+        inv,
+        &["params.logit_bias", "token id 100", "vocabulary of 100"],
+    )
+    .await;
+    expect_err(
+        &mut s,
+        req_params(&l, bias((0..101).map(|i| (i, 1.0)).collect())),
+        inv,
+        &[
+            "params.logit_bias",
+            "101 entries exceed the vocabulary of 100",
+        ],
+    )
+    .await;
+    let map = |ids: &[u32]| {
+        v1::param_value::Kind::TokenMap(v1::TokenValueList {
+            entries: ids
+                .iter()
+                .map(|&token_id| v1::TokenValue {
+                    token_id,
+                    value: 1.0,
+                })
+                .collect(),
+        })
+    };
+    let chain = v1::SamplingParams {
+        chain: vec![
+            stage_spec("logit_bias", [("bias", map(&[1, 250]))]),
+            number_stage("dist", &[]),
+        ],
+        ..Default::default()
+    };
+    expect_err(
+        &mut s,
+        req_params(&l, chain),
+        inv,
+        &["params.chain[0].params[\"bias\"]", "token id 250"],
+    )
+    .await;
+    // Inside the vocabulary: served.
+    s.sample_ok(req_params(&l, bias(HashMap::from([(99, 1.0)]))))
+        .await;
+    s.stop().await;
+}
+
 /// Stream of N steps == N stateless Sample calls with the same seed and
 /// steps, previous_tokens = initial window + chosen so far.
 #[tokio::test]
@@ -592,8 +652,7 @@ fn check_config_prints_effective_config_and_chain() {
 }
 
 /// A directory holding only the core plugin (the profile dir also has
-/// the misbehaving test plugins).
-/// A fresh directory per call: tests run in parallel, and copying the
+/// the misbehaving test plugins), fresh per call: tests run in parallel, and copying the
 /// library over one that another test's `check-config` is loading would
 /// hand it a half-written file.
 fn tempdir_with_core() -> std::path::PathBuf {
@@ -664,6 +723,71 @@ fn check_config_names_key_and_source() {
         Some("[limits]\nmax_vocabb = 3\n"),
         &[],
         &["max_vocabb", "bad.toml"],
+    );
+}
+
+/// check-config opens every file `serve` would, so a configuration it
+/// passes does not fail at start-up: each bad one is named with its key.
+#[test]
+fn check_config_opens_every_file_serve_needs() {
+    let dir = tempdir_with_core();
+    let missing = dir.join("missing.pem");
+    let not_gguf = dir.join("not-a-model.gguf");
+    std::fs::write(&not_gguf, b"this is not a GGUF file").unwrap();
+    let m = missing.display().to_string();
+    let cases: [(String, &[&str]); 4] = [
+        (
+            format!("[tls]\ncert_file = {m:?}\nkey_file = {m:?}\n"),
+            &["tls.cert_file", "missing.pem", "bad.toml"],
+        ),
+        (
+            format!("[auth]\ntokens_file = {m:?}\n"),
+            &["auth.tokens_file", "missing.pem", "bad.toml"],
+        ),
+        (
+            format!("[model]\npath = {:?}\n", not_gguf.display().to_string()),
+            &["model.path", "not-a-model.gguf"],
+        ),
+        (
+            format!("[model]\npath = {m:?}\n"),
+            &["model.path", "missing.pem"],
+        ),
+    ];
+    for (toml, needles) in cases {
+        assert_check_config_fails(&dir, Some(&toml), &[], needles);
+    }
+}
+
+/// A start-up error is printed once (not once per layer of its cause
+/// chain), and text logs carry no colour codes when stderr is not a
+/// terminal.
+#[test]
+fn start_up_errors_are_printed_once_without_colour_codes() {
+    let dir = tempdir_with_core();
+    let model = dir.join("no-such-model.gguf");
+    let out = samplerd_bin()
+        .args(["serve", "--listen", "127.0.0.1:0", "--plugin-dir"])
+        .arg(&dir)
+        .arg("--model")
+        .arg(&model)
+        .env("SAMPLERD_METRICS__ENABLED", "false")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let error_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("samplerd: "))
+        .collect();
+    assert_eq!(error_lines.len(), 1, "{stderr}");
+    assert_eq!(
+        error_lines[0].matches("no-such-model.gguf").count(),
+        1,
+        "the cause is repeated: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escape codes in: {stderr:?}"
     );
 }
 

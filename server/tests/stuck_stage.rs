@@ -351,11 +351,12 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
         },
     )
     .expect("model loads");
-    let s = start_serving(
-        config(dir.path()),
-        Some(Arc::new(host) as Arc<dyn Generator>),
-    )
-    .await;
+    let mut cfg = config(dir.path());
+    // Room for a prompt that outlasts the step budget in the tokenizer
+    // (the default limits refuse it before any tokenizing).
+    cfg.generate.max_request_bytes = 16 << 20;
+    cfg.generate.max_prompt_bytes = 8 << 20;
+    let s = start_serving(cfg, Some(Arc::new(host) as Arc<dyn Generator>)).await;
     let mut client = s.client.clone();
     let request = |params| v1::GenerateRequest {
         prompt: "The capital of France is".into(),

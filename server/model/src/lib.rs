@@ -22,6 +22,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod chat_tokens;
 pub mod cuda;
 pub mod error;
 pub mod forward;
@@ -143,6 +144,20 @@ impl Model {
     /// Renders the chat template with `add_generation_prompt = true`.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         self.template.render(messages)
+    }
+    /// The tokens of a chat prompt (see [`chat_tokens`]): message content
+    /// is plain text unless `parse_special_in_content`.
+    pub fn chat_tokens(
+        &self,
+        messages: &[ChatMessage],
+        parse_special_in_content: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        chat_tokens::chat_tokens(
+            &self.template,
+            &self.tokenizer,
+            messages,
+            parse_special_in_content,
+        )
     }
     pub fn n_vocab(&self) -> usize {
         self.config.n_vocab

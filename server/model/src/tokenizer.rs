@@ -79,6 +79,8 @@ const EOG_TEXTS: &[&str] = &[
 pub struct Tokenizer {
     /// Control + user-defined tokens are added tokens (special parsing on).
     with_special: tokenizers::Tokenizer,
+    /// The text of every control token (`<|im_end|>`, …).
+    control_texts: Vec<String>,
     /// Only user-defined tokens are added (special parsing off).
     plain: tokenizers::Tokenizer,
     vocab: Vec<TokenInfo>,
@@ -324,9 +326,14 @@ impl Tokenizer {
                 TokenInfo { bytes, attrs }
             })
             .collect();
+        let control_texts = (0..n)
+            .filter(|&i| types[i] == token_type::CONTROL && !texts[i].is_empty())
+            .map(|i| texts[i].clone())
+            .collect();
         Ok(Tokenizer {
             with_special,
             plain,
+            control_texts,
             vocab: vocab_info,
             texts,
             bos,
@@ -360,6 +367,12 @@ impl Tokenizer {
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
+    }
+
+    /// Whether `text` holds a control token's text (which special-token
+    /// parsing would turn into that token).
+    pub fn has_control_text(&self, text: &str) -> bool {
+        self.control_texts.iter().any(|c| text.contains(c.as_str()))
     }
 
     /// The raw bytes token `id` stands for (control tokens: their text;

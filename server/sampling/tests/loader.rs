@@ -239,7 +239,7 @@ fn chain_validation_names_stage_param_and_value() {
                 StageSpec::new("temperature").number("t", f64::NAN),
                 StageSpec::new("dist"),
             ]),
-            "stage `temperature`: parameter `t` is NaN",
+            "stage `temperature`: t must be a number, got NaN",
         ),
         (
             spec(&[StageSpec::new("top_k")]),

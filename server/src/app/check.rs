@@ -1,6 +1,9 @@
 //! `samplerd check-config`: the effective configuration, the loaded stages
 //! and the default chain — or the first problem, naming the key and the
-//! source that set it (file, environment variable, flag or default).
+//! source that set it (file, environment variable, flag or default). Every
+//! file `serve` would open is opened here too (TLS certificate, key and
+//! CA, the tokens file, the model's GGUF header, the plugins), so a
+//! configuration that passes does not then fail at start-up.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +17,7 @@ use crate::service::Defaults;
 /// Loads everything `serve` would load and renders a report.
 pub fn check_config(config_file: Option<&Path>, cli: &CliOverrides) -> Result<String, ConfigError> {
     let loaded = config::load(config_file, cli)?;
+    open_files(&loaded)?;
     let registry = load_registry(&loaded.config).map_err(|e| plugin_error(&loaded, e))?;
     let defaults = Defaults::build(&loaded.config, &registry).map_err(|e| {
         let value = loaded
@@ -69,4 +73,34 @@ fn plugin_error(loaded: &LoadedConfig, e: samplerd_sampling::LoadError) -> Confi
         }
     );
     loaded.invalid(key, value, e.to_string())
+}
+
+/// Opens what `serve` reads before it serves: TLS files (and their PEM
+/// content), the bearer-token file, and the model's GGUF header (the
+/// weights are not read).
+fn open_files(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    let c = &loaded.config;
+    let file_error = |key: &str, message: String| ConfigError::File {
+        origin: loaded.source_of(key),
+        message,
+    };
+    if let Err(e) = c.tls.server_config() {
+        let key = match &e {
+            crate::transport::tls::TlsError::Read { key, .. }
+            | crate::transport::tls::TlsError::Content { key, .. }
+            | crate::transport::tls::TlsError::Incomplete { key, .. } => key,
+            crate::transport::tls::TlsError::Build(_) => "tls.cert_file",
+        };
+        return Err(file_error(key, e.to_string()));
+    }
+    if let Some(path) = &c.auth.tokens_file {
+        crate::transport::auth::TokenSet::load(path)
+            .map_err(|e| file_error("auth.tokens_file", e.to_string()))?;
+    }
+    if let Some(path) = &c.model.path {
+        samplerd_model::gguf::GgufFile::open(path)
+            .and_then(|g| g.config())
+            .map_err(|e| file_error("model.path", format!("model.path: {e}")))?;
+    }
+    Ok(())
 }

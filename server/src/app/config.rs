@@ -427,6 +427,10 @@ impl Provider for CliOverrides {
 pub enum ConfigError {
     #[error("{0}")]
     Figment(String),
+    /// A file the configuration names cannot be used (the message names
+    /// the key and the path).
+    #[error("{message} (set by {origin})")]
+    File { origin: String, message: String },
     #[error("{key} = {value} (from {origin}): {message}")]
     Invalid {
         key: String,

@@ -27,7 +27,7 @@ use crate::service::errors::{TOO_LARGE_MARKER, map_stream_status};
 use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
 use crate::transport::metrics::{DRAINING_METRIC, RpcLayer};
 use crate::transport::one_frame::OneFrameDecode;
-use crate::transport::request_size::{MethodLimit, RequestSizeLimit};
+use crate::transport::unary::{UnaryGuard, UnaryMethod};
 
 /// HTTP/2 SETTINGS_MAX_FRAME_SIZE the server accepts: a 0.6 MB logits
 /// message arrives in one DATA frame instead of 37 of the default 16 KiB
@@ -116,7 +116,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let limits = &config.limits;
-    let sampler = RequestSizeLimit::new(
+    let sampler = UnaryGuard::new(
         OneFrameDecode::new(
             SamplerServer::new(SamplerService {
                 state: state.clone(),
@@ -125,11 +125,24 @@ pub async fn serve(
             .max_encoding_message_size(limits.max_message_bytes),
             limits.max_message_bytes,
         ),
-        vec![MethodLimit {
-            path: "/samplerd.v1.Sampler/Generate",
-            max_bytes: config.generate.max_request_bytes,
-            key: "generate.max_request_bytes",
-        }],
+        vec![
+            UnaryMethod {
+                path: "/samplerd.v1.Sampler/Sample",
+                limit: None,
+            },
+            UnaryMethod {
+                path: "/samplerd.v1.Sampler/ListStages",
+                limit: None,
+            },
+            // Server-streaming, but one request message like a unary call.
+            UnaryMethod {
+                path: "/samplerd.v1.Sampler/Generate",
+                limit: Some((
+                    config.generate.max_request_bytes,
+                    "generate.max_request_bytes",
+                )),
+            },
+        ],
     );
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -197,12 +210,6 @@ pub async fn serve(
         }
         s
     });
-    tracing::info!(
-        addr = %local,
-        chain = %state.defaults.chain.describe(),
-        stages = state.registry.stages().len(),
-        "samplerd serving"
-    );
     let drain = Drain::new();
     let (close_tx, close_rx) = oneshot::channel::<()>();
     let (builder, auth) = crate::transport::tls::secured_builder(config)?;
@@ -213,6 +220,7 @@ pub async fn serve(
         .max_concurrent_streams(limits.max_streams_per_connection)
         // Outermost, so it sees the final status of every response.
         .layer(RpcLayer::new(drain.clone()))
+        .layer(crate::transport::content_type::GrpcOnlyLayer)
         .layer(auth)
         .layer(crate::transport::deadline::DeadlineLayer::new(
             Duration::from_secs(limits.max_request_duration_secs),
@@ -225,6 +233,15 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, async {
             let _ = close_rx.await;
         });
+    // Only now: TLS and token files are loaded and the listener is bound
+    // (connections wait in its backlog until the server polls it), so a
+    // start-up error can no longer follow this line.
+    tracing::info!(
+        addr = %local,
+        chain = %state.defaults.chain.describe(),
+        stages = state.registry.stages().len(),
+        "samplerd serving"
+    );
     tokio::pin!(server);
     tokio::select! {
         result = &mut server => return Ok(result?),

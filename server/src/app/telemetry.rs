@@ -1,9 +1,11 @@
 //! Logging setup with `tracing-subscriber`: a `RUST_LOG`-style filter
-//! (`RUST_LOG` wins over `logging.filter`) and text or JSON output on
-//! stderr. Requests get one span each (see `service`); nothing is logged
+//! (`RUST_LOG` wins over `logging.filter`) and text (coloured only on a
+//! terminal) or JSON (`logging.format = "json"`) output on stderr. Requests get one span each (see `service`); nothing is logged
 //! per token at info level.
 
 #![forbid(unsafe_code)]
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
 
@@ -18,9 +20,13 @@ pub fn init(cfg: &LoggingConfig) {
         .unwrap_or_else(|| {
             EnvFilter::try_new(&cfg.filter).unwrap_or_else(|_| EnvFilter::new("info"))
         });
+    // Colours only for a person at a terminal: a log collector or a file
+    // would get the escape codes as text.
+    let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(true);
     let _ = match cfg.format {
         LogFormat::Text => builder.try_init(),

@@ -59,6 +59,11 @@ pub struct GenerateConfig {
     /// before it is read: an oversized request costs neither memory nor
     /// decoding time.
     pub max_request_bytes: usize,
+    /// Tokenize special-token text inside chat message content as special
+    /// tokens (`<|im_end|>` in a user's message then ends the turn). Off by
+    /// default: content is text, and only the chat template's own markup
+    /// is special, so relayed user text cannot open a turn of its own.
+    pub parse_special_in_content: bool,
     /// How long a decode step waits, in microseconds, for the generations
     /// served in the previous step to come back (they are sampling) so it
     /// can batch them; one held up longer (e.g. by a slow client) is stepped
@@ -80,6 +85,7 @@ impl Default for GenerateConfig {
             max_prompt_tokens: 4096,
             max_prompt_bytes: 256 * 1024,
             max_request_bytes: 4 * 1024 * 1024,
+            parse_special_in_content: false,
             batch_wait_us: 2000,
         }
     }
@@ -168,7 +174,7 @@ pub struct ModelHost {
 
 /// Why the model could not be loaded (names the path).
 #[derive(Debug, thiserror::Error)]
-#[error("model.path {path}: {source}")]
+#[error("model.path: {source}")]
 pub struct ModelLoadError {
     pub path: String,
     #[source]
@@ -396,20 +402,15 @@ fn prompt_tokens(
     cfg: &GenerateConfig,
     prompt: &Prompt,
 ) -> Result<Vec<u32>, RequestError> {
-    let rendered;
-    let text = match prompt {
-        Prompt::Text(t) => t.as_str(),
-        Prompt::Chat(msgs) => {
-            rendered = model
-                .render_chat(msgs)
-                .map_err(|e| RequestError::invalid("messages", e.to_string()))?;
-            rendered.as_str()
-        }
-    };
     let tok = model.tokenizer();
-    let tokens = tok
-        .encode(text, tok.add_bos(), true)
-        .map_err(|e| RequestError::invalid("prompt", e.to_string()))?;
+    let tokens = match prompt {
+        Prompt::Text(text) => tok
+            .encode(text, tok.add_bos(), true)
+            .map_err(|e| RequestError::invalid("prompt", e.to_string()))?,
+        Prompt::Chat(msgs) => model
+            .chat_tokens(msgs, cfg.parse_special_in_content)
+            .map_err(|e| RequestError::invalid("messages", e.to_string()))?,
+    };
     if tokens.is_empty() {
         return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
     }

@@ -219,7 +219,8 @@ pub fn generate(
         }
     }
     let probs = probs(state, req.n_probs, req.post_sampling_probs)?;
-    let (chain, seed) = sampling(state, req.params.as_ref(), vocab)?;
+    let n_vocab = vocab.as_ref().map(|v| v.len());
+    let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab)?;
     Ok(ValidGenerate {
         chain,
         seed,
@@ -286,10 +287,14 @@ fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, Req
 /// The chain and seed for a request's parameters: `chain` when given,
 /// else the typed fields over the configured defaults, else the default
 /// chain (prebuilt); the seed is the request's or the configured one.
+/// Token maps (`logit_bias`, a stage's token_map) hold at most `n_vocab`
+/// entries, each id inside it, when the vocabulary is known (`None`: at
+/// most `limits.max_vocab` entries).
 pub fn sampling(
     state: &AppState,
     p: Option<&v1::SamplingParams>,
     vocab: Option<Arc<Vocabulary>>,
+    n_vocab: Option<usize>,
 ) -> Result<(Chain, u64), RequestError> {
     let defaults = &state.defaults;
     let seed = p
@@ -310,6 +315,26 @@ pub fn sampling(
                     defaults.max_chain_stages
                 ),
             ));
+        }
+    }
+    let map_limit = TokenMapLimit {
+        n_vocab,
+        max_vocab: state.limits.max_vocab,
+    };
+    map_limit.check(
+        "params.logit_bias",
+        p.logit_bias.keys().copied(),
+        p.logit_bias.len(),
+    )?;
+    for (i, stage) in p.chain.iter().enumerate() {
+        for (k, v) in &stage.params {
+            if let Some(v1::param_value::Kind::TokenMap(m)) = &v.kind {
+                map_limit.check(
+                    &format!("params.chain[{i}].params[{k:?}]"),
+                    m.entries.iter().map(|e| e.token_id),
+                    m.entries.len(),
+                )?;
+            }
         }
     }
     let chain = if !p.chain.is_empty() {
@@ -333,6 +358,47 @@ pub fn sampling(
         defaults.chain.clone()
     };
     Ok((chain, seed))
+}
+
+/// The bound on a request's token maps: no more entries than the
+/// vocabulary has tokens, and every id inside it. Checked before the map is
+/// copied anywhere (a map of millions of entries would otherwise be sorted
+/// and handed to a stage).
+struct TokenMapLimit {
+    n_vocab: Option<usize>,
+    max_vocab: usize,
+}
+
+impl TokenMapLimit {
+    fn check(
+        &self,
+        field: &str,
+        mut ids: impl Iterator<Item = u32>,
+        len: usize,
+    ) -> Result<(), RequestError> {
+        let (bound, what) = match self.n_vocab {
+            Some(n) => (n, format!("the vocabulary of {n} tokens")),
+            None => (
+                self.max_vocab,
+                format!("the limit of {} (limits.max_vocab)", self.max_vocab),
+            ),
+        };
+        if len > bound {
+            return Err(RequestError::invalid(
+                field,
+                format!("{len} entries exceed {what}"),
+            ));
+        }
+        if let Some(n) = self.n_vocab
+            && let Some(id) = ids.find(|&id| id as usize >= n)
+        {
+            return Err(RequestError::invalid(
+                field,
+                format!("token id {id} is outside the vocabulary of {n} tokens"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The fields a `Sample` request and a stream's first message share.
@@ -360,7 +426,7 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
         ));
     }
     let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
-    let (chain, seed) = sampling(state, f.params, None)?;
+    let (chain, seed) = sampling(state, f.params, None, Some(logits.len()))?;
     Ok(ValidStart {
         step: ValidStep {
             logits,
