@@ -297,12 +297,33 @@ pub struct LimitsConfig {
     /// Written-off sampling threads replaced at once; past this many,
     /// readiness turns NOT_SERVING (liveness stays SERVING).
     pub max_stuck_workers: usize,
+    /// Most open client connections; past it a new one is closed at once
+    /// (logged once per 10 s with the count).
+    pub max_connections: usize,
+    /// A new connection must send the HTTP/2 preface (and finish its TLS
+    /// handshake) within this many milliseconds, or it is closed.
+    pub handshake_timeout_ms: u64,
+    /// A connection with no RPC in flight for this many seconds is closed.
+    pub idle_connection_timeout_secs: u64,
+    /// HTTP/2 keepalive pings to each connection every this many seconds;
+    /// one unanswered for `keepalive_timeout_secs` closes it (dead peers).
+    pub keepalive_interval_secs: u64,
+    pub keepalive_timeout_secs: u64,
     /// The raw log-sum-exp (for `logprob`) on a helper core
     /// (`[limits.parallel_logprob]`, see `service/lse_helper.rs`).
     pub parallel_logprob: crate::service::lse_helper::ParallelLogprobConfig,
 }
 
 impl LimitsConfig {
+    /// The listener's connection limits.
+    pub fn connections(&self) -> crate::transport::connections::ConnectionPolicy {
+        crate::transport::connections::ConnectionPolicy {
+            max_connections: self.max_connections,
+            handshake_timeout: std::time::Duration::from_millis(self.handshake_timeout_ms),
+            idle_timeout: std::time::Duration::from_secs(self.idle_connection_timeout_secs),
+        }
+    }
+
     /// The sampling pool's settings.
     pub fn step_pool(&self) -> crate::service::step_pool::StepPoolConfig {
         crate::service::step_pool::StepPoolConfig {
@@ -330,6 +351,11 @@ impl Default for LimitsConfig {
             sampling_threads: 0,
             max_step_ms: 2_000,
             max_stuck_workers: 4,
+            max_connections: 1024,
+            handshake_timeout_ms: 10_000,
+            idle_connection_timeout_secs: 300,
+            keepalive_interval_secs: 60,
+            keepalive_timeout_secs: 20,
             parallel_logprob: Default::default(),
         }
     }
@@ -587,7 +613,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
-    let security: [(&str, u64); 4] = [
+    let security: [(&str, u64); 9] = [
         (
             "limits.max_streams_per_connection",
             u64::from(c.limits.max_streams_per_connection),
@@ -598,6 +624,20 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         ),
         ("limits.max_chain_stages", c.limits.max_chain_stages as u64),
         ("limits.max_step_ms", c.limits.max_step_ms),
+        ("limits.max_connections", c.limits.max_connections as u64),
+        ("limits.handshake_timeout_ms", c.limits.handshake_timeout_ms),
+        (
+            "limits.idle_connection_timeout_secs",
+            c.limits.idle_connection_timeout_secs,
+        ),
+        (
+            "limits.keepalive_interval_secs",
+            c.limits.keepalive_interval_secs,
+        ),
+        (
+            "limits.keepalive_timeout_secs",
+            c.limits.keepalive_timeout_secs,
+        ),
     ];
     for (key, v) in security {
         if v == 0 {

@@ -16,8 +16,6 @@ use samplerd_sampling::{LoadError, StageRegistry};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::app::config::Config;
@@ -204,12 +202,7 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    let incoming = TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
+    let incoming = crate::transport::connections::incoming(listener, limits.connections());
     let drain = Drain::new();
     let (close_tx, close_rx) = oneshot::channel::<()>();
     let (builder, auth) = crate::transport::tls::secured_builder(config)?;
@@ -218,8 +211,11 @@ pub async fn serve(
         .initial_connection_window_size(limits.http2_connection_window_bytes)
         .max_frame_size(HTTP2_MAX_FRAME_BYTES)
         .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
         // Outermost, so it sees the final status of every response.
         .layer(RpcLayer::new(drain.clone()))
+        .layer(crate::transport::connections::ActiveRpcLayer)
         .layer(crate::transport::content_type::GrpcOnlyLayer)
         .layer(auth)
         .layer(crate::transport::deadline::DeadlineLayer::new(

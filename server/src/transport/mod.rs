@@ -1,12 +1,14 @@
-//! What every request passes before (and after) a handler: TLS, gRPC
-//! only (HTTP 405/415 for anything else), bearer tokens, deadlines, request
-//! metrics, unary calls held to one message with per-method size limits
-//! read from the message prefix, and the zero-copy decoding of messages
-//! that arrive in one HTTP/2 frame.
+//! What every connection and request passes before (and after) a
+//! handler: connection limits and deadlines, TLS, gRPC only (HTTP 405/415
+//! for anything else), bearer tokens, deadlines, request metrics, unary
+//! calls held to one message with per-method size limits read from the
+//! message prefix, and the zero-copy decoding of messages that arrive in
+//! one HTTP/2 frame.
 
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod connections;
 pub mod content_type;
 pub mod deadline;
 pub mod metrics;

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -143,6 +144,8 @@ pub fn secured_builder(
 > {
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = config.tls.server_config()? {
+        // A client that stalls mid-handshake is dropped, not kept forever.
+        let tls = tls.timeout(Duration::from_millis(config.limits.handshake_timeout_ms));
         builder = builder
             .tls_config(tls)
             .map_err(|e| TlsError::Build(error_chain(&e)))?;

@@ -1,0 +1,396 @@
+//! Connection hygiene: what a client can hold without sending a request.
+//!
+//! tonic accepts every connection and keeps it until the peer leaves, so
+//! 750 idle connections, or 50 that never finish their handshake, stay
+//! forever, and when descriptors run out `accept()` fails in a busy loop.
+//! Here:
+//!
+//! - **A cap on open connections** (`limits.max_connections`): past it a
+//!   new connection is closed at once, and the refusals are logged once per
+//!   [`LOG_INTERVAL`] with their count.
+//! - **Accept errors back off**: EMFILE and friends are logged (once per
+//!   interval) and accepting pauses, doubling from 10 ms to 1 s, instead of
+//!   spinning.
+//! - **A handshake deadline** (`limits.handshake_timeout_ms`): a connection
+//!   that has not sent the HTTP/2 preface's 24 bytes by then is closed
+//!   (TLS handshakes get the same deadline from rustls, see
+//!   `transport::tls`).
+//! - **An idle deadline** (`limits.idle_connection_timeout_secs`): a
+//!   connection with no RPC in flight for that long is closed. In-flight
+//!   RPCs are counted by [`ActiveRpcLayer`] through the connection's
+//!   [`ConnInfo`] in the request's extensions, so a SampleStream whose
+//!   client thinks for minutes between steps is not idle; HTTP/2 pings do
+//!   not count as activity. The close happens only while nothing is left
+//!   to read, so a request already received is never cut; one that arrives
+//!   at that very moment fails as on any dropped connection (UNAVAILABLE).
+//!
+//! Dead peers are found by HTTP/2 keepalive pings
+//! (`limits.keepalive_interval_secs`, `limits.keepalive_timeout_secs`),
+//! set on the server builder.
+
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_core::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// How often refusals and accept errors are logged (with their count).
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// The HTTP/2 client preface: what a connection must send in time.
+const PREFACE_BYTES: u64 = 24;
+/// Accept-error backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The connection limits (from `[limits]`).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionPolicy {
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+/// In-flight RPCs of one connection, and when the last one ended.
+#[derive(Debug)]
+pub struct Activity {
+    active: AtomicUsize,
+    /// Milliseconds after `born` at which the connection last went quiet.
+    quiet_since_ms: AtomicU64,
+    born: Instant,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            active: AtomicUsize::new(0),
+            quiet_since_ms: AtomicU64::new(0),
+            born: Instant::now(),
+        }
+    }
+
+    fn start(self: &Arc<Self>) -> RpcGuard {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        RpcGuard(Arc::clone(self))
+    }
+
+    /// How long the connection has had no RPC in flight (`None`: one is).
+    fn quiet_for(&self) -> Option<Duration> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.quiet_since_ms.load(Ordering::Acquire));
+        Some(self.born.elapsed().saturating_sub(since))
+    }
+}
+
+/// Held for an RPC's life (request through the end of its response body).
+struct RpcGuard(Arc<Activity>);
+
+impl Drop for RpcGuard {
+    fn drop(&mut self) {
+        let a = &self.0;
+        a.quiet_since_ms
+            .store(a.born.elapsed().as_millis() as u64, Ordering::Release);
+        a.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What tonic puts in each request's extensions for a connection accepted
+/// here.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub tcp: TcpConnectInfo,
+    activity: Arc<Activity>,
+}
+
+/// An accepted connection: the TCP stream, its place under the cap and
+/// its deadlines.
+pub struct Conn {
+    tcp: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    activity: Arc<Activity>,
+    policy: ConnectionPolicy,
+    read_total: u64,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            tcp: self.tcp.connect_info(),
+            activity: Arc::clone(&self.activity),
+        }
+    }
+}
+
+impl Conn {
+    /// Whether a deadline has passed; else arms the timer for the next one.
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<&'static str> {
+        let age = self.activity.born.elapsed();
+        let next = if self.read_total < PREFACE_BYTES {
+            if age >= self.policy.handshake_timeout {
+                return Some("no HTTP/2 preface within limits.handshake_timeout_ms");
+            }
+            self.policy.handshake_timeout - age
+        } else {
+            match self.activity.quiet_for() {
+                Some(q) if q >= self.policy.idle_timeout => {
+                    return Some("idle longer than limits.idle_connection_timeout_secs");
+                }
+                Some(q) => self.policy.idle_timeout - q,
+                // Looked at again when the RPC ends and the peer is read.
+                None => self.policy.idle_timeout,
+            }
+        };
+        self.timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + next);
+        // Registers the waker; a timer that fires re-polls the read.
+        if self.timer.as_mut().poll(cx).is_ready() {
+            cx.waker().wake_by_ref();
+        }
+        None
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.tcp).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.read_total += (buf.filled().len() - before) as u64;
+                Poll::Ready(r)
+            }
+            Poll::Pending => match this.expired(cx) {
+                Some(why) => {
+                    tracing::debug!(why, "closing connection");
+                    Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)))
+                }
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}
+
+/// Counts events and logs them at most once per [`LOG_INTERVAL`].
+struct Throttled {
+    what: &'static str,
+    count: u64,
+    last: Option<Instant>,
+}
+
+impl Throttled {
+    fn new(what: &'static str) -> Self {
+        Throttled {
+            what,
+            count: 0,
+            last: None,
+        }
+    }
+
+    fn hit(&mut self, detail: &dyn std::fmt::Display) {
+        self.count += 1;
+        if self.last.is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
+            tracing::warn!(count = self.count, %detail, "{}", self.what);
+            self.count = 0;
+            self.last = Some(Instant::now());
+        }
+    }
+}
+
+/// Whether an accept error means a resource ran out (back off) rather
+/// than one connection failing (go on at once).
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// The connections to serve: accepted on a task of their own under the
+/// policy (cap, backoff), handed over as [`Conn`]s.
+pub fn incoming(
+    listener: TcpListener,
+    policy: ConnectionPolicy,
+) -> ReceiverStream<io::Result<Conn>> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(accept_loop(listener, policy, tx));
+    ReceiverStream::new(rx)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    policy: ConnectionPolicy,
+    tx: mpsc::Sender<io::Result<Conn>>,
+) {
+    let slots = Arc::new(Semaphore::new(policy.max_connections));
+    let mut refused = Throttled::new(
+        "connection refused: limits.max_connections reached (refusals since the last report)",
+    );
+    let mut failed = Throttled::new("accept failed (failures since the last report)");
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let (tcp, _peer) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff = BACKOFF_MIN;
+                accepted
+            }
+            Err(e) => {
+                failed.hit(&e);
+                if out_of_resources(&e) {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            refused.hit(&policy.max_connections);
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let conn = Conn {
+            tcp,
+            _slot: slot,
+            activity: Arc::new(Activity::new()),
+            policy,
+            read_total: 0,
+            timer: Box::pin(tokio::time::sleep(policy.handshake_timeout)),
+        };
+        if tx.send(Ok(conn)).await.is_err() {
+            return; // the server stopped
+        }
+    }
+}
+
+/// Counts each RPC as in flight on its connection, from its request to the
+/// end of its response body (see the module docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActiveRpcLayer;
+
+impl<S> tower::Layer<S> for ActiveRpcLayer {
+    type Service = ActiveRpc<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ActiveRpc { inner }
+    }
+}
+
+/// The service [`ActiveRpcLayer`] wraps around the router.
+#[derive(Clone, Debug)]
+pub struct ActiveRpc<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for ActiveRpc<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let ext = req.extensions();
+        let guard = ext
+            .get::<ConnInfo>()
+            .or_else(|| {
+                ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                    .map(|t| t.get_ref())
+            })
+            .map(|c| c.activity.start());
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            let Some(guard) = guard else {
+                return Ok(resp);
+            };
+            Ok(resp.map(|body| {
+                tonic::body::Body::new(Guarded {
+                    body,
+                    _guard: guard,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that holds its RPC's [`RpcGuard`] until it is dropped.
+struct Guarded {
+    body: tonic::body::Body,
+    _guard: RpcGuard,
+}
+
+impl http_body::Body for Guarded {
+    type Data = tonic::codegen::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
