@@ -163,8 +163,14 @@ impl StageRegistry {
             tracing::debug!(stage = %name, library = %lib.name, path = %lib.path.display(), "registered stage");
             self.by_name.insert(name, self.stages.len());
             self.infos.push(info.clone());
-            self.stages
-                .push(Arc::new(RegisteredStage { info, vtable: st }));
+            // SAFETY: validated non-NULL, NUL-terminated static string.
+            let stage_name = unsafe { CStr::from_ptr(st.name) };
+            let site = crate::activity::CallSite::leak(stage_name, lib.file_name);
+            self.stages.push(Arc::new(RegisteredStage {
+                info,
+                vtable: st,
+                site,
+            }));
         }
         Ok(())
     }
