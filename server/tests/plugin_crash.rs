@@ -56,7 +56,10 @@ async fn crash(how: &str) -> (i32, String) {
             report = Some(line);
         }
     }
-    (signal, report.unwrap_or_else(|| panic!("{how}: no report line on stderr")))
+    (
+        signal,
+        report.unwrap_or_else(|| panic!("{how}: no report line on stderr")),
+    )
 }
 
 /// The report of a crash in `test_crash` while serving the first request

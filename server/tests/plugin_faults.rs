@@ -30,18 +30,31 @@ async fn lying_stages_fail_their_request_naming_the_stage() {
     let top_k = || number_stage("top_k", &[("k", 20.0)]);
     // (chain, what the message must say): dense lies run on the dense
     // view, candidate lies after top_k.
+    let last = format!("left logit inf for token {} in the dense view", VOCAB - 1);
     let cases: Vec<(Vec<v1::StageSpec>, &str)> = vec![
-        (vec![lie("dense_nan")], "left logit NaN for token 0 in the dense view"),
         (
-            vec![lie("dense_inf")],
-            &*Box::leak(format!("left logit inf for token {} in the dense view", VOCAB - 1).into_boxed_str()),
+            vec![lie("dense_nan")],
+            "left logit NaN for token 0 in the dense view",
         ),
+        (vec![lie("dense_inf")], &last),
         (vec![top_k(), lie("cand_inf")], "with logit inf"),
         (vec![top_k(), lie("duplicate")], "twice in the candidates"),
-        (vec![top_k(), lie("unsorted")], "set sorted = 1, but candidate #1"),
-        (vec![lie("dense_pointer")], "overwrote the host's sd_tokens.dense"),
-        (vec![top_k(), lie("cand_pointer")], "overwrote the host's sd_tokens.cand"),
-        (vec![lie("n_vocab")], "overwrote the host's sd_tokens.n_vocab"),
+        (
+            vec![top_k(), lie("unsorted")],
+            "set sorted = 1, but candidate #1",
+        ),
+        (
+            vec![lie("dense_pointer")],
+            "overwrote the host's sd_tokens.dense",
+        ),
+        (
+            vec![top_k(), lie("cand_pointer")],
+            "overwrote the host's sd_tokens.cand",
+        ),
+        (
+            vec![lie("n_vocab")],
+            "overwrote the host's sd_tokens.n_vocab",
+        ),
     ];
     for (mut chain, want) in cases {
         chain.push(number_stage("dist", &[]));
@@ -82,15 +95,24 @@ fn malformed_descriptors_are_refused_naming_the_file() {
     let reg = StageRegistry::load(&[], &[good]).expect("the valid variant loads");
     assert!(reg.get("test_descriptor").is_some());
     for (define, want) in [
-        ("BAD_HUGE_N_STAGES", "n_stages is 1099511627776, more than the 4096"),
+        (
+            "BAD_HUGE_N_STAGES",
+            "n_stages is 1099511627776, more than the 4096",
+        ),
         ("BAD_NULL_STAGES", "n_stages is 1 but stages is 0x0"),
         ("BAD_NULL_STAGE", "stage #1: stage pointer 0x0 is NULL"),
-        ("BAD_HUGE_PARAMS", "n_params_spec is 1099511627776, more than 4096"),
-        ("BAD_NULL_PARAMS", "n_params_spec is 1 but params_spec is 0x0"),
+        (
+            "BAD_HUGE_PARAMS",
+            "n_params_spec is 1099511627776, more than 4096",
+        ),
+        (
+            "BAD_NULL_PARAMS",
+            "n_params_spec is 1 but params_spec is 0x0",
+        ),
     ] {
         let lib = define.to_ascii_lowercase();
         let path = build_fixture_plugin_with("bad_descriptor.c", dir.path(), &lib, &[define]);
-        let err = StageRegistry::load(&[], &[path.clone()])
+        let err = StageRegistry::load(&[], std::slice::from_ref(&path))
             .err()
             .unwrap_or_else(|| panic!("{define}: must be refused"));
         assert!(

@@ -363,9 +363,15 @@ async fn a_writable_ancestor_directory_is_refused() {
     cfg.plugins.files = vec![lib.clone()];
     let err = start_error(cfg.clone()).await;
     let shared_path = std::fs::canonicalize(&shared).unwrap();
-    assert!(err.contains(&std::fs::canonicalize(&lib).unwrap().display().to_string()), "{err}");
     assert!(
-        err.contains(&format!("ancestor directory {} is world-writable and not sticky", shared_path.display())),
+        err.contains(&std::fs::canonicalize(&lib).unwrap().display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "ancestor directory {} is world-writable and not sticky",
+            shared_path.display()
+        )),
         "{err}"
     );
     assert!(err.contains("mode 0777"), "{err}");

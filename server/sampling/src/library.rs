@@ -116,7 +116,9 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
         return Err(abi("the entry point returned NULL".into()));
     }
     if !desc.is_aligned() {
-        return Err(abi(format!("the entry point returned a misaligned descriptor {desc:p}")));
+        return Err(abi(format!(
+            "the entry point returned a misaligned descriptor {desc:p}"
+        )));
     }
     // The first six u32 fields exist in every version; read them before
     // trusting the rest of the struct.

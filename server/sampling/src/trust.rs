@@ -146,13 +146,13 @@ impl TrustPolicy {
             reason: e.to_string(),
         };
         let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
-        if !self.allow_untrusted_permissions {
-            if let Some(dir) = parent {
-                // The directory holding the library is held to the strict
-                // rule, as a configured directory is.
-                check_path_mode(path, dir, "directory", judge, self.owner_uid)?;
-                self.check_ancestors(path, dir.parent())?;
-            }
+        if !self.allow_untrusted_permissions
+            && let Some(dir) = parent
+        {
+            // The directory holding the library is held to the strict
+            // rule, as a configured directory is.
+            check_path_mode(path, dir, "directory", judge, self.owner_uid)?;
+            self.check_ancestors(path, dir.parent())?;
         }
         // O_NOFOLLOW: the path is canonical, so a symlink here appeared
         // after canonicalisation. std adds O_CLOEXEC itself.
@@ -305,17 +305,17 @@ fn judge(mode: u32, uid: u32, owner_uid: u32) -> Result<(), String> {
 /// root (like /tmp): others may add entries there but not rename or
 /// remove ours.
 fn judge_ancestor(mode: u32, uid: u32, owner_uid: u32) -> Result<(), String> {
-    if let Some(who) = writable_by(mode & WRITABLE_BY_OTHERS) {
-        if mode & STICKY == 0 || uid != 0 {
-            let missing = if mode & STICKY == 0 {
-                "not sticky"
-            } else {
-                "sticky but not owned by root"
-            };
-            return Err(format!(
-                "is {who}-writable and {missing} (mode {mode:04o}, owner uid {uid}); other users could swap the plugin beneath it"
-            ));
-        }
+    if let Some(who) = writable_by(mode & WRITABLE_BY_OTHERS)
+        && (mode & STICKY == 0 || uid != 0)
+    {
+        let missing = if mode & STICKY == 0 {
+            "not sticky"
+        } else {
+            "sticky but not owned by root"
+        };
+        return Err(format!(
+            "is {who}-writable and {missing} (mode {mode:04o}, owner uid {uid}); other users could swap the plugin beneath it"
+        ));
     }
     judge_owner(mode, uid, owner_uid)
 }
@@ -511,7 +511,7 @@ mod tests {
         }
         let inside = tempfile::tempdir_in(tmp).unwrap();
         let lib = library_in(&inside, "plugins");
-        set_mode(&lib.parent().unwrap().to_path_buf(), 0o755);
+        set_mode(lib.parent().unwrap(), 0o755);
         let opened = TrustPolicy::default().open_library(&lib).unwrap();
         assert_eq!(opened.path, lib);
     }

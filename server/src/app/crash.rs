@@ -248,11 +248,9 @@ mod tests {
             "samplerd: fatal signal SIGABRT outside any plugin call\n"
         );
         let line = report(99, None, u64::MAX);
-        assert!(
-            std::str::from_utf8(line.as_bytes())
-                .unwrap()
-                .ends_with("signal 99 outside any plugin call while serving request 18446744073709551615\n")
-        );
+        assert!(std::str::from_utf8(line.as_bytes()).unwrap().ends_with(
+            "signal 99 outside any plugin call while serving request 18446744073709551615\n"
+        ));
     }
 
     #[test]
