@@ -102,6 +102,19 @@ fn sorted_descending(cands: &[SdCandidate]) -> bool {
 
 /// The first live candidate whose logit is above the live one before it.
 fn out_of_order(cands: &[SdCandidate]) -> Option<usize> {
+    // Fast path, one pass over neighbours with no carried value (it
+    // vectorises): a list that never rises is sorted, whatever -inf
+    // entries it holds. A rise may be a removed entry followed by a live
+    // one, so only then walk the live entries exactly.
+    let n = cands.len();
+    let rises = n >= 2
+        && cands[..n - 1]
+            .iter()
+            .zip(&cands[1..])
+            .fold(false, |acc, (a, b)| acc | (a.logit < b.logit));
+    if !rises {
+        return None;
+    }
     let mut prev = f32::INFINITY;
     let mut bad = false;
     for c in cands {
