@@ -345,6 +345,44 @@ async fn writable_plugin_files_and_directories_are_refused() {
     chmod(dir.path(), 0o700);
 }
 
+/// A directory above the plugin's counts too: a 0755 plugin directory in
+/// a world-writable, non-sticky parent is refused naming that parent, its
+/// mode and the key to change; the config key lets it load.
+#[tokio::test]
+async fn a_writable_ancestor_directory_is_refused() {
+    let (dir, _) = plugin_copy();
+    let shared = dir.path().join("shared");
+    let plugins = shared.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let lib = plugins.join("libsamplerd_core_stages.so");
+    std::fs::copy(core_plugin(), &lib).unwrap();
+    chmod(&lib, 0o755);
+    chmod(&plugins, 0o755);
+    chmod(&shared, 0o777);
+    let mut cfg = test_config();
+    cfg.plugins.files = vec![lib.clone()];
+    let err = start_error(cfg.clone()).await;
+    let shared_path = std::fs::canonicalize(&shared).unwrap();
+    assert!(
+        err.contains(&std::fs::canonicalize(&lib).unwrap().display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "ancestor directory {} is world-writable and not sticky",
+            shared_path.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("mode 0777"), "{err}");
+    assert!(err.contains("plugins.allow_untrusted_permissions"), "{err}");
+    cfg.plugins.allow_untrusted_permissions = true;
+    let s = start_with(cfg).await;
+    assert!(list_stages(s.channel.clone()).await.unwrap() > 0);
+    s.stop().await;
+    chmod(&shared, 0o700);
+}
+
 fn sha256_of(p: &Path) -> String {
     use sha2::Digest as _;
     sha2::Sha256::digest(std::fs::read(p).unwrap())

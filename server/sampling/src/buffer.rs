@@ -30,6 +30,12 @@ pub struct TokenBuffer {
     /// The chosen token id, or -1.
     selected: i64,
     max_vocab: usize,
+    /// The `sd_tokens` field the last stage overwrote that only the host
+    /// may set (its buffer pointers, `n_vocab`, `struct_size`), if any.
+    header_changed: Option<&'static str>,
+    /// One flag per token id, all clear between uses: the duplicate-id
+    /// check's scratch (sized on first use, then reused).
+    seen: Vec<u8>,
 }
 
 impl Default for TokenBuffer {
@@ -53,6 +59,8 @@ impl TokenBuffer {
             sorted: 0,
             selected: -1,
             max_vocab,
+            header_changed: None,
+            seen: Vec::new(),
         }
     }
 
@@ -201,10 +209,13 @@ impl TokenBuffer {
     /// valid (and exclusively borrowed) for the call only; the view, size,
     /// sorted flag and selection the stage set are read back afterwards.
     /// Whatever else it wrote into the header (pointers, `n_vocab`) dies
-    /// with it.
+    /// with it — the host never uses a pointer a stage handed back — but a
+    /// stage that wrote them is recorded ([`Self::header_changed`]) so the
+    /// post-checks refuse it: it was aiming the rest of the chain, or its
+    /// own later writes, at memory the host does not own.
     #[inline(always)]
     pub(crate) fn with_abi<R>(&mut self, f: impl FnOnce(&mut SdTokens) -> R) -> R {
-        let mut raw = SdTokens {
+        let host = SdTokens {
             struct_size: size_of::<SdTokens>() as u32,
             // Fits: check_len caps every load at u32::MAX entries.
             n_vocab: self.dense.len() as u32,
@@ -215,12 +226,65 @@ impl TokenBuffer {
             sorted: self.sorted,
             selected: self.selected,
         };
+        let mut raw = SdTokens { ..host };
         let out = f(&mut raw);
+        let changed = (raw.dense != host.dense)
+            | (raw.cand != host.cand)
+            | (raw.n_vocab != host.n_vocab)
+            | (raw.struct_size != host.struct_size);
+        self.header_changed = if changed {
+            Some(changed_field(&host, &raw))
+        } else {
+            None
+        };
         self.view = raw.view;
         self.size = raw.size;
         self.sorted = raw.sorted;
         self.selected = raw.selected;
         out
+    }
+
+    /// The host-owned `sd_tokens` field the last stage overwrote, if any.
+    pub(crate) fn header_changed(&self) -> Option<&'static str> {
+        self.header_changed
+    }
+
+    /// The sorted flag as the last stage left it.
+    pub(crate) fn sorted_flag(&self) -> u32 {
+        self.sorted
+    }
+
+    /// The first candidate id that appears twice in the candidate view
+    /// (ids must already be known to be below `n_vocab`). One pass setting
+    /// a flag per id in a reused byte map, branch-free; the map is cleared
+    /// again by the same ids, or wholesale when they are many.
+    pub(crate) fn duplicate_candidate(&mut self) -> Option<u32> {
+        let n = self.dense.len();
+        if self.is_dense() || self.size < 2 {
+            return None;
+        }
+        if self.seen.len() < n {
+            self.seen.resize(n, 0);
+        }
+        let cands = &self.cand[..self.size.min(self.cand.len())];
+        let seen = &mut self.seen[..n];
+        let mut twice = 0u8;
+        for c in cands {
+            let flag = &mut seen[c.id as usize];
+            twice |= *flag;
+            *flag = 1;
+        }
+        if cands.len() < n / 8 {
+            for c in cands {
+                seen[c.id as usize] = 0;
+            }
+        } else {
+            seen.fill(0);
+        }
+        if twice == 0 {
+            return None;
+        }
+        first_repeat(cands)
     }
 
     /// The view as the last stage left it (`SD_VIEW_*`, or whatever
@@ -338,6 +402,28 @@ impl TokenBuffer {
     }
 }
 
+/// Which host-owned field of `raw` differs from `host` (cold: a stage broke
+/// the ABI).
+#[cold]
+fn changed_field(host: &SdTokens, raw: &SdTokens) -> &'static str {
+    if raw.dense != host.dense {
+        "dense"
+    } else if raw.cand != host.cand {
+        "cand"
+    } else if raw.n_vocab != host.n_vocab {
+        "n_vocab"
+    } else {
+        "struct_size"
+    }
+}
+
+/// The first id seen twice in `cands` (cold: only once a repeat is known).
+#[cold]
+fn first_repeat(cands: &[SdCandidate]) -> Option<u32> {
+    let mut seen = std::collections::HashSet::with_capacity(cands.len());
+    cands.iter().map(|c| c.id).find(|&id| !seen.insert(id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,11 +453,13 @@ mod tests {
             t.size = 2;
             t.sorted = 1;
             t.selected = 1;
-            // Only the view is read back: these die with the header.
+            // Only the view is read back: these die with the header, and
+            // are recorded for the post-checks.
             t.n_vocab = 99;
             t.dense = std::ptr::null_mut();
             t.cand = std::ptr::null_mut();
         });
+        assert_eq!(buf.header_changed(), Some("dense"));
         let c = |id, logit| SdCandidate { id, logit };
         assert_eq!(buf.candidates(), &[c(1, 3.0), c(0, 1.0)]);
         assert_eq!((buf.len(), buf.selected(), buf.n_vocab()), (2, 1, 3));
@@ -379,9 +467,30 @@ mod tests {
             assert_eq!((t.n_vocab, t.size, t.sorted, t.selected), (3, 2, 1, 1));
             assert!(!t.dense.is_null() && !t.cand.is_null());
         });
+        assert_eq!(buf.header_changed(), None);
+        buf.with_abi(|t| t.n_vocab = 2);
+        assert_eq!(buf.header_changed(), Some("n_vocab"));
 
         buf.reset_view();
         assert!(buf.is_dense());
         assert_eq!((buf.len(), buf.selected()), (3, -1));
+    }
+
+    #[test]
+    fn duplicate_ids_are_found_and_the_scratch_is_left_clear() {
+        let c = |id| SdCandidate { id, logit: 0.0 };
+        let mut buf = TokenBuffer::new();
+        buf.load(&[0.0; 64]).unwrap();
+        // Few ids (cleared one by one) and many (cleared wholesale).
+        for ids in [vec![5, 9, 5], (0..63).chain([17]).collect::<Vec<u32>>()] {
+            let cands: Vec<SdCandidate> = ids.iter().map(|&i| c(i)).collect();
+            buf.load_candidates(64, &cands[..cands.len() - 1], false)
+                .unwrap();
+            assert_eq!(buf.duplicate_candidate(), None);
+            buf.load_candidates(64, &cands, false).unwrap();
+            let want = if ids.len() == 3 { 5 } else { 17 };
+            assert_eq!(buf.duplicate_candidate(), Some(want));
+            assert!(buf.seen.iter().all(|&f| f == 0));
+        }
     }
 }

@@ -77,11 +77,13 @@ fn build(
         let name: Arc<str> = Arc::from(s.name.as_str());
         crate::activity::entering(&name);
         let config_new = st.vtable.config_new.expect("checked at load");
-        ffi::call_raw(|err| {
-            // SAFETY: params/vocab are valid for the call (vocab for the
-            // config's life: `inner` holds the Arc); out-pointers are
-            // valid.
-            unsafe { config_new(params.as_ptr(), params.len(), vocab_ptr, &mut config, err) }
+        crate::activity::in_plugin(st.site, || {
+            ffi::call_raw(|err| {
+                // SAFETY: params/vocab are valid for the call (vocab for the
+                // config's life: `inner` holds the Arc); out-pointers are
+                // valid.
+                unsafe { config_new(params.as_ptr(), params.len(), vocab_ptr, &mut config, err) }
+            })
         })
         .map_err(|message| ChainError::Invalid {
             stage: s.name.clone(),

@@ -88,9 +88,11 @@ impl Drop for ChainInner {
     fn drop(&mut self) {
         for link in self.links.drain(..).rev() {
             if let Some(free) = link.vt().config_free {
-                // SAFETY: config was created by this stage's config_new and
-                // every Sequence using it (holding an Arc) is gone.
-                unsafe { free(link.config) };
+                crate::activity::in_plugin(link.stage.site, || {
+                    // SAFETY: config was created by this stage's config_new
+                    // and every Sequence using it (holding an Arc) is gone.
+                    unsafe { free(link.config) }
+                });
             }
         }
     }

@@ -8,12 +8,15 @@ use samplerd_plugin_sdk::abi::*;
 use crate::buffer::TokenBuffer;
 use crate::error::SampleError;
 
-/// Cheap post-checks after each stage: the view is known, the candidate
-/// count did not grow, ids are in range and no NaN appeared (O(size), in the
-/// candidate view only).
+/// Cheap post-checks after each stage: the host's header fields are
+/// untouched, the view is known, the candidate count did not grow, ids are
+/// in range and unique, no NaN or +inf appeared (in whichever view the
+/// stage left), and a claimed sort order holds. Each is one O(size)
+/// branch-free pass over the view the stage left; the search for the
+/// offending entry runs only once a pass found one.
 pub(crate) fn check_after_stage(
     stage: &str,
-    buf: &TokenBuffer,
+    buf: &mut TokenBuffer,
     before: usize,
     was_dense: bool,
     n_vocab: usize,
@@ -22,6 +25,11 @@ pub(crate) fn check_after_stage(
         stage: stage.to_string(),
         what,
     };
+    if let Some(field) = buf.header_changed() {
+        return Err(bad(format!(
+            "overwrote the host's sd_tokens.{field} (the host owns the buffer; a stage may change only view, size, sorted and selected)"
+        )));
+    }
     let (view, size, selected) = (buf.view(), buf.size(), buf.selected());
     if view != SD_VIEW_DENSE && view != SD_VIEW_CANDIDATES {
         return Err(bad(format!("set an unknown view {view}")));
@@ -29,26 +37,43 @@ pub(crate) fn check_after_stage(
     if view == SD_VIEW_DENSE && !was_dense {
         return Err(bad("switched back from candidates to the dense view".into()));
     }
+    if view == SD_VIEW_DENSE && !dense_ok(buf.dense()) {
+        let (i, l) = buf
+            .dense()
+            .iter()
+            .enumerate()
+            .find(|(_, l)| !logit_ok(**l))
+            .expect("dense_ok found one");
+        return Err(bad(format!(
+            "left logit {l} for token {i} in the dense view (logits must be finite or -inf)"
+        )));
+    }
     if view == SD_VIEW_CANDIDATES {
         if size > before || size > n_vocab {
             return Err(bad(format!("grew the candidates from {before} to {size}")));
         }
-        // A branch-free pass first (it vectorises: this runs after every
-        // stage, over up to a whole vocabulary); the search for the
-        // message only when something is wrong.
         let cands = buf.candidates();
-        let any_bad = !candidates_ok(cands, n_vocab);
-        if let Some(c) = any_bad
-            .then(|| {
-                cands
-                    .iter()
-                    .find(|c| c.id as usize >= n_vocab || c.logit.is_nan())
-            })
-            .flatten()
+        if !candidates_ok(cands, n_vocab) {
+            let c = cands
+                .iter()
+                .find(|c| c.id as usize >= n_vocab || !logit_ok(c.logit))
+                .expect("candidates_ok found one");
+            return Err(bad(format!(
+                "left candidate id {} with logit {} (vocabulary {n_vocab}; logits must be finite or -inf)",
+                c.id, c.logit
+            )));
+        }
+        if buf.sorted_flag() != 0
+            && let Some(at) = out_of_order(cands)
         {
             return Err(bad(format!(
-                "left candidate id {} with logit {} (vocabulary {n_vocab})",
-                c.id, c.logit
+                "set sorted = 1, but candidate #{at} (id {}, logit {}) is above a live candidate before it",
+                cands[at].id, cands[at].logit
+            )));
+        }
+        if let Some(id) = buf.duplicate_candidate() {
+            return Err(bad(format!(
+                "left token id {id} twice in the candidates (a stage may drop or reorder candidates, never copy them)"
             )));
         }
     }
@@ -58,6 +83,93 @@ pub(crate) fn check_after_stage(
         )));
     }
     Ok(())
+}
+
+/// A logit the host accepts from a stage: finite or -inf.
+#[inline(always)]
+fn logit_ok(l: f32) -> bool {
+    !(l.is_nan() | (l == f32::INFINITY))
+}
+
+/// Whether the live candidates (logit above -inf) are in descending logit
+/// order, ties allowed: a stage may set a logit of a sorted list to -inf
+/// (removing it) without re-sorting, so removed entries are skipped. One
+/// branch-free pass carrying the last live logit.
+#[cfg(test)]
+fn sorted_descending(cands: &[SdCandidate]) -> bool {
+    out_of_order(cands).is_none()
+}
+
+/// The first live candidate whose logit is above the live one before it.
+fn out_of_order(cands: &[SdCandidate]) -> Option<usize> {
+    // Fast path, one pass over neighbours with no carried value (it
+    // vectorises): a list that never rises is sorted, whatever -inf
+    // entries it holds. A rise may be a removed entry followed by a live
+    // one, so only then walk the live entries exactly.
+    let n = cands.len();
+    let rises = n >= 2
+        && cands[..n - 1]
+            .iter()
+            .zip(&cands[1..])
+            .fold(false, |acc, (a, b)| acc | (a.logit < b.logit));
+    if !rises {
+        return None;
+    }
+    let mut prev = f32::INFINITY;
+    let mut bad = false;
+    for c in cands {
+        let live = c.logit > f32::NEG_INFINITY;
+        bad |= live & (c.logit > prev);
+        prev = if live { c.logit } else { prev };
+    }
+    if !bad {
+        return None;
+    }
+    // Cold: the same walk again, stopping at the culprit.
+    let mut prev = f32::INFINITY;
+    cands.iter().position(|c| {
+        let late = c.logit > prev;
+        if c.logit > f32::NEG_INFINITY {
+            prev = c.logit;
+        }
+        late
+    })
+}
+
+/// Whether no dense logit is NaN or +inf: one branch-free pass in blocks
+/// (so it vectorises and stops at the first bad block), on AVX-512 or AVX2
+/// where the CPU has it.
+fn dense_ok(dense: &[f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if samplerd_numerics::features().avx512f() {
+        // SAFETY: the CPU supports AVX-512F (checked just above).
+        return unsafe { dense_ok_avx512(dense) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if samplerd_numerics::features().avx2() {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { dense_ok_avx2(dense) };
+    }
+    dense_ok_impl(dense)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dense_ok_avx512(dense: &[f32]) -> bool {
+    dense_ok_impl(dense)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dense_ok_avx2(dense: &[f32]) -> bool {
+    dense_ok_impl(dense)
+}
+
+#[inline(always)]
+fn dense_ok_impl(dense: &[f32]) -> bool {
+    dense
+        .chunks(1024)
+        .all(|block| block.iter().fold(true, |ok, &l| ok & logit_ok(l)))
 }
 
 /// The token the chain's last stage (`stage`) chose, once it is known to
@@ -85,7 +197,7 @@ pub(crate) fn check_selection(stage: &str, buf: &TokenBuffer) -> Result<u32, Sam
 }
 
 /// Whether every candidate has an id below `n_vocab` and a logit that is
-/// not NaN: one branch-free pass, on AVX-512 or AVX2 where the CPU has it
+/// neither NaN nor +inf: one branch-free pass, on AVX-512 or AVX2 where the CPU has it
 /// (this runs after every stage, over up to a whole vocabulary).
 fn candidates_ok(cands: &[SdCandidate], n_vocab: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -102,13 +214,15 @@ fn candidates_ok(cands: &[SdCandidate], n_vocab: usize) -> bool {
 }
 
 /// [`candidates_ok_impl`] with intrinsics: eight (id, logit) pairs per
-/// register, ids compared in the even lanes, NaN tested in the odd ones.
+/// register, ids compared in the even lanes, NaN and +inf tested in the odd
+/// ones.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn candidates_ok_avx512(cands: &[SdCandidate], n_vocab: usize) -> bool {
     use std::arch::x86_64::*;
     const _: () = assert!(std::mem::size_of::<SdCandidate>() == 8);
     let limit = _mm512_set1_epi32(u32::try_from(n_vocab).unwrap_or(u32::MAX) as i32);
+    let inf = _mm512_set1_ps(f32::INFINITY);
     let mut bad: __mmask16 = 0;
     let pairs = cands.len() / 8 * 8;
     let base = cands.as_ptr().cast::<f32>();
@@ -119,6 +233,7 @@ unsafe fn candidates_ok_avx512(cands: &[SdCandidate], n_vocab: usize) -> bool {
         let ids = _mm512_castps_si512(v);
         bad |= _mm512_cmpge_epu32_mask(ids, limit) & 0x5555;
         bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v) & 0xAAAA;
+        bad |= _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(v, inf) & 0xAAAA;
         i += 8;
     }
     bad == 0 && candidates_ok_impl(&cands[pairs..], n_vocab)
@@ -135,7 +250,7 @@ fn candidates_ok_impl(cands: &[SdCandidate], n_vocab: usize) -> bool {
     let limit = u32::try_from(n_vocab).unwrap_or(u32::MAX);
     !cands
         .iter()
-        .fold(false, |acc, c| acc | (c.id >= limit) | c.logit.is_nan())
+        .fold(false, |acc, c| acc | (c.id >= limit) | !logit_ok(c.logit))
 }
 
 /// Whether `id` is among the candidates with a logit above -inf (chunks
@@ -203,6 +318,10 @@ mod tests {
                 let mut c = good.clone();
                 c[at].logit = f32::NAN;
                 assert!(!candidates_ok(&c, n), "n {n}: NaN at {at}");
+                c[at].logit = f32::INFINITY;
+                assert!(!candidates_ok(&c, n), "n {n}: +inf at {at}");
+                c[at].logit = f32::NEG_INFINITY;
+                assert!(candidates_ok(&c, n), "n {n}: -inf at {at}");
                 let id = good[at].id;
                 assert!(is_live_candidate(&good, id));
                 let mut c = good.clone();
@@ -210,6 +329,44 @@ mod tests {
                 assert!(!is_live_candidate(&c, id), "n {n}: -inf at {at}");
             }
             assert!(!is_live_candidate(&good, n as u32));
+        }
+    }
+
+    #[test]
+    fn dense_and_order_checks_find_every_bad_entry() {
+        for n in [0usize, 1, 2, 15, 16, 17, 1023, 1024, 1025, 3000] {
+            let good: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
+            assert!(dense_ok(&good));
+            let mut desc = cands(n);
+            desc.reverse();
+            assert!(sorted_descending(&desc));
+            for at in 0..n {
+                for (l, ok) in [
+                    (f32::NAN, false),
+                    (f32::INFINITY, false),
+                    (f32::NEG_INFINITY, true),
+                    (f32::MAX, true),
+                ] {
+                    let mut d = good.clone();
+                    d[at] = l;
+                    assert_eq!(dense_ok(&d), ok, "n {n}: {l} at {at}");
+                }
+                if at + 1 < n {
+                    let mut c = desc.clone();
+                    c.swap(at, at + 1);
+                    assert!(!sorted_descending(&c), "n {n}: swap at {at}");
+                    c[at].logit = c[at + 1].logit;
+                    assert!(sorted_descending(&c), "n {n}: tie at {at}");
+                    // A removed (-inf) entry is skipped, in both directions.
+                    let mut c = desc.clone();
+                    c[at].logit = f32::NEG_INFINITY;
+                    assert!(sorted_descending(&c), "n {n}: -inf at {at}");
+                    if at + 2 < n {
+                        c[at + 1].logit = c[at + 2].logit - 1.0;
+                        assert_eq!(out_of_order(&c), Some(at + 2), "n {n}: hidden at {at}");
+                    }
+                }
+            }
         }
     }
 }

@@ -46,11 +46,13 @@ pub(crate) fn call_raw(f: impl FnOnce(&mut SdError) -> c_int) -> Result<(), Stri
     }
 }
 
-/// [`call_raw`] for a built stage: a failure counts in the stage's error
-/// metric and names the stage.
+/// [`call_raw`] for a built stage, recorded as this thread's plugin call
+/// for a crash report: a failure counts in the stage's error metric and
+/// names the stage.
 #[inline(always)]
 pub(crate) fn call(link: &Link, f: impl FnOnce(&mut SdError) -> c_int) -> Result<(), SampleError> {
-    call_raw(f).map_err(|message| failed(link, message))
+    crate::activity::in_plugin(link.stage.site, || call_raw(f))
+        .map_err(|message| failed(link, message))
 }
 
 // Out of line: the success path of every plugin call stays a compare and a

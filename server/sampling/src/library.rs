@@ -1,15 +1,20 @@
 //! Loading one plugin library: `dlopen` with `RTLD_NOW | RTLD_LOCAL |
-//! RTLD_NODELETE`, the entry symbol, and every version/layout check of the
-//! descriptor before a single stage is trusted. Libraries are never
-//! unloaded (unloading a Rust cdylib with thread-locals crashes at thread
-//! exit), so their statics live for the process.
+//! RTLD_NODELETE` of the descriptor the trust checks opened (through
+//! `/proc/self/fd/N`, so the checked file is the loaded file), the entry
+//! symbol, and every version/layout check of the descriptor before a single
+//! stage is trusted: a malformed descriptor is a [`LoadError`] naming the
+//! file, never a crash of the host. Libraries are never unloaded (unloading
+//! a Rust cdylib with thread-locals crashes at thread exit), so their
+//! statics live for the process.
 
-use std::ffi::{CStr, c_char};
-use std::path::{Path, PathBuf};
+use std::ffi::{CStr, CString, c_char};
+use std::os::fd::AsRawFd as _;
+use std::path::PathBuf;
 
 use samplerd_plugin_sdk::abi::*;
 
 use crate::error::LoadError;
+use crate::trust::TrustedLibrary;
 
 /// glibc's `RTLD_NODELETE`: keep the library mapped even after dlclose.
 #[cfg(target_os = "linux")]
@@ -21,10 +26,18 @@ const RTLD_NODELETE: i32 = 0x80;
 /// this lacks fields the host reads.
 const PLUGIN_V1_0_SIZE: usize = size_of::<SdPlugin>();
 const STAGE_V1_0_SIZE: usize = size_of::<SdStage>();
+/// Most stages (and parameters per stage) a descriptor may declare: far
+/// above any real library, low enough that a garbage count (2^40) is
+/// refused before the host reads or reserves anything for it.
+pub const MAX_STAGES: usize = 4096;
+pub const MAX_PARAMS: usize = 4096;
 
 /// A loaded library: its descriptor and validated stage vtables.
 pub struct Library {
     pub path: PathBuf,
+    /// The file name, NUL-terminated and never freed: the fatal-signal
+    /// report reads it from [`crate::activity`] without allocating.
+    pub file_name: &'static CStr,
     pub name: String,
     pub version: String,
     pub stages: Vec<&'static SdStage>,
@@ -53,23 +66,32 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     msg
 }
 
-/// Loads the library at `path` and validates its descriptor.
-pub fn load_library(path: &Path) -> Result<Library, LoadError> {
-    // dlopen treats a name without a slash as a library to search for in the
-    // system paths; a plugin is always a file, so resolve it first.
-    let path = &std::fs::canonicalize(path).map_err(|e| LoadError::Open {
-        path: path.to_owned(),
-        reason: e.to_string(),
-    })?;
+/// Whether `p` is non-NULL and aligned for a `T`: the least the host
+/// checks before reading through a pointer a plugin handed it.
+fn readable<T>(p: *const T) -> bool {
+    !p.is_null() && p.is_aligned()
+}
+
+/// Loads the library `lib` (checked and still open) and validates its
+/// descriptor.
+pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
+    let path = &lib.path;
+    // The descriptor, not the path: whatever is at the path now, the
+    // dynamic loader opens the inode that was checked (and hashed).
+    let by_fd = format!("/proc/self/fd/{}", lib.file.as_raw_fd());
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL | RTLD_NODELETE;
     // SAFETY: loading runs the library's initialisers. Plugins are trusted
     // native code from the configured directories (see docs/PLUGINS.md), and
     // loading happens once, from one thread, at start-up.
-    let lib = unsafe { libloading::os::unix::Library::open(Some(path), flags) }.map_err(|e| {
-        LoadError::Open {
-            path: path.to_owned(),
-            reason: error_chain(&e),
-        }
+    let opened = unsafe { libloading::os::unix::Library::open(Some(&by_fd), flags) };
+    // Never closed: glibc recognises an already-loaded library by the name
+    // it was opened under before it compares files, so a later plugin
+    // opened through a reused descriptor number would be taken for this
+    // one. Keeping the descriptor open keeps its number (and name) unique.
+    std::mem::forget(lib.file);
+    let lib = opened.map_err(|e| LoadError::Open {
+        path: path.to_owned(),
+        reason: error_chain(&e),
     })?;
     // SAFETY: the symbol, when present, has the documented entry signature.
     let entry: PluginEntryFn = match unsafe { lib.get::<PluginEntryFn>(SD_PLUGIN_ENTRY_SYMBOL) } {
@@ -92,6 +114,11 @@ pub fn load_library(path: &Path) -> Result<Library, LoadError> {
     };
     if desc.is_null() {
         return Err(abi("the entry point returned NULL".into()));
+    }
+    if !desc.is_aligned() {
+        return Err(abi(format!(
+            "the entry point returned a misaligned descriptor {desc:p}"
+        )));
     }
     // The first six u32 fields exist in every version; read them before
     // trusting the rest of the struct.
@@ -132,8 +159,17 @@ pub fn load_library(path: &Path) -> Result<Library, LoadError> {
     let version = unsafe { static_str(desc.library_version) }
         .unwrap_or("")
         .to_string();
-    if desc.n_stages > 0 && desc.stages.is_null() {
-        return Err(abi("n_stages > 0 but stages is NULL".into()));
+    if desc.n_stages > MAX_STAGES {
+        return Err(abi(format!(
+            "n_stages is {}, more than the {MAX_STAGES} a library may declare (a corrupt descriptor?)",
+            desc.n_stages
+        )));
+    }
+    if desc.n_stages > 0 && !readable(desc.stages) {
+        return Err(abi(format!(
+            "n_stages is {} but stages is {:p} (NULL or misaligned)",
+            desc.n_stages, desc.stages
+        )));
     }
     let mut stages = Vec::with_capacity(desc.n_stages);
     for index in 0..desc.n_stages {
@@ -144,8 +180,8 @@ pub fn load_library(path: &Path) -> Result<Library, LoadError> {
         };
         // SAFETY: `stages` holds n_stages pointers (static).
         let sp = unsafe { *desc.stages.add(index) };
-        if sp.is_null() {
-            return Err(bad("NULL stage pointer"));
+        if !readable(sp) {
+            return Err(bad(&format!("stage pointer {sp:p} is NULL or misaligned")));
         }
         // SAFETY: non-NULL static vtable; its size is checked next.
         let st: &'static SdStage = unsafe { &*sp };
@@ -183,15 +219,45 @@ pub fn load_library(path: &Path) -> Result<Library, LoadError> {
                 "stage `{stage_name}`: callback `{f}` is NULL"
             )));
         }
-        if st.n_params_spec > 0 && st.params_spec.is_null() {
+        if st.n_params_spec > MAX_PARAMS {
             return Err(bad(&format!(
-                "stage `{stage_name}`: n_params_spec > 0 but params_spec is NULL"
+                "stage `{stage_name}`: n_params_spec is {}, more than {MAX_PARAMS}",
+                st.n_params_spec
+            )));
+        }
+        if st.n_params_spec > 0 && !readable(st.params_spec) {
+            return Err(bad(&format!(
+                "stage `{stage_name}`: n_params_spec is {} but params_spec is {:p} (NULL or misaligned)",
+                st.n_params_spec, st.params_spec
+            )));
+        }
+        let specs: &[SdParamSpec] = if st.n_params_spec == 0 {
+            &[]
+        } else {
+            // SAFETY: non-NULL, aligned array of n_params_spec (bounded)
+            // static specs per the ABI.
+            unsafe { std::slice::from_raw_parts(st.params_spec, st.n_params_spec) }
+        };
+        if let Some((i, s)) = specs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| (s.struct_size as usize) < size_of::<SdParamSpec>() || s.name.is_null())
+        {
+            return Err(bad(&format!(
+                "stage `{stage_name}`: parameter #{i} is malformed (struct_size {}, name {:p})",
+                s.struct_size, s.name
             )));
         }
         stages.push(st);
     }
+    let file_name = path
+        .file_name()
+        .and_then(|n| CString::new(n.as_encoded_bytes()).ok())
+        .unwrap_or_else(|| c"?".to_owned());
     Ok(Library {
         path: path.to_owned(),
+        // Leaked once per library, which is never unloaded either.
+        file_name: Box::leak(file_name.into_boxed_c_str()),
         name,
         version,
         stages,

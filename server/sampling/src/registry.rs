@@ -78,24 +78,26 @@ impl StageRegistry {
             paths.extend(libraries);
         }
         paths.extend(files.iter().cloned());
-        // Checked on the canonical path: a symlink is judged by its target.
-        let mut canonical = Vec::with_capacity(paths.len());
+        // Checked on the canonical path: a symlink is judged by its target
+        // (and dlopen would search the system paths for a bare name). Each
+        // file is opened once, checked on that descriptor and loaded from it.
+        let mut opened = Vec::with_capacity(paths.len());
         for path in &paths {
             let c = std::fs::canonicalize(path).map_err(|e| LoadError::Open {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
-            policy.check_library(&c)?;
-            canonical.push(c);
+            opened.push(policy.open_library(&c)?);
         }
+        let canonical: Vec<PathBuf> = opened.iter().map(|l| l.path.clone()).collect();
         policy.check_pins_used(&canonical)?;
         let mut reg = StageRegistry {
             stages: Vec::new(),
             by_name: HashMap::new(),
             infos: Vec::new(),
         };
-        for path in &canonical {
-            reg.add_library(load_library(path)?)?;
+        for lib in opened {
+            reg.add_library(load_library(lib)?)?;
         }
         if reg.stages.is_empty() {
             let searched: Vec<String> = dirs
@@ -161,8 +163,14 @@ impl StageRegistry {
             tracing::debug!(stage = %name, library = %lib.name, path = %lib.path.display(), "registered stage");
             self.by_name.insert(name, self.stages.len());
             self.infos.push(info.clone());
-            self.stages
-                .push(Arc::new(RegisteredStage { info, vtable: st }));
+            // SAFETY: validated non-NULL, NUL-terminated static string.
+            let stage_name = unsafe { CStr::from_ptr(st.name) };
+            let site = crate::activity::CallSite::leak(stage_name, lib.file_name);
+            self.stages.push(Arc::new(RegisteredStage {
+                info,
+                vtable: st,
+                site,
+            }));
         }
         Ok(())
     }

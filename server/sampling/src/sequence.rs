@@ -36,8 +36,11 @@ impl Drop for Sequence {
     fn drop(&mut self) {
         for (link, &state) in self.chain.links().iter().zip(&self.states) {
             if let Some(free) = link.vt().state_free {
-                // SAFETY: state from this stage's state_new/clone, freed once.
-                unsafe { free(link.config, state) };
+                crate::activity::in_plugin(link.stage.site, || {
+                    // SAFETY: state from this stage's state_new/clone, freed
+                    // once.
+                    unsafe { free(link.config, state) }
+                });
             }
         }
     }

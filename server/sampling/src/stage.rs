@@ -68,4 +68,6 @@ pub struct StageInfo {
 pub(crate) struct RegisteredStage {
     pub info: StageInfo,
     pub vtable: &'static SdStage,
+    /// What a crash report names while this stage's code runs.
+    pub site: &'static crate::activity::CallSite,
 }

@@ -1,19 +1,32 @@
 //! Plugin trust: a plugin is native code running inside the server, so
-//! before a library is opened its file and the directory holding it must be
-//! writable only by their owner, and owned by the service user or root
-//! (the rule sshd applies with `StrictModes`); optionally its SHA-256 must
-//! match a pinned digest. Checks run once, at start-up, on the configured
-//! paths only — no request can name a file.
+//! before a library is loaded its file, the directory holding it and every
+//! directory above that up to `/` must be safe from other users (the rule
+//! sshd applies with `StrictModes`); optionally its SHA-256 must match a
+//! pinned digest. Checks run once, at start-up, on the configured paths only
+//! — no request can name a file.
+//!
+//! The file is opened once ([`TrustPolicy::open_library`]): its mode, owner
+//! and digest are read from that descriptor, and the loader maps the same
+//! descriptor (through `/proc/self/fd/N`), so nobody can swap the file
+//! between the check and the load. The directories are judged by path: once
+//! every one of them is writable only by root or the service user, no other
+//! user can rename anything along the way either.
 
 use std::collections::BTreeMap;
-use std::io::Read as _;
-use std::os::unix::fs::MetadataExt as _;
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
 /// Group- or world-writable permission bits.
 const WRITABLE_BY_OTHERS: u32 = 0o022;
+/// The sticky bit: in such a directory only a file's owner (or the
+/// directory's owner, or root) may rename or delete it, so a shared,
+/// root-owned sticky directory such as /tmp cannot have our entries swapped.
+const STICKY: u32 = 0o1000;
+/// The config key that turns the permission checks off.
+const ESCAPE_KEY: &str = "plugins.allow_untrusted_permissions";
 /// Read buffer for hashing a library.
 const HASH_CHUNK: usize = 64 * 1024;
 
@@ -21,7 +34,7 @@ const HASH_CHUNK: usize = 64 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrustPolicy {
     /// Skip the ownership and permission checks (config
-    /// `plugins.allow_untrusted_permissions`).
+    /// `plugins.allow_untrusted_permissions`); pins still apply.
     pub allow_untrusted_permissions: bool,
     /// The user that may own plugins besides root (the service user).
     pub owner_uid: u32,
@@ -45,10 +58,14 @@ impl Default for TrustPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum TrustError {
     #[error(
-        "refusing plugin {kind} {path}: {reason} (fix the permissions, or set plugins.allow_untrusted_permissions = true to accept it)"
+        "refusing plugin {plugin}: plugin {kind} {path} {reason} (fix the permissions, or set {ESCAPE_KEY} = true to accept it)"
     )]
     Permissions {
+        /// The plugin file or configured directory being checked.
+        plugin: PathBuf,
+        /// "file", "directory" or "ancestor directory".
         kind: &'static str,
+        /// The offending path (the plugin itself or one above it).
         path: PathBuf,
         reason: String,
     },
@@ -65,6 +82,16 @@ pub enum TrustError {
     },
     #[error("plugins.sha256.{key:?}: {message}")]
     Pin { key: String, message: String },
+}
+
+/// A plugin library that passed the checks, still open: load it through
+/// [`TrustedLibrary::file`], never by its path again.
+#[derive(Debug)]
+pub struct TrustedLibrary {
+    /// The canonical path (for messages and ListStages).
+    pub path: PathBuf,
+    /// The descriptor that was checked (and hashed, when pinned).
+    pub file: File,
 }
 
 /// The process's effective user id (the service user).
@@ -95,29 +122,68 @@ impl TrustPolicy {
         Ok(())
     }
 
-    /// Checks a configured plugin directory (before listing it).
+    /// Checks a configured plugin directory (before its libraries are
+    /// listed): the directory itself strictly (anyone who may write it may
+    /// add a library), every directory above it up to `/` as an ancestor.
     pub fn check_directory(&self, dir: &Path) -> Result<(), TrustError> {
         if self.allow_untrusted_permissions {
             return Ok(());
         }
-        check_owner_and_mode(dir, "directory", self.owner_uid)
+        let canonical = std::fs::canonicalize(dir).map_err(|e| TrustError::Inspect {
+            path: dir.to_owned(),
+            reason: e.to_string(),
+        })?;
+        check_path_mode(&canonical, &canonical, "directory", judge, self.owner_uid)?;
+        self.check_ancestors(&canonical, canonical.parent())
     }
 
-    /// Checks a plugin library (already canonical) and the directory
-    /// holding it, then its pinned digest if any.
-    pub fn check_library(&self, path: &Path) -> Result<(), TrustError> {
+    /// Opens a plugin library (`path` canonical) once and checks it: every
+    /// directory above it, then the open file's mode and owner, then its
+    /// pinned digest if any, all on that one descriptor.
+    pub fn open_library(&self, path: &Path) -> Result<TrustedLibrary, TrustError> {
+        let inspect = |e: std::io::Error| TrustError::Inspect {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        };
+        let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if !self.allow_untrusted_permissions
+            && let Some(dir) = parent
+        {
+            // The directory holding the library is held to the strict
+            // rule, as a configured directory is.
+            check_path_mode(path, dir, "directory", judge, self.owner_uid)?;
+            self.check_ancestors(path, dir.parent())?;
+        }
+        // O_NOFOLLOW: the path is canonical, so a symlink here appeared
+        // after canonicalisation. std adds O_CLOEXEC itself.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(inspect)?;
+        let md = file.metadata().map_err(inspect)?;
+        if !md.is_file() {
+            return Err(TrustError::Inspect {
+                path: path.to_owned(),
+                reason: "not a regular file".into(),
+            });
+        }
         if !self.allow_untrusted_permissions {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                check_owner_and_mode(dir, "directory", self.owner_uid)?;
-            }
-            check_owner_and_mode(path, "file", self.owner_uid)?;
+            judge(md.mode() & 0o7777, md.uid(), self.owner_uid).map_err(|reason| {
+                TrustError::Permissions {
+                    plugin: path.to_owned(),
+                    kind: "file",
+                    path: path.to_owned(),
+                    reason,
+                }
+            })?;
         }
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if let Some(expected) = self.sha256.get(&name) {
-            let actual = sha256_hex(path)?;
+            let actual = sha256_of(&mut file).map_err(inspect)?;
             if !actual.eq_ignore_ascii_case(expected) {
                 return Err(TrustError::Digest {
                     path: path.to_owned(),
@@ -126,6 +192,27 @@ impl TrustPolicy {
                     actual,
                 });
             }
+        }
+        Ok(TrustedLibrary {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    /// Judges `first` and every directory above it up to `/` with the
+    /// ancestor rule (see [`judge_ancestor`]).
+    fn check_ancestors(&self, plugin: &Path, first: Option<&Path>) -> Result<(), TrustError> {
+        let Some(first) = first else {
+            return Ok(());
+        };
+        for dir in first.ancestors().filter(|d| !d.as_os_str().is_empty()) {
+            check_path_mode(
+                plugin,
+                dir,
+                "ancestor directory",
+                judge_ancestor,
+                self.owner_uid,
+            )?;
         }
         Ok(())
     }
@@ -148,51 +235,97 @@ impl TrustPolicy {
     }
 }
 
-/// Refuses `path` when it is group/world-writable or owned by anyone but
-/// `owner_uid` or root.
-pub fn check_owner_and_mode(
+/// A rule on (mode, owner uid, service uid): `Err(reason)` when refused.
+type Rule = fn(u32, u32, u32) -> Result<(), String>;
+
+/// Refuses `path` (a directory on the way to `plugin`) when `rule` does.
+fn check_path_mode(
+    plugin: &Path,
     path: &Path,
     kind: &'static str,
+    rule: Rule,
     owner_uid: u32,
 ) -> Result<(), TrustError> {
     let md = std::fs::metadata(path).map_err(|e| TrustError::Inspect {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
-    judge(md.mode() & 0o7777, md.uid(), owner_uid).map_err(|reason| TrustError::Permissions {
+    rule(md.mode() & 0o7777, md.uid(), owner_uid).map_err(|reason| TrustError::Permissions {
+        plugin: plugin.to_owned(),
         kind,
         path: path.to_owned(),
         reason,
     })
 }
 
-/// The StrictModes rule on a mode and owner: `Err(reason)` when refused.
-fn judge(mode: u32, uid: u32, owner_uid: u32) -> Result<(), String> {
-    if mode & WRITABLE_BY_OTHERS != 0 {
-        let who = if mode & 0o002 != 0 { "world" } else { "group" };
-        return Err(format!(
-            "it is {who}-writable (mode {mode:04o}); other users could replace the code the server runs"
-        ));
+/// Refuses `path` when it is group/world-writable or owned by anyone but
+/// `owner_uid` or root (the rule for a plugin file and its directory).
+pub fn check_owner_and_mode(
+    path: &Path,
+    kind: &'static str,
+    owner_uid: u32,
+) -> Result<(), TrustError> {
+    check_path_mode(path, path, kind, judge, owner_uid)
+}
+
+/// Who, besides the owner, may write: `None` when nobody.
+fn writable_by(mode: u32) -> Option<&'static str> {
+    if mode & 0o002 != 0 {
+        Some("world")
+    } else if mode & 0o020 != 0 {
+        Some("group")
+    } else {
+        None
     }
+}
+
+/// The owner must be root or the service user.
+fn judge_owner(mode: u32, uid: u32, owner_uid: u32) -> Result<(), String> {
     if uid != 0 && uid != owner_uid {
         return Err(format!(
-            "it is owned by uid {uid}, not by the service user (uid {owner_uid}) or root"
+            "is owned by uid {uid} (mode {mode:04o}), not by the service user (uid {owner_uid}) or root"
         ));
     }
     Ok(())
 }
 
-/// The SHA-256 of the file at `path`, lowercase hex.
-pub fn sha256_hex(path: &Path) -> Result<String, TrustError> {
-    let inspect = |e: std::io::Error| TrustError::Inspect {
-        path: path.to_owned(),
-        reason: e.to_string(),
-    };
-    let mut file = std::fs::File::open(path).map_err(inspect)?;
+/// The StrictModes rule for a plugin file and the directory holding it:
+/// writable by its owner only, owned by root or the service user.
+fn judge(mode: u32, uid: u32, owner_uid: u32) -> Result<(), String> {
+    if let Some(who) = writable_by(mode & WRITABLE_BY_OTHERS) {
+        return Err(format!(
+            "is {who}-writable (mode {mode:04o}, owner uid {uid}); other users could replace the code the server runs"
+        ));
+    }
+    judge_owner(mode, uid, owner_uid)
+}
+
+/// The rule for the directories above: as [`judge`], except that a
+/// group/world-writable directory passes when it is sticky and owned by
+/// root (like /tmp): others may add entries there but not rename or
+/// remove ours.
+fn judge_ancestor(mode: u32, uid: u32, owner_uid: u32) -> Result<(), String> {
+    if let Some(who) = writable_by(mode & WRITABLE_BY_OTHERS)
+        && (mode & STICKY == 0 || uid != 0)
+    {
+        let missing = if mode & STICKY == 0 {
+            "not sticky"
+        } else {
+            "sticky but not owned by root"
+        };
+        return Err(format!(
+            "is {who}-writable and {missing} (mode {mode:04o}, owner uid {uid}); other users could swap the plugin beneath it"
+        ));
+    }
+    judge_owner(mode, uid, owner_uid)
+}
+
+/// The SHA-256 of everything `reader` yields, lowercase hex.
+pub fn sha256_of(reader: &mut impl std::io::Read) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; HASH_CHUNK];
     loop {
-        let n = file.read(&mut buf).map_err(inspect)?;
+        let n = reader.read(&mut buf)?;
         if n == 0 {
             break;
         }
@@ -203,6 +336,16 @@ pub fn sha256_hex(path: &Path) -> Result<String, TrustError> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect())
+}
+
+/// The SHA-256 of the file at `path`, lowercase hex.
+pub fn sha256_hex(path: &Path) -> Result<String, TrustError> {
+    let inspect = |e: std::io::Error| TrustError::Inspect {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
+    let mut file = File::open(path).map_err(inspect)?;
+    sha256_of(&mut file).map_err(inspect)
 }
 
 #[cfg(test)]
@@ -217,6 +360,30 @@ mod tests {
 
     fn owned_uid(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().uid()
+    }
+
+    /// A tempdir (0700, in the system temp dir) holding `sub/libx.so`
+    /// (0644, contents "abc"); returns the canonical library path.
+    fn library_in(tmp: &tempfile::TempDir, sub: &str) -> PathBuf {
+        let dir = tmp.path().join(sub);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("libx.so");
+        std::fs::write(&f, b"abc").unwrap();
+        set_mode(&f, 0o644);
+        std::fs::canonicalize(f).unwrap()
+    }
+
+    /// Whether the system temp dir is itself acceptable as an ancestor (a
+    /// sticky root-owned /tmp or a private one): tests that build their
+    /// tree there say so and stop when it is not.
+    fn temp_dir_is_trusted() -> bool {
+        let policy = TrustPolicy::default();
+        let probe = tempfile::tempdir().unwrap();
+        let ok = policy.check_directory(probe.path()).is_ok();
+        if !ok {
+            eprintln!("the system temp dir's ancestors are not trusted here: skipping");
+        }
+        ok
     }
 
     #[test]
@@ -255,6 +422,7 @@ mod tests {
             assert!(msg.contains(&f.display().to_string()), "{msg}");
             assert!(msg.contains(&format!("{who}-writable")), "{msg}");
             assert!(msg.contains(&format!("{mode:04o}")), "{msg}");
+            assert!(msg.contains(ESCAPE_KEY), "{msg}");
         }
     }
 
@@ -268,6 +436,84 @@ mod tests {
         assert!(msg.contains("service user (uid 1000)"), "{msg}");
         // Group-writable by root's group is still refused.
         assert!(judge(0o775, 0, 0).unwrap_err().contains("group-writable"));
+        // The directory holding a plugin gets no sticky exception: others
+        // could add libraries to a listed directory.
+        assert!(judge(0o1777, 0, 0).unwrap_err().contains("world-writable"));
+    }
+
+    #[test]
+    fn the_ancestor_rule_accepts_only_sticky_root_owned_shared_directories() {
+        // Injected owners, so the non-root cases are covered as root too.
+        assert_eq!(judge_ancestor(0o755, 0, 1000), Ok(()));
+        assert_eq!(judge_ancestor(0o755, 1000, 1000), Ok(()));
+        assert_eq!(judge_ancestor(0o1777, 0, 1000), Ok(()));
+        let msg = judge_ancestor(0o777, 0, 1000).unwrap_err();
+        assert!(msg.contains("world-writable and not sticky"), "{msg}");
+        assert!(msg.contains("mode 0777, owner uid 0"), "{msg}");
+        let msg = judge_ancestor(0o1777, 1000, 1000).unwrap_err();
+        assert!(msg.contains("sticky but not owned by root"), "{msg}");
+        let msg = judge_ancestor(0o1770, 1000, 1000).unwrap_err();
+        assert!(msg.contains("group-writable"), "{msg}");
+        let msg = judge_ancestor(0o755, 1001, 1000).unwrap_err();
+        assert!(msg.contains("owned by uid 1001"), "{msg}");
+    }
+
+    #[test]
+    fn a_plugin_dir_inside_a_world_writable_parent_is_refused() {
+        if !temp_dir_is_trusted() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let lib = library_in(&tmp, "shared/plugins");
+        let shared = tmp.path().join("shared");
+        let plugins = shared.join("plugins");
+        set_mode(&plugins, 0o755);
+        set_mode(&shared, 0o777);
+        let policy = TrustPolicy::default();
+        let msg = policy.open_library(&lib).unwrap_err().to_string();
+        let shared = std::fs::canonicalize(&shared).unwrap();
+        assert!(msg.contains(&lib.display().to_string()), "{msg}");
+        assert!(
+            msg.contains(&format!("ancestor directory {} is", shared.display())),
+            "{msg}"
+        );
+        assert!(msg.contains("world-writable and not sticky"), "{msg}");
+        assert!(msg.contains("mode 0777"), "{msg}");
+        assert!(msg.contains(ESCAPE_KEY), "{msg}");
+        // The configured directory is refused the same way.
+        let msg = policy.check_directory(&plugins).unwrap_err().to_string();
+        assert!(msg.contains("ancestor directory"), "{msg}");
+        // Sticky: accepted only when root owns it (as /tmp).
+        set_mode(&shared, 0o1777);
+        let r = policy.open_library(&lib);
+        assert_eq!(r.is_ok(), owned_uid(&shared) == 0, "{r:?}");
+        // The escape hatch skips the walk.
+        set_mode(&shared, 0o777);
+        let lenient = TrustPolicy {
+            allow_untrusted_permissions: true,
+            ..TrustPolicy::default()
+        };
+        lenient.open_library(&lib).unwrap();
+        set_mode(&shared, 0o755);
+        policy.open_library(&lib).unwrap();
+    }
+
+    #[test]
+    fn a_sticky_root_owned_parent_like_tmp_is_accepted() {
+        let tmp = Path::new("/tmp");
+        let Ok(md) = std::fs::metadata(tmp) else {
+            eprintln!("no /tmp: skipping");
+            return;
+        };
+        if md.mode() & 0o1777 != 0o1777 || md.uid() != 0 {
+            eprintln!("/tmp is not sticky, world-writable and root-owned here: skipping");
+            return;
+        }
+        let inside = tempfile::tempdir_in(tmp).unwrap();
+        let lib = library_in(&inside, "plugins");
+        set_mode(lib.parent().unwrap(), 0o755);
+        let opened = TrustPolicy::default().open_library(&lib).unwrap();
+        assert_eq!(opened.path, lib);
     }
 
     #[test]
@@ -277,15 +523,43 @@ mod tests {
         std::fs::write(&f, b"x").unwrap();
         set_mode(&f, 0o644);
         set_mode(dir.path(), 0o777);
+        let f = std::fs::canonicalize(f).unwrap();
         let policy = TrustPolicy::default();
-        let msg = policy.check_library(&f).unwrap_err().to_string();
+        let msg = policy.open_library(&f).unwrap_err().to_string();
         assert!(msg.contains("plugin directory"), "{msg}");
         assert!(msg.contains("world-writable"), "{msg}");
         let lenient = TrustPolicy {
             allow_untrusted_permissions: true,
             ..TrustPolicy::default()
         };
-        lenient.check_library(&f).unwrap();
+        lenient.open_library(&f).unwrap();
+    }
+
+    #[test]
+    fn the_checked_descriptor_is_the_file_that_stays_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lib = library_in(&tmp, "p");
+        let opened = TrustPolicy {
+            allow_untrusted_permissions: true,
+            ..TrustPolicy::default()
+        }
+        .open_library(&lib)
+        .unwrap();
+        // Replacing the path afterwards does not change what was opened.
+        std::fs::remove_file(&lib).unwrap();
+        std::fs::write(&lib, b"evil").unwrap();
+        let mut file = &opened.file;
+        let mut seen = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut seen).unwrap();
+        assert_eq!(seen, b"abc");
+        // A symlink where the canonical path had a file is not followed.
+        std::fs::remove_file(&lib).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &lib).unwrap();
+        let lenient = TrustPolicy {
+            allow_untrusted_permissions: true,
+            ..TrustPolicy::default()
+        };
+        assert!(lenient.open_library(&lib).is_err());
     }
 
     #[test]
@@ -302,19 +576,28 @@ mod tests {
 
     #[test]
     fn pin_mismatch_names_file_expected_and_actual() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("libx.so");
-        std::fs::write(&f, b"abc").unwrap();
-        set_mode(&f, 0o644);
+        let tmp = tempfile::tempdir().unwrap();
+        let f = library_in(&tmp, "p");
         let wrong = "00".repeat(32);
         let policy = TrustPolicy {
             sha256: [("libx.so".to_string(), wrong.clone())].into(),
+            // Pins apply with the permission checks off too.
+            allow_untrusted_permissions: true,
             ..TrustPolicy::default()
         };
-        let msg = policy.check_library(&f).unwrap_err().to_string();
+        let msg = policy.open_library(&f).unwrap_err().to_string();
         assert!(msg.contains("libx.so"), "{msg}");
         assert!(msg.contains(&wrong), "{msg}");
         assert!(msg.contains("ba7816bf"), "{msg}");
+        let right = TrustPolicy {
+            sha256: [(
+                "libx.so".to_string(),
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad".to_string(),
+            )]
+            .into(),
+            ..policy
+        };
+        right.open_library(&f).unwrap();
     }
 
     #[test]

@@ -18,6 +18,8 @@ use crate::service::validate::ValidGenerate;
 /// sampling steps (and prompt tokenization) run.
 pub struct GenerateJob {
     pub request: ValidGenerate,
+    /// The request's id (logs, and the crash report while its steps run).
+    pub request_id: u64,
     pub steps: crate::service::step_pool::StepPool,
 }
 

@@ -252,6 +252,7 @@ impl ModelHost {
     fn run(
         &self,
         req: &ValidGenerate,
+        request_id: u64,
         steps: &StepPool,
         prompt: Vec<u32>,
         sink: &GenerateSink,
@@ -265,6 +266,7 @@ impl ModelHost {
         let window: Vec<u32> = step::in_vocab(&prompt, self.model.n_vocab()).collect();
         let mut seq = steps
             .run_blocking(move || {
+                let _serving = samplerd_sampling::activity::serving(request_id);
                 let mut seq = chain.new_sequence()?;
                 seq.accept_all(&window)?;
                 Ok::<_, SampleError>(seq)
@@ -305,6 +307,8 @@ impl ModelHost {
             let model = Arc::clone(&self.model);
             let mut moved = (seq, buf, session);
             let (back, out) = steps.run_blocking(move || {
+                // For the crash report, should a plugin kill the process.
+                let _serving = samplerd_sampling::activity::serving(request_id);
                 let (seq, buf, session) = &mut moved;
                 let out =
                     sample_token(seq, buf, session.logits(), seed, at, probs).and_then(|out| {
@@ -463,7 +467,11 @@ impl Generator for ModelHost {
     }
 
     fn generate(&self, job: GenerateJob, sink: GenerateSink) {
-        let GenerateJob { request, steps } = job;
+        let GenerateJob {
+            request,
+            request_id,
+            steps,
+        } = job;
         let result = (|| {
             // Admission first: tokenizing is work of the request's size,
             // so it happens inside a generation slot.
@@ -481,7 +489,7 @@ impl Generator for ModelHost {
                 samplerd_sampling::activity::entering(&TOKENIZER);
                 prompt_tokens(&model, &config, &prompt)
             })??;
-            self.run(&request, &steps, tokens, &sink)
+            self.run(&request, request_id, &steps, tokens, &sink)
         })();
         if let Err(e) = result {
             let status: Status = e.into();

@@ -31,20 +31,26 @@ pub async fn handle(
     }
     let vocab = generator.vocabulary();
     let checker = Arc::clone(&state);
+    let request_id = state.request_id();
     let valid = state
         .steps
-        .run(move || validate::generate(&checker, &req, vocab))
+        .run(move || {
+            // For the crash report, should a plugin kill the process.
+            let _serving = samplerd_sampling::activity::serving(request_id);
+            validate::generate(&checker, &req, vocab)
+        })
         .await??;
     let permit = state.stream_permit()?;
     let span = tracing::info_span!(
         "generate",
-        request_id = state.request_id(),
+        request_id,
         chain = %valid.chain.describe(),
         seed = valid.seed
     );
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
     let job = GenerateJob {
         request: valid,
+        request_id,
         steps: state.steps.clone(),
     };
     tokio::task::spawn_blocking(move || {

@@ -85,9 +85,10 @@ pub async fn handle(
     state: Arc<AppState>,
     req: v1::SampleRequest,
 ) -> Result<v1::SampleResponse, Status> {
+    let request_id = state.request_id();
     let span = tracing::debug_span!(
         "sample",
-        request_id = state.request_id(),
+        request_id,
         chain = tracing::field::Empty,
         seed = tracing::field::Empty,
         step = req.step,
@@ -97,7 +98,11 @@ pub async fn handle(
     let start = Instant::now();
     let steps = state.steps.clone();
     let result = steps
-        .run(move || inner.in_scope(|| sample_blocking(&state, &req)))
+        .run(move || {
+            // For the crash report, should a plugin kill the process.
+            let _serving = samplerd_sampling::activity::serving(request_id);
+            inner.in_scope(|| sample_blocking(&state, &req))
+        })
         .instrument(span.clone())
         .await
         .inspect_err(|e| span.in_scope(|| tracing::warn!(error = %e, "sample failed")))?;

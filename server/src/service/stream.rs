@@ -164,9 +164,10 @@ pub fn handle(
     predecoded: PredecodedStream,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
+    let request_id = state.request_id();
     let span = tracing::info_span!(
         "sample_stream",
-        request_id = state.request_id(),
+        request_id,
         chain = tracing::field::Empty,
         seed = tracing::field::Empty,
     );
@@ -178,7 +179,7 @@ pub fn handle(
     };
     Ok(Box::pin(futures::stream::unfold(
         Some(first),
-        |pull| async move {
+        move |pull| async move {
             let Pull {
                 _slot,
                 mut session,
@@ -203,6 +204,8 @@ pub fn handle(
             let steps = session.state.steps.clone();
             let joined = steps
                 .run(move || {
+                    // For the crash report, should a plugin kill the process.
+                    let _serving = samplerd_sampling::activity::serving(request_id);
                     let r = step_span.in_scope(|| session.step(&msg));
                     (session, r)
                 })

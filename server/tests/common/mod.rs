@@ -399,15 +399,25 @@ pub async fn assert_clean_end<T: std::fmt::Debug>(
 /// Compiles the C stage `tests/fixtures/<src>` into `dir` with the system
 /// C compiler.
 pub fn build_fixture_plugin(src: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    build_fixture_plugin_with(src, dir, src.trim_end_matches(".c"), &[])
+}
+
+/// As [`build_fixture_plugin`], into `lib<lib>.so` with `-D` `defines`.
+pub fn build_fixture_plugin_with(
+    src: &str,
+    dir: &std::path::Path,
+    lib: &str,
+    defines: &[&str],
+) -> std::path::PathBuf {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let stem = src.trim_end_matches(".c");
-    let out = dir.join(format!("lib{stem}.{}", std::env::consts::DLL_EXTENSION));
+    let out = dir.join(format!("lib{lib}.{}", std::env::consts::DLL_EXTENSION));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = std::process::Command::new(&cc)
         .args([
             "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
         ])
         .arg(root.join("../plugins/sdk/include"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
         .arg(root.join("tests/fixtures").join(src))
         .arg("-o")
         .arg(&out)

@@ -1,0 +1,99 @@
+//! A plugin that crashes the process (the `crash_stage.c` fixture: a NULL
+//! write, abort(3), a stack overflow, a trap) takes the real `samplerd
+//! serve` down with it — but first the fatal-signal handler writes one
+//! line on stderr naming the signal, the stage, the library and the
+//! request, and the process then dies by that very signal. Every wait is
+//! bounded.
+
+mod common;
+mod process;
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::time::{Duration, Instant};
+
+use common::*;
+use samplerd_api::v1;
+use samplerd_api::v1::sampler_client::SamplerClient;
+
+/// Bound on the request's answer and on the process's exit.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Runs a Sample through `test_crash(how)` on a fresh server and returns
+/// the signal that ended it and its stderr line about it.
+async fn crash(how: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = build_fixture_plugin("crash_stage.c", dir.path());
+    let mut p = process::start(&format!(
+        "[plugins]\nfiles = [{}, {}]\n",
+        process::toml_path(&core_plugin()),
+        process::toml_path(&fixture),
+    ));
+    let mut client = SamplerClient::new(p.channel().await);
+    let req = v1::SampleRequest {
+        logits: logits(100, 1),
+        params: Some(v1::SamplingParams {
+            chain: vec![
+                text_stage("test_crash", &[("how", how)]),
+                number_stage("greedy", &[]),
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = tokio::time::timeout(WAIT, client.sample(req))
+        .await
+        .expect("the connection ends in time");
+    assert!(answer.is_err(), "{how}: a crashed server cannot answer");
+    let status = p.wait_exit(WAIT);
+    let signal = status
+        .signal()
+        .unwrap_or_else(|| panic!("{how}: exited with {status:?}, not by a signal"));
+    // stderr ends when the process does: read to its end, within the bound.
+    let deadline = Instant::now() + WAIT;
+    let mut report = None;
+    while let Some(line) = p.next_log(deadline) {
+        if line.starts_with("samplerd: fatal signal") {
+            report = Some(line);
+        }
+    }
+    (
+        signal,
+        report.unwrap_or_else(|| panic!("{how}: no report line on stderr")),
+    )
+}
+
+/// The report of a crash in `test_crash` while serving the first request
+/// (the server numbers requests from 1).
+fn expected(signal: &str) -> String {
+    format!(
+        "samplerd: fatal signal {signal} in plugin stage `test_crash` (library libcrash_stage.so) while serving request 1"
+    )
+}
+
+#[tokio::test]
+async fn a_null_write_is_reported_and_the_process_dies_by_sigsegv() {
+    let (signal, line) = crash("segv").await;
+    assert_eq!(signal, libc::SIGSEGV);
+    assert_eq!(line, expected("SIGSEGV"));
+}
+
+#[tokio::test]
+async fn abort_is_reported_and_the_process_dies_by_sigabrt() {
+    let (signal, line) = crash("abort").await;
+    assert_eq!(signal, libc::SIGABRT);
+    assert_eq!(line, expected("SIGABRT"));
+}
+
+#[tokio::test]
+async fn a_stack_overflow_is_reported_from_the_alternate_stack() {
+    let (signal, line) = crash("stack").await;
+    assert_eq!(signal, libc::SIGSEGV);
+    assert_eq!(line, expected("SIGSEGV"));
+}
+
+#[tokio::test]
+async fn a_trap_is_reported_and_the_process_dies_by_sigill() {
+    let (signal, line) = crash("ill").await;
+    assert_eq!(signal, libc::SIGILL);
+    assert_eq!(line, expected("SIGILL"));
+}
