@@ -65,3 +65,49 @@ async fn an_oversized_generate_request_is_refused_before_it_is_read() {
         .await;
     assert!(ok.is_ok(), "{ok:?}");
 }
+
+/// SampleStream sessions are charged to `limits.memory_budget_bytes` for
+/// their life: at 262,144 logits each holds ~7 MiB, so a 16 MiB budget
+/// admits two; the third is refused naming the budget, and once one closes
+/// a new one opens. Every charge is returned.
+#[tokio::test]
+async fn sample_stream_sessions_are_held_to_the_memory_budget() {
+    let s = common::start_tuned(|c| c.limits.memory_budget_bytes = 16 << 20).await;
+    let first = || v1::SampleStreamRequest {
+        logits_f32le: common::to_bytes(&common::logits(262_144, 2)).into(),
+        ..Default::default()
+    };
+    let mut client = s.client.clone();
+    let a = common::open_stream(&mut client, first()).await;
+    let b = common::open_stream(&mut client, first()).await;
+    let budget = &s.state().memory;
+    assert!(budget.charged() > 12 << 20, "{} charged", budget.charged());
+    // The third is refused at its first message.
+    let (_tx, requests) = common::held_requests(first()).await;
+    let mut third = client
+        .sample_stream(requests)
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let err = tokio::time::timeout(REFUSAL_BOUND, third.message())
+        .await
+        .expect("answered in time")
+        .expect_err("over the budget");
+    common::assert_status(
+        &err,
+        Code::ResourceExhausted,
+        &[
+            "memory budget",
+            "this SampleStream session",
+            "limits.memory_budget_bytes",
+        ],
+    );
+    // One closes: room again.
+    drop(a);
+    common::wait_sessions_closed_to(&s, 1).await;
+    let c = common::open_stream(&mut client, first()).await;
+    drop((b, c));
+    common::wait_sessions_closed(&s).await;
+    assert_eq!(budget.charged(), 0, "every charge is returned");
+    s.assert_serving().await;
+}

@@ -647,3 +647,23 @@ async fn chat_content_cannot_forge_turns() {
     assert_eq!(text_host.prompt_tokens(&plain).unwrap(), one_pass);
     assert_eq!(special_host.prompt_tokens(&plain).unwrap(), one_pass);
 }
+
+/// A generation charges its KV cache and its prompt's tokenizing to
+/// `limits.memory_budget_bytes` from admission on: under a budget smaller
+/// than one KV cache it is refused, naming the budget, and the charge is
+/// returned.
+#[tokio::test]
+async fn a_generation_is_held_to_the_memory_budget() {
+    let host = require_model!(shared_host());
+    let mut config = test_config();
+    config.limits.memory_budget_bytes = 8 << 20;
+    let s = server_with_config(host, config).await;
+    let err = generate(&s, chat("Hi", 4, greedy())).await.unwrap_err();
+    assert_status(
+        &err,
+        Code::ResourceExhausted,
+        &["this Generate request", "limits.memory_budget_bytes"],
+    );
+    assert_eq!(s.state().memory.charged(), 0);
+    s.assert_serving().await;
+}

@@ -92,6 +92,7 @@ fn build(
         let metrics = StageMetrics::new(&s.name);
         inner.links.push(Link {
             name,
+            deep_checks: crate::chain::deep_checks(&st.info),
             stage: st,
             config,
             metrics,

@@ -199,8 +199,15 @@ impl Sequence {
                     rc
                 })
             })?;
-            check_after_stage(link.name(), buf, before, was_dense, n_vocab)
-                .inspect_err(|_| link.metrics.errors.increment(1))?;
+            check_after_stage(
+                link.name(),
+                buf,
+                before,
+                was_dense,
+                link.deep_checks,
+                n_vocab,
+            )
+            .inspect_err(|_| link.metrics.errors.increment(1))?;
         }
         let last = links.last().expect("chains are never empty");
         let token_id =

@@ -297,6 +297,11 @@ pub struct LimitsConfig {
     /// Written-off sampling threads replaced at once; past this many,
     /// readiness turns NOT_SERVING (liveness stays SERVING).
     pub max_stuck_workers: usize,
+    /// What requests may hold in memory together (logits, windows, token
+    /// maps, SampleStream sessions, prompts, KV caches), in bytes; past it
+    /// a request is refused with RESOURCE_EXHAUSTED. 0: three quarters of
+    /// the cgroup's memory limit, or 4 GiB without one.
+    pub memory_budget_bytes: usize,
     /// Most open client connections; past it a new one is closed at once
     /// (logged once per 10 s with the count).
     pub max_connections: usize,
@@ -351,6 +356,7 @@ impl Default for LimitsConfig {
             sampling_threads: 0,
             max_step_ms: 2_000,
             max_stuck_workers: 4,
+            memory_budget_bytes: 0,
             max_connections: 1024,
             handshake_timeout_ms: 10_000,
             idle_connection_timeout_secs: 300,

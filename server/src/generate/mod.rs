@@ -242,6 +242,18 @@ impl ModelHost {
         self.batcher.largest_batch()
     }
 
+    /// What one generation holds at its peak: the tokenizer's work on its
+    /// prompt and a session's f16 K/V cache.
+    fn generation_bytes(&self, prompt: &Prompt) -> usize {
+        let text = match prompt {
+            Prompt::Text(t) => t.len(),
+            Prompt::Chat(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
+        };
+        let c = self.model.config();
+        let kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
+        text * crate::service::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE + kv
+    }
+
     /// A validated prompt's tokens: the chat template applied, tokenized,
     /// the count under `generate.max_prompt_tokens` and the context (public
     /// for the protobuf fuzz target).
@@ -471,6 +483,7 @@ impl Generator for ModelHost {
             request,
             request_id,
             steps,
+            memory,
         } = job;
         let result = (|| {
             // Admission first: tokenizing is work of the request's size,
@@ -478,6 +491,12 @@ impl Generator for ModelHost {
             let Some(_slot) = self.slots.acquire(|| sink.is_closed())? else {
                 return Ok(());
             };
+            // Then the memory it will hold: the tokenizer's peak and the
+            // KV cache, for the whole generation.
+            let _charge = memory.charge(
+                self.generation_bytes(&request.prompt),
+                "this Generate request",
+            )?;
             // On the sampling pool, under the step budget, like a step.
             let (model, config) = (Arc::clone(&self.model), self.config.clone());
             let prompt = request.prompt.clone();

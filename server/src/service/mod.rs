@@ -11,6 +11,7 @@ pub mod convert;
 pub mod errors;
 pub mod generate;
 pub mod lse_helper;
+pub mod memory;
 pub mod sample;
 pub mod stages;
 pub mod step_pool;
@@ -121,6 +122,8 @@ pub struct AppState {
     pub limits: LimitsConfig,
     /// `[generate]`: the limits a Generate request is validated against.
     pub generate: GenerateConfig,
+    /// `limits.memory_budget_bytes` and what requests hold of it.
+    pub memory: Arc<memory::MemoryBudget>,
     pub pool: BufferPool,
     /// The raw log-sum-exp's helper core (`limits.parallel_logprob`).
     pub lse: LseHelper,
@@ -149,6 +152,7 @@ impl AppState {
             lse: LseHelper::new(&limits.parallel_logprob),
             streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
             steps: StepPool::start(limits.step_pool())?,
+            memory: memory::MemoryBudget::new(limits.memory_budget_bytes),
             limits,
             generate,
             open_sessions: AtomicUsize::new(0),

@@ -96,6 +96,18 @@ pub async fn handle(
     );
     let inner = span.clone();
     let start = Instant::now();
+    let _charge = state
+        .memory
+        .charge(
+            super::memory::request_bytes(
+                req.logits.len(),
+                req.logits_f32le.len(),
+                req.previous_tokens.len(),
+                req.params.as_ref(),
+            ),
+            "this Sample request",
+        )
+        .map_err(Status::from)?;
     let steps = state.steps.clone();
     let result = steps
         .run(move || {

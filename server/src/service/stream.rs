@@ -33,6 +33,8 @@ use crate::transport::one_frame::PredecodedStream;
 struct Slot {
     state: Arc<AppState>,
     _permit: OwnedSemaphorePermit,
+    /// The session's memory, charged at its first message.
+    charge: Option<super::memory::Charge>,
 }
 
 impl Slot {
@@ -41,6 +43,7 @@ impl Slot {
         Slot {
             state,
             _permit: permit,
+            charge: None,
         }
     }
 }
@@ -181,7 +184,7 @@ pub fn handle(
         Some(first),
         move |pull| async move {
             let Pull {
-                _slot,
+                mut _slot,
                 mut session,
                 mut inbound,
                 predecoded,
@@ -200,6 +203,20 @@ pub fn handle(
                     return Some((Err(status), None));
                 }
             };
+            if _slot.charge.is_none() {
+                let bytes = super::memory::session_bytes(&msg);
+                match session
+                    .state
+                    .memory
+                    .charge(bytes, "this SampleStream session")
+                {
+                    Ok(c) => _slot.charge = Some(c),
+                    Err(e) => {
+                        session.end = "memory budget";
+                        return Some((Err(e.into()), None));
+                    }
+                }
+            }
             let step_span = span.clone();
             let steps = session.state.steps.clone();
             let joined = steps

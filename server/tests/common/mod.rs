@@ -279,8 +279,13 @@ pub async fn open_stream(
 
 /// Waits (bounded) until every SampleStream session has been released.
 pub async fn wait_sessions_closed(s: &TestServer) {
+    wait_sessions_closed_to(s, 0).await;
+}
+
+/// Waits (bounded) until at most `n` SampleStream sessions are open.
+pub async fn wait_sessions_closed_to(s: &TestServer, n: usize) {
     tokio::time::timeout(HEALTH_TIMEOUT, async {
-        while s.state().open_sessions() != 0 {
+        while s.state().open_sessions() > n {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
