@@ -238,6 +238,16 @@ async fn token_maps_are_bounded_by_the_vocabulary() {
         &["params.chain[0].params[\"bias\"]", "token id 250"],
     )
     .await;
+    // A bias that bans every token leaves nothing to sample: the
+    // request's doing, as all -inf logits are (INVALID_ARGUMENT, not
+    // INTERNAL).
+    expect_err(
+        &mut s,
+        req_params(&l, bias((0..100).map(|i| (i, f32::NEG_INFINITY)).collect())),
+        inv,
+        &["params", "every token is masked"],
+    )
+    .await;
     // Inside the vocabulary: served.
     s.sample_ok(req_params(&l, bias(HashMap::from([(99, 1.0)]))))
         .await;

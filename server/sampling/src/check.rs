@@ -179,6 +179,14 @@ fn dense_ok_impl(dense: &[f32]) -> bool {
 /// be one that survived every stage.
 pub(crate) fn check_selection(stage: &str, buf: &TokenBuffer) -> Result<u32, SampleError> {
     let Ok(id) = u32::try_from(buf.selected()) else {
+        // Nothing left to choose from is the request's doing (a logit_bias
+        // of -inf on every token), as all -inf logits are; a selecting
+        // stage that chose nothing among live tokens is the stage's.
+        if buf.survivors().next().is_none() {
+            return Err(SampleError::AllMasked {
+                stage: stage.to_string(),
+            });
+        }
         return Err(SampleError::NoSelection {
             stage: stage.to_string(),
         });

@@ -101,6 +101,10 @@ pub enum SampleError {
     Misbehaved { stage: String, what: String },
     #[error("the chain ended without selecting a token (last stage `{stage}`)")]
     NoSelection { stage: String },
+    #[error(
+        "every token is masked (-inf) by the time stage `{stage}` selects (for example a logit_bias of -inf on every token): nothing can be sampled"
+    )]
+    AllMasked { stage: String },
     #[error("no logits loaded into the token buffer")]
     NotLoaded,
 }

@@ -198,6 +198,18 @@ impl Sequence {
                     }
                     rc
                 })
+            })
+            .map_err(|e| {
+                // A selecting stage that finds nothing left to choose from
+                // (core `dist`: "no candidate with a finite logit") is not
+                // the stage's fault: every token was masked before it.
+                if link.stage.info.selects && buf.survivors().next().is_none() {
+                    SampleError::AllMasked {
+                        stage: link.name().to_string(),
+                    }
+                } else {
+                    e
+                }
             })?;
             check_after_stage(
                 link.name(),

@@ -466,7 +466,10 @@ fn sample_token(
     let logits = step::Logits::Floats(logits);
     let lse = step::load::<step::NoDeferral>(buf, logits, None)
         .map_err(|e| RequestError::Internal(format!("the model produced bad logits: {e}")))?;
-    step::run(seq, buf, logits, lse, seed, step_index, probs).map_err(RequestError::Plugin)
+    step::run(seq, buf, logits, lse, seed, step_index, probs).map_err(|e| match e {
+        e @ SampleError::AllMasked { .. } => RequestError::invalid("params", e.to_string()),
+        other => RequestError::Plugin(other),
+    })
 }
 
 impl Generator for ModelHost {

@@ -64,6 +64,7 @@ impl RequestError {
                 field: logits_field,
                 source,
             },
+            e @ SampleError::AllMasked { .. } => RequestError::invalid("params", e.to_string()),
             other => RequestError::Plugin(other),
         }
     }
