@@ -27,42 +27,21 @@ async fn raw_call(
     path: &str,
     frames: Vec<Vec<u8>>,
 ) -> Vec<v1::SampleResponse> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(conn);
-    let mut h2 = h2.ready().await.expect("h2 ready");
-    let req = raw_grpc_request(addr, path);
-    let (response, mut send) = h2.send_request(req, false).expect("send headers");
-    let n = frames.len();
-    for (i, f) in frames.into_iter().enumerate() {
-        send.send_data(Bytes::from(f), i + 1 == n)
-            .expect("send data");
-    }
-    let resp = tokio::time::timeout(HEALTH_TIMEOUT, response)
-        .await
-        .expect("response in time")
-        .expect("response");
-    let mut body = resp.into_body();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.expect("response body");
-        let _ = body.flow_control().release_capacity(chunk.len());
-        bytes.extend_from_slice(&chunk);
-    }
-    let trailers = body.trailers().await.expect("trailers").expect("trailers");
+    let out = raw_outcome(addr, "POST", Some("application/grpc"), path, frames).await;
     assert_eq!(
-        trailers.get("grpc-status").map(|v| v.to_str().unwrap()),
+        out.grpc_status.as_deref(),
         Some("0"),
-        "{trailers:?}"
+        "{}",
+        out.grpc_message
     );
-    let mut out = Vec::new();
-    let mut rest = &bytes[..];
+    let mut messages = Vec::new();
+    let mut rest = &out.body[..];
     while !rest.is_empty() {
         let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
-        out.push(v1::SampleResponse::decode(&rest[5..5 + len]).expect("a response"));
+        messages.push(v1::SampleResponse::decode(&rest[5..5 + len]).expect("a response"));
         rest = &rest[5 + len..];
     }
-    out
+    messages
 }
 
 fn params() -> Option<v1::SamplingParams> {
@@ -147,6 +126,7 @@ async fn sample_stream_answers_the_same_however_its_messages_are_framed() {
 /// message (from a trailers-only response's headers, or the trailers).
 struct RawOutcome {
     http: http::StatusCode,
+    body: Vec<u8>,
     grpc_status: Option<String>,
     grpc_message: String,
 }
@@ -188,12 +168,14 @@ async fn raw_outcome(
     let mut grpc_status = header(resp.headers(), "grpc-status");
     let mut grpc_message = header(resp.headers(), "grpc-message").unwrap_or_default();
     let mut body = resp.into_body();
+    let mut bytes = Vec::new();
     while let Some(chunk) = tokio::time::timeout(HEALTH_TIMEOUT, body.data())
         .await
         .expect("body in time")
     {
         let chunk = chunk.expect("response body");
         let _ = body.flow_control().release_capacity(chunk.len());
+        bytes.extend_from_slice(&chunk);
     }
     if let Some(t) = tokio::time::timeout(HEALTH_TIMEOUT, body.trailers())
         .await
@@ -207,6 +189,7 @@ async fn raw_outcome(
     }
     RawOutcome {
         http,
+        body: bytes,
         grpc_status,
         // grpc-message is percent-encoded; spaces are all these tests read.
         grpc_message: grpc_message.replace("%20", " "),
