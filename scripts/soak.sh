@@ -8,9 +8,16 @@
 #      runs generate.max_concurrent_generations of them at once, the rest
 #      queue, so latency includes queueing)
 # each for SOAK_SECONDS, and prints a table: requests, errors, throughput,
-# p50/p99 latency and the server's RSS after each phase. Fails if any
-# request failed or the RSS grew by more than RSS_GROWTH_PCT percent
-# between the end of the warm-up and the end of the run.
+# p50/p99 latency and the server's RSS after each phase; then
+#   5. hostile, HOSTILE_SECONDS (scripts/hostile.py): 16 MB Generate
+#      prompts, over-long logit_bias maps, SampleStream sessions at 262,144
+#      logits held until the memory budget refuses them, and idle
+#      connections that never send a byte — with health checked every
+#      20 ms.
+# Fails if any request of phases 2–4 failed, the RSS grew by more than
+# RSS_GROWTH_PCT percent between the end of the warm-up and the end of
+# phase 4, or the hostile phase saw an unexpected status, a health p99 of
+# 100 ms or more, or RSS above the budget plus the warmed-up RSS.
 #
 # Usage: scripts/soak.sh            (SOAK_SECONDS=120 per phase, ~8 min)
 #        SOAK_SECONDS=20 WARMUP_SECONDS=5 scripts/soak.sh   (quick check)
@@ -25,6 +32,11 @@ GEN_CONCURRENCY=${GEN_CONCURRENCY:-8}
 GEN_TOKENS=${GEN_TOKENS:-32}
 VOCAB=${VOCAB:-49152}
 RSS_GROWTH_PCT=${RSS_GROWTH_PCT:-10}
+HOSTILE_SECONDS=${HOSTILE_SECONDS:-60}
+# What requests may hold (limits.memory_budget_bytes): small enough that
+# the hostile phase's held streams reach it.
+MEMORY_BUDGET=${MEMORY_BUDGET:-536870912}
+PY=${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}/bin/python
 MODEL=${SAMPLERD_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ -z "${SAMPLERD_BIN:-}" ] || [ -z "${SAMPLERCTL_BIN:-}" ]; then
@@ -49,6 +61,7 @@ trap cleanup EXIT
 
 # Loopback only, ephemeral ports, JSON logs (the address is read from them).
 SAMPLERD_LOGGING__FORMAT=json SAMPLERD_METRICS__LISTEN=127.0.0.1:0 RUST_LOG=info \
+  SAMPLERD_LIMITS__MEMORY_BUDGET_BYTES=$MEMORY_BUDGET SAMPLERD_LIMITS__HANDSHAKE_TIMEOUT_MS=2000 \
   "$SAMPLERD_BIN" serve --listen 127.0.0.1:0 --model "$MODEL" >"$log" 2>&1 &
 server_pid=$!
 addr=
@@ -88,12 +101,18 @@ for p in "${phases[@]}"; do
   bench "$name" "$SOAK_SECONDS" "$@"
 done
 rss_end=$(rss_kb)
+echo "soak.sh: hostile phase, ${HOSTILE_SECONDS}s"
+hostile_ok=1
+"$PY" scripts/hostile.py --addr "$addr" --pid "$server_pid" --seconds "$HOSTILE_SECONDS" \
+  --max-rss-bytes $((MEMORY_BUDGET + rss_warm * 1024)) || hostile_ok=0
+kill -0 "$server_pid" 2>/dev/null || { echo "soak.sh: samplerd died in the hostile phase"; hostile_ok=0; }
 hwm=$(hwm_kb)
 
-python3 - "$work" "$rss_start" "$rss_warm" "$rss_end" "$hwm" "$RSS_GROWTH_PCT" <<'PY'
+[ "$hostile_ok" = 1 ] || echo "soak: FAIL: hostile phase"
+python3 - "$work" "$rss_start" "$rss_warm" "$rss_end" "$hwm" "$RSS_GROWTH_PCT" "$hostile_ok" <<'PY'
 import json, os, sys
 work, start, warm, end, hwm, pct = sys.argv[1], *map(int, sys.argv[2:6]), float(sys.argv[6])
-rows, failed = [], False
+rows, failed = [], sys.argv[7] != "1"
 for name in ["warmup-sample-stream", "warmup-sample", "warmup-generate",
              "sample-stream", "sample", "generate"]:
     path = os.path.join(work, name + ".json")

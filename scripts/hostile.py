@@ -1,0 +1,209 @@
+"""Hostile load against a running samplerd (the last phase of scripts/soak.sh).
+
+For --seconds, at once:
+  - oversized Generate requests (16 MB prompts): must be RESOURCE_EXHAUSTED;
+  - Sample requests whose logit_bias has more entries than the vocabulary:
+    must be INVALID_ARGUMENT;
+  - SampleStream sessions at 262,144 logits opened and held (up to
+    --streams): each is served or refused with RESOURCE_EXHAUSTED (memory
+    budget or stream limit), never anything else;
+  - --idle-connections TCP connections that never send a byte, reopened
+    when the server closes them (handshake deadline);
+while health is checked every 20 ms (latency recorded) and the server's RSS
+(/proc/PID/status) is sampled. Prints one JSON line and exits non-zero if a
+request got an unexpected status, the server died, health p99 reached
+--health-p99-ms, or the RSS went over --max-rss-bytes.
+
+Usage: python scripts/hostile.py --addr 127.0.0.1:50051 --pid PID
+       [--seconds 30] [--max-rss-bytes N]
+Needs grpcio and grpcio-tools (the test venv, scripts/setup-python.sh).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEALTH_PERIOD_S = 0.02
+VOCAB = 262_144
+
+
+def load_stub_generator():
+    path = os.path.join(ROOT, "tests", "python", "test_client.py")
+    spec = importlib.util.spec_from_file_location("samplerd_test_client", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.generate_stubs
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--addr", required=True)
+    ap.add_argument("--pid", type=int, required=True)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--idle-connections", type=int, default=200)
+    ap.add_argument("--health-p99-ms", type=float, default=100)
+    ap.add_argument("--max-rss-bytes", type=int, default=0, help="0: not checked")
+    args = ap.parse_args()
+
+    import grpc
+
+    tmp = tempfile.TemporaryDirectory(prefix="samplerd-hostile-")
+    load_stub_generator()(tmp.name)
+    from samplerd.v1 import sampler_pb2 as pb, sampler_pb2_grpc as pbg
+    from samplerd_health import health_pb2, health_pb2_grpc
+
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    stop = time.monotonic() + args.seconds
+    lock = threading.Lock()
+    codes = {}  # (what, code) -> count
+    unexpected = []
+
+    def record(what, code, allowed):
+        with lock:
+            codes[f"{what}:{code}"] = codes.get(f"{what}:{code}", 0) + 1
+            if code not in allowed and len(unexpected) < 20:
+                unexpected.append(f"{what}: {code}")
+
+    def oversized_prompts():
+        stub = pbg.SamplerStub(grpc.insecure_channel(args.addr, options=opts))
+        prompt = "x" * (16 << 20)
+        while time.monotonic() < stop:
+            try:
+                for _ in stub.Generate(pb.GenerateRequest(prompt=prompt), timeout=10):
+                    pass
+                record("oversized-generate", "OK", set())
+            except grpc.RpcError as e:
+                record("oversized-generate", e.code().name, {"RESOURCE_EXHAUSTED"})
+
+    def big_bias():
+        stub = pbg.SamplerStub(grpc.insecure_channel(args.addr, options=opts))
+        logits = struct.pack(f"<{1000}f", *([0.5] * 1000))
+        bias = {i: 1.0 for i in range(200_000)}
+        req = pb.SampleRequest(logits_f32le=logits, params=pb.SamplingParams(logit_bias=bias))
+        while time.monotonic() < stop:
+            try:
+                stub.Sample(req, timeout=10)
+                record("big-bias", "OK", set())
+            except grpc.RpcError as e:
+                record("big-bias", e.code().name, {"INVALID_ARGUMENT"})
+
+    def held_streams():
+        stub = pbg.SamplerStub(grpc.insecure_channel(args.addr, options=opts))
+        logits = struct.pack(f"<{VOCAB}f", *([0.25] * VOCAB))
+        held = []
+        while time.monotonic() < stop:
+            if len(held) >= args.streams:
+                time.sleep(0.05)
+                continue
+            gate = threading.Event()
+
+            def requests():
+                yield pb.SampleStreamRequest(logits_f32le=logits)
+                gate.wait(args.seconds + 5)
+
+            try:
+                it = stub.SampleStream(requests(), timeout=args.seconds + 30)
+                next(it)
+                record("held-stream", "OK", {"OK"})
+                held.append((gate, it))
+            except grpc.RpcError as e:
+                gate.set()
+                record("held-stream", e.code().name, {"RESOURCE_EXHAUSTED"})
+                time.sleep(0.05)
+        for gate, _ in held:
+            gate.set()
+
+    def idle_connections():
+        host, port = args.addr.rsplit(":", 1)
+        socks = []
+        closed = 0
+        while time.monotonic() < stop:
+            while len(socks) < args.idle_connections:
+                try:
+                    socks.append(socket.create_connection((host, int(port)), timeout=5))
+                except OSError:
+                    break
+            alive = []
+            for s in socks:
+                s.setblocking(False)
+                try:
+                    data = s.recv(1)
+                    if data == b"":
+                        closed += 1
+                        s.close()
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed += 1
+                    s.close()
+                    continue
+                alive.append(s)
+            socks = alive
+            time.sleep(0.2)
+        with lock:
+            codes["idle-connections:closed-by-server"] = closed
+        for s in socks:
+            s.close()
+
+    threads = [threading.Thread(target=f, daemon=True)
+               for f in (oversized_prompts, big_bias, held_streams, idle_connections)]
+    for t in threads:
+        t.start()
+
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(args.addr))
+    latencies, rss_max, died = [], 0, False
+    while time.monotonic() < stop:
+        t0 = time.monotonic()
+        try:
+            health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            latencies.append((time.monotonic() - t0) * 1e3)
+        except grpc.RpcError as e:
+            latencies.append((time.monotonic() - t0) * 1e3)
+            record("health", e.code().name, {"OK"})
+        try:
+            rss_max = max(rss_max, rss_bytes(args.pid))
+        except OSError:
+            died = True
+            break
+        time.sleep(HEALTH_PERIOD_S)
+    for t in threads:
+        t.join(timeout=args.seconds + 40)
+
+    latencies.sort()
+    p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan")
+    report = {
+        "seconds": args.seconds,
+        "health_checks": len(latencies),
+        "health_p50_ms": round(p(0.50), 2),
+        "health_p99_ms": round(p(0.99), 2),
+        "rss_max_mib": round(rss_max / (1 << 20), 1),
+        "codes": codes,
+        "unexpected": unexpected,
+        "server_died": died,
+    }
+    print(json.dumps(report, sort_keys=True))
+    ok = (not unexpected and not died and latencies and p(0.99) < args.health_p99_ms
+          and (args.max_rss_bytes == 0 or rss_max <= args.max_rss_bytes))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
