@@ -196,7 +196,9 @@ fn explicit(u: &mut Unstructured<'_>) -> Result<ChainSpec> {
 fn check_step(chain: &Chain, buf: &mut TokenBuffer, r: std::result::Result<u32, SampleError>) {
     let token = match r {
         Ok(t) => t,
-        Err(SampleError::Logits(_)) => return,
+        // The request's doing (bad logits, or a bias that masks every
+        // token), answered INVALID_ARGUMENT by the server.
+        Err(SampleError::Logits(_) | SampleError::AllMasked { .. }) => return,
         Err(e) => panic!("chain `{}` failed at run time: {e}", chain.describe()),
     };
     let n_vocab = buf.n_vocab();
