@@ -3,14 +3,14 @@
 For --seconds, at once:
   - oversized Generate requests (16 MB prompts): must be RESOURCE_EXHAUSTED;
   - Sample requests whose logit_bias has more entries than the vocabulary:
-    must be INVALID_ARGUMENT;
+    must be INVALID_ARGUMENT (or RESOURCE_EXHAUSTED once the budget is full);
   - SampleStream sessions at 262,144 logits opened and held (up to
     --streams): each is served or refused with RESOURCE_EXHAUSTED (memory
     budget or stream limit), never anything else;
   - --idle-connections TCP connections that never send a byte, reopened
     when the server closes them (handshake deadline);
 while health is checked every 20 ms (latency recorded) and the server's RSS
-(/proc/PID/status) is sampled. Prints one JSON line and exits non-zero if a
+(/proc/PID/status) is sampled; health runs in a process of its own. Prints one JSON line and exits non-zero if a
 request got an unexpected status, the server died, health p99 reached
 --health-p99-ms, or the RSS went over --max-rss-bytes.
 
@@ -51,6 +51,29 @@ def rss_bytes(pid):
     return 0
 
 
+def health_loop(addr, seconds, stub_dir, out):
+    """Health checks every 20 ms in a process of its own (spawned), so the
+    latencies are the server's, not this client's GIL: [ms, ...] or an
+    error code, sent on `out`."""
+    import grpc
+
+    sys.path.insert(0, stub_dir)
+    from samplerd_health import health_pb2, health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
+    stop = time.monotonic() + seconds
+    latencies, failures = [], []
+    while time.monotonic() < stop:
+        t0 = time.monotonic()
+        try:
+            stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        except grpc.RpcError as e:
+            failures.append(e.code().name)
+        latencies.append((time.monotonic() - t0) * 1e3)
+        time.sleep(HEALTH_PERIOD_S)
+    out.send((latencies, failures))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--addr", required=True)
@@ -62,12 +85,20 @@ def main():
     ap.add_argument("--max-rss-bytes", type=int, default=0, help="0: not checked")
     args = ap.parse_args()
 
-    import grpc
+    import multiprocessing
 
     tmp = tempfile.TemporaryDirectory(prefix="samplerd-hostile-")
     load_stub_generator()(tmp.name)
+    # Spawned before this process opens any channel (gRPC and fork do not
+    # mix), and spawned rather than forked for the same reason.
+    receive, send = multiprocessing.Pipe(duplex=False)
+    checker = multiprocessing.get_context("spawn").Process(
+        target=health_loop, args=(args.addr, args.seconds, tmp.name, send))
+    checker.start()
+
+    import grpc
+
     from samplerd.v1 import sampler_pb2 as pb, sampler_pb2_grpc as pbg
-    from samplerd_health import health_pb2, health_pb2_grpc
 
     opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
     stop = time.monotonic() + args.seconds
@@ -102,7 +133,9 @@ def main():
                 stub.Sample(req, timeout=10)
                 record("big-bias", "OK", set())
             except grpc.RpcError as e:
-                record("big-bias", e.code().name, {"INVALID_ARGUMENT"})
+                # Refused by its entries, or by the budget first when the
+                # held streams have filled it.
+                record("big-bias", e.code().name, {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"})
 
     def held_streams():
         stub = pbg.SamplerStub(grpc.insecure_channel(args.addr, options=opts))
@@ -168,22 +201,18 @@ def main():
     for t in threads:
         t.start()
 
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(args.addr))
-    latencies, rss_max, died = [], 0, False
+    rss_max, died = 0, False
     while time.monotonic() < stop:
-        t0 = time.monotonic()
-        try:
-            health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
-            latencies.append((time.monotonic() - t0) * 1e3)
-        except grpc.RpcError as e:
-            latencies.append((time.monotonic() - t0) * 1e3)
-            record("health", e.code().name, {"OK"})
         try:
             rss_max = max(rss_max, rss_bytes(args.pid))
         except OSError:
             died = True
             break
-        time.sleep(HEALTH_PERIOD_S)
+        time.sleep(0.1)
+    latencies, failures = receive.recv() if receive.poll(30) else ([], ["no report"])
+    checker.join(timeout=10)
+    for f in failures:
+        record("health", f, {"OK"})
     for t in threads:
         t.join(timeout=args.seconds + 40)
 

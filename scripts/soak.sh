@@ -103,7 +103,7 @@ done
 rss_end=$(rss_kb)
 echo "soak.sh: hostile phase, ${HOSTILE_SECONDS}s"
 hostile_ok=1
-"$PY" scripts/hostile.py --addr "$addr" --pid "$server_pid" --seconds "$HOSTILE_SECONDS" \
+"$PY" scripts/hostile.py --addr "$addr" --pid "$server_pid" --seconds "$HOSTILE_SECONDS" --streams 96 \
   --max-rss-bytes $((MEMORY_BUDGET + rss_warm * 1024)) || hostile_ok=0
 kill -0 "$server_pid" 2>/dev/null || { echo "soak.sh: samplerd died in the hostile phase"; hostile_ok=0; }
 hwm=$(hwm_kb)
