@@ -67,6 +67,10 @@ def check_config(toml_text, extra_args=()):
         os.environ.get("SAMPLERD_BIN", os.path.join(ROOT, "target", "release", "samplerd")))
     plugin = os.path.abspath(os.environ.get(
         "SAMPLERD_PLUGIN", os.path.join(ROOT, "target", "release", "libsamplerd_core_stages.so")))
+    # check-config opens the model's GGUF header, as serve would: the local
+    # copy stands in for the image's, as the plugin directory does.
+    model = os.path.abspath(os.environ.get(
+        "SAMPLERD_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")))
     with tempfile.TemporaryDirectory(prefix="samplerd-k8s-") as tmp:
         plugins = os.path.join(tmp, "plugins")
         os.mkdir(plugins, 0o755)
@@ -76,7 +80,8 @@ def check_config(toml_text, extra_args=()):
             f.write(toml_text)
         env = {k: v for k, v in os.environ.items() if not k.startswith("SAMPLERD_") and k != "RUST_LOG"}
         return subprocess.run(
-            [bin_, "check-config", "--config", cfg, "--plugin-dir", plugins, *extra_args],
+            [bin_, "check-config", "--config", cfg, "--plugin-dir", plugins, "--model", model,
+             *extra_args],
             capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=tmp,
         )
 
@@ -204,7 +209,13 @@ class Manifests(unittest.TestCase):
             self.assertIn("/opt/samplerd/plugins", dirs)
             extra = [d for d in dirs if d.startswith(mount["mountPath"])]
             self.assertEqual(len(extra), 1, dirs)
-            local_extra = extra[0].replace(mount["mountPath"], volume)
+            # The container mounts only the volume's `subPath` (the
+            # world-writable emptyDir root stays out of its view, where the
+            # plugin trust check would refuse it): here, that directory is
+            # moved beside the volume, as the bind mount would show it.
+            mounted = os.path.join(tmp, "mounted")
+            os.rename(os.path.join(volume, mount.get("subPath", "")), mounted)
+            local_extra = extra[0].replace(mount["mountPath"], mounted)
             r = check_config(config_toml(docs), ["--plugin-dir", local_extra])
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertRegex(r.stdout, r"ban_tokens\s+ban_tokens_example")
