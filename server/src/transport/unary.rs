@@ -9,7 +9,7 @@
 //! bytes. `Sample` needs a large one (a whole vocabulary of logits), while
 //! `Generate` has no reason to accept more than its prompt limit and some
 //! parameters: a 16 MB prompt would otherwise be buffered (16 MB), decoded
-//! (16 MB more) and only then refused. [`RequestSizeLimit`] reads a limited
+//! (16 MB more) and only then refused. [`UnaryGuard`] reads a limited
 //! method's first message prefix (5 bytes, normally in the first DATA
 //! frame) and answers RESOURCE_EXHAUSTED at once when the declared length
 //! is over that method's limit, naming the limit and its configuration key;
