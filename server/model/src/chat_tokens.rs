@@ -64,6 +64,7 @@ pub fn chat_tokens(
         tokens.extend(tokenizer.encode(&m.content, false, false)?);
         rest = after;
     }
-    tokens.extend(tokenizer.encode(rest, messages.is_empty() && tokenizer.add_bos(), true)?);
+    // The markup after the last content (BOS, if any, went with the first).
+    tokens.extend(tokenizer.encode(rest, false, true)?);
     Ok(tokens)
 }

@@ -245,13 +245,9 @@ impl ModelHost {
     /// What one generation holds at its peak: the tokenizer's work on its
     /// prompt and a session's f16 K/V cache.
     fn generation_bytes(&self, prompt: &Prompt) -> usize {
-        let text = match prompt {
-            Prompt::Text(t) => t.len(),
-            Prompt::Chat(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
-        };
         let c = self.model.config();
         let kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
-        text * crate::service::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE + kv
+        prompt.bytes() * crate::service::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE + kv
     }
 
     /// A validated prompt's tokens: the chat template applied, tokenized,

@@ -92,6 +92,17 @@ pub enum Prompt {
     Chat(Vec<ChatMessage>),
 }
 
+impl Prompt {
+    /// Its text in bytes: the prompt, or the messages' roles and contents
+    /// together (what `generate.max_prompt_bytes` bounds).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Prompt::Text(t) => t.len(),
+            Prompt::Chat(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
+        }
+    }
+}
+
 /// A `Sample` request.
 pub fn sample<'a>(
     state: &AppState,
@@ -232,39 +243,25 @@ pub fn generate(
     })
 }
 
-/// Exactly one of `prompt` and `messages`, its text (message contents and
-/// roles together) under `generate.max_prompt_bytes`: the bound on the
-/// tokenizer's work and memory, checked before any of it.
+/// Exactly one of `prompt` and `messages` (known roles), its text under
+/// `generate.max_prompt_bytes`: the bound on the tokenizer's work and
+/// memory, checked before any of it (the copy made here is bounded by
+/// `generate.max_request_bytes`).
 fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, RequestError> {
-    let (field, bytes) = if req.messages.is_empty() {
-        ("prompt", req.prompt.len())
-    } else {
-        let total = req
-            .messages
-            .iter()
-            .map(|m| m.role.len() + m.content.len())
-            .sum();
-        ("messages", total)
-    };
-    if bytes > cfg.max_prompt_bytes {
-        return Err(RequestError::invalid(
-            field,
-            format!(
-                "{bytes} bytes exceed the limit of {} (generate.max_prompt_bytes)",
-                cfg.max_prompt_bytes
-            ),
-        ));
-    }
-    match (req.prompt.is_empty(), req.messages.is_empty()) {
-        (true, true) => Err(RequestError::invalid(
-            "prompt",
-            "is empty and no messages were given: set one of prompt or messages",
-        )),
-        (false, false) => Err(RequestError::invalid(
-            "messages",
-            "both prompt and messages are set: set exactly one",
-        )),
-        (false, true) => Ok(Prompt::Text(req.prompt.clone())),
+    let prompt = match (req.prompt.is_empty(), req.messages.is_empty()) {
+        (true, true) => {
+            return Err(RequestError::invalid(
+                "prompt",
+                "is empty and no messages were given: set one of prompt or messages",
+            ));
+        }
+        (false, false) => {
+            return Err(RequestError::invalid(
+                "messages",
+                "both prompt and messages are set: set exactly one",
+            ));
+        }
+        (false, true) => Prompt::Text(req.prompt.clone()),
         (true, false) => {
             let mut msgs = Vec::with_capacity(req.messages.len());
             for (i, m) in req.messages.iter().enumerate() {
@@ -279,9 +276,24 @@ fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, Req
                 }
                 msgs.push(ChatMessage::new(m.role.clone(), m.content.clone()));
             }
-            Ok(Prompt::Chat(msgs))
+            Prompt::Chat(msgs)
         }
+    };
+    let bytes = prompt.bytes();
+    if bytes > cfg.max_prompt_bytes {
+        let field = match prompt {
+            Prompt::Text(_) => "prompt",
+            Prompt::Chat(_) => "messages",
+        };
+        return Err(RequestError::invalid(
+            field,
+            format!(
+                "{bytes} bytes exceed the limit of {} (generate.max_prompt_bytes)",
+                cfg.max_prompt_bytes
+            ),
+        ));
     }
+    Ok(prompt)
 }
 
 /// The chain and seed for a request's parameters: `chain` when given,
