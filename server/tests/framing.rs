@@ -156,8 +156,11 @@ async fn raw_outcome(
         .expect("send headers");
     let n = frames.len();
     for (i, f) in frames.into_iter().enumerate() {
-        send.send_data(Bytes::from(f), i + 1 == n)
-            .expect("send data");
+        // A refusal may answer (and reset the stream) before the body is
+        // sent: what counts is the response read below.
+        if send.send_data(Bytes::from(f), i + 1 == n).is_err() {
+            break;
+        }
     }
     let resp = tokio::time::timeout(HEALTH_TIMEOUT, response)
         .await

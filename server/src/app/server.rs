@@ -23,7 +23,11 @@ use crate::app::shutdown::{CLOSE_TIMEOUT, Drain};
 use crate::generate::generator::Generator;
 use crate::service::errors::{TOO_LARGE_MARKER, map_stream_status};
 use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
-use crate::transport::metrics::{DRAINING_METRIC, RpcLayer};
+use crate::transport::connections::CountActive;
+use crate::transport::content_type::GrpcOnly;
+use crate::transport::deadline::Deadline;
+use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
+use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
 use crate::transport::unary::{UnaryGuard, UnaryMethod};
 
@@ -114,33 +118,34 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let limits = &config.limits;
-    let sampler = UnaryGuard::new(
-        OneFrameDecode::new(
+    let unary = UnaryGuard::new(vec![
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Sample",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/ListStages",
+            limit: None,
+        },
+        // Server-streaming, but one request message like a unary call.
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Generate",
+            limit: Some((
+                config.generate.max_request_bytes,
+                "generate.max_request_bytes",
+            )),
+        },
+    ]);
+    let sampler = Wrap::new(
+        unary,
+        Wrap::new(
+            OneFrameDecode::new(limits.max_message_bytes),
             SamplerServer::new(SamplerService {
                 state: state.clone(),
             })
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes),
-            limits.max_message_bytes,
         ),
-        vec![
-            UnaryMethod {
-                path: "/samplerd.v1.Sampler/Sample",
-                limit: None,
-            },
-            UnaryMethod {
-                path: "/samplerd.v1.Sampler/ListStages",
-                limit: None,
-            },
-            // Server-streaming, but one request message like a unary call.
-            UnaryMethod {
-                path: "/samplerd.v1.Sampler/Generate",
-                limit: Some((
-                    config.generate.max_request_bytes,
-                    "generate.max_request_bytes",
-                )),
-            },
-        ],
     );
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -214,13 +219,13 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
         .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
         // Outermost, so it sees the final status of every response.
-        .layer(RpcLayer::new(drain.clone()))
-        .layer(crate::transport::connections::ActiveRpcLayer)
-        .layer(crate::transport::content_type::GrpcOnlyLayer)
+        .layer(WrapLayer(ObserveRpc::new(drain.clone())))
+        .layer(WrapLayer(CountActive))
+        .layer(WrapLayer(GrpcOnly))
         .layer(auth)
-        .layer(crate::transport::deadline::DeadlineLayer::new(
-            Duration::from_secs(limits.max_request_duration_secs),
-        ))
+        .layer(WrapLayer(Deadline::new(Duration::from_secs(
+            limits.max_request_duration_secs,
+        ))))
         .layer(tower::util::MapResponseLayer::new(fix_too_large))
         .add_service(health)
         .add_optional_service(config.reflection.then_some(reflection_v1))

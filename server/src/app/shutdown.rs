@@ -6,7 +6,7 @@
 //! exceed the grace period plus [`CLOSE_TIMEOUT`].
 //!
 //! [`Drain`] is the admission gate and in-flight counter the request layer
-//! (`metrics::RpcLayer`) consults for every Sampler RPC.
+//! (`metrics::ObserveRpc`) consults for every Sampler RPC.
 
 #![forbid(unsafe_code)]
 

@@ -13,13 +13,12 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use futures_core::future::BoxFuture;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
+
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
 /// Path prefix of the gRPC health service, which needs no token.
 const HEALTH_PATH_PREFIX: &str = "/grpc.health.v1.Health/";
@@ -160,64 +159,32 @@ impl TokenSet {
     }
 }
 
-/// Tower layer enforcing [`TokenSet`] on every request but health checks.
+/// The middleware enforcing [`TokenSet`] on every request but health
+/// checks (a layer: `WrapLayer(Authenticate::new(tokens))`).
 #[derive(Clone, Debug)]
-pub struct AuthLayer {
+pub struct Authenticate {
     tokens: Option<Arc<TokenSet>>,
 }
 
-impl AuthLayer {
+impl Authenticate {
     /// `None` = authentication off (every request passes).
     pub fn new(tokens: Option<Arc<TokenSet>>) -> Self {
-        AuthLayer { tokens }
+        Authenticate { tokens }
     }
 }
 
-impl<S> tower::Layer<S> for AuthLayer {
-    type Service = AuthService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        AuthService {
-            inner,
-            tokens: self.tokens.clone(),
-        }
-    }
-}
-
-/// The service [`AuthLayer`] wraps around the router.
-#[derive(Clone, Debug)]
-pub struct AuthService<S> {
-    inner: S,
-    tokens: Option<Arc<TokenSet>>,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for AuthService<S>
+impl<S, B> Middleware<S, B> for Authenticate
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
+    S: tower::Service<http::Request<B>, Response = HttpResponse> + Send + 'static,
     S::Future: Send + 'static,
-    B: Send + 'static,
 {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
         if let Some(tokens) = &self.tokens
             && !req.uri().path().starts_with(HEALTH_PATH_PREFIX)
             && let Err(status) = tokens.check(req.headers().get(http::header::AUTHORIZATION))
         {
             return Box::pin(async move { Ok(status.into_http()) });
         }
-        // The ready clone stays with the request (tower's clone-and-swap).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(inner.call(req))
     }
 }

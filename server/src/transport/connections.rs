@@ -17,7 +17,7 @@
 //!   `transport::tls`).
 //! - **An idle deadline** (`limits.idle_connection_timeout_secs`): a
 //!   connection with no RPC in flight for that long is closed. In-flight
-//!   RPCs are counted by [`ActiveRpcLayer`] through the connection's
+//!   RPCs are counted by [`CountActive`] through the connection's
 //!   [`ConnInfo`] in the request's extensions, so a SampleStream whose
 //!   client thinks for minutes between steps is not idle; HTTP/2 pings do
 //!   not count as activity. The close happens only while nothing is left
@@ -38,12 +38,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures_core::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
 /// How often refusals and accept errors are logged (with their count).
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -314,37 +315,16 @@ async fn accept_loop(
 
 /// Counts each RPC as in flight on its connection, from its request to the
 /// end of its response body (see the module docs).
+/// (A layer: `WrapLayer(CountActive)`.)
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ActiveRpcLayer;
+pub struct CountActive;
 
-impl<S> tower::Layer<S> for ActiveRpcLayer {
-    type Service = ActiveRpc<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ActiveRpc { inner }
-    }
-}
-
-/// The service [`ActiveRpcLayer`] wraps around the router.
-#[derive(Clone, Debug)]
-pub struct ActiveRpc<S> {
-    inner: S,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for ActiveRpc<S>
+impl<S, B> Middleware<S, B> for CountActive
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<http::Request<B>, Response = HttpResponse>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
         let ext = req.extensions();
         let guard = ext
             .get::<ConnInfo>()
@@ -353,7 +333,7 @@ where
                     .map(|t| t.get_ref())
             })
             .map(|c| c.activity.start());
-        let fut = self.inner.call(req);
+        let fut = inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
             let Some(guard) = guard else {

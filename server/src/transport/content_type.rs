@@ -6,28 +6,13 @@
 
 #![forbid(unsafe_code)]
 
-use std::task::{Context, Poll};
-
-use futures_core::future::BoxFuture;
 use http::{HeaderValue, StatusCode, header};
 
-/// The layer (no settings).
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
+
+/// The middleware (no settings; a layer: `WrapLayer(GrpcOnly)`).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct GrpcOnlyLayer;
-
-impl<S> tower::Layer<S> for GrpcOnlyLayer {
-    type Service = GrpcOnly<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        GrpcOnly { inner }
-    }
-}
-
-/// The service [`GrpcOnlyLayer`] wraps around the router.
-#[derive(Clone, Debug)]
-pub struct GrpcOnly<S> {
-    inner: S,
-}
+pub struct GrpcOnly;
 
 /// Why a request is not gRPC, as its HTTP status and a plain-text reason.
 fn refusal<B>(req: &http::Request<B>) -> Option<(StatusCode, String)> {
@@ -53,22 +38,14 @@ fn refusal<B>(req: &http::Request<B>) -> Option<(StatusCode, String)> {
     })
 }
 
-impl<S, B> tower::Service<http::Request<B>> for GrpcOnly<S>
+impl<S, B> Middleware<S, B> for GrpcOnly
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<http::Request<B>, Response = HttpResponse>,
     S::Future: Send + 'static,
 {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
         let Some((status, reason)) = refusal(&req) else {
-            return Box::pin(self.inner.call(req));
+            return Box::pin(inner.call(req));
         };
         tracing::debug!(%status, %reason, path = req.uri().path(), "not a gRPC request");
         let mut resp = http::Response::new(tonic::body::Body::new(reason));

@@ -15,11 +15,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use futures_core::future::BoxFuture;
-
 use http_body::{Body as _, Frame};
 use tokio::time::{Instant, Sleep};
 use tonic::codegen::Bytes;
+
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
 /// gRPC's timeout header (`<digits><unit>`, at most 8 digits).
 const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -47,33 +47,16 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 }
 
 /// The layer: `cap` is the server-side maximum for every request.
+/// (A layer: `WrapLayer(Deadline::new(cap))`.)
 #[derive(Clone, Copy, Debug)]
-pub struct DeadlineLayer {
+pub struct Deadline {
     cap: Duration,
 }
 
-impl DeadlineLayer {
+impl Deadline {
     pub fn new(cap: Duration) -> Self {
-        DeadlineLayer { cap }
+        Deadline { cap }
     }
-}
-
-impl<S> tower::Layer<S> for DeadlineLayer {
-    type Service = DeadlineService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        DeadlineService {
-            inner,
-            cap: self.cap,
-        }
-    }
-}
-
-/// The service [`DeadlineLayer`] wraps around the router.
-#[derive(Clone, Debug)]
-pub struct DeadlineService<S> {
-    inner: S,
-    cap: Duration,
 }
 
 /// The status sent when the deadline passes; `source` says which bound hit.
@@ -89,24 +72,12 @@ fn exceeded(limit: Duration, from_client: bool) -> tonic::Status {
     ))
 }
 
-impl<S, B> tower::Service<http::Request<B>> for DeadlineService<S>
+impl<S, B> Middleware<S, B> for Deadline
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
+    S: tower::Service<http::Request<B>, Response = HttpResponse>,
     S::Future: Send + 'static,
-    B: Send + 'static,
 {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
         let client = req
             .headers()
             .get(GRPC_TIMEOUT)
@@ -117,8 +88,6 @@ where
             _ => (self.cap, false),
         };
         let deadline = Instant::now() + limit.min(LONGEST_DEADLINE);
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let call = inner.call(req);
         Box::pin(async move {
             match tokio::time::timeout_at(deadline, call).await {

@@ -1,6 +1,6 @@
 //! Prometheus metrics: the recorder (`metrics` facade +
 //! `metrics-exporter-prometheus`), the `/metrics` HTTP endpoint on its own
-//! port (config `[metrics]`), and [`RpcLayer`], the one tower layer that
+//! port (config `[metrics]`), and [`ObserveRpc`], the one middleware that
 //! counts every gRPC request by RPC and status code, times it to the end of
 //! its response stream, tracks open streams, and refuses new Sampler RPCs
 //! while the server drains (see [`crate::app::shutdown`]).
@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures_core::future::BoxFuture;
-
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use samplerd_api::code_name;
 use serde::{Deserialize, Serialize};
@@ -27,6 +25,7 @@ use tonic::Code;
 
 pub use samplerd_sampling::chain::{PLUGIN_ERRORS_METRIC, STAGE_DURATION_METRIC};
 
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 use crate::app::shutdown::{Drain, InFlight, SHUTTING_DOWN_MESSAGE};
 
 /// Counter: finished gRPC requests, labels `rpc` and `code`.
@@ -378,56 +377,27 @@ impl http_body::Body for ObservedBody {
     }
 }
 
-/// Tower layer over the whole gRPC router: request metrics plus the
-/// shutdown admission gate.
+/// The middleware over the whole gRPC router: request metrics plus the
+/// shutdown admission gate (a layer: `WrapLayer(ObserveRpc::new(drain))`).
 #[derive(Clone)]
-pub struct RpcLayer {
+pub struct ObserveRpc {
     drain: Arc<Drain>,
 }
 
-impl RpcLayer {
+impl ObserveRpc {
     pub fn new(drain: Arc<Drain>) -> Self {
-        RpcLayer { drain }
+        ObserveRpc { drain }
     }
 }
 
-impl<S> tower::Layer<S> for RpcLayer {
-    type Service = RpcService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RpcService {
-            inner,
-            drain: self.drain.clone(),
-        }
-    }
-}
-
-/// The service [`RpcLayer`] wraps around the router.
-#[derive(Clone)]
-pub struct RpcService<S> {
-    inner: S,
-    drain: Arc<Drain>,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for RpcService<S>
+impl<S, B> Middleware<S, B> for ObserveRpc
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
+    S: tower::Service<http::Request<B>, Response = HttpResponse> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Send + 'static,
 {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
         let rpc = Rpc::classify(req.uri().path());
         let in_flight = if rpc.drains {
             match self.drain.admit() {
@@ -442,9 +412,6 @@ where
             None
         };
         let mut obs = Observation::new(rpc, in_flight);
-        // The clone-and-swap idiom: call the instance poll_ready prepared.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let resp = inner.call(req).await?;
             if let Some(code) = grpc_code(resp.headers()) {

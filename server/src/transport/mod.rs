@@ -12,6 +12,7 @@ pub mod connections;
 pub mod content_type;
 pub mod deadline;
 pub mod metrics;
+pub mod middleware;
 pub mod one_frame;
 pub mod tls;
 pub mod unary;

@@ -26,7 +26,6 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
@@ -39,8 +38,9 @@ use samplerd_api::v1;
 use tokio_stream::{self as stream, StreamExt};
 use tonic::Status;
 use tonic::body::Body;
-use tonic::server::NamedService;
 use tower::{Service, ServiceExt};
+
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
 /// The paths of the methods decoded here.
 const SAMPLE_PATH: &str = "/samplerd.v1.Sampler/Sample";
@@ -79,48 +79,27 @@ impl PredecodedStream {
     }
 }
 
-/// Wraps the generated `Sampler` service (see the module docs).
-#[derive(Clone)]
-pub struct OneFrameDecode<S> {
-    inner: S,
+/// The middleware around the generated `Sampler` service (see the module
+/// docs): `Wrap::new(OneFrameDecode::new(max), service)`.
+#[derive(Clone, Copy, Debug)]
+pub struct OneFrameDecode {
     /// The service's `max_decoding_message_size`: larger messages go to
     /// tonic, which answers `RESOURCE_EXHAUSTED`.
     max_message_bytes: usize,
 }
 
-impl<S> OneFrameDecode<S> {
-    pub fn new(inner: S, max_message_bytes: usize) -> Self {
-        OneFrameDecode {
-            inner,
-            max_message_bytes,
-        }
+impl OneFrameDecode {
+    pub fn new(max_message_bytes: usize) -> Self {
+        OneFrameDecode { max_message_bytes }
     }
 }
 
-impl<S: NamedService> NamedService for OneFrameDecode<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for OneFrameDecode<S>
+impl<S> Middleware<S, Body> for OneFrameDecode
 where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<http::Request<Body>, Response = HttpResponse, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        // The clone is the one left behind: `self.inner` was polled ready.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+    fn call(&self, mut inner: S, req: http::Request<Body>) -> ResponseFuture<Infallible> {
         let max = self.max_message_bytes;
         if !uncompressed(&req) {
             return Box::pin(inner.call(req));

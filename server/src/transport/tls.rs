@@ -139,7 +139,10 @@ impl TlsConfig {
 pub fn secured_builder(
     config: &crate::app::config::Config,
 ) -> Result<
-    (tonic::transport::Server, crate::transport::auth::AuthLayer),
+    (
+        tonic::transport::Server,
+        crate::transport::middleware::WrapLayer<crate::transport::auth::Authenticate>,
+    ),
     crate::app::server::StartError,
 > {
     let mut builder = tonic::transport::Server::builder();
@@ -171,7 +174,10 @@ pub fn secured_builder(
             None
         }
     };
-    Ok((builder, crate::transport::auth::AuthLayer::new(tokens)))
+    Ok((
+        builder,
+        crate::transport::middleware::WrapLayer(crate::transport::auth::Authenticate::new(tokens)),
+    ))
 }
 
 /// An error and its sources on one line (rustls puts the reason a key was

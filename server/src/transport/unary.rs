@@ -22,7 +22,6 @@
 #![forbid(unsafe_code)]
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,8 +32,9 @@ use prost::bytes::Bytes;
 use tokio_stream::{self as stream, StreamExt};
 use tonic::Status;
 use tonic::body::Body;
-use tonic::server::NamedService;
 use tower::{Service, ServiceExt};
+
+use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
 /// gRPC's length prefix: a compressed flag and a big-endian u32 length.
 const PREFIX: usize = 5;
@@ -49,46 +49,27 @@ pub struct UnaryMethod {
     pub limit: Option<(usize, &'static str)>,
 }
 
-/// Wraps a gRPC service's unary methods.
-#[derive(Clone)]
-pub struct UnaryGuard<S> {
-    inner: S,
+/// The middleware around a gRPC service's unary methods:
+/// `Wrap::new(UnaryGuard::new(methods), service)`.
+#[derive(Clone, Debug)]
+pub struct UnaryGuard {
     methods: Arc<[UnaryMethod]>,
 }
 
-impl<S> UnaryGuard<S> {
-    pub fn new(inner: S, methods: Vec<UnaryMethod>) -> Self {
+impl UnaryGuard {
+    pub fn new(methods: Vec<UnaryMethod>) -> Self {
         UnaryGuard {
-            inner,
             methods: methods.into(),
         }
     }
 }
 
-impl<S: NamedService> NamedService for UnaryGuard<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for UnaryGuard<S>
+impl<S> Middleware<S, Body> for UnaryGuard
 where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<http::Request<Body>, Response = HttpResponse, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        // The clone is the one left behind: `self.inner` was polled ready.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+    fn call(&self, mut inner: S, req: http::Request<Body>) -> ResponseFuture<Infallible> {
         let Some(method) = self
             .methods
             .iter()

@@ -50,6 +50,13 @@ pub fn toml_path(p: &std::path::Path) -> String {
 /// and `extra_toml` appended (more keys or tables), and waits until it
 /// logs its gRPC address (and metrics address unless disabled).
 pub fn start(extra_toml: &str) -> Process {
+    start_limited(extra_toml, None)
+}
+
+/// [`start`], with the process's open-file limit (`RLIMIT_NOFILE`) set to
+/// `max_open_files` (by the shell's `ulimit -n`, which then `exec`s
+/// samplerd, so the child is samplerd itself).
+pub fn start_limited(extra_toml: &str, max_open_files: Option<u32>) -> Process {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "samplerd-proc-{}-{}",
@@ -76,7 +83,17 @@ pub fn start(extra_toml: &str) -> Process {
     }
     let file = dir.join("samplerd.toml");
     std::fs::write(&file, &config).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_samplerd"));
+    let bin = env!("CARGO_BIN_EXE_samplerd");
+    let mut cmd = match max_open_files {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut sh = Command::new("sh");
+            sh.arg("-c")
+                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                .arg(bin);
+            sh
+        }
+    };
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("SAMPLERD_") {
             cmd.env_remove(&k);
