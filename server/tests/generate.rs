@@ -251,6 +251,16 @@ async fn max_tokens_is_honoured() {
     assert_eq!(out.reason(), v1::FinishReason::MaxTokens);
     assert_eq!(out.tokens.len(), 5);
     assert_eq!(out.finished.unwrap().usage.unwrap().completion_tokens, 5);
+    // The decode loop's logits buffer came from the server's pool and goes
+    // back to it when the generation ends (just after its last event).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.state().pool.idle() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the generation's buffer was not given back to the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]

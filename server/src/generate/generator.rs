@@ -21,6 +21,8 @@ pub struct GenerateJob {
     /// The request's id (logs, and the crash report while its steps run).
     pub request_id: u64,
     pub steps: crate::service::step_pool::StepPool,
+    /// Where its decode loop leases its logits buffer.
+    pub buffers: std::sync::Arc<crate::service::buffer_pool::BufferPool>,
     /// What the generation charges its prompt and KV cache to.
     pub memory: std::sync::Arc<crate::service::memory::MemoryBudget>,
 }

@@ -23,6 +23,7 @@ use stop_filter::StopFilter;
 use tonic::Status;
 
 use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
+use crate::service::buffer_pool::BufferPool;
 use crate::service::errors::RequestError;
 use crate::service::step_pool::StepPool;
 use crate::service::validate::{Prompt, ValidGenerate};
@@ -262,6 +263,7 @@ impl ModelHost {
         req: &ValidGenerate,
         request_id: u64,
         steps: &StepPool,
+        buffers: &Arc<BufferPool>,
         prompt: Vec<u32>,
         sink: &GenerateSink,
     ) -> Result<(), RequestError> {
@@ -288,7 +290,7 @@ impl ModelHost {
                 .step(session, tokens)
                 .map_err(|(_, e)| RequestError::Internal(e.to_string()))
         };
-        let mut buf = TokenBuffer::new();
+        let mut buf = buffers.lease(self.model.n_vocab());
         let mut filter = StopFilter::new(&req.stop);
         let mut utf8 = Utf8Streamer::new();
         let prefill_start = Instant::now();
@@ -482,6 +484,7 @@ impl Generator for ModelHost {
             request,
             request_id,
             steps,
+            buffers,
             memory,
         } = job;
         let result = (|| {
@@ -507,7 +510,7 @@ impl Generator for ModelHost {
                 samplerd_sampling::activity::entering(&TOKENIZER);
                 prompt_tokens(&model, &config, &prompt)
             })??;
-            self.run(&request, request_id, &steps, tokens, &sink)
+            self.run(&request, request_id, &steps, &buffers, tokens, &sink)
         })();
         if let Err(e) = result {
             let status: Status = e.into();

@@ -52,6 +52,7 @@ pub async fn handle(
         request: valid,
         request_id,
         steps: state.steps.clone(),
+        buffers: Arc::clone(&state.pool),
         memory: Arc::clone(&state.memory),
     };
     tokio::task::spawn_blocking(move || {

@@ -124,7 +124,7 @@ pub struct AppState {
     pub generate: GenerateConfig,
     /// `limits.memory_budget_bytes` and what requests hold of it.
     pub memory: Arc<memory::MemoryBudget>,
-    pub pool: BufferPool,
+    pub pool: Arc<BufferPool>,
     /// The raw log-sum-exp's helper core (`limits.parallel_logprob`).
     pub lse: LseHelper,
     /// Permits for open SampleStream/Generate streams.
@@ -148,7 +148,7 @@ impl AppState {
         Ok(AppState {
             registry,
             defaults,
-            pool: BufferPool::new(limits.buffer_pool_size, limits.max_vocab),
+            pool: Arc::new(BufferPool::new(limits.buffer_pool_size, limits.max_vocab)),
             lse: LseHelper::new(&limits.parallel_logprob),
             streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
             steps: StepPool::start(limits.step_pool())?,
