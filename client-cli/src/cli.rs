@@ -191,6 +191,58 @@ pub struct SamplingArgs {
     /// the server [default: the server's chain order].
     #[arg(long, value_name = "NAMES")]
     pub samplers: Option<String>,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
+    /// A vocabulary the server loaded (`[vocabularies]`; `samplerctl
+    /// stages` lists them), for `sample` with a constraint: the logits
+    /// must have one entry per token of it. `generate` uses the model's.
+    #[arg(long, value_name = "NAME")]
+    pub vocabulary: Option<String>,
+}
+
+/// Structured output: at most one of these.
+#[derive(Debug, Clone, Default, Args)]
+#[group(id = "constraint", multiple = false)]
+pub struct ConstraintArgs {
+    /// Hold the output to one JSON value valid under the JSON Schema in
+    /// FILE, e.g. `--json-schema person.schema.json`.
+    #[arg(long, value_name = "FILE", value_parser = read_text_file)]
+    pub json_schema: Option<String>,
+    /// The whole output matches this regular expression, e.g.
+    /// `--regex '[0-9]{3}-[0-9]{4}'`.
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+    /// A grammar file: llama.cpp GBNF (`.gbnf`, root rule `root`), or
+    /// llguidance's Lark syntax when the file ends in `.lark`.
+    #[arg(long, value_name = "FILE", value_parser = read_grammar_file)]
+    pub grammar: Option<GrammarFile>,
+    /// Any JSON object.
+    #[arg(long)]
+    pub json_object: bool,
+    /// Exactly one of these `;`-separated strings, e.g. `--choice "yes;no"`.
+    #[arg(long, value_name = "A;B")]
+    pub choice: Option<String>,
+}
+
+/// A grammar file's syntax and text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrammarFile {
+    Gbnf(String),
+    Lark(String),
+}
+
+/// A flag's FILE argument, read (clap reports a failure naming the flag).
+fn read_text_file(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {path:?}: {e}"))
+}
+
+fn read_grammar_file(path: &str) -> Result<GrammarFile, String> {
+    let text = read_text_file(path)?;
+    Ok(if path.ends_with(".lark") {
+        GrammarFile::Lark(text)
+    } else {
+        GrammarFile::Gbnf(text)
+    })
 }
 
 /// `samplerctl generate`.

@@ -2,9 +2,9 @@
 //! sent (`optional` fields stay unset otherwise), so the server's configured
 //! defaults apply to everything else.
 
-use samplerd_api::v1::SamplingParams;
+use samplerd_api::v1::{Constraint, SamplingParams, StringList, constraint};
 
-use crate::cli::SamplingArgs;
+use crate::cli::{ConstraintArgs, GrammarFile, SamplingArgs};
 
 /// Builds the request's `SamplingParams` from the flags the user gave.
 /// `--greedy` is `temperature = 0`; `--samplers` splits on `;` (and `,`).
@@ -31,7 +31,35 @@ pub fn sampling_params(a: &SamplingArgs) -> SamplingParams {
             .as_deref()
             .map(split_samplers)
             .unwrap_or_default(),
+        constraint: constraint(&a.constraint),
+        vocabulary: a.vocabulary.clone().unwrap_or_default(),
     }
+}
+
+/// The constraint flag given, if any (clap lets through at most one).
+fn constraint(c: &ConstraintArgs) -> Option<Constraint> {
+    use constraint::Kind;
+    let kind = if let Some(s) = &c.json_schema {
+        Kind::JsonSchema(s.clone())
+    } else if let Some(r) = &c.regex {
+        Kind::Regex(r.clone())
+    } else if let Some(g) = &c.grammar {
+        match g {
+            GrammarFile::Gbnf(t) => Kind::Gbnf(t.clone()),
+            GrammarFile::Lark(t) => Kind::Lark(t.clone()),
+        }
+    } else if c.json_object {
+        Kind::JsonObject(true)
+    } else {
+        let values = c
+            .choice
+            .as_deref()?
+            .split(';')
+            .map(str::to_string)
+            .collect();
+        Kind::Choice(StringList { values })
+    };
+    Some(Constraint { kind: Some(kind) })
 }
 
 /// `"penalties;top_k; top_p"` → `["penalties", "top_k", "top_p"]`.

@@ -135,6 +135,7 @@ fn mix(with_model: bool) -> Vec<Req> {
                     step: i as u64 * 3,
                     n_probs: (i % 5) as u32,
                     post_sampling_probs: i % 3 == 0,
+                    constraint_tokens: Vec::new(),
                 })
             }
         })

@@ -180,7 +180,7 @@ async fn worker(
                     params: Some(params.clone()),
                     step: n,
                     n_probs: 0,
-                    post_sampling_probs: false,
+                    ..Default::default()
                 })
                 .await
                 .map(|_| 1),

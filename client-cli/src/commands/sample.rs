@@ -29,6 +29,7 @@ pub async fn run(conn: &ConnArgs, args: SampleArgs) -> anyhow::Result<ExitCode> 
         step: args.step,
         n_probs: args.n_probs,
         post_sampling_probs: false,
+        constraint_tokens: Vec::new(),
     };
     let raw: SampleResponse = client.sample(request.clone()).await?.into_inner();
     let post = if args.n_probs > 0 {

@@ -56,7 +56,7 @@ extern "C" {
 #endif
 
 #define SD_ABI_MAJOR 1
-#define SD_ABI_MINOR 0
+#define SD_ABI_MINOR 1 /* 1: SD_STAGE_OUTPUT_ONLY */
 
 #define SD_OK 0
 #define SD_ERR 1
@@ -180,6 +180,11 @@ typedef struct sd_error {
 #define SD_STAGE_SELECTS (1u << 0)  /* writes tokens->selected; may end a chain */
 #define SD_STAGE_DENSE_OK (1u << 1) /* handles the dense view; else the host converts first */
 #define SD_STAGE_NEEDS_VOCAB (1u << 2) /* config_new fails without a vocabulary */
+/* accept sees only the tokens the sequence generates, never the history the
+ * host replays into a fresh sequence (a prompt's tail, previous_tokens):
+ * what a grammar needs, whose state starts where the output starts. Since
+ * ABI 1.1. */
+#define SD_STAGE_OUTPUT_ONLY (1u << 3)
 
 /*
  * One stage. Every function pointer is required (use a no-op where nothing is

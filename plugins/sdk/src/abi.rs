@@ -6,7 +6,8 @@
 use std::ffi::{c_char, c_int, c_void};
 
 pub const SD_ABI_MAJOR: u32 = 1;
-pub const SD_ABI_MINOR: u32 = 0;
+/// 1: [`SD_STAGE_OUTPUT_ONLY`].
+pub const SD_ABI_MINOR: u32 = 1;
 
 pub const SD_OK: c_int = 0;
 pub const SD_ERR: c_int = 1;
@@ -33,6 +34,10 @@ pub const SD_PARAM_STRING_LIST: u32 = 3;
 pub const SD_STAGE_SELECTS: u32 = 1 << 0;
 pub const SD_STAGE_DENSE_OK: u32 = 1 << 1;
 pub const SD_STAGE_NEEDS_VOCAB: u32 = 1 << 2;
+/// `accept` sees only tokens the sequence generates, never replayed
+/// history (a prompt's tail, `previous_tokens`): what a grammar needs.
+/// Since ABI 1.1.
+pub const SD_STAGE_OUTPUT_ONLY: u32 = 1 << 3;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]

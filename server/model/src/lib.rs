@@ -32,6 +32,7 @@ pub mod pool;
 pub mod quant;
 pub mod streamer;
 pub mod tokenizer;
+pub mod vocab_file;
 pub mod weights;
 
 pub use backend::{Backend, SequenceState};
@@ -41,6 +42,7 @@ pub use error::ModelError;
 pub use gguf::{Arch, Config};
 pub use streamer::Utf8Streamer;
 pub use tokenizer::{TokenInfo, Tokenizer, attr};
+pub use vocab_file::read_vocabulary;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

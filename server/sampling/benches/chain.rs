@@ -225,7 +225,7 @@ fn bench_chain(c: &mut Criterion) {
         for (name, spec) in &configs {
             let chain = chain_of(&reg, spec);
             let mut seq = chain.new_sequence().unwrap();
-            seq.accept_all(&prev).unwrap();
+            seq.accept_history(&prev).unwrap();
             buf.load(&input).unwrap();
             let mut step = 0u64;
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
@@ -237,7 +237,7 @@ fn bench_chain(c: &mut Criterion) {
         }
         let chain = chain_of(&reg, &configs[0].1);
         let mut seq = chain.new_sequence().unwrap();
-        seq.accept_all(&prev).unwrap();
+        seq.accept_history(&prev).unwrap();
         let mut step = 0u64;
         group.bench_function("load+default_chain", |b| {
             b.iter(|| {

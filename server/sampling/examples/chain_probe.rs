@@ -48,7 +48,8 @@ fn main() {
                 .build_typed(&case.params, None)
                 .map_err(|e| e.to_string())?;
             let mut seq = chain.new_sequence().map_err(|e| e.to_string())?;
-            seq.accept_all(&case.window).map_err(|e| e.to_string())?;
+            seq.accept_history(&case.window)
+                .map_err(|e| e.to_string())?;
             buf.load(&all[case.offset..case.offset + case.vocab])
                 .map_err(|e| e.to_string())?;
             let tok = seq

@@ -103,7 +103,7 @@ pub fn run(
     let window: Vec<u32> = (0..64u32)
         .map(|i| i.wrapping_mul(2_654_435_761) % vocab as u32)
         .collect();
-    seq.accept_all(&window)?;
+    seq.accept_history(&window)?;
     let inputs: Vec<Vec<f32>> = (0..8)
         .map(|i| random_logits(vocab, 3.0, 1000 + i))
         .collect();

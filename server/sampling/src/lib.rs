@@ -30,7 +30,7 @@ pub mod vocab;
 pub use buffer::TokenBuffer;
 pub use chain::Chain;
 pub use error::{ChainError, LoadError, LogitsError, SampleError};
-pub use params::{DEFAULT_ORDER, SamplingParams};
+pub use params::{Constraint, DEFAULT_ORDER, SamplingParams};
 pub use registry::StageRegistry;
 pub use rng::StepRng;
 pub use sequence::{Sampled, Sequence};

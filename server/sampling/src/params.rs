@@ -47,7 +47,68 @@ pub const TYPED_FIELDS: &[TypedField] = &[
     typed("xtc_probability", "xtc", "probability"),
     typed("xtc_threshold", "xtc", "threshold"),
     typed("temperature", "temperature", "t"),
+    typed("constraint.json_schema", "constraint", "json_schema"),
+    typed("constraint.regex", "constraint", "regex"),
+    typed("constraint.lark", "constraint", "lark"),
+    typed("constraint.gbnf", "constraint", "gbnf"),
+    typed("constraint.json_object", "constraint", "json_object"),
+    typed("constraint.choice", "constraint", "choice"),
 ];
+
+/// What a request's output must match: the grammar of the `constraint`
+/// stage (its own plugin library), one parameter named by its kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Constraint {
+    JsonSchema(String),
+    Regex(String),
+    Lark(String),
+    Gbnf(String),
+    JsonObject,
+    Choice(Vec<String>),
+}
+
+/// The stage that holds the output to a [`Constraint`].
+pub const CONSTRAINT_STAGE: &str = "constraint";
+
+impl Constraint {
+    /// The stage with its grammar parameter.
+    pub fn stage(&self) -> StageSpec {
+        let value = match self {
+            Constraint::JsonSchema(s)
+            | Constraint::Regex(s)
+            | Constraint::Lark(s)
+            | Constraint::Gbnf(s) => ParamValue::String(s.clone()),
+            Constraint::JsonObject => ParamValue::Number(1.0),
+            Constraint::Choice(v) => ParamValue::StringList(v.clone()),
+        };
+        StageSpec::new(CONSTRAINT_STAGE).with(self.kind(), value)
+    }
+
+    /// Its kind as the request field names it (`json_schema`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Constraint::JsonSchema(_) => "json_schema",
+            Constraint::Regex(_) => "regex",
+            Constraint::Lark(_) => "lark",
+            Constraint::Gbnf(_) => "gbnf",
+            Constraint::JsonObject => "json_object",
+            Constraint::Choice(_) => "choice",
+        }
+    }
+
+    /// Bytes of grammar text it carries (what `limits.max_constraint_bytes`
+    /// bounds).
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            Constraint::JsonSchema(s)
+            | Constraint::Regex(s)
+            | Constraint::Lark(s)
+            | Constraint::Gbnf(s) => s.len(),
+            Constraint::JsonObject => 0,
+            Constraint::Choice(v) => v.iter().map(String::len).sum(),
+        }
+    }
+}
 
 /// A stage's refusal of a parameter built from typed fields, renamed to
 /// the typed field ([`ChainError::Param`]); other errors pass through.
@@ -148,6 +209,11 @@ pub struct SamplingParams {
     /// May name any loaded non-selecting stage, e.g. a third-party plugin.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub order: Vec<String>,
+    /// Structured output (requests only: a configured default grammar
+    /// would hold every request to it). First in the chain, before any
+    /// order: every later stage sees only tokens the grammar allows.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -167,6 +233,7 @@ impl Default for SamplingParams {
             xtc_threshold: 0.1,
             logit_bias: Vec::new(),
             order: Vec::new(),
+            constraint: None,
         }
     }
 }
@@ -262,6 +329,13 @@ impl SamplingParams {
             "temperature" => {
                 Planned::Run(StageSpec::new("temperature").number("t", n(self.temperature)))
             }
+            // Named in `samplers`: where the order puts it (without a
+            // constraint the stage refuses to build, naming what is missing).
+            CONSTRAINT_STAGE => Planned::Run(
+                self.constraint
+                    .as_ref()
+                    .map_or_else(|| StageSpec::new(CONSTRAINT_STAGE), Constraint::stage),
+            ),
             other => Planned::Run(StageSpec::new(other)),
         }
     }
@@ -289,8 +363,13 @@ impl SamplingParams {
             && self.xtc_probability <= 0.0;
         let mut stages = Vec::new();
         let mut check_only = Vec::new();
+        if let Some(c) = &self.constraint
+            && !order.contains(&CONSTRAINT_STAGE)
+        {
+            stages.push(c.stage());
+        }
         for name in order {
-            let skipped = greedy && !matches!(name, "logit_bias" | "penalties");
+            let skipped = greedy && !matches!(name, "logit_bias" | "penalties" | CONSTRAINT_STAGE);
             match self.stage_for(name) {
                 Planned::Run(s) if skipped => check_only.push(s),
                 Planned::Run(s) => stages.push(s),

@@ -75,20 +75,41 @@ impl Sequence {
 
     /// Tells every stage the sequence emitted `token`.
     pub fn accept(&mut self, token: u32) -> Result<(), SampleError> {
-        for (link, &state) in self.chain.links().iter().zip(&self.states) {
-            let accept = link.enter().accept.expect("checked at load");
-            ffi::call(link, |err| {
-                // SAFETY: config/state belong to this stage; &mut self
-                // serialises.
-                unsafe { accept(link.config, state, token, err) }
-            })?;
-        }
-        Ok(())
+        self.accept_into(&[token], |_| true)
     }
 
-    /// Accepts each of `tokens`, oldest first (seeds a penalty window).
-    pub fn accept_all(&mut self, tokens: &[u32]) -> Result<(), SampleError> {
-        tokens.iter().try_for_each(|&t| self.accept(t))
+    /// Replays history into a fresh sequence, oldest first — a prompt's
+    /// tail, a request's `previous_tokens` (seeds a penalty window) — for
+    /// every stage but the output-only ones ([`SD_STAGE_OUTPUT_ONLY`]: a
+    /// grammar starts where the output starts).
+    pub fn accept_history(&mut self, tokens: &[u32]) -> Result<(), SampleError> {
+        self.accept_into(tokens, |flags| flags & SD_STAGE_OUTPUT_ONLY == 0)
+    }
+
+    /// Replays output already generated into the output-only stages alone
+    /// (a stateless Sample's `constraint_tokens`; the other stages got it
+    /// as history).
+    pub fn accept_output(&mut self, tokens: &[u32]) -> Result<(), SampleError> {
+        self.accept_into(tokens, |flags| flags & SD_STAGE_OUTPUT_ONLY != 0)
+    }
+
+    /// `accept` of each token, oldest first, for the stages whose flags
+    /// `to` selects.
+    fn accept_into(&mut self, tokens: &[u32], to: impl Fn(u32) -> bool) -> Result<(), SampleError> {
+        for &token in tokens {
+            for (link, &state) in self.chain.links().iter().zip(&self.states) {
+                if !to(link.vt().flags) {
+                    continue;
+                }
+                let accept = link.enter().accept.expect("checked at load");
+                ffi::call(link, |err| {
+                    // SAFETY: config/state belong to this stage; &mut self
+                    // serialises.
+                    unsafe { accept(link.config, state, token, err) }
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Back to fresh states (as after `new_sequence`).

@@ -25,7 +25,7 @@ fn logits(n: usize, seed: u64) -> Vec<f32> {
 /// One stateless step: fresh state, window accepted, sample at (seed, step).
 fn sample_once(c: &Chain, l: &[f32], window: &[u32], seed: u64, step: u64) -> u32 {
     let mut seq = c.new_sequence().unwrap();
-    seq.accept_all(window).unwrap();
+    seq.accept_history(window).unwrap();
     let mut buf = TokenBuffer::new();
     buf.load(l).unwrap();
     seq.sample(&mut buf, seed, step).unwrap().token_id
@@ -70,7 +70,7 @@ fn a_stream_equals_stateless_calls_with_the_same_steps() {
     });
     let initial = vec![5u32, 6, 7];
     let mut stream = c.new_sequence().unwrap();
-    stream.accept_all(&initial).unwrap();
+    stream.accept_history(&initial).unwrap();
     let mut history = initial.clone();
     let mut buf = TokenBuffer::new();
     for step in 0..30u64 {
@@ -120,7 +120,7 @@ fn sequences_clone_and_reset() {
     });
     let l = [8.5f32, 7.9, 4.0];
     let mut seq = c.new_sequence().unwrap();
-    seq.accept_all(&[0, 0, 0]).unwrap();
+    seq.accept_history(&[0, 0, 0]).unwrap();
     let mut fork = seq.try_clone().unwrap();
     let mut buf = TokenBuffer::new();
     buf.load(&l).unwrap();
@@ -191,7 +191,7 @@ proptest! {
             l[i * 7 % vocab] = f32::NEG_INFINITY;
         }
         let mut seq = c.new_sequence().unwrap();
-        seq.accept_all(&window).unwrap();
+        seq.accept_history(&window).unwrap();
         let mut buf = TokenBuffer::new();
         buf.load(&l).unwrap();
         let tok = seq.sample(&mut buf, seed, step).unwrap().token_id;
@@ -204,7 +204,7 @@ proptest! {
         prop_assert!(p_tok > 0.0);
         // Same inputs, same token.
         let mut again = c.new_sequence().unwrap();
-        again.accept_all(&window).unwrap();
+        again.accept_history(&window).unwrap();
         buf.load(&l).unwrap();
         prop_assert_eq!(again.sample(&mut buf, seed, step).unwrap().token_id, tok);
     }

@@ -103,7 +103,7 @@ fn check_case(spec: &ChainSpec, l: &[f32], window: &[u32], seed: u64, step: u64)
     let chain = reg.build_chain(spec, None).unwrap();
     // The whole chain on the host.
     let mut full = chain.new_sequence().unwrap();
-    full.accept_all(window).unwrap();
+    full.accept_history(window).unwrap();
     let mut buf = TokenBuffer::new();
     let want = buf
         .load(l)

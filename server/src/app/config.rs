@@ -50,6 +50,10 @@ pub struct Config {
     pub reflection: bool,
     pub tls: crate::transport::tls::TlsConfig,
     pub auth: crate::transport::auth::AuthConfig,
+    /// Named vocabularies for Sample and SampleStream (`NAME = "path"`: a
+    /// GGUF or a Hugging Face tokenizer.json), which `params.vocabulary`
+    /// names.
+    pub vocabularies: std::collections::BTreeMap<String, PathBuf>,
 }
 
 impl Default for Config {
@@ -70,6 +74,7 @@ impl Default for Config {
             reflection: true,
             tls: crate::transport::tls::TlsConfig::default(),
             auth: crate::transport::auth::AuthConfig::default(),
+            vocabularies: Default::default(),
         }
     }
 }
@@ -284,6 +289,10 @@ pub struct LimitsConfig {
     pub max_request_duration_secs: u64,
     /// Most stages in a request's `params.chain` or `params.samplers`.
     pub max_chain_stages: usize,
+    /// Largest grammar text of a request's `params.constraint` (a JSON
+    /// Schema, regex, grammar, or the choices together), in bytes: compiling
+    /// one is work of its size, refused before any of it.
+    pub max_constraint_bytes: usize,
     /// Sampling threads (`crate::service::step_pool`: every step and every other
     /// call into plugin code runs there, never on the async runtime);
     /// 0: one per CPU.
@@ -353,6 +362,7 @@ impl Default for LimitsConfig {
             max_streams_per_connection: 256,
             max_request_duration_secs: 600,
             max_chain_stages: 64,
+            max_constraint_bytes: 1 << 20,
             sampling_threads: 0,
             max_step_ms: 2_000,
             max_stuck_workers: 4,

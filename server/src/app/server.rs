@@ -68,6 +68,8 @@ pub enum StartError {
     Auth(#[from] crate::transport::auth::AuthError),
     #[error("cannot start the sampling threads (limits.sampling_threads): {0}")]
     StepPool(#[source] std::io::Error),
+    #[error("{0}")]
+    Vocabulary(#[from] crate::service::vocabularies::VocabularyError),
 }
 
 /// Loads the configured plugins (or the core library next to the
@@ -84,7 +86,7 @@ pub fn build_state(
     generator: Option<Arc<dyn Generator>>,
 ) -> Result<Arc<AppState>, StartError> {
     let defaults = Defaults::build(config, &registry)?;
-    let state = AppState::new(
+    let mut state = AppState::new(
         Arc::new(registry),
         defaults,
         config.limits.clone(),
@@ -92,6 +94,7 @@ pub fn build_state(
         generator,
     )
     .map_err(StartError::StepPool)?;
+    state.vocabularies = crate::service::vocabularies::Vocabularies::load(&config.vocabularies)?;
     Ok(Arc::new(state))
 }
 

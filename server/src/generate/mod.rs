@@ -221,7 +221,9 @@ impl ModelHost {
                 "cannot start the decode thread: {e}"
             )),
         })?;
-        let vocab = Arc::new(plugin_vocabulary(model.vocabulary()));
+        let vocab = Arc::new(crate::service::vocabularies::plugin_vocabulary(
+            model.vocabulary(),
+        ));
         Ok(ModelHost {
             vocab,
             batcher,
@@ -278,7 +280,7 @@ impl ModelHost {
             .run_blocking(move || {
                 let _serving = samplerd_sampling::activity::serving(request_id);
                 let mut seq = chain.new_sequence()?;
-                seq.accept_all(&window)?;
+                seq.accept_history(&window)?;
                 Ok::<_, SampleError>(seq)
             })?
             .map_err(RequestError::Plugin)?;
@@ -517,26 +519,4 @@ impl Generator for ModelHost {
             let _ = sink.blocking_send(Err(status));
         }
     }
-}
-
-/// The model's vocabulary in the plugin ABI's shape: each token's bytes and
-/// its `SD_TOKEN_*` attributes (user-defined tokens count as normal text).
-fn plugin_vocabulary(tokens: &[samplerd_model::TokenInfo]) -> Vocabulary {
-    use samplerd_model::attr;
-    use samplerd_sampling::vocab::token_attr;
-    let abi_attrs = |a: u32| {
-        [
-            (attr::CONTROL, token_attr::CONTROL),
-            (attr::END_OF_GENERATION, token_attr::EOG),
-            (attr::BYTE, token_attr::BYTE),
-            (attr::UNUSED, token_attr::UNUSED),
-        ]
-        .iter()
-        .filter(|(ours, _)| a & ours != 0)
-        .fold(token_attr::NORMAL, |acc, (_, abi)| acc | abi)
-    };
-    Vocabulary::new(
-        tokens.iter().map(|t| t.bytes.clone()).collect(),
-        tokens.iter().map(|t| abi_attrs(t.attrs)).collect(),
-    )
 }

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use samplerd_api::v1;
 use samplerd_sampling::step::Logits;
-use samplerd_sampling::{ChainSpec, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec};
+use samplerd_sampling::{
+    ChainSpec, Constraint, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec,
+};
 
 use crate::service::errors::RequestError;
 
@@ -219,7 +221,26 @@ pub fn typed_params(base: &SamplingParams, p: &v1::SamplingParams) -> Option<Sam
         out.order = p.samplers.clone();
         set = true;
     }
+    if let Some(c) = p.constraint.as_ref().and_then(constraint_from_proto) {
+        out.constraint = Some(c);
+        set = true;
+    }
     set.then_some(out)
+}
+
+/// `params.constraint` → the core's (`None`: no kind set, or
+/// `json_object: false`).
+pub fn constraint_from_proto(c: &v1::Constraint) -> Option<Constraint> {
+    use v1::constraint::Kind;
+    Some(match c.kind.as_ref()? {
+        Kind::JsonSchema(s) => Constraint::JsonSchema(s.clone()),
+        Kind::Regex(s) => Constraint::Regex(s.clone()),
+        Kind::Lark(s) => Constraint::Lark(s.clone()),
+        Kind::Gbnf(s) => Constraint::Gbnf(s.clone()),
+        Kind::JsonObject(true) => Constraint::JsonObject,
+        Kind::JsonObject(false) => return None,
+        Kind::Choice(l) => Constraint::Choice(l.values.clone()),
+    })
 }
 
 /// A registered stage → proto.

@@ -17,6 +17,7 @@ pub mod stages;
 pub mod step_pool;
 pub mod stream;
 pub mod validate;
+pub mod vocabularies;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -134,6 +135,8 @@ pub struct AppState {
     pub generator: Option<Arc<dyn Generator>>,
     /// The threads that run sampling steps (`limits.sampling_threads`).
     pub steps: StepPool,
+    /// `[vocabularies]`, for requests that name one.
+    pub vocabularies: vocabularies::Vocabularies,
     next_request_id: AtomicU64,
 }
 
@@ -157,6 +160,7 @@ impl AppState {
             generate,
             open_sessions: AtomicUsize::new(0),
             generator,
+            vocabularies: Default::default(),
             next_request_id: AtomicU64::new(1),
         })
     }

@@ -1,4 +1,5 @@
-//! `ListStages`: every loaded stage and the default chain.
+//! `ListStages`: every loaded stage, the default chain and the loaded
+//! vocabularies.
 
 #![forbid(unsafe_code)]
 
@@ -18,5 +19,6 @@ pub fn list(state: &AppState) -> v1::ListStagesResponse {
             .collect(),
         default_chain: convert::chain_to_proto(&state.defaults.spec),
         default_chain_description: state.defaults.chain.describe(),
+        vocabularies: state.vocabularies.to_proto(),
     }
 }

@@ -29,6 +29,7 @@
 use std::sync::Arc;
 
 use samplerd_api::v1;
+use samplerd_sampling::params::CONSTRAINT_STAGE;
 use samplerd_sampling::{Chain, ChainError, Sequence, Vocabulary, step};
 
 use samplerd_model::ChatMessage;
@@ -54,6 +55,9 @@ pub struct ValidStart<'a> {
     pub seed: u64,
     /// `previous_tokens` inside the vocabulary, oldest first.
     pub window: Vec<u32>,
+    /// `constraint_tokens` (Sample only): the output so far, replayed into
+    /// the output-only stages (the constraint's grammar).
+    pub output: Vec<u32>,
 }
 
 impl ValidStart<'_> {
@@ -64,8 +68,10 @@ impl ValidStart<'_> {
             .chain
             .new_sequence()
             .map_err(|e| RequestError::from_sample(e, field))?;
-        seq.accept_all(&self.window)
+        seq.accept_history(&self.window)
             .map_err(|e| RequestError::from_sample(e, field))?;
+        seq.accept_output(&self.output)
+            .map_err(|e| RequestError::invalid("constraint_tokens", e.to_string()))?;
         Ok(seq)
     }
 }
@@ -118,6 +124,7 @@ pub fn sample<'a>(
             step: req.step,
             n_probs: req.n_probs,
             post_sampling_probs: req.post_sampling_probs,
+            constraint_tokens: &req.constraint_tokens,
         },
     )
 }
@@ -137,6 +144,7 @@ pub fn stream_start<'a>(
             step: msg.first_step,
             n_probs: msg.n_probs,
             post_sampling_probs: msg.post_sampling_probs,
+            constraint_tokens: &[],
         },
     )
 }
@@ -230,6 +238,17 @@ pub fn generate(
         }
     }
     let probs = probs(state, req.n_probs, req.post_sampling_probs)?;
+    if let Some(name) = req
+        .params
+        .as_ref()
+        .map(|p| p.vocabulary.as_str())
+        .filter(|n| !n.is_empty())
+    {
+        return Err(RequestError::invalid(
+            "params.vocabulary",
+            format!("is {name:?}, but Generate always uses the model's vocabulary: leave it empty"),
+        ));
+    }
     let n_vocab = vocab.as_ref().map(|v| v.len());
     let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab)?;
     Ok(ValidGenerate {
@@ -329,6 +348,25 @@ pub fn sampling(
             ));
         }
     }
+    if let Some(c) = p
+        .constraint
+        .as_ref()
+        .and_then(convert::constraint_from_proto)
+    {
+        if !p.chain.is_empty() {
+            return Err(RequestError::invalid(
+                "params.constraint",
+                "is set with an explicit params.chain: name the `constraint` stage in the chain instead",
+            ));
+        }
+        let (bytes, max) = (c.text_bytes(), state.limits.max_constraint_bytes);
+        if bytes > max {
+            return Err(RequestError::invalid(
+                format!("params.constraint.{}", c.kind()),
+                format!("{bytes} bytes exceed the limit of {max} (limits.max_constraint_bytes)"),
+            ));
+        }
+    }
     let map_limit = TokenMapLimit {
         n_vocab,
         max_vocab: state.limits.max_vocab,
@@ -422,23 +460,58 @@ struct Fields<'a> {
     step: u64,
     n_probs: u32,
     post_sampling_probs: bool,
+    constraint_tokens: &'a [u32],
 }
 
 fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestError> {
     let limits = &state.limits;
     let logits = LogitsInput::from_request(f.logits, f.logits_f32le, limits.max_vocab)?;
-    if f.previous_tokens.len() > limits.max_window_tokens {
+    for (field, tokens) in [
+        ("previous_tokens", f.previous_tokens),
+        ("constraint_tokens", f.constraint_tokens),
+    ] {
+        if tokens.len() > limits.max_window_tokens {
+            return Err(RequestError::invalid(
+                field,
+                format!(
+                    "{} tokens exceed the limit of {} (limits.max_window_tokens)",
+                    tokens.len(),
+                    limits.max_window_tokens
+                ),
+            ));
+        }
+    }
+    let constrained = f.params.is_some_and(|p| {
+        p.constraint
+            .as_ref()
+            .is_some_and(|c| convert::constraint_from_proto(c).is_some())
+            || p.chain.iter().any(|s| s.name == CONSTRAINT_STAGE)
+    });
+    if !f.constraint_tokens.is_empty() && !constrained {
         return Err(RequestError::invalid(
-            "previous_tokens",
+            "constraint_tokens",
             format!(
-                "{} tokens exceed the limit of {} (limits.max_window_tokens)",
-                f.previous_tokens.len(),
-                limits.max_window_tokens
+                "{} tokens given without a constraint (set params.constraint, or a `constraint` stage in params.chain)",
+                f.constraint_tokens.len()
+            ),
+        ));
+    }
+    if let Some(&id) = f
+        .constraint_tokens
+        .iter()
+        .find(|&&id| id as usize >= logits.len())
+    {
+        return Err(RequestError::invalid(
+            "constraint_tokens",
+            format!(
+                "token id {id} is outside the vocabulary of {} logits",
+                logits.len()
             ),
         ));
     }
     let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
-    let (chain, seed) = sampling(state, f.params, None, Some(logits.len()))?;
+    let vocab = named_vocabulary(state, f.params, logits.len(), logits.field())?;
+    let (chain, seed) = sampling(state, f.params, vocab, Some(logits.len()))?;
     Ok(ValidStart {
         step: ValidStep {
             logits,
@@ -448,7 +521,41 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
         chain,
         seed,
         window: step::in_vocab(f.previous_tokens, logits.len()).collect(),
+        output: f.constraint_tokens.to_vec(),
     })
+}
+
+/// The vocabulary `params.vocabulary` names (one loaded at start-up from
+/// `[vocabularies]`), which must have one token per logit; `None` when
+/// the field is empty.
+fn named_vocabulary(
+    state: &AppState,
+    p: Option<&v1::SamplingParams>,
+    n_logits: usize,
+    logits_field: &str,
+) -> Result<Option<Arc<Vocabulary>>, RequestError> {
+    let Some(name) = p.map(|p| p.vocabulary.as_str()).filter(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    let Some(vocab) = state.vocabularies.get(name) else {
+        return Err(RequestError::invalid(
+            "params.vocabulary",
+            format!(
+                "no vocabulary named {name:?} is loaded (loaded: {}; config [vocabularies])",
+                state.vocabularies.describe()
+            ),
+        ));
+    };
+    if vocab.len() != n_logits {
+        return Err(RequestError::invalid(
+            logits_field,
+            format!(
+                "{n_logits} logits, but vocabulary {name:?} has {} tokens",
+                vocab.len()
+            ),
+        ));
+    }
+    Ok(Some(Arc::clone(vocab)))
 }
 
 /// `n_probs` under `limits.max_n_probs` (one limit for every RPC).
