@@ -167,7 +167,7 @@ pub fn read(path: &std::path::Path) -> io::Result<Vec<(Vec<u8>, u32)>> {
 }
 
 /// Extends `vocab` to `n` tokens with concatenations of pairs of its
-/// normal tokens (pair i: token i % m followed by token (i·7919) % m, where
+/// normal tokens (pair i: token i % m followed by token (7919·i + i / m) % m, where
 /// m is the real size), skipping any that already exist: a deterministic
 /// stand-in for a larger BPE vocabulary, whose long tokens are such merges.
 pub fn extend(mut vocab: Vec<(Vec<u8>, u32)>, n: usize) -> Vec<(Vec<u8>, u32)> {
@@ -175,7 +175,8 @@ pub fn extend(mut vocab: Vec<(Vec<u8>, u32)>, n: usize) -> Vec<(Vec<u8>, u32)> {
     let mut seen: HashSet<Vec<u8>> = vocab.iter().map(|(b, _)| b.clone()).collect();
     let mut i = 0usize;
     while vocab.len() < n {
-        let (a, b) = (i % m, (i.wrapping_mul(7919)) % m);
+        // the round (i / m) shifts the partner, so pairs never repeat
+        let (a, b) = (i % m, (i * 7919 + i / m) % m);
         i += 1;
         if vocab[a].1 != 0 || vocab[b].1 != 0 {
             continue;

@@ -21,10 +21,13 @@ pub fn apply(allowed: &SimpleVob, tokens: &mut Tokens<'_>) {
                     u32::MAX => {}
                     0 => chunk.fill(f32::NEG_INFINITY),
                     _ => {
+                        // A select per lane, not a branch per bit: the
+                        // compiler vectorises it. The branchy loop was ~27%
+                        // of a step at 151,936 tokens (perf), since inside a
+                        // JSON string most words are mixed.
                         for (bit, l) in chunk.iter_mut().enumerate() {
-                            if w & (1 << bit) == 0 {
-                                *l = f32::NEG_INFINITY;
-                            }
+                            let keep = (w >> bit) & 1 != 0;
+                            *l = if keep { *l } else { f32::NEG_INFINITY };
                         }
                     }
                 }
