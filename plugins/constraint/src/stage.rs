@@ -13,9 +13,9 @@ use crate::tokenv::{self, TokenEnv};
 
 /// Default of `max_fuel`: llguidance's own default lexer budget for
 /// building a grammar (`ParserLimits::initial_lexer_fuel`, sized by its
-/// authors for the largest real schema they know, FHIR, at ~500k). On the
-/// 2-core test machine a grammar that spends it all takes ~0.3 s (see
-/// `tests/limits.rs`), inside the host's 2 s step budget.
+/// authors for the largest real schema they know, FHIR, at ~500k). The
+/// hostile inputs of `tests/limits.rs` are refused or compiled in under
+/// 0.1 s with it, inside the host's 2 s step budget.
 pub const DEFAULT_MAX_FUEL: f64 = 1_000_000.0;
 /// `max_fuel` may not exceed this (10× the default).
 pub const MAX_MAX_FUEL: f64 = 10_000_000.0;

@@ -4,10 +4,10 @@
 //!
 //! Why a cache: a config is built per request, and building the factory
 //! means sorting and inserting every token into the trie and then building
-//! the slicer's per-slice tries. At SmolLM2's 49,152 tokens and at 151,936
-//! tokens this costs tens to hundreds of milliseconds (measured figures:
-//! `tests/cache.rs` prints them, docs/PERFORMANCE.md records them), against
-//! well under a millisecond to hash the vocabulary and look it up.
+//! the slicer's per-slice tries: 200 ms at SmolLM2's 49,152 tokens and
+//! 1.4 s at 151,936 (`benches/mask.rs`, "token env build", on the loaded
+//! 2-core machine), against a config_new of 4.7 / 7.2 ms with the cache
+//! (hash plus grammar compile; docs/PERFORMANCE.md).
 
 use std::sync::{Arc, Mutex};
 
@@ -69,9 +69,10 @@ fn trie_bytes(vocab: &Vocab<'_>, id: u32) -> Vec<u8> {
 }
 
 /// Two independent 64-bit hashes of every token's bytes and attributes
-/// (a multiply-xorshift over 8-byte words): about 0.3 ms at 151,936 tokens,
-/// where SipHash took several ms. Vocabularies come from the model host,
-/// not from requests, so collisions need not be adversarially hard.
+/// (a multiply-rotate over 8-byte words, one pass, no per-byte rounds; it
+/// is part of the 7.2 ms cached config_new at 151,936 tokens, not measured
+/// apart). Vocabularies come from the model host, not from requests, so
+/// collisions need not be adversarially hard.
 fn vocab_key(vocab: &Vocab<'_>) -> (u64, u64, usize) {
     const M1: u64 = 0x9E37_79B9_7F4A_7C15;
     const M2: u64 = 0xC2B2_AE3D_27D4_EB4F;
