@@ -92,7 +92,10 @@ unsafe extern "C" fn config_new<S: Stage>(
         // SAFETY: the host's vocabulary outlives the config.
         let vocab = (!vocab.is_null()).then(|| unsafe { Vocab::from_raw(&*vocab) });
         if S::FLAGS & SD_STAGE_NEEDS_VOCAB != 0 && vocab.is_none() {
-            return Err("this stage needs a model vocabulary, and no model is loaded".into());
+            return Err(format!(
+                "{}: needs a vocabulary (the model's tokens), and no model is loaded",
+                S::NAME.to_string_lossy()
+            ));
         }
         let stage = S::new(&params, vocab.as_ref())?;
         // SAFETY: out_config is a valid out-pointer.
@@ -211,10 +214,7 @@ unsafe extern "C" fn accept<S: Stage>(
     token: u32,
     err: *mut SdError,
 ) -> c_int {
-    with_state::<S>(config, state, err, |stage, st| {
-        stage.accept(st, token);
-        Ok(())
-    })
+    with_state::<S>(config, state, err, |stage, st| stage.try_accept(st, token))
 }
 
 unsafe extern "C" fn apply<S: Stage>(

@@ -29,6 +29,13 @@ pub trait Stage: Sized + Send + Sync + 'static {
     fn new_state(&self) -> Self::State;
     /// The sequence emitted `token` (also used to seed a fresh state).
     fn accept(&self, _state: &mut Self::State, _token: u32) {}
+    /// Like [`Stage::accept`], for a stage that can refuse a token (a
+    /// grammar that does not allow it): an `Err` becomes `SD_ERR` from the
+    /// `accept` callback. Defaults to `accept`, which never fails.
+    fn try_accept(&self, state: &mut Self::State, token: u32) -> Result<(), String> {
+        self.accept(state, token);
+        Ok(())
+    }
     /// Transforms the logits of one step.
     fn apply(
         &self,

@@ -1,0 +1,144 @@
+//! The `constraint` stage through the C ABI: config_new once, then per
+//! token one `apply` on a dense view plus one `accept`, for a JSON-schema
+//! constraint over SmolLM2's real 49,152-token vocabulary and over that
+//! vocabulary extended to 151,936 tokens (Qwen's size; no Qwen vocabulary
+//! is available offline, see `gguf_vocab::extend`). Also: what the token-
+//! environment cache saves per config_new.
+//!
+//! The vocabulary is read from `SAMPLERD_MODEL` or else
+//! `models/SmolLM2-135M-Instruct.Q4_1.gguf` (`scripts/fetch-model.sh`
+//! fetches it); without it the benchmark prints why and measures nothing.
+//!
+//! cargo bench -p samplerd-constraint-stage --bench mask
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+mod gguf_vocab;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{Buffer, P, TestVocab, config};
+use criterion::{Criterion, criterion_group, criterion_main};
+use samplerd_constraint_stage::tokenv;
+use samplerd_plugin_sdk::Vocab;
+
+const SCHEMA: &str = r#"{"type":"object","properties":{
+  "name":{"type":"string","maxLength":64},
+  "age":{"type":"integer","minimum":0,"maximum":150},
+  "email":{"type":"string","format":"email"},
+  "tags":{"type":"array","items":{"type":"string"},"maxItems":8},
+  "address":{"type":"object","properties":{"city":{"type":"string"},"zip":{"type":"string","pattern":"^[A-Z0-9 ]{2,8}$"}},"required":["city"]}},
+  "required":["name","age","tags","address"],"additionalProperties":false}"#;
+
+const TEXT: &str = r#"{"name":"Ada Lovelace","age":36,"email":"ada@example.org","tags":["mathematics","poetry","engines"],"address":{"city":"London","zip":"W1 4AB"}}"#;
+
+fn model_path() -> PathBuf {
+    std::env::var_os("SAMPLERD_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+/// Greedy longest-match tokenization of `text` (ids of normal tokens).
+fn tokenize(v: &TestVocab, text: &[u8]) -> Vec<u32> {
+    let mut by_bytes: HashMap<&[u8], u32> = HashMap::new();
+    for id in 0..v.len() as u32 {
+        if v.attr(id) == 0 && !v.bytes(id).is_empty() {
+            by_bytes.entry(v.bytes(id)).or_insert(id);
+        }
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let n = (1..=(text.len() - i).min(24))
+            .rev()
+            .find(|&n| by_bytes.contains_key(&text[i..i + n]))
+            .expect("every byte is a token");
+        out.push(by_bytes[&text[i..i + n]]);
+        i += n;
+    }
+    out
+}
+
+fn bench_vocab(c: &mut Criterion, label: &str, v: &TestVocab) {
+    let toks = tokenize(v, TEXT.as_bytes());
+    let cfg = config(&[P::Str("json_schema", SCHEMA)], Some(v)).unwrap();
+    // One full pass first: the text is valid and ends where EOG is allowed.
+    let mut st = cfg.state();
+    for &t in &toks {
+        st.accept(t).unwrap();
+    }
+    assert!(st.allowed(v.len()).unwrap().contains(&v.eog_ids()[0]));
+    drop(st);
+
+    let logits: Vec<f32> = (0..v.len())
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+        .collect();
+    let mut buf = Buffer::new(v.len());
+    let mut group = c.benchmark_group(format!("constraint/{label}"));
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_secs(8));
+    group.bench_function("apply_dense+accept per token", |b| {
+        b.iter_custom(|iters| {
+            let mut st = cfg.state();
+            let mut pos = 0;
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                if pos == toks.len() {
+                    st.reset(); // not timed
+                    pos = 0;
+                }
+                buf.load_dense(&logits); // not timed: the host's buffer is already loaded
+                let t = Instant::now();
+                st.apply(&mut buf).unwrap();
+                st.accept(toks[pos]).unwrap();
+                spent += t.elapsed();
+                pos += 1;
+            }
+            black_box(&buf.dense);
+            spent
+        })
+    });
+    group.bench_function("config_new (token env cached)", |b| {
+        b.iter(|| config(&[P::Str("json_schema", SCHEMA)], Some(v)).unwrap())
+    });
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
+    group.bench_function("token env build (what the cache saves)", |b| {
+        // SAFETY: `v` owns the arrays its `sd_vocab` points to, alive here.
+        let vocab = unsafe { Vocab::from_raw(&*v.raw()) };
+        b.iter(|| tokenv::token_env_uncached(&vocab).unwrap())
+    });
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let path = model_path();
+    let real = match gguf_vocab::read(&path) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!(
+                "constraint bench skipped: no vocabulary at {} ({e}); run scripts/fetch-model.sh \
+                 or set SAMPLERD_MODEL=/path/to/model.gguf",
+                path.display()
+            );
+            return;
+        }
+    };
+    assert_eq!(real.len(), 49_152, "SmolLM2's vocabulary");
+    let v49 = TestVocab::new(real.clone());
+    bench_vocab(c, "49152", &v49);
+    drop(v49);
+    let v152 = TestVocab::new(gguf_vocab::extend(real, 151_936));
+    bench_vocab(c, "151936", &v152);
+}
+
+criterion_group!(mask, benches);
+criterion_main!(mask);

@@ -1,0 +1,269 @@
+//! The `constraint` stage: masks every token the grammar cannot take next.
+
+use std::ffi::CStr;
+use std::sync::{Arc, Mutex};
+
+use llguidance::Matcher;
+use llguidance::api::{ParserLimits, StopReason};
+use samplerd_plugin_sdk::prelude::*;
+use toktrie::SimpleVob;
+
+use crate::grammar::{self, GrammarError};
+use crate::tokenv::{self, TokenEnv};
+
+/// Default of `max_fuel`: llguidance's own default lexer budget for
+/// building a grammar (`ParserLimits::initial_lexer_fuel`, sized by its
+/// authors for the largest real schema they know, FHIR, at ~500k). The
+/// hostile inputs of `tests/limits.rs` are refused or compiled in under
+/// 0.1 s with it, inside the host's 2 s step budget.
+pub const DEFAULT_MAX_FUEL: f64 = 1_000_000.0;
+/// `max_fuel` may not exceed this (10× the default).
+pub const MAX_MAX_FUEL: f64 = 10_000_000.0;
+
+pub struct Constraint {
+    env: Arc<TokenEnv>,
+    /// A matcher at the start of the grammar; each sequence clones it.
+    /// Behind a mutex because llguidance's matcher is `Send`, not `Sync`;
+    /// the lock is held only for the clone.
+    start: Mutex<Matcher>,
+}
+
+/// Per sequence: llguidance's matcher (its Earley parser state).
+///
+/// `Clone` is llguidance's own `Matcher::clone`: the parser state (Earley
+/// rows, consumed bytes, stop state) is copied, so the clone is an
+/// independent sequence; only the lazily built lexer automaton, a cache
+/// that every state of one grammar fills alike, stays shared behind
+/// llguidance's mutex. `deep_clone` would copy that cache too (megabytes
+/// for a large schema) on every fork for no change in behaviour.
+#[derive(Clone)]
+pub struct SeqState {
+    matcher: Matcher,
+}
+
+fn fuel(params: &Params<'_>) -> Result<u64, String> {
+    let f = params.number("max_fuel");
+    if !(1.0..=MAX_MAX_FUEL).contains(&f) || f.fract() != 0.0 {
+        return Err(format!(
+            "constraint: max_fuel: must be a whole number in [1, {MAX_MAX_FUEL}], got {f}"
+        ));
+    }
+    Ok(f as u64)
+}
+
+/// llguidance's message on one line: its source excerpts (`  2 | …`) and
+/// caret lines are dropped (the position stays in the text, e.g. `2(10)`:
+/// line 2, column 10), and for a regex the position in llguidance's Lark
+/// wrapping of it (`start: /…/`) is dropped, since the regex crate's own
+/// message locates the fault in the regex.
+fn one_line(param: &str, msg: &str) -> String {
+    let is_excerpt = |l: &str| {
+        let t = l.trim();
+        t.is_empty()
+            || t.chars().all(|c| c == '^' || c == ' ')
+            || t.split_once(" | ")
+                .is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_digit()))
+    };
+    let mut out = msg
+        .lines()
+        .filter(|l| !is_excerpt(l))
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if param == "regex"
+        && let Some((_, rest)) = out.strip_prefix("at ").and_then(|r| r.split_once("): "))
+    {
+        out = rest.to_string();
+    }
+    out
+}
+
+/// The bytes of token `id` for an error message: its text escaped, or its
+/// name for a special token.
+fn describe(vocab_bytes: &[u8]) -> String {
+    match std::str::from_utf8(vocab_bytes) {
+        Ok(s) => format!("{:?}", s),
+        Err(_) => format!("\"{}\"", vocab_bytes.escape_ascii()),
+    }
+}
+
+impl Constraint {
+    /// The tokens allowed next: the grammar's mask, with every
+    /// end-of-generation token where the grammar may stop (llguidance adds
+    /// them when it is accepting) and only those once it must stop.
+    fn allowed(&self, st: &mut SeqState) -> Result<SimpleVob, String> {
+        if st.matcher.is_stopped() {
+            return self.eog_only(st);
+        }
+        st.matcher
+            .compute_mask()
+            .map_err(|e| format!("constraint: the grammar failed: {e}"))
+    }
+
+    fn eog_only(&self, st: &SeqState) -> Result<SimpleVob, String> {
+        let reason = st.matcher.stop_reason();
+        if !reason.is_ok() {
+            let why = st.matcher.get_error().unwrap_or_else(|| reason.to_string());
+            return Err(format!("constraint: the grammar failed: {why}"));
+        }
+        let mut v = SimpleVob::alloc(self.env.n_vocab);
+        for &t in &self.env.eog {
+            v.allow_token(t);
+        }
+        Ok(v)
+    }
+
+    fn is_eog(&self, token: u32) -> bool {
+        self.env.eog.binary_search(&token).is_ok()
+    }
+
+    fn refuse(&self, st: &SeqState, token: u32) -> String {
+        let bytes = st
+            .matcher
+            .tok_env()
+            .map(|e| e.tok_trie().token(token).to_vec())
+            .unwrap_or_default();
+        let shown = match bytes.split_first() {
+            Some((&0xff, name)) => format!("special {}", describe(name)),
+            _ => describe(&bytes),
+        };
+        format!("constraint: token {token} ({shown}) is not allowed by the grammar here")
+    }
+}
+
+impl Stage for Constraint {
+    const NAME: &'static CStr = c"constraint";
+    const DESCRIPTION: &'static CStr = c"allows only tokens that keep the output valid under a \
+        grammar (JSON Schema, regex, Lark, GBNF, JSON object or a choice), via llguidance";
+    const PARAMS: &'static [SdParamSpec] = &[
+        param_spec(
+            SD_PARAM_STRING,
+            c"json_schema",
+            c"one JSON value valid under this JSON Schema",
+            0.0,
+        ),
+        param_spec(
+            SD_PARAM_STRING,
+            c"regex",
+            c"the whole output matches this regex",
+            0.0,
+        ),
+        param_spec(SD_PARAM_STRING, c"lark", c"an llguidance Lark grammar", 0.0),
+        param_spec(SD_PARAM_STRING, c"gbnf", c"a llama.cpp GBNF grammar", 0.0),
+        number_param(c"json_object", c"1: any JSON object", 0.0),
+        param_spec(
+            SD_PARAM_STRING_LIST,
+            c"choice",
+            c"exactly one of these strings",
+            0.0,
+        ),
+        number_param(
+            c"max_fuel",
+            c"lexer budget for building the grammar (llguidance initial_lexer_fuel)",
+            DEFAULT_MAX_FUEL,
+        ),
+    ];
+    const FLAGS: u32 = SD_STAGE_DENSE_OK | SD_STAGE_NEEDS_VOCAB;
+    type State = SeqState;
+
+    fn new(params: &Params<'_>, vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
+        let Some(vocab) = vocab else {
+            return Err(
+                "constraint: needs a vocabulary (the model's tokens), and none was given".into(),
+            );
+        };
+        let fuel = fuel(params)?;
+        let source =
+            grammar::from_params(params).map_err(|e: GrammarError| format!("constraint: {e}"))?;
+        let param = source.param;
+        let env = tokenv::token_env(vocab).map_err(|e| format!("constraint: {e}"))?;
+        let limits = ParserLimits {
+            initial_lexer_fuel: fuel,
+            // Errors go back to the client as one line; llguidance's
+            // verbose form adds excerpts of its own state.
+            verbose_errors: false,
+            ..ParserLimits::default()
+        };
+        let parser = env
+            .factory
+            .create_parser_from_init_ext(
+                llguidance::api::GrammarInit::Serialized(source.grammar),
+                llguidance::Logger::new(0, 0),
+                toktrie::InferenceCapabilities::default(),
+                limits,
+            )
+            .map_err(|e| format!("constraint: {param}: {}", one_line(param, &e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(format!("constraint: {param}: {}", one_line(param, &e)));
+        }
+        // The first mask, computed once here: a grammar that matches
+        // nothing is refused now rather than on the first step, and the
+        // lexer states it builds are shared with every sequence.
+        // (llguidance's error here is a dump of its parser state; the
+        // stop reason says it all.)
+        let mut probe = matcher.clone();
+        if let Err(e) = probe.compute_mask() {
+            let e = e.to_string();
+            return Err(if e.starts_with(&StopReason::NoExtensionBias.to_string()) {
+                format!("constraint: {param}: the grammar matches nothing")
+            } else {
+                format!(
+                    "constraint: {param}: the grammar failed at its start: {}",
+                    e.lines().next().unwrap_or_default()
+                )
+            });
+        }
+        Ok(Constraint {
+            env,
+            start: Mutex::new(matcher),
+        })
+    }
+
+    fn new_state(&self) -> SeqState {
+        let matcher = self.start.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        SeqState { matcher }
+    }
+
+    fn try_accept(&self, st: &mut SeqState, token: u32) -> Result<(), String> {
+        if token as usize >= self.env.n_vocab {
+            return Err(format!(
+                "constraint: token {token} is outside the vocabulary of {} tokens",
+                self.env.n_vocab
+            ));
+        }
+        if st.matcher.is_stopped() {
+            // Done (or failed): only stopping is allowed.
+            if self.is_eog(token) && st.matcher.stop_reason().is_ok() {
+                return Ok(());
+            }
+            return Err(self.refuse(st, token));
+        }
+        let valid = st
+            .matcher
+            .validate_tokens(&[token])
+            .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+        let eog_ok = self.is_eog(token)
+            && st
+                .matcher
+                .is_accepting()
+                .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+        if valid == 0 && !eog_ok {
+            return Err(self.refuse(st, token));
+        }
+        st.matcher
+            .consume_token(token)
+            .map_err(|e| format!("constraint: the grammar failed: {e}"))
+    }
+
+    fn apply(
+        &self,
+        st: &mut SeqState,
+        tokens: &mut Tokens<'_>,
+        _: &mut HostRng<'_>,
+    ) -> Result<(), String> {
+        let allowed = self.allowed(st)?;
+        crate::mask::apply(&allowed, tokens);
+        Ok(())
+    }
+}
