@@ -133,18 +133,31 @@ impl Breakers {
         // computed on first use: None = not yet, Some(None) = no tokens.
         let mut memo: Vec<Vec<Option<Option<Vec<u32>>>>> =
             breakers.iter().map(|s| vec![None; s.len()]).collect();
+        // One-byte breakers (all of the defaults) only ever make
+        // single-token breakers: one pass over each token's bytes against a
+        // byte set finds them all, whatever their number.
+        let mut one_byte = [false; 256];
+        for s in breakers.iter().filter(|s| s.len() == 1) {
+            one_byte[s[0] as usize] = true;
+        }
+        let longer: Vec<(usize, &[u8])> = breakers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.len() > 1)
+            .map(|(b, s)| (b, *s))
+            .collect();
         for id in 0..vocab.n_vocab() as u32 {
             let word = vocab.bytes(id);
             if word.is_empty() {
                 continue;
             }
-            for (b, s) in breakers.iter().enumerate() {
+            if word.iter().any(|&c| one_byte[c as usize]) {
+                out.set_single(id);
+            }
+            for &(b, s) in &longer {
                 if contains(word, s) {
                     out.set_single(id);
                     continue;
-                }
-                if s.len() == 1 {
-                    continue; // no proper prefix to overlap with
                 }
                 // Each position where `word` ends with a proper prefix of
                 // `s` (llama.cpp's loop over `word.find(str[0], pos + 1)`).
@@ -170,10 +183,7 @@ impl Breakers {
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    match needle {
-        [b] => hay.contains(b),
-        _ => hay.windows(needle.len()).any(|w| w == needle),
-    }
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 fn memchr_all(hay: &[u8], b: u8) -> impl Iterator<Item = usize> + '_ {
