@@ -23,18 +23,20 @@ COPY . .
 FROM builder-base AS builder
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=samplerd-target-cpu \
-    cargo build --release --locked -p samplerd -p samplerd-core-stages \
+    cargo build --release --locked -p samplerd -p samplerd-core-stages -p samplerd-constraint-stage \
     && install -D -m 0755 target/release/samplerd /out/samplerd \
-    && install -D -m 0755 target/release/libsamplerd_core_stages.so /out/plugins/libsamplerd_core_stages.so
+    && install -D -m 0755 target/release/libsamplerd_core_stages.so /out/plugins/libsamplerd_core_stages.so \
+    && install -D -m 0755 target/release/libsamplerd_constraint_stage.so /out/plugins/libsamplerd_constraint_stage.so
 
 # The CUDA build loads the driver, NVRTC and cuBLAS at run time: no CUDA
 # toolkit is needed to compile it.
 FROM builder-base AS builder-cuda
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=samplerd-target-cuda \
-    cargo build --release --locked -p samplerd -p samplerd-core-stages --features samplerd/cuda \
+    cargo build --release --locked -p samplerd -p samplerd-core-stages -p samplerd-constraint-stage --features samplerd/cuda \
     && install -D -m 0755 target/release/samplerd /out/samplerd \
-    && install -D -m 0755 target/release/libsamplerd_core_stages.so /out/plugins/libsamplerd_core_stages.so
+    && install -D -m 0755 target/release/libsamplerd_core_stages.so /out/plugins/libsamplerd_core_stages.so \
+    && install -D -m 0755 target/release/libsamplerd_constraint_stage.so /out/plugins/libsamplerd_constraint_stage.so
 
 FROM python:3.12-slim-${DEBIAN_RELEASE} AS model
 WORKDIR /src

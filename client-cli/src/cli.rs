@@ -179,6 +179,23 @@ pub struct SamplingArgs {
     /// XTC threshold [default: 0.1].
     #[arg(long, value_name = "P")]
     pub xtc_threshold: Option<f32>,
+    /// DRY multiplier; 0 disables [default: 0.0].
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub dry_multiplier: Option<f32>,
+    /// DRY base: the penalty grows by this factor per repeated token [default: 1.75].
+    #[arg(long, value_name = "X")]
+    pub dry_base: Option<f32>,
+    /// DRY: longest repeat left unpenalised [default: 2].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub dry_allowed_length: Option<i32>,
+    /// DRY: tokens of history it looks at; 0 disables, -1 = all [default: -1].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub dry_penalty_last_n: Option<i32>,
+    /// DRY sequence breaker, repeatable (llama.cpp style: the first replaces
+    /// the defaults "\n" ":" "\"" "*"; `none` clears them; \n, \t, \", \\
+    /// escapes are processed).
+    #[arg(long = "dry-sequence-breaker", value_name = "STRING")]
+    pub dry_sequence_breakers: Vec<String>,
     /// RNG seed [default: the server's, 42 unless configured].
     #[arg(short = 's', long, value_name = "SEED")]
     pub seed: Option<u64>,

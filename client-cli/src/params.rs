@@ -26,6 +26,11 @@ pub fn sampling_params(a: &SamplingArgs) -> SamplingParams {
         top_n_sigma: a.top_n_sigma,
         xtc_probability: a.xtc_probability,
         xtc_threshold: a.xtc_threshold,
+        dry_multiplier: a.dry_multiplier,
+        dry_base: a.dry_base,
+        dry_allowed_length: a.dry_allowed_length,
+        dry_penalty_last_n: a.dry_penalty_last_n,
+        dry_sequence_breakers: dry_sequence_breakers(&a.dry_sequence_breakers),
         samplers: a
             .samplers
             .as_deref()
@@ -62,6 +67,41 @@ fn constraint(c: &ConstraintArgs) -> Option<Constraint> {
     Some(Constraint { kind: Some(kind) })
 }
 
+/// llama.cpp's `--dry-sequence-breaker` flags → the request's list: `none`
+/// clears the breakers, which the request spells `[""]` (an empty list
+/// would mean "the server's default"); escapes are processed as llama.cpp
+/// does for this flag.
+fn dry_sequence_breakers(flags: &[String]) -> Vec<String> {
+    if flags.iter().any(|f| f == "none") {
+        return vec![String::new()];
+    }
+    flags.iter().map(|f| process_escapes(f)).collect()
+}
+
+/// `\n`, `\r`, `\t`, `\'`, `\"` and `\\`; any other backslash stays.
+fn process_escapes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some(q @ ('\'' | '"' | '\\')) => out.push(q),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 /// `"penalties;top_k; top_p"` → `["penalties", "top_k", "top_p"]`.
 fn split_samplers(s: &str) -> Vec<String> {
     s.split([';', ','])
@@ -79,6 +119,23 @@ mod tests {
     fn unset_flags_stay_unset() {
         let p = sampling_params(&SamplingArgs::default());
         assert_eq!(p, SamplingParams::default());
+    }
+
+    #[test]
+    fn dry_flags_llama_cpp_style() {
+        let a = SamplingArgs {
+            dry_multiplier: Some(0.8),
+            dry_sequence_breakers: vec![r"\n".into(), "ab".into(), r"x\q".into()],
+            ..Default::default()
+        };
+        let p = sampling_params(&a);
+        assert_eq!(p.dry_multiplier, Some(0.8));
+        assert_eq!(p.dry_sequence_breakers, ["\n", "ab", r"x\q"]);
+        let none = SamplingArgs {
+            dry_sequence_breakers: vec!["none".into()],
+            ..Default::default()
+        };
+        assert_eq!(sampling_params(&none).dry_sequence_breakers, [""]);
     }
 
     #[test]

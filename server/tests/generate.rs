@@ -55,55 +55,6 @@ async fn server_with_config(
     start_serving(config, Some(host as Arc<dyn Generator>)).await
 }
 
-/// Everything one Generate call streamed.
-#[derive(Debug, Default, PartialEq)]
-struct Output {
-    tokens: Vec<u32>,
-    texts: Vec<String>,
-    finished: Option<v1::Finished>,
-}
-
-impl Output {
-    fn text(&self) -> String {
-        let mut t = self.texts.concat();
-        if let Some(f) = &self.finished {
-            t.push_str(&f.text);
-        }
-        t
-    }
-
-    fn reason(&self) -> v1::FinishReason {
-        v1::FinishReason::try_from(self.finished.as_ref().unwrap().finish_reason).unwrap()
-    }
-}
-
-const DEADLINE: Duration = Duration::from_secs(120);
-
-async fn generate(s: &TestServer, req: v1::GenerateRequest) -> Result<Output, tonic::Status> {
-    let mut client = s.client.clone();
-    tokio::time::timeout(DEADLINE, async move {
-        let mut stream = client.generate(req).await?.into_inner();
-        let mut out = Output::default();
-        while let Some(msg) = stream.message().await? {
-            match msg.event.expect("event set") {
-                Event::Token(t) => {
-                    assert!(out.finished.is_none(), "token after Finished");
-                    out.tokens.push(t.token_id);
-                    out.texts.push(t.text);
-                }
-                Event::Finished(f) => {
-                    assert!(out.finished.is_none(), "two Finished messages");
-                    out.finished = Some(f);
-                }
-            }
-        }
-        assert!(out.finished.is_some(), "stream ended without Finished");
-        Ok(out)
-    })
-    .await
-    .expect("Generate finished within the deadline")
-}
-
 fn chat(q: &str, max_tokens: u32, params: v1::SamplingParams) -> v1::GenerateRequest {
     v1::GenerateRequest {
         messages: vec![v1::ChatMessage {

@@ -163,7 +163,9 @@ impl Stage for Constraint {
             DEFAULT_MAX_FUEL,
         ),
     ];
-    const FLAGS: u32 = SD_STAGE_DENSE_OK | SD_STAGE_NEEDS_VOCAB;
+    // Output-only: the host never replays a prompt or previous_tokens into
+    // the grammar, whose state starts where the output starts.
+    const FLAGS: u32 = SD_STAGE_DENSE_OK | SD_STAGE_NEEDS_VOCAB | SD_STAGE_OUTPUT_ONLY;
     type State = SeqState;
 
     fn new(params: &Params<'_>, vocab: Option<&Vocab<'_>>) -> Result<Self, String> {

@@ -3,6 +3,7 @@
 //! for each stage's parameters, complexity and the documented differences.
 
 pub mod dist;
+pub mod dry;
 pub mod greedy;
 pub mod logit_bias;
 pub mod min_p;
@@ -22,6 +23,7 @@ samplerd_plugin_sdk::export_plugin!(
     stages: [
         logit_bias::LogitBias,
         penalties::Penalties,
+        dry::Dry,
         top_n_sigma::TopNSigma,
         top_k::TopK,
         typical_p::TypicalP,

@@ -1,6 +1,8 @@
 //! `min_p`: keeps the candidates whose probability is at least p times the
 //! top probability, i.e. logit >= max + ln(p), and at least `min_keep`
-//! (llama.cpp `min-p`). p <= 0: no-op. Unsorted input keeps its order
+//! (llama.cpp `min-p`). p <= 0: no-op. p > 1: no logit reaches the
+//! bound, so the `max(1, min_keep)` best are kept, as llama.cpp's sorted
+//! fallback keeps its first candidate. Unsorted input keeps its order
 //! (dense view: survivors in id order, `sorted = 0`); when fewer than
 //! `min_keep` pass, the `min_keep` best are kept, sorted. Sorted input is
 //! cut at the first candidate below the bound. Dense view: one vectorised
@@ -33,7 +35,7 @@ impl Stage for MinP {
     const PARAMS: &'static [SdParamSpec] = &[
         number_param(
             c"p",
-            c"minimum probability relative to the top token, in [0, 1]; 0 = off",
+            c"minimum probability relative to the top token; <= 0 = off; > 1 keeps the most likely token",
             0.05,
         ),
         number_param(c"min_keep", c"keep at least this many candidates", 1.0),
@@ -42,9 +44,8 @@ impl Stage for MinP {
     type State = MinPState;
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        let p = util::number_in(params, "min_p", "p", "in [0, 1]", |v| {
-            (0.0..=1.0).contains(&v)
-        })?;
+        // Any number, as llama.cpp takes it (NaN is refused by `number`).
+        let p = util::number(params, "min_p", "p")?;
         let min_keep = util::min_keep(params, "min_p")?;
         Ok(MinP {
             p: p as f32,
@@ -94,7 +95,7 @@ impl Stage for MinP {
                 if len >= self.min_keep.max(1) {
                     tokens.set_candidates(len, false);
                 } else {
-                    top_k::keep_top(tokens, self.min_keep, &mut st.sel);
+                    top_k::keep_top(tokens, self.min_keep.max(1), &mut st.sel);
                 }
             }
             ViewKind::Candidates if tokens.is_sorted() => {
@@ -124,7 +125,7 @@ impl Stage for MinP {
                     }
                     tokens.set_candidates(len, false);
                 } else {
-                    top_k::keep_top(tokens, self.min_keep, &mut st.sel);
+                    top_k::keep_top(tokens, self.min_keep.max(1), &mut st.sel);
                 }
             }
         }

@@ -54,6 +54,17 @@ fn descriptor_lists_the_contracted_stages_and_params() {
             ],
             SD_STAGE_DENSE_OK,
         ),
+        (
+            "dry",
+            &[
+                "multiplier",
+                "base",
+                "allowed_length",
+                "penalty_last_n",
+                "sequence_breakers",
+            ],
+            SD_STAGE_DENSE_OK,
+        ),
         ("top_n_sigma", &["n"], SD_STAGE_DENSE_OK),
         ("top_k", &["k"], SD_STAGE_DENSE_OK),
         ("typical_p", &["p", "min_keep"], SD_STAGE_DENSE_OK),

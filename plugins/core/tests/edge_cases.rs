@@ -26,8 +26,7 @@ fn assert_refuses<S: Stage>(cases: &[(&str, f64, &str)]) {
 fn invalid_parameters_name_the_parameter_and_value() {
     // Per stage: (parameter, value, the whole message it must give).
     assert_refuses::<TopP>(&[
-        ("p", 1.5, "top_p: p must be in (0, 1], got 1.5"),
-        ("p", 0.0, "top_p: p must be in (0, 1], got 0"),
+        ("p", 1.5, "top_p: p must be <= 1, got 1.5"),
         ("p", f64::NAN, "top_p: p must be a number, got NaN"),
     ]);
     assert_refuses::<TopK>(&[
@@ -62,7 +61,7 @@ fn invalid_parameters_name_the_parameter_and_value() {
         "temperature: t must be finite and >= 0, got -0.1",
     )]);
     assert_refuses::<MinP>(&[
-        ("p", 1.1, "min_p: p must be in [0, 1], got 1.1"),
+        ("p", f64::NAN, "min_p: p must be a number, got NaN"),
         (
             "min_keep",
             -1.0,
@@ -861,5 +860,66 @@ fn top_p_uses_llama_cpp_f32_sums() {
         run::<TopP>(&[("p", 0.95)], &mut buf);
         assert_eq!(buf.survivor_ids(), want, "candidates, n = {n}");
         assert_top_p_order(&buf);
+    }
+}
+
+// ------------------------------------------------ llama.cpp's value domains
+
+/// llama.cpp's `test_top_p(…, {1.0f}, 0)` and `test_min_p(…, {0.4f/0.4f},
+/// 1.00f / 1.05f)` (`tests/test-sampling.cpp`), and the values their
+/// samplers take the same way (`llama_sampler_top_p_apply`: `cum_sum >= p`
+/// holds at the first candidate when p <= 0; `llama_sampler_min_p_apply`:
+/// the sorted fallback keeps its first candidate when no logit reaches
+/// max + ln p): the most likely token alone, or `min_keep` of them.
+#[test]
+fn top_p_at_most_zero_and_min_p_above_one_keep_the_most_likely_token() {
+    let logits: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
+    let kept = |buf: &OwnedTokens| buf.survivor_ids();
+    for mut buf in both_views(&logits) {
+        run::<TopP>(&[("p", 0.0), ("min_keep", 0.0)], &mut buf);
+        assert_eq!(kept(&buf), [3]);
+    }
+    for p in [-0.5, 0.0] {
+        for min_keep in [0.0, 1.0, 2.0, 9.0] {
+            for mut buf in both_views(&logits) {
+                run::<TopP>(&[("p", p), ("min_keep", min_keep)], &mut buf);
+                let want: Vec<u32> = (0..4).rev().take((min_keep as usize).max(1)).collect();
+                let got: Vec<u32> = buf.entries().iter().map(|e| e.0).collect();
+                assert_eq!(
+                    got, want,
+                    "top_p {p}, min_keep {min_keep}: sorted, the best"
+                );
+                assert!(buf.is_sorted());
+            }
+        }
+    }
+    for p in [1.0, 1.05, 7.0, f64::INFINITY] {
+        for min_keep in [0.0, 1.0, 3.0] {
+            for mut buf in both_views(&logits) {
+                run::<MinP>(&[("p", p), ("min_keep", min_keep)], &mut buf);
+                let want: Vec<u32> = (0..4).rev().take((min_keep as usize).max(1)).collect();
+                let mut want = want;
+                want.sort_unstable();
+                assert_eq!(kept(&buf), want, "min_p {p}, min_keep {min_keep}");
+            }
+            // sorted input: the cut at the first candidate
+            let mut sorted = OwnedTokens::candidates(
+                4,
+                &[
+                    (3, logits[3]),
+                    (2, logits[2]),
+                    (1, logits[1]),
+                    (0, logits[0]),
+                ],
+                true,
+            );
+            run::<MinP>(&[("p", p), ("min_keep", min_keep)], &mut sorted);
+            assert_eq!(sorted.len(), (min_keep as usize).max(1));
+        }
+    }
+    // min_p < 0: off, like 0 (llama.cpp: `p <= 0` returns at once)
+    for mut buf in both_views(&logits) {
+        run::<MinP>(&[("p", -0.3)], &mut buf);
+        assert_eq!(kept(&buf), [0, 1, 2, 3]);
     }
 }

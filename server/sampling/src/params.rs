@@ -1,5 +1,5 @@
 //! Typed sampling parameters (what a request sets) and their translation
-//! into a chain spec in llama.cpp's order: logit_bias → penalties →
+//! into a chain spec in llama.cpp's order: logit_bias → penalties → dry →
 //! top_n_sigma → top_k → typical_p → top_p → min_p → xtc → temperature →
 //! dist. Stages at their neutral value are left out (llama.cpp runs them as
 //! no-ops), so the default parameters give exactly penalties → top_k
@@ -39,6 +39,11 @@ pub const TYPED_FIELDS: &[TypedField] = &[
     typed("repeat_penalty", "penalties", "repeat_penalty"),
     typed("frequency_penalty", "penalties", "frequency_penalty"),
     typed("presence_penalty", "penalties", "presence_penalty"),
+    typed("dry_multiplier", "dry", "multiplier"),
+    typed("dry_base", "dry", "base"),
+    typed("dry_allowed_length", "dry", "allowed_length"),
+    typed("dry_penalty_last_n", "dry", "penalty_last_n"),
+    typed("dry_sequence_breakers", "dry", "sequence_breakers"),
     typed("top_n_sigma", "top_n_sigma", "n"),
     typed("top_k", "top_k", "k"),
     typed("typical_p", "typical_p", "p"),
@@ -171,6 +176,7 @@ enum Planned {
 pub const DEFAULT_ORDER: &[&str] = &[
     "logit_bias",
     "penalties",
+    "dry",
     "top_n_sigma",
     "top_k",
     "typical_p",
@@ -183,8 +189,12 @@ pub const DEFAULT_ORDER: &[&str] = &[
 /// Largest accepted `repeat_last_n` (a window, not a history dump).
 pub const MAX_REPEAT_LAST_N: i32 = 65_536;
 
+/// llama.cpp's default DRY sequence breakers (`common/common.h`).
+pub const DEFAULT_DRY_SEQUENCE_BREAKERS: &[&str] = &["\n", ":", "\"", "*"];
+
 /// Sampling parameters. Defaults follow llama.cpp's `common_params_sampling`
-/// (`common/common.h`: temperature 0.8, top_k 40, top_p 0.95, window 64)
+/// (`common/common.h`: temperature 0.8, top_k 40, top_p 0.95, window 64,
+/// DRY off with base 1.75, allowed length 2, the whole history)
 /// except `repeat_penalty` 1.1 (llama.cpp: 1.0, off) and `min_p` 0
 /// (llama.cpp: 0.05).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -202,6 +212,14 @@ pub struct SamplingParams {
     pub top_n_sigma: f32,
     pub xtc_probability: f32,
     pub xtc_threshold: f32,
+    /// DRY penalty scale; 0 = off.
+    pub dry_multiplier: f32,
+    pub dry_base: f32,
+    pub dry_allowed_length: i32,
+    /// 0 = off, -1 = the whole history.
+    pub dry_penalty_last_n: i32,
+    /// Strings that end a repeat; `[""]` = none.
+    pub dry_sequence_breakers: Vec<String>,
     /// Token id → bias added to its logit.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logit_bias: Vec<(u32, f32)>,
@@ -231,6 +249,14 @@ impl Default for SamplingParams {
             top_n_sigma: -1.0,
             xtc_probability: 0.0,
             xtc_threshold: 0.1,
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: -1,
+            dry_sequence_breakers: DEFAULT_DRY_SEQUENCE_BREAKERS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             logit_bias: Vec::new(),
             order: Vec::new(),
             constraint: None,
@@ -257,6 +283,12 @@ impl SamplingParams {
             && (self.repeat_penalty != 1.0
                 || self.frequency_penalty != 0.0
                 || self.presence_penalty != 0.0)
+    }
+
+    /// llama.cpp's condition for DRY to do anything
+    /// (`llama_sampler_dry_apply`).
+    fn dry_active(&self) -> bool {
+        self.dry_multiplier != 0.0 && self.dry_base >= 1.0 && self.dry_penalty_last_n != 0
     }
 
     /// The stage (with parameters) for one name of the order. A stage at
@@ -292,6 +324,26 @@ impl SamplingParams {
                     .number("frequency_penalty", n(self.frequency_penalty))
                     .number("presence_penalty", n(self.presence_penalty)),
             ),
+            "dry" => {
+                let d = SamplingParams::default();
+                plan(
+                    self.dry_active(),
+                    self.dry_multiplier == 0.0
+                        && self.dry_base == d.dry_base
+                        && self.dry_allowed_length == d.dry_allowed_length
+                        && self.dry_penalty_last_n == d.dry_penalty_last_n
+                        && self.dry_sequence_breakers == d.dry_sequence_breakers,
+                    StageSpec::new("dry")
+                        .number("multiplier", n(self.dry_multiplier))
+                        .number("base", n(self.dry_base))
+                        .number("allowed_length", self.dry_allowed_length as f64)
+                        .number("penalty_last_n", self.dry_penalty_last_n as f64)
+                        .with(
+                            "sequence_breakers",
+                            ParamValue::StringList(self.dry_sequence_breakers.clone()),
+                        ),
+                )
+            }
             // llama.cpp: n <= 0 is off.
             "top_n_sigma" => plan(
                 self.top_n_sigma > 0.0,
@@ -308,11 +360,13 @@ impl SamplingParams {
                 self.typical_p == 1.0,
                 StageSpec::new("typical_p").number("p", n(self.typical_p)),
             ),
+            // llama.cpp: p <= 0 keeps the most likely token.
             "top_p" => plan(
                 self.top_p < 1.0,
                 self.top_p == 1.0,
                 StageSpec::new("top_p").number("p", n(self.top_p)),
             ),
+            // llama.cpp: p <= 0 is off; p > 1 keeps the most likely token.
             "min_p" => plan(
                 self.min_p > 0.0,
                 self.min_p == 0.0,
@@ -369,7 +423,11 @@ impl SamplingParams {
             stages.push(c.stage());
         }
         for name in order {
-            let skipped = greedy && !matches!(name, "logit_bias" | "penalties" | CONSTRAINT_STAGE);
+            // the stages that move logits rather than cut the list change
+            // which token is the most likely (and the grammar decides which
+            // are allowed at all): they stay before greedy
+            let skipped =
+                greedy && !matches!(name, "logit_bias" | "penalties" | "dry" | CONSTRAINT_STAGE);
             match self.stage_for(name) {
                 Planned::Run(s) if skipped => check_only.push(s),
                 Planned::Run(s) => stages.push(s),
@@ -419,6 +477,54 @@ mod tests {
                 "dist"
             ]
         );
+    }
+
+    /// llama.cpp's order (`common/common.h`): DRY right after the
+    /// penalties; it moves logits, so it also stays before greedy.
+    #[test]
+    fn dry_lands_after_penalties_and_stays_before_greedy() {
+        let p = SamplingParams {
+            dry_multiplier: 0.8,
+            ..Default::default()
+        };
+        assert_eq!(
+            names(&p.chain_spec()),
+            ["penalties", "dry", "top_k", "top_p", "temperature", "dist"]
+        );
+        let dry = &p.chain_spec().stages[1];
+        assert_eq!(
+            dry.params["sequence_breakers"],
+            ParamValue::StringList(vec!["\n".into(), ":".into(), "\"".into(), "*".into()])
+        );
+        assert_eq!(dry.params["penalty_last_n"], ParamValue::Number(-1.0));
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..p
+        };
+        assert_eq!(names(&greedy.chain_spec()), ["penalties", "dry", "greedy"]);
+        // off (llama.cpp: multiplier 0, base < 1 or last_n 0): not in the
+        // chain; a non-default value is still the stage's to check
+        for off in [
+            SamplingParams::default(),
+            SamplingParams {
+                dry_multiplier: 0.8,
+                dry_base: 0.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                dry_multiplier: 0.8,
+                dry_penalty_last_n: 0,
+                ..Default::default()
+            },
+        ] {
+            assert!(!names(&off.chain_spec()).contains(&"dry"), "{off:?}");
+        }
+        let checked = SamplingParams {
+            dry_penalty_last_n: -7,
+            ..Default::default()
+        };
+        assert_eq!(checked.plan().check_only[0].name, "dry");
+        assert!(SamplingParams::default().plan().check_only.is_empty());
     }
 
     #[test]
@@ -516,8 +622,8 @@ mod tests {
             .to_string()
         };
         assert_eq!(
-            refusal("top_p", "top_p: p must be in (0, 1], got 1.5"),
-            "top_p refused by stage `top_p`: p must be in (0, 1], got 1.5"
+            refusal("top_p", "top_p: p must be <= 1, got 1.5"),
+            "top_p refused by stage `top_p`: p must be <= 1, got 1.5"
         );
         assert_eq!(
             refusal(
@@ -532,6 +638,17 @@ mod tests {
         assert_eq!(
             refusal("xtc", "something odd"),
             "stage `xtc`: something odd"
+        );
+        assert_eq!(
+            refusal(
+                "dry",
+                "dry: sequence_breakers must be [\"\"] (none) without a model vocabulary, got [\":\"]"
+            ),
+            "dry_sequence_breakers refused by stage `dry`: sequence_breakers must be [\"\"] (none) without a model vocabulary, got [\":\"]"
+        );
+        assert!(
+            refusal("dry", "dry: penalty_last_n must be in [-1, 65536], got -2")
+                .starts_with("dry_penalty_last_n refused by stage `dry`")
         );
         // Not a typed stage at all.
         assert_eq!(refusal("mine", "mine: x bad"), "stage `mine`: mine: x bad");

@@ -29,6 +29,9 @@ pub const ENV_CONFIG: &str = "SAMPLERD_CONFIG";
 /// File name of the core stages plugin, looked up next to the executable
 /// when no plugin directory or file is configured.
 pub const CORE_PLUGIN_FILE: &str = "libsamplerd_core_stages.so";
+/// The constraint stage's library (structured output), loaded beside the
+/// core one by default when it is there.
+pub const CONSTRAINT_PLUGIN_FILE: &str = "libsamplerd_constraint_stage.so";
 
 /// The whole server configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,14 +101,18 @@ pub struct PluginsConfig {
 impl PluginsConfig {
     /// The (dirs, files) to load. With nothing configured: the core stages
     /// library next to the running executable (`target/<profile>/` for
-    /// cargo builds) — that one file, never the whole directory.
+    /// cargo builds), and the constraint library when it is there too —
+    /// those files, never the whole directory.
     pub fn resolve(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
         if self.dirs.is_empty() && self.files.is_empty() {
             let exe_dir = std::env::current_exe()
                 .ok()
                 .and_then(|p| p.parent().map(Path::to_path_buf))
                 .unwrap_or_else(|| PathBuf::from("."));
-            (Vec::new(), vec![exe_dir.join(CORE_PLUGIN_FILE)])
+            let constraint = exe_dir.join(CONSTRAINT_PLUGIN_FILE);
+            let mut files = vec![exe_dir.join(CORE_PLUGIN_FILE)];
+            files.extend(constraint.is_file().then_some(constraint));
+            (Vec::new(), files)
         } else {
             (self.dirs.clone(), self.files.clone())
         }

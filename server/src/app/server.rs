@@ -69,7 +69,7 @@ pub enum StartError {
     #[error("cannot start the sampling threads (limits.sampling_threads): {0}")]
     StepPool(#[source] std::io::Error),
     #[error("{0}")]
-    Vocabulary(#[from] crate::service::vocabularies::VocabularyError),
+    Vocabulary(#[from] Box<crate::service::vocabularies::VocabularyError>),
 }
 
 /// Loads the configured plugins (or the core library next to the

@@ -209,8 +209,18 @@ pub fn typed_params(base: &SamplingParams, p: &v1::SamplingParams) -> Option<Sam
         repeat_last_n,
         top_n_sigma,
         xtc_probability,
-        xtc_threshold
+        xtc_threshold,
+        dry_multiplier,
+        dry_base,
+        dry_allowed_length,
+        dry_penalty_last_n
     );
+    // A repeated field has no presence: empty = the configured breakers
+    // (`[""]` asks for none).
+    if !p.dry_sequence_breakers.is_empty() {
+        out.dry_sequence_breakers = p.dry_sequence_breakers.clone();
+        set = true;
+    }
     if !p.logit_bias.is_empty() {
         let mut bias: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&k, &v)| (k, v)).collect();
         bias.sort_by_key(|&(k, _)| k);
@@ -306,6 +316,27 @@ mod tests {
         let m = typed_params(&SamplingParams::default(), &p).expect("a typed field is set");
         assert_eq!(m.top_k, 5);
         assert_eq!(m.top_p, SamplingParams::default().top_p);
+    }
+
+    #[test]
+    fn dry_fields_override_defaults_and_empty_breakers_keep_them() {
+        let p = v1::SamplingParams {
+            dry_multiplier: Some(0.8),
+            dry_penalty_last_n: Some(128),
+            ..Default::default()
+        };
+        let m = typed_params(&SamplingParams::default(), &p).expect("a typed field is set");
+        assert_eq!((m.dry_multiplier, m.dry_penalty_last_n), (0.8, 128));
+        assert_eq!(
+            m.dry_sequence_breakers,
+            SamplingParams::default().dry_sequence_breakers
+        );
+        let p = v1::SamplingParams {
+            dry_sequence_breakers: vec![String::new()],
+            ..Default::default()
+        };
+        let m = typed_params(&SamplingParams::default(), &p).expect("breakers are a typed field");
+        assert_eq!(m.dry_sequence_breakers, [""]);
     }
 
     /// Only the seed or a chain set: no typed parameter, the default chain.

@@ -22,7 +22,7 @@ pub struct VocabularyError {
     pub name: String,
     pub path: String,
     #[source]
-    pub source: samplerd_model::ModelError,
+    pub source: Box<samplerd_model::ModelError>,
 }
 
 struct Loaded {
@@ -38,15 +38,16 @@ pub struct Vocabularies {
 
 impl Vocabularies {
     /// Reads every configured vocabulary (`[vocabularies]`).
-    pub fn load(config: &BTreeMap<String, PathBuf>) -> Result<Self, VocabularyError> {
+    pub fn load(config: &BTreeMap<String, PathBuf>) -> Result<Self, Box<VocabularyError>> {
         let mut by_name = BTreeMap::new();
         for (name, path) in config {
-            let tokens =
-                samplerd_model::read_vocabulary(path).map_err(|source| VocabularyError {
+            let tokens = samplerd_model::read_vocabulary(path).map_err(|source| {
+                Box::new(VocabularyError {
                     name: name.clone(),
                     path: path.display().to_string(),
-                    source,
-                })?;
+                    source: Box::new(source),
+                })
+            })?;
             let vocab = Arc::new(plugin_vocabulary(&tokens));
             tracing::info!(name, path = %path.display(), tokens = vocab.len(), "vocabulary loaded");
             by_name.insert(

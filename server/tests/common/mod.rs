@@ -3,8 +3,11 @@
 //! and a bounded wait on the health check (no sleeps).
 #![allow(dead_code)]
 
+mod generation;
 mod logits;
 // Not every test binary uses them (as with the rest of this module).
+#[allow(unused_imports)]
+pub use generation::{DEADLINE, Output, generate};
 #[allow(unused_imports)]
 pub use logits::{argmax, logits, to_bytes};
 
@@ -49,6 +52,10 @@ pub fn plugin_lib(name: &str) -> PathBuf {
 
 pub fn core_plugin() -> PathBuf {
     plugin_lib("libsamplerd_core_stages.so")
+}
+
+pub fn constraint_plugin() -> PathBuf {
+    plugin_lib("libsamplerd_constraint_stage.so")
 }
 
 pub fn test_plugin() -> PathBuf {

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use samplerd_core_stages::{
-    dist::Dist, greedy::Greedy, logit_bias::LogitBias, min_p::MinP, penalties::Penalties,
+    dist::Dist, dry::Dry, greedy::Greedy, logit_bias::LogitBias, min_p::MinP, penalties::Penalties,
     temperature::Temperature, top_k::TopK, top_n_sigma::TopNSigma, top_p::TopP,
     typical_p::TypicalP, xtc::Xtc,
 };
@@ -56,6 +56,35 @@ pub fn build<S: Stage>(params: OwnedParams, window: &[u32]) -> Box<dyn Dyn> {
     Box::new(Built { stage, state })
 }
 
+/// A text-like history of `n` tokens for DRY: ids from a 2,000-token
+/// alphabet, with every 64-token block followed by a copy of itself, so
+/// long repeats exist.
+pub fn repetitive_history(n: usize) -> Vec<u32> {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let block: Vec<u32> = (0..64)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 2000) as u32
+            })
+            .collect();
+        out.extend(&block);
+        out.extend(&block);
+    }
+    out.truncate(n);
+    out
+}
+
+fn dry(window: &[u32]) -> Box<dyn Dyn> {
+    build::<Dry>(
+        p(&[("multiplier", 0.8)]).strings("sequence_breakers", &[""]),
+        window,
+    )
+}
+
 /// (name, chain) pairs measured by both benchmarks.
 pub fn cases(logits: &[f32]) -> Vec<(&'static str, Vec<Box<dyn Dyn>>)> {
     let _ = logits;
@@ -73,6 +102,14 @@ pub fn cases(logits: &[f32]) -> Vec<(&'static str, Vec<Box<dyn Dyn>>)> {
             )],
         ),
         ("stage/penalties_64", vec![build::<Penalties>(p(&[]), w)]),
+        (
+            "stage/dry_window_4096",
+            vec![dry(&repetitive_history(4096))],
+        ),
+        (
+            "stage/dry_window_65536",
+            vec![dry(&repetitive_history(65536))],
+        ),
         ("stage/top_k_40", vec![build::<TopK>(p(&[]), &[])]),
         ("stage/top_p_0.95_dense", vec![build::<TopP>(p(&[]), &[])]),
         ("stage/min_p_0.05_dense", vec![build::<MinP>(p(&[]), &[])]),

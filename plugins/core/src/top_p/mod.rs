@@ -1,7 +1,11 @@
 //! `top_p` (nucleus): keeps the shortest prefix of the candidates sorted by
 //! descending probability whose cumulative probability is >= p, and at
 //! least `min_keep` (llama.cpp `top-p`). Survivors keep their raw logits;
-//! probabilities are only computed internally. p >= 1: no-op.
+//! probabilities are only computed internally. p >= 1: no-op. p <= 0
+//! keeps the `max(1, min_keep)` most likely tokens, sorted: llama.cpp's
+//! walk stops at its first candidate (`cum_sum >= p` always holds) once
+//! `min_keep` are kept; we get there with a top-k selection instead of
+//! the softmax walk, so the optimised paths below only ever see p in (0, 1).
 //!
 //! The arithmetic is llama.cpp's, since the f32 rounding of its sums
 //! decides the cut: softmax in the list's current order (libm `expf`, f32
@@ -63,6 +67,7 @@ use std::ffi::CStr;
 
 use samplerd_plugin_sdk::prelude::*;
 
+use crate::top_k::{self, Selector};
 use crate::util;
 
 pub mod bucket_walk;
@@ -95,6 +100,7 @@ pub struct TopP {
 pub struct TopPState {
     vals: Vec<f32>,
     nucleus: nucleus::Scratch,
+    sel: Selector,
 }
 
 impl TopP {
@@ -170,7 +176,7 @@ impl Stage for TopP {
     const PARAMS: &'static [SdParamSpec] = &[
         number_param(
             c"p",
-            c"cumulative probability to keep, in (0, 1]; 1 = off",
+            c"cumulative probability to keep, <= 1; 1 = off; <= 0 keeps the most likely token",
             0.95,
         ),
         number_param(c"min_keep", c"keep at least this many candidates", 1.0),
@@ -179,7 +185,9 @@ impl Stage for TopP {
     type State = TopPState;
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        let p = util::number_in(params, "top_p", "p", "in (0, 1]", |v| v > 0.0 && v <= 1.0)?;
+        // llama.cpp also takes p > 1 (as a no-op); we refuse it, since it is
+        // far more often a percentage (95) than a wish to switch top_p off.
+        let p = util::number_in(params, "top_p", "p", "<= 1", |v| v <= 1.0)?;
         let min_keep = util::min_keep(params, "top_p")?;
         Ok(TopP {
             p: p as f32,
@@ -198,6 +206,10 @@ impl Stage for TopP {
         _rng: &mut HostRng<'_>,
     ) -> Result<(), String> {
         if self.p >= 1.0 || tokens.is_empty() {
+            return Ok(());
+        }
+        if self.p <= 0.0 {
+            top_k::keep_top(tokens, self.min_keep.max(1), &mut st.sel);
             return Ok(());
         }
         if tokens.view() == ViewKind::Candidates

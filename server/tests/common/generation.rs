@@ -1,0 +1,57 @@
+//! Collecting a whole Generate stream, bounded in time.
+
+use std::time::Duration;
+
+use samplerd_api::v1;
+use samplerd_api::v1::generate_response::Event;
+
+use super::TestServer;
+
+/// Everything one Generate call streamed.
+#[derive(Debug, Default, PartialEq)]
+pub struct Output {
+    pub tokens: Vec<u32>,
+    pub texts: Vec<String>,
+    pub finished: Option<v1::Finished>,
+}
+
+impl Output {
+    pub fn text(&self) -> String {
+        let mut t = self.texts.concat();
+        if let Some(f) = &self.finished {
+            t.push_str(&f.text);
+        }
+        t
+    }
+
+    pub fn reason(&self) -> v1::FinishReason {
+        v1::FinishReason::try_from(self.finished.as_ref().unwrap().finish_reason).unwrap()
+    }
+}
+
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+pub async fn generate(s: &TestServer, req: v1::GenerateRequest) -> Result<Output, tonic::Status> {
+    let mut client = s.client.clone();
+    tokio::time::timeout(DEADLINE, async move {
+        let mut stream = client.generate(req).await?.into_inner();
+        let mut out = Output::default();
+        while let Some(msg) = stream.message().await? {
+            match msg.event.expect("event set") {
+                Event::Token(t) => {
+                    assert!(out.finished.is_none(), "token after Finished");
+                    out.tokens.push(t.token_id);
+                    out.texts.push(t.text);
+                }
+                Event::Finished(f) => {
+                    assert!(out.finished.is_none(), "two Finished messages");
+                    out.finished = Some(f);
+                }
+            }
+        }
+        assert!(out.finished.is_some(), "stream ended without Finished");
+        Ok(out)
+    })
+    .await
+    .expect("Generate finished within the deadline")
+}

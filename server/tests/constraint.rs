@@ -1,0 +1,343 @@
+//! Structured output through the service: `params.constraint` in Generate
+//! (the model's vocabulary), SampleStream and Sample (a vocabulary named
+//! from `[vocabularies]`, Sample replaying `constraint_tokens`), and the
+//! refusals. The `constraint` stage comes from its own plugin library,
+//! loaded like any third-party one. Generate cases need the model
+//! (`SAMPLERD_MODEL`); the rest use the model file as a vocabulary when it
+//! is there.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
+use samplerd_api::v1;
+use tonic::Code;
+
+fn shared_host() -> Option<Arc<ModelHost>> {
+    static HOST: OnceLock<Option<Arc<ModelHost>>> = OnceLock::new();
+    HOST.get_or_init(|| {
+        Some(Arc::new(
+            ModelHost::load(&model_path()?, GenerateConfig::default()).expect("model loads"),
+        ))
+    })
+    .clone()
+}
+
+/// The core and constraint libraries, and the model's vocabulary as
+/// `smollm2` when the model is there.
+fn config() -> samplerd::app::config::Config {
+    let mut c = test_config();
+    c.plugins.files = vec![core_plugin(), constraint_plugin()];
+    if let Some(m) = model_path() {
+        c.vocabularies.insert("smollm2".into(), m);
+    }
+    c
+}
+
+async fn server(with_model: bool) -> TestServer {
+    let host = if with_model {
+        shared_host().map(|h| h as Arc<dyn Generator>)
+    } else {
+        None
+    };
+    start_serving(config(), host).await
+}
+
+fn constrained(kind: v1::constraint::Kind, seed: u64) -> v1::SamplingParams {
+    v1::SamplingParams {
+        seed: Some(seed),
+        constraint: Some(v1::Constraint { kind: Some(kind) }),
+        ..Default::default()
+    }
+}
+
+fn chat(q: &str, params: v1::SamplingParams) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        messages: vec![v1::ChatMessage {
+            role: "user".into(),
+            content: q.into(),
+        }],
+        max_tokens: Some(256),
+        params: Some(params),
+        ..Default::default()
+    }
+}
+
+const PERSON: &str = r#"{"type":"object","properties":{"name":{"type":"string","maxLength":20},"age":{"type":"integer","minimum":0,"maximum":120}},"required":["name","age"],"additionalProperties":false}"#;
+
+/// Generate under a JSON Schema ends with the stop token, and the text is
+/// a JSON object of that schema; the same seed gives the same bytes.
+#[tokio::test]
+async fn generate_holds_the_output_to_a_json_schema() {
+    if shared_host().is_none() {
+        eprintln!("skipped: no model (scripts/fetch-model.sh, SAMPLERD_MODEL)");
+        return;
+    }
+    let s = server(true).await;
+    let req = || {
+        chat(
+            "Describe a person as JSON.",
+            constrained(v1::constraint::Kind::JsonSchema(PERSON.into()), 7),
+        )
+    };
+    let out = generate(&s, req()).await.expect("generate");
+    assert_eq!(out.reason(), v1::FinishReason::StopToken, "{}", out.text());
+    let v: serde_json::Value = serde_json::from_str(&out.text())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", out.text()));
+    let obj = v.as_object().expect("an object");
+    assert_eq!(obj.len(), 2, "only the schema's properties: {v}");
+    assert!(
+        obj["name"]
+            .as_str()
+            .is_some_and(|n| n.chars().count() <= 20)
+    );
+    let age = obj["age"].as_i64().expect("integer age");
+    assert!((0..=120).contains(&age), "age {age}");
+    let again = generate(&s, req()).await.expect("generate");
+    assert_eq!(again.tokens, out.tokens, "same request and seed");
+}
+
+/// Regex, choice, GBNF and Lark: each output matches its grammar in full,
+/// with stop strings and n_probs alongside.
+#[tokio::test]
+async fn generate_holds_the_output_to_regexes_choices_and_grammars() {
+    if shared_host().is_none() {
+        eprintln!("skipped: no model (scripts/fetch-model.sh, SAMPLERD_MODEL)");
+        return;
+    }
+    use v1::constraint::Kind;
+    let s = server(true).await;
+    type Matches = Box<dyn Fn(&str) -> bool>;
+    let cases: Vec<(Kind, Matches)> = vec![
+        (
+            Kind::Regex("[0-9]{3}-[0-9]{4}".into()),
+            Box::new(|t: &str| {
+                t.len() == 8
+                    && t.as_bytes()[3] == b'-'
+                    && t.replace('-', "").bytes().all(|b| b.is_ascii_digit())
+            }),
+        ),
+        (
+            Kind::Choice(v1::StringList {
+                values: vec!["red".into(), "green".into(), "blue".into()],
+            }),
+            Box::new(|t: &str| ["red", "green", "blue"].contains(&t)),
+        ),
+        (
+            Kind::Gbnf(r#"root ::= "yes" | "no""#.into()),
+            Box::new(|t: &str| t == "yes" || t == "no"),
+        ),
+        (
+            Kind::Lark("start: \"A\" \"B\"+".into()),
+            Box::new(|t: &str| {
+                t.starts_with('A') && t.len() > 1 && t[1..].bytes().all(|b| b == b'B')
+            }),
+        ),
+    ];
+    for (seed, (kind, ok)) in cases.into_iter().enumerate() {
+        let mut req = chat("Answer.", constrained(kind.clone(), seed as u64));
+        req.n_probs = 3;
+        req.stop = vec!["\n\n".into()];
+        let out = generate(&s, req).await.expect("generate");
+        let text = out.text();
+        assert!(ok(&text), "{kind:?}: output {text:?} does not match");
+        assert_eq!(
+            out.reason(),
+            v1::FinishReason::StopToken,
+            "{kind:?}: {text:?}"
+        );
+    }
+}
+
+/// SampleStream keeps the grammar's state between steps; Sample rebuilds
+/// it from `constraint_tokens` and gives the same token at each step.
+#[tokio::test]
+async fn sample_and_sample_stream_follow_the_grammar_over_a_named_vocabulary() {
+    let Some(model) = model_path() else {
+        eprintln!("skipped: no model file for the vocabulary (scripts/fetch-model.sh)");
+        return;
+    };
+    let vocab = samplerd_model::read_vocabulary(&model).expect("vocabulary");
+    let n = vocab.len();
+    let s = server(false).await;
+    let params = v1::SamplingParams {
+        vocabulary: "smollm2".into(),
+        ..constrained(v1::constraint::Kind::Regex("(cat|dog)s?".into()), 3)
+    };
+    let mut chosen = Vec::new();
+    let mut text = Vec::new();
+    for step in 0..6u64 {
+        let resp = s
+            .sample_ok(v1::SampleRequest {
+                logits_f32le: to_bytes(&logits(n, 100 + step)).into(),
+                params: Some(params.clone()),
+                step,
+                constraint_tokens: chosen.clone(),
+                ..Default::default()
+            })
+            .await;
+        let t = resp.token_id;
+        if vocab[t as usize].attrs & samplerd_model::attr::END_OF_GENERATION != 0 {
+            break;
+        }
+        text.extend_from_slice(&vocab[t as usize].bytes);
+        chosen.push(t);
+    }
+    let text = String::from_utf8(text).expect("utf-8");
+    assert!(
+        ["cat", "cats", "dog", "dogs"].contains(&text.as_str()),
+        "Sample's output {text:?} does not match (cat|dog)s?"
+    );
+
+    // The same steps through one SampleStream: the same tokens.
+    let msgs: Vec<v1::SampleStreamRequest> = (0..chosen.len() as u64)
+        .map(|step| v1::SampleStreamRequest {
+            logits_f32le: to_bytes(&logits(n, 100 + step)).into(),
+            params: (step == 0).then(|| params.clone()),
+            ..Default::default()
+        })
+        .collect();
+    let streamed: Vec<u32> = s
+        .stream_all(msgs)
+        .await
+        .iter()
+        .map(|r| r.token_id)
+        .collect();
+    assert_eq!(streamed, chosen, "SampleStream and Sample agree");
+
+    // A replayed token the grammar does not allow names the field.
+    let bad = vocab
+        .iter()
+        .position(|t| t.bytes == b"x")
+        .expect("a token for x") as u32;
+    let err = s
+        .client
+        .clone()
+        .sample(v1::SampleRequest {
+            logits_f32le: to_bytes(&logits(n, 1)).into(),
+            params: Some(params.clone()),
+            constraint_tokens: vec![bad],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(
+        &err,
+        Code::InvalidArgument,
+        &["constraint_tokens", "not allowed"],
+    );
+}
+
+/// Bad constraints are INVALID_ARGUMENT naming the field, the value's
+/// problem and, for limits, the configuration key.
+#[tokio::test]
+async fn bad_constraints_are_refused_naming_the_field() {
+    use v1::constraint::Kind;
+    let have_vocab = model_path().is_some();
+    let s = server(false).await;
+    let n = if have_vocab {
+        samplerd_model::read_vocabulary(&model_path().unwrap())
+            .unwrap()
+            .len()
+    } else {
+        16
+    };
+    let call = |params: v1::SamplingParams, tokens: Vec<u32>| {
+        let mut client = s.client.clone();
+        let l = logits(n, 5);
+        async move {
+            client
+                .sample(v1::SampleRequest {
+                    logits: l,
+                    params: Some(params),
+                    constraint_tokens: tokens,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err()
+        }
+    };
+    let named = |kind: Kind| v1::SamplingParams {
+        vocabulary: "smollm2".into(),
+        ..constrained(kind, 1)
+    };
+    // No vocabulary at all.
+    let e = call(constrained(Kind::Regex("a+".into()), 1), vec![]).await;
+    assert_status(&e, Code::InvalidArgument, &["constraint", "vocabulary"]);
+    // An unknown one lists what is loaded.
+    let e = call(
+        v1::SamplingParams {
+            vocabulary: "nope".into(),
+            ..constrained(Kind::Regex("a+".into()), 1)
+        },
+        vec![],
+    )
+    .await;
+    assert_status(
+        &e,
+        Code::InvalidArgument,
+        &["params.vocabulary", "\"nope\""],
+    );
+    // Over limits.max_constraint_bytes, before any compiling.
+    let e = call(named(Kind::JsonSchema(" ".repeat(2 << 20))), vec![]).await;
+    assert_status(
+        &e,
+        Code::InvalidArgument,
+        &[
+            "params.constraint.json_schema",
+            "limits.max_constraint_bytes",
+        ],
+    );
+    // With an explicit chain.
+    let e = call(
+        v1::SamplingParams {
+            chain: vec![number_stage("top_k", &[("k", 5.0)])],
+            ..named(Kind::Regex("a".into()))
+        },
+        vec![],
+    )
+    .await;
+    assert_status(
+        &e,
+        Code::InvalidArgument,
+        &["params.constraint", "params.chain"],
+    );
+    // constraint_tokens without a constraint.
+    let e = call(v1::SamplingParams::default(), vec![1]).await;
+    assert_status(
+        &e,
+        Code::InvalidArgument,
+        &["constraint_tokens", "without a constraint"],
+    );
+    if !have_vocab {
+        return;
+    }
+    // The grammar's own errors, each under its field.
+    for (kind, field) in [
+        (
+            Kind::JsonSchema("{\"type\": 7}".into()),
+            "params.constraint.json_schema",
+        ),
+        (
+            Kind::JsonSchema("not json".into()),
+            "params.constraint.json_schema",
+        ),
+        (Kind::Regex("(unclosed".into()), "params.constraint.regex"),
+        (Kind::Gbnf("root ::= (".into()), "params.constraint.gbnf"),
+        (Kind::Lark("start: ???".into()), "params.constraint.lark"),
+        (
+            Kind::Choice(v1::StringList { values: vec![] }),
+            "params.constraint.choice",
+        ),
+        (
+            Kind::JsonSchema(r#"{"type":"array","uniqueItems":true}"#.into()),
+            "params.constraint.json_schema",
+        ),
+    ] {
+        let e = call(named(kind.clone()), vec![]).await;
+        assert_status(&e, Code::InvalidArgument, &[field]);
+    }
+}
