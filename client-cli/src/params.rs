@@ -116,6 +116,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_constraint_flag_becomes_its_kind() {
+        use samplerd_api::v1::constraint::Kind;
+        let kind = |c: ConstraintArgs| constraint(&c).and_then(|c| c.kind);
+        assert_eq!(kind(ConstraintArgs::default()), None);
+        assert_eq!(
+            kind(ConstraintArgs {
+                regex: Some("a+".into()),
+                ..Default::default()
+            }),
+            Some(Kind::Regex("a+".into()))
+        );
+        assert_eq!(
+            kind(ConstraintArgs {
+                grammar: Some(GrammarFile::Lark("start: \"x\"".into())),
+                ..Default::default()
+            }),
+            Some(Kind::Lark("start: \"x\"".into()))
+        );
+        assert_eq!(
+            kind(ConstraintArgs {
+                choice: Some("yes;no".into()),
+                ..Default::default()
+            }),
+            Some(Kind::Choice(StringList {
+                values: vec!["yes".into(), "no".into()]
+            }))
+        );
+    }
+
+    #[test]
     fn unset_flags_stay_unset() {
         let p = sampling_params(&SamplingArgs::default());
         assert_eq!(p, SamplingParams::default());

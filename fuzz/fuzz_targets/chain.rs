@@ -247,7 +247,7 @@ fn run(u: &mut Unstructured<'_>) -> Result<()> {
     }
 
     let mut seq = chain.new_sequence().expect("a new sequence");
-    seq.accept_all(&window).expect("accept the window");
+    seq.accept_history(&window).expect("accept the window");
     let mut buf = TokenBuffer::with_limit(MAX_VOCAB);
     if buf.load(&logits).is_err() {
         return Ok(()); // empty, NaN or +inf logits: rejected, as they must be
@@ -258,7 +258,7 @@ fn run(u: &mut Unstructured<'_>) -> Result<()> {
 
     // The same step on a fresh sequence gives the same token.
     let mut again = chain.new_sequence().expect("a new sequence");
-    again.accept_all(&window).expect("accept the window");
+    again.accept_history(&window).expect("accept the window");
     buf.load(&logits).expect("loaded before");
     let t = again.sample(&mut buf, seed, first_step).map(|s| s.token_id);
     assert_eq!(t, Ok(first), "same seed and step, different token");

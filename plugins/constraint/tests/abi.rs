@@ -33,7 +33,10 @@ fn descriptor_names_the_stage_its_flags_and_params() {
         )
     };
     assert_eq!(name, c"constraint");
-    assert_eq!(s.flags, SD_STAGE_NEEDS_VOCAB | SD_STAGE_DENSE_OK);
+    assert_eq!(
+        s.flags,
+        SD_STAGE_NEEDS_VOCAB | SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY
+    );
     let params: Vec<(String, u32)> = spec
         .iter()
         .map(|p| {

@@ -570,8 +570,18 @@ pub fn figment(config_file: Option<&Path>, cli: &CliOverrides) -> Figment {
 
 /// Top-level tables of [`Config`] (set as `SAMPLERD_<TABLE>__<KEY>`).
 const CONFIG_SECTIONS: &[&str] = &[
-    "plugins", "chain", "sampling", "limits", "logging", "model", "generate", "metrics",
-    "shutdown", "tls", "auth",
+    "plugins",
+    "chain",
+    "sampling",
+    "limits",
+    "logging",
+    "model",
+    "generate",
+    "metrics",
+    "shutdown",
+    "tls",
+    "auth",
+    "vocabularies",
 ];
 /// Top-level scalar keys of [`Config`] (set as `SAMPLERD_<KEY>`).
 const CONFIG_SCALARS: &[&str] = &["listen", "reflection"];
