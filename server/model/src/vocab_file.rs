@@ -149,6 +149,31 @@ mod tests {
         assert_eq!(bytes, (0..=255).collect::<Vec<u8>>());
     }
 
+    /// A byte-level BPE `tokenizer.json` (GPT-2 / Qwen / SmolLM2 style):
+    /// pieces decode through the byte table, special added tokens are
+    /// control tokens, and the known end-of-text one ends generation.
+    #[test]
+    fn a_byte_level_tokenizer_json_gives_each_tokens_bytes() {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,
+          "added_tokens":[{"id":3,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+          "normalizer":null,
+          "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+          "post_processor":null,
+          "decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true},
+          "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,
+                   "fuse_unk":false,"byte_fallback":false,"vocab":{"a":0,"Ġb":1,"Ċ":2},"merges":[]}}"#;
+        let dir = std::env::temp_dir().join(format!("samplerd-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokenizer.json");
+        std::fs::write(&path, json).unwrap();
+        let v = read_vocabulary(&path).expect("reads");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let bytes: Vec<&[u8]> = v.iter().map(|t| t.bytes.as_slice()).collect();
+        assert_eq!(bytes, [&b"a"[..], b" b", b"\n", b"<|endoftext|>"]);
+        assert_eq!(v[1].attrs, TEXT);
+        assert_eq!(v[3].attrs, attr::CONTROL | attr::END_OF_GENERATION);
+    }
+
     #[test]
     fn sentencepiece_pieces_become_bytes() {
         assert_eq!(sentencepiece_piece("▁the").bytes, b" the");

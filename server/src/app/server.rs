@@ -16,6 +16,7 @@ use samplerd_sampling::{LoadError, StageRegistry};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::codec::CompressionEncoding;
 use tonic_health::ServingStatus;
 
 use crate::app::config::Config;
@@ -110,6 +111,22 @@ fn fix_too_large(mut resp: http::Response<tonic::body::Body>) -> http::Response<
     resp
 }
 
+/// A generated service with gzip and zstd both ways: a request compressed
+/// with either is accepted, and a response is compressed when the client
+/// asks for it in `grpc-accept-encoding` (tonic negotiates). A common client
+/// setting (grpc-js, grpcio and grpc-go channel options); without it such a
+/// client got UNIMPLEMENTED from every service, reflection and health too.
+/// The one-frame fast path serves uncompressed messages only.
+macro_rules! compressed {
+    ($service:expr) => {
+        $service
+            .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Zstd)
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Zstd)
+    };
+}
+
 /// Serves on `listener` until `shutdown` resolves, then drains: health
 /// NOT_SERVING, new Sampler RPCs refused (UNAVAILABLE), running ones given
 /// up to `shutdown.grace_period_secs`, connections closed (see
@@ -143,15 +160,16 @@ pub async fn serve(
         unary,
         Wrap::new(
             OneFrameDecode::new(limits.max_message_bytes),
-            SamplerServer::new(SamplerService {
+            compressed!(SamplerServer::new(SamplerService {
                 state: state.clone(),
-            })
+            }))
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes),
         ),
     );
 
     let (reporter, health) = tonic_health::server::health_reporter();
+    let health = compressed!(health);
     reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;
@@ -167,8 +185,8 @@ pub async fn serve(
             .register_encoded_file_descriptor_set(samplerd_api::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let reflection_v1 = compressed!(reflection().build_v1()?);
+    let reflection_v1alpha = compressed!(reflection().build_v1alpha()?);
 
     // Plugins are loaded (the registry exists); wait for the model if any.
     let generator = state.generator.clone();

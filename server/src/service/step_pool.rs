@@ -232,8 +232,13 @@ impl StepPool {
         // Most steps take tens of microseconds: waiting for them right here
         // (the runtime worker is held no longer than `REPLY_SPIN`, like a
         // short inline step) saves parking the worker and waking it again,
-        // which costs more than the step on a loaded machine.
-        let spin_until = Instant::now() + REPLY_SPIN;
+        // which costs more than the step on a loaded machine. Only when a
+        // thread was free for it: behind other steps the wait is longer
+        // than the spin, and the runtime worker has other connections to
+        // serve.
+        let free = self.shared.running.load(Ordering::Acquire) < self.shared.threads
+            && self.shared.queued.load(Ordering::Acquire) <= 1;
+        let spin_until = Instant::now() + if free { REPLY_SPIN } else { Duration::ZERO };
         loop {
             match rx.try_recv() {
                 Ok(r) => return r,
