@@ -338,7 +338,9 @@ impl OwnedParams {
         )
     }
 
-    fn raw(&self) -> Vec<SdParam> {
+    /// The parameters as `config_new` takes them (borrowing `self`): for
+    /// tests that call a stage through its C descriptor.
+    pub fn raw(&self) -> Vec<SdParam> {
         self.items
             .iter()
             .map(|p| {

@@ -191,7 +191,13 @@ pub fn chain_to_proto(spec: &ChainSpec) -> Vec<v1::StageSpec> {
 /// `None` when it sets none (the default chain then serves it). The one
 /// list of typed fields: a field missing here would be silently ignored,
 /// so "was any set" and "merge" are the same walk over it.
-pub fn typed_params(base: &SamplingParams, p: &v1::SamplingParams) -> Option<SamplingParams> {
+/// `constraint` is `p.constraint` already converted ([`constraint_from_proto`],
+/// done once by validation, which bounds its size first).
+pub fn typed_params(
+    base: &SamplingParams,
+    p: &v1::SamplingParams,
+    constraint: Option<Constraint>,
+) -> Option<SamplingParams> {
     let mut out = base.clone();
     let mut set = false;
     macro_rules! take {
@@ -231,15 +237,21 @@ pub fn typed_params(base: &SamplingParams, p: &v1::SamplingParams) -> Option<Sam
         out.order = p.samplers.clone();
         set = true;
     }
-    if let Some(c) = p.constraint.as_ref().and_then(constraint_from_proto) {
+    if let Some(c) = constraint {
         out.constraint = Some(c);
         set = true;
     }
     set.then_some(out)
 }
 
-/// `params.constraint` → the core's (`None`: no kind set, or
-/// `json_object: false`).
+/// Whether `params.constraint` asks for one: a kind set, other than
+/// `json_object: false` (no copy of the grammar).
+pub fn constraint_is_set(c: &v1::Constraint) -> bool {
+    !matches!(c.kind, None | Some(v1::constraint::Kind::JsonObject(false)))
+}
+
+/// `params.constraint` → the core's (`None`: not set, see
+/// [`constraint_is_set`]).
 pub fn constraint_from_proto(c: &v1::Constraint) -> Option<Constraint> {
     use v1::constraint::Kind;
     Some(match c.kind.as_ref()? {
@@ -313,7 +325,7 @@ mod tests {
             top_k: Some(5),
             ..Default::default()
         };
-        let m = typed_params(&SamplingParams::default(), &p).expect("a typed field is set");
+        let m = typed_params(&SamplingParams::default(), &p, None).expect("a typed field is set");
         assert_eq!(m.top_k, 5);
         assert_eq!(m.top_p, SamplingParams::default().top_p);
     }
@@ -325,7 +337,7 @@ mod tests {
             dry_penalty_last_n: Some(128),
             ..Default::default()
         };
-        let m = typed_params(&SamplingParams::default(), &p).expect("a typed field is set");
+        let m = typed_params(&SamplingParams::default(), &p, None).expect("a typed field is set");
         assert_eq!((m.dry_multiplier, m.dry_penalty_last_n), (0.8, 128));
         assert_eq!(
             m.dry_sequence_breakers,
@@ -335,7 +347,8 @@ mod tests {
             dry_sequence_breakers: vec![String::new()],
             ..Default::default()
         };
-        let m = typed_params(&SamplingParams::default(), &p).expect("breakers are a typed field");
+        let m =
+            typed_params(&SamplingParams::default(), &p, None).expect("breakers are a typed field");
         assert_eq!(m.dry_sequence_breakers, [""]);
     }
 
@@ -346,6 +359,6 @@ mod tests {
             seed: Some(3),
             ..Default::default()
         };
-        assert_eq!(typed_params(&SamplingParams::default(), &p), None);
+        assert_eq!(typed_params(&SamplingParams::default(), &p, None), None);
     }
 }

@@ -348,11 +348,11 @@ pub fn sampling(
             ));
         }
     }
-    if let Some(c) = p
+    let constraint = p
         .constraint
         .as_ref()
-        .and_then(convert::constraint_from_proto)
-    {
+        .and_then(convert::constraint_from_proto);
+    if let Some(c) = &constraint {
         if !p.chain.is_empty() {
             return Err(RequestError::invalid(
                 "params.constraint",
@@ -393,7 +393,7 @@ pub fn sampling(
             .registry
             .build_chain(&spec, vocab)
             .map_err(|e| RequestError::from_chain(e, true))?
-    } else if let Some(merged) = convert::typed_params(&defaults.params, p) {
+    } else if let Some(merged) = convert::typed_params(&defaults.params, p, constraint) {
         state
             .registry
             .build_typed(&merged, vocab)
@@ -484,7 +484,7 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
     let constrained = f.params.is_some_and(|p| {
         p.constraint
             .as_ref()
-            .is_some_and(|c| convert::constraint_from_proto(c).is_some())
+            .is_some_and(convert::constraint_is_set)
             || p.chain.iter().any(|s| s.name == CONSTRAINT_STAGE)
     });
     if !f.constraint_tokens.is_empty() && !constrained {

@@ -4,10 +4,11 @@
 
 #![allow(dead_code)]
 
-use std::ffi::{CStr, CString, c_char, c_void};
+use std::ffi::{CStr, c_void};
 
 use samplerd_constraint_stage::samplerd_plugin_entry_v1;
 use samplerd_plugin_sdk::abi::*;
+use samplerd_plugin_sdk::testing::OwnedParams;
 
 /// An owned `sd_vocab`.
 pub struct TestVocab {
@@ -134,64 +135,16 @@ unsafe impl Send for Config {}
 
 pub fn config(params: &[P<'_>], vocab: Option<&TestVocab>) -> Result<Config, String> {
     let stage = stage();
-    let names: Vec<CString> = params
-        .iter()
-        .map(|p| match p {
-            P::Str(n, _) | P::Num(n, _) | P::List(n, _) => CString::new(*n).unwrap(),
-        })
-        .collect();
-    let strings: Vec<CString> = params
-        .iter()
-        .map(|p| match p {
-            P::Str(_, s) => CString::new(*s).unwrap(),
-            _ => CString::default(),
-        })
-        .collect();
-    let lists: Vec<Vec<CString>> = params
-        .iter()
-        .map(|p| match p {
-            P::List(_, l) => l.iter().map(|s| CString::new(*s).unwrap()).collect(),
-            _ => Vec::new(),
-        })
-        .collect();
-    let list_ptrs: Vec<Vec<*const c_char>> = lists
-        .iter()
-        .map(|l| l.iter().map(|s| s.as_ptr()).collect())
-        .collect();
-    let raw: Vec<SdParam> = params
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut r = SdParam {
-                struct_size: size_of::<SdParam>() as u32,
-                kind: SD_PARAM_NUMBER,
-                name: names[i].as_ptr(),
-                number: 0.0,
-                string: std::ptr::null(),
-                map: std::ptr::null(),
-                map_len: 0,
-                strings: std::ptr::null(),
-                strings_len: 0,
-            };
-            match p {
-                P::Str(..) => {
-                    r.kind = SD_PARAM_STRING;
-                    r.string = strings[i].as_ptr();
-                }
-                P::Num(_, v) => r.number = *v,
-                P::List(..) => {
-                    r.kind = SD_PARAM_STRING_LIST;
-                    r.strings = list_ptrs[i].as_ptr();
-                    r.strings_len = list_ptrs[i].len();
-                }
-            }
-            r
-        })
-        .collect();
+    let owned = params.iter().fold(OwnedParams::new(), |o, p| match p {
+        P::Str(n, v) => o.string(n, v),
+        P::Num(n, v) => o.number(n, *v),
+        P::List(n, l) => o.strings(n, l),
+    });
+    let raw = owned.raw();
     let mut out: *mut c_void = std::ptr::null_mut();
     let mut err = new_err();
     let vocab = vocab.map_or(std::ptr::null(), |v| v.raw());
-    // SAFETY: `raw` holds valid params whose strings live in this frame;
+    // SAFETY: `raw` holds valid params whose strings `owned` keeps alive;
     // the vocabulary outlives the call; live out-pointers.
     let rc =
         unsafe { (stage.config_new.unwrap())(raw.as_ptr(), raw.len(), vocab, &mut out, &mut err) };
