@@ -299,6 +299,21 @@ mod tests {
     }
 
     #[test]
+    fn docs_api_lists_every_reason_and_no_other() {
+        let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/API.md"));
+        let listed: std::collections::BTreeSet<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `SAMPLERD_"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        let ours: std::collections::BTreeSet<&str> = Reason::ALL
+            .iter()
+            .map(|r| r.as_str().strip_prefix("SAMPLERD_").unwrap())
+            .collect();
+        assert_eq!(listed, ours, "docs/API.md's error table against Reason::ALL");
+    }
+
+    #[test]
     fn details_round_trip_through_the_status() {
         let st = Failure::new(Reason::LimitExceeded, "n_probs: 2000 exceeds the limit")
             .field("n_probs")

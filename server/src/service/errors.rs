@@ -266,3 +266,50 @@ pub fn map_stream_status(status: Status) -> Status {
         status
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_of_error_has_its_reason() {
+        let cases = [
+            (RequestError::invalid("f", "bad"), Reason::InvalidField),
+            (
+                RequestError::limit("n_probs", "limits.max_n_probs", "big"),
+                Reason::LimitExceeded,
+            ),
+            (RequestError::Internal("oops".into()), Reason::Internal),
+            (
+                RequestError::Plugin(SampleError::NotLoaded),
+                Reason::Internal,
+            ),
+            (
+                RequestError::exhausted(Reason::Overloaded, "generate.max_queued_generations", "full"),
+                Reason::Overloaded,
+            ),
+            (
+                RequestError::from_chain(
+                    ChainError::UnknownStage {
+                        name: "x".into(),
+                        known: "y".into(),
+                    },
+                    true,
+                ),
+                Reason::UnknownStage,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.failure().reason(), want, "{e}");
+        }
+    }
+
+    #[test]
+    fn a_row_prefixes_the_field_once_and_wraps_the_rest() {
+        let e = RequestError::invalid("params.top_p", "too big").in_row(3);
+        assert_eq!(e.to_string(), "rows[3].params.top_p: too big");
+        let e = RequestError::Internal("oops".into()).in_row(2).in_row(2);
+        assert_eq!(e.to_string(), "rows[2]: oops");
+        assert_eq!(Status::from(e).message(), "rows[2]: oops");
+    }
+}

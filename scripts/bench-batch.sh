@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Batch sampling and compression on the wire, side by side in one run
+# (docs/PERFORMANCE.md, "Batch sampling" and "Compression"): against one
+# `samplerd serve` on loopback, ROUNDS alternating rounds of
+#   - 32 concurrent SampleStreams (one client connection), 151,936 logits
+#   - one SampleBatchStream of 32 sequences per message, f32 and bf16
+#   - SampleBatch (unary) of 32 rows, f32
+#   - Sample with raw logits, uncompressed / gzip / zstd (one at a time)
+# and prints the median of each (rows/s for the batch-vs-streams rows,
+# p50 latency for the compression rows) with the ratios.
+#   ROUNDS=5 SECONDS_PER_RUN=5 scripts/bench-batch.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+SECS=${SECONDS_PER_RUN:-5}
+VOCAB=${VOCAB:-151936}
+B=${BATCH:-32}
+PY=${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}/bin/python
+[ -x "$PY" ] || PY=python3
+BIN=${CARGO_TARGET_DIR:-target}/release
+OUT=${OUT:-bench-results}
+mkdir -p "$OUT"
+PORT=${PORT:-50932}
+"$BIN/samplerd" serve --listen 127.0.0.1:$PORT > "$OUT/batch-server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+CTL="$BIN/samplerctl --addr http://127.0.0.1:$PORT"
+ready=0
+for _ in $(seq 1 100); do
+  if $CTL health >/dev/null 2>&1; then ready=1; break; fi
+  sleep 0.1
+done
+[ "$ready" = 1 ] || { echo "bench-batch: samplerd did not become healthy" >&2; exit 1; }
+
+run() { # name, then samplerctl bench flags
+  local name=$1; shift
+  $CTL bench --vocab "$VOCAB" --duration "$SECS" --json "$@" > "$OUT/batch-$name-$round.json"
+}
+for round in $(seq 1 "$ROUNDS"); do
+  run streams --rpc sample-stream --concurrency "$B"
+  run batch-stream-f32 --rpc sample-batch-stream --batch "$B" --dtype f32
+  run batch-stream-bf16 --rpc sample-batch-stream --batch "$B" --dtype bf16
+  run batch-f32 --rpc sample-batch --batch "$B" --dtype f32
+  run sample-none --rpc sample --compression none
+  run sample-gzip --rpc sample --compression gzip
+  run sample-zstd --rpc sample --compression zstd
+done
+
+OUT="$OUT" ROUNDS="$ROUNDS" B="$B" VOCAB="$VOCAB" "$PY" - <<'EOF'
+import json, os, statistics
+out, rounds = os.environ["OUT"], int(os.environ["ROUNDS"])
+def runs(name):
+    return [json.load(open(f"{out}/batch-{name}-{r}.json")) for r in range(1, rounds + 1)]
+def med(name, key):
+    vals = [key(j) for j in runs(name)]
+    errs = sum(j["errors"] for j in runs(name))
+    assert errs == 0, f"{name}: {errs} errors"
+    return statistics.median(vals), vals
+rows = lambda j: j["tokens_per_s"]
+p50 = lambda j: j["latency_ms"]["p50"]
+print(f"B = {os.environ['B']} rows x {os.environ['VOCAB']} logits, {rounds} rounds (median [all])")
+base, all_ = med("streams", rows)
+print(f"  {os.environ['B']} SampleStreams         {base:10.0f} rows/s  {[round(v) for v in all_]}")
+for name in ["batch-stream-f32", "batch-stream-bf16", "batch-f32"]:
+    m, all_ = med(name, rows)
+    print(f"  {name:22s} {m:10.0f} rows/s  x{m / base:.2f} of the streams  {[round(v) for v in all_]}")
+plain, all_ = med("sample-none", p50)
+print(f"  Sample uncompressed    p50 {plain:7.3f} ms  {all_}")
+for name in ["sample-gzip", "sample-zstd"]:
+    m, all_ = med(name, p50)
+    print(f"  {name:22s} p50 {m:7.3f} ms  x{m / plain:.2f}  {all_}")
+EOF
