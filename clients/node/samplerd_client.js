@@ -40,10 +40,13 @@ function samplerV1() {
   return samplerPackage;
 }
 
-/** A Sampler client on a plaintext channel (TLS: pass grpc.credentials.createSsl()). */
+/**
+ * A Sampler client on a plaintext channel (TLS: pass grpc.credentials.createSsl()).
+ * `address` is host:port; samplerctl's http:// form (its SAMPLERD_ADDR) is taken too.
+ */
 function connect(address, { credentials = grpc.credentials.createInsecure(), options = {} } = {}) {
   const { Sampler } = samplerV1();
-  return new Sampler(address, credentials, { ...CHANNEL_OPTIONS, ...options });
+  return new Sampler(address.replace(/^http:\/\//, ''), credentials, { ...CHANNEL_OPTIONS, ...options });
 }
 
 /** Resolves once the channel is connected, or rejects after `timeoutMs`. */

@@ -69,7 +69,9 @@ pb, pb_grpc = _load_stubs()
 
 def connect(address, *, credentials=None, ready_timeout=10.0):
     """A channel and a SamplerStub, once the channel is connected (bounded:
-    grpc.FutureTimeoutError after ready_timeout seconds)."""
+    grpc.FutureTimeoutError after ready_timeout seconds). `address` is
+    host:port; samplerctl's http:// form (its SAMPLERD_ADDR) is taken too."""
+    address = address.removeprefix("http://")
     if credentials is None:
         channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     else:

@@ -11,12 +11,12 @@
 #
 # SAMPLERD_BIN (the server), SAMPLERD_PLUGIN (libsamplerd_core_stages.so),
 # SAMPLERD_MODEL (the GGUF) and SAMPLERD_VENV as in scripts/test.sh.
-# Exits non-zero if any kit fails.
+# KEEP_LOG=FILE keeps the server log. Exits non-zero if any kit fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-BIN="$(realpath "${SAMPLERD_BIN:-$ROOT/target/release/samplerd}")"
-PLUGIN="$(realpath "${SAMPLERD_PLUGIN:-$(dirname "$BIN")/libsamplerd_core_stages.so}")"
-MODEL="$(realpath "${SAMPLERD_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
+BIN="$(realpath -m "${SAMPLERD_BIN:-$ROOT/target/release/samplerd}")"
+PLUGIN="$(realpath -m "${SAMPLERD_PLUGIN:-$(dirname "$BIN")/libsamplerd_core_stages.so}")"
+MODEL="$(realpath -m "${SAMPLERD_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
 VENV="${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}"
 PY="$VENV/bin/python"
 GRPCURL="${GRPCURL:-$VENV/bin/grpcurl}"
@@ -101,6 +101,7 @@ SERVER_PID=$!
 cleanup() {
   kill "$SERVER_PID" 2>/dev/null || true
   wait "$SERVER_PID" 2>/dev/null || true
+  [ -n "${KEEP_LOG:-}" ] && cp "$LOG" "$KEEP_LOG"
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -23,6 +23,12 @@ import (
 	pb "github.com/samplerd/samplerd/gen/go/samplerd/v1"
 )
 
+// Target is a gRPC dial target for addr: host:port, or samplerctl's
+// http://host:port form (its SAMPLERD_ADDR).
+func Target(addr string) string {
+	return strings.TrimPrefix(addr, "http://")
+}
+
 // F32LE encodes logits for SampleRequest.logits_f32le: each float's IEEE-754
 // bits, little-endian, 4 bytes apiece (whatever the host's byte order).
 func F32LE(logits []float32) []byte {

@@ -26,7 +26,7 @@ func client(t *testing.T) pb.SamplerClient {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := grpc.DialContext(ctx, addr, grpc.WithInsecure(), grpc.WithBlock())
+	conn, err := grpc.DialContext(ctx, Target(addr), grpc.WithInsecure(), grpc.WithBlock())
 	if err != nil {
 		t.Fatalf("connect %s: %v", addr, err)
 	}

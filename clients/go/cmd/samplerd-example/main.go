@@ -35,7 +35,7 @@ func main() {
 	defer cancel()
 	// grpc.WithInsecure: plaintext, as for a loopback server (TLS:
 	// grpc.WithTransportCredentials(credentials.NewClientTLSFromFile(...))).
-	conn, err := grpc.DialContext(ctx, *addr, grpc.WithInsecure(), grpc.WithBlock())
+	conn, err := grpc.DialContext(ctx, samplerdclient.Target(*addr), grpc.WithInsecure(), grpc.WithBlock())
 	if err != nil {
 		log.Fatalf("connect %s: %v", *addr, err)
 	}
