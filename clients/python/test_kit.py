@@ -103,26 +103,42 @@ class KitTest(unittest.TestCase):
             list(g)
         self.assertEqual(cm.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
 
-    def check_refusal(self, params, field, reason):
+    def check_refusal(self, params, field, reason, call=None):
         with self.assertRaises(grpc.RpcError) as cm:
-            sc.sample_logits(self.stub, FLAT, **params)
+            if call is None:
+                sc.sample_logits(self.stub, FLAT, **params)
+            else:
+                call()
         err = cm.exception
         self.assertEqual(err.code(), grpc.StatusCode.INVALID_ARGUMENT, sc.describe_error(err))
         self.assertIn(field.rsplit(".", 1)[-1], err.details())
         rich = sc.rich_error(err)
         if rich is None and not REQUIRE_DETAILS:
-            return
+            return None
         self.assertIsNotNone(rich, "no grpc-status-details-bin trailer")
         self.assertEqual(rich.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
         self.assertEqual(rich.domain, "samplerd.v1", sc.describe_error(err))
         self.assertEqual(rich.reason, reason, sc.describe_error(err))
         self.assertIn(field, [f for f, _ in rich.field_violations], sc.describe_error(err))
+        return rich
 
     def test_error_details_top_p(self):
         self.check_refusal({"top_p": 1.5}, "params.top_p", "SAMPLERD_PARAM_OUT_OF_RANGE")
 
     def test_error_details_temperature(self):
         self.check_refusal({"temperature": -1.0}, "params.temperature", "SAMPLERD_PARAM_OUT_OF_RANGE")
+
+    def test_error_details_on_a_stream(self):
+        # A streaming call's error carries the same trailer.
+        g = sc.generate(self.stub, messages=CHAT, max_tokens=3, top_p=1.5)
+        self.check_refusal({}, "params.top_p", "SAMPLERD_PARAM_OUT_OF_RANGE", call=lambda: list(g))
+
+    def test_error_details_unknown_stage(self):
+        chain = [sc.pb.StageSpec(name="no_such_stage")]
+        rich = self.check_refusal({"chain": chain}, "params.chain", "SAMPLERD_UNKNOWN_STAGE")
+        if rich is not None:
+            self.assertIsNotNone(rich.resource, rich.details)
+            self.assertEqual(rich.resource[1], "no_such_stage")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ func TestGeneratePastDeadline(t *testing.T) {
 
 // The rich error model: set SAMPLERD_REQUIRE_ERROR_DETAILS=0 only against a
 // server that predates it (the checks then run when the trailer is there).
-func checkRefusal(t *testing.T, err error, field, reason string) {
+func checkRefusal(t *testing.T, err error, field, reason string) (ErrorDetails, bool) {
 	t.Helper()
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("err %v, want INVALID_ARGUMENT", err)
@@ -178,7 +178,7 @@ func checkRefusal(t *testing.T, err error, field, reason string) {
 	if !ok {
 		if os.Getenv("SAMPLERD_REQUIRE_ERROR_DETAILS") == "0" {
 			t.Logf("no error details (allowed): %s", Describe(err))
-			return
+			return d, false
 		}
 		t.Fatalf("no grpc-status-details-bin: %s", Describe(err))
 	}
@@ -187,10 +187,11 @@ func checkRefusal(t *testing.T, err error, field, reason string) {
 	}
 	for _, v := range d.BadRequest.GetFieldViolations() {
 		if v.Field == field {
-			return
+			return d, true
 		}
 	}
 	t.Fatalf("no field violation on %s: %s", field, Describe(err))
+	return d, false
 }
 
 func TestErrorDetails(t *testing.T) {
@@ -204,5 +205,25 @@ func TestErrorDetails(t *testing.T) {
 	} {
 		_, err := Sample(ctxFor(t, 10*time.Second), c, flatLogits(), tc.params, 0)
 		checkRefusal(t, err, tc.field, "SAMPLERD_PARAM_OUT_OF_RANGE")
+	}
+}
+
+func TestErrorDetailsOnAStream(t *testing.T) {
+	c := client(t)
+	// A streaming call's error carries the same trailer.
+	req := prompt(3)
+	req.Params.TopP = proto.Float32(1.5)
+	_, _, err := Generate(ctxFor(t, 30*time.Second), c, req, nil)
+	checkRefusal(t, err, "params.top_p", "SAMPLERD_PARAM_OUT_OF_RANGE")
+}
+
+func TestErrorDetailsUnknownStage(t *testing.T) {
+	c := client(t)
+	params := &pb.SamplingParams{Chain: []*pb.StageSpec{{Name: "no_such_stage"}}}
+	_, err := Sample(ctxFor(t, 10*time.Second), c, flatLogits(), params, 0)
+	if d, ok := checkRefusal(t, err, "params.chain", "SAMPLERD_UNKNOWN_STAGE"); ok {
+		if d.Resource.GetResourceName() != "no_such_stage" {
+			t.Fatalf("resource: %s", Describe(err))
+		}
 	}
 }

@@ -120,7 +120,7 @@ function checkRefusal(err, field, reason) {
   assert.equal(err.code, kit.status.INVALID_ARGUMENT, kit.describeError(err));
   assert.match(err.details, new RegExp(field.split('.').pop()));
   const rich = kit.richError(err);
-  if (!rich && !REQUIRE_DETAILS) return true;
+  if (!rich && !REQUIRE_DETAILS) return null;
   assert.ok(rich, 'no grpc-status-details-bin trailer');
   assert.equal(rich.code, kit.status.INVALID_ARGUMENT);
   assert.ok(rich.errorInfo, `no ErrorInfo in ${JSON.stringify(rich.details)}`);
@@ -131,17 +131,39 @@ function checkRefusal(err, field, reason) {
     rich.badRequest.field_violations.some((v) => v.field === field),
     JSON.stringify(rich.badRequest.field_violations),
   );
-  return true;
+  return rich;
 }
 
 test('rich error details: top_p = 1.5 is SAMPLERD_PARAM_OUT_OF_RANGE on params.top_p', async () => {
-  await assert.rejects(kit.sample(client, flatLogits(), { top_p: 1.5 }), (err) =>
-    checkRefusal(err, 'params.top_p', 'SAMPLERD_PARAM_OUT_OF_RANGE'),
-  );
+  await assert.rejects(kit.sample(client, flatLogits(), { top_p: 1.5 }), (err) => {
+    checkRefusal(err, 'params.top_p', 'SAMPLERD_PARAM_OUT_OF_RANGE');
+    return true;
+  });
 });
 
 test('rich error details: temperature = -1 is SAMPLERD_PARAM_OUT_OF_RANGE on params.temperature', async () => {
-  await assert.rejects(kit.sample(client, flatLogits(), { temperature: -1 }), (err) =>
-    checkRefusal(err, 'params.temperature', 'SAMPLERD_PARAM_OUT_OF_RANGE'),
-  );
+  await assert.rejects(kit.sample(client, flatLogits(), { temperature: -1 }), (err) => {
+    checkRefusal(err, 'params.temperature', 'SAMPLERD_PARAM_OUT_OF_RANGE');
+    return true;
+  });
+});
+
+test('rich error details on a stream: Generate with top_p = 1.5', async () => {
+  // A streaming call's error carries the same trailer.
+  await assert.rejects(kit.generate(client, { ...PROMPT, max_tokens: 3, params: { top_p: 1.5 } }), (err) => {
+    checkRefusal(err, 'params.top_p', 'SAMPLERD_PARAM_OUT_OF_RANGE');
+    return true;
+  });
+});
+
+test('rich error details: an unknown stage is SAMPLERD_UNKNOWN_STAGE with a ResourceInfo', async () => {
+  const chain = [{ name: 'no_such_stage', params: {} }];
+  await assert.rejects(kit.sample(client, flatLogits(), { chain }), (err) => {
+    const rich = checkRefusal(err, 'params.chain', 'SAMPLERD_UNKNOWN_STAGE');
+    if (rich) {
+      assert.ok(rich.resourceInfo, JSON.stringify(rich.details));
+      assert.equal(rich.resourceInfo.resource_name, 'no_such_stage');
+    }
+    return true;
+  });
 });
