@@ -19,6 +19,7 @@ if [ -z "$WORK" ]; then
 fi
 # The Debian packages install their sources under /usr/share/gocode.
 SYSTEM_GOPATH="${SYSTEM_GOPATH:-/usr/share/gocode}"
+# GOFLAGS is cleared: module flags (-mod=...) are errors in GOPATH mode.
 export GO111MODULE=off GOPATH="$WORK:$SYSTEM_GOPATH" GOFLAGS=
 
 GEN_PKG=github.com/samplerd/samplerd/gen/go/samplerd/v1

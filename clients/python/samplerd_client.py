@@ -146,6 +146,7 @@ class SampleStream:
 
     def cancel(self):
         self._call.cancel()
+        self._requests.put(None)  # ends the request iterator's thread too
 
     def __enter__(self):
         return self
@@ -161,7 +162,8 @@ class Generation:
     """A streaming Generate call: iterate for Token messages; `finished`
     holds the Finished event once the iteration ends. `cancel()` stops it
     (the server stops generating): the iteration then raises grpc.RpcError
-    with code CANCELLED and yields nothing more."""
+    with code CANCELLED and yields nothing more. A loop left early without
+    cancel() leaves the server generating until max_tokens or the deadline."""
 
     def __init__(self, call):
         self._call = call
