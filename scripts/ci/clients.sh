@@ -105,6 +105,9 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# A killed run still stops its server: exit through the EXIT trap.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 health() { "$GRPCURL" -plaintext -max-time 2 -d '{"service":""}' "$ADDR" grpc.health.v1.Health/Check 2>/dev/null || true; }
 deadline=$((SECONDS + READY_TIMEOUT_S))
