@@ -28,6 +28,7 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 step "dependency audit (cargo deny: licenses, bans, sources)"; scripts/ci/audit.sh
+step "proto checks (buf lint, format, breaking)"; scripts/ci/proto.sh
 step "CUDA feature (builds and lints without a toolkit)"; scripts/ci/cuda-build.sh
 
 # Where the scripts find the binaries and the model (also enables the

@@ -370,6 +370,32 @@ pub enum BenchRpc {
     SampleStream,
     /// Generate with the server's model (completion tokens per request).
     Generate,
+    /// SampleBatch: `--batch` rows of random logits per call (tokens count
+    /// rows).
+    SampleBatch,
+    /// SampleBatchStream: one stream of `--batch` sequences per worker, one
+    /// message of `--batch` rows per request (tokens count rows: compare
+    /// with `--rpc sample-stream --concurrency B`).
+    SampleBatchStream,
+}
+
+/// `--dtype`: how batch logits travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WireDtype {
+    /// Little-endian f32, 4 bytes per logit.
+    F32,
+    /// Little-endian IEEE half, 2 bytes per logit.
+    F16,
+    /// Little-endian bfloat16, 2 bytes per logit.
+    Bf16,
+}
+
+/// `--compression`: the message encoding both ways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
 }
 
 impl BenchRpc {
@@ -379,6 +405,8 @@ impl BenchRpc {
             BenchRpc::Sample => "sample",
             BenchRpc::SampleStream => "sample-stream",
             BenchRpc::Generate => "generate",
+            BenchRpc::SampleBatch => "sample-batch",
+            BenchRpc::SampleBatchStream => "sample-batch-stream",
         }
     }
 }
@@ -401,6 +429,16 @@ pub struct BenchArgs {
     /// Vocabulary size of the random logits (sample, sample-stream).
     #[arg(long, default_value_t = 151_936, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub vocab: u32,
+    /// Rows per request (sample-batch, sample-batch-stream).
+    #[arg(long, default_value_t = 32, value_name = "B", value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Wire encoding of the batch logits (sample-batch, sample-batch-stream).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: WireDtype,
+    /// Compress every request with this encoding and ask for compressed
+    /// responses (the server accepts gzip and zstd).
+    #[arg(long, value_enum, default_value = "none")]
+    pub compression: Compression,
     /// Prompt (generate).
     #[arg(long, default_value = "Tell me a story", value_name = "TEXT")]
     pub prompt: String,

@@ -14,7 +14,8 @@ use samplerd_api::v1::generate_response::Event;
 use samplerd_api::v1::sampler_server::{Sampler, SamplerServer};
 use samplerd_api::v1::{
     FinishReason, Finished, GenerateRequest, GenerateResponse, ListStagesRequest,
-    ListStagesResponse, SampleRequest, SampleResponse, SampleStreamRequest, Timings, Token, Usage,
+    ListStagesResponse, SampleBatchRequest, SampleBatchResponse, SampleBatchStreamRequest,
+    SampleRequest, SampleResponse, SampleStreamRequest, Timings, Token, Usage,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -50,6 +51,22 @@ impl Sampler for Mock {
         &self,
         _: Request<Streaming<SampleStreamRequest>>,
     ) -> Result<Response<Self::SampleStreamStream>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
+
+    async fn sample_batch(
+        &self,
+        _: Request<SampleBatchRequest>,
+    ) -> Result<Response<SampleBatchResponse>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
+
+    type SampleBatchStreamStream = ReceiverStream<Result<SampleBatchResponse, Status>>;
+
+    async fn sample_batch_stream(
+        &self,
+        _: Request<Streaming<SampleBatchStreamRequest>>,
+    ) -> Result<Response<Self::SampleBatchStreamStream>, Status> {
         Err(Status::unimplemented("mock"))
     }
 

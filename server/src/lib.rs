@@ -20,4 +20,5 @@
 pub mod app;
 pub mod generate;
 pub mod service;
+pub mod status;
 pub mod transport;

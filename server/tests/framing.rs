@@ -129,6 +129,8 @@ struct RawOutcome {
     body: Vec<u8>,
     grpc_status: Option<String>,
     grpc_message: String,
+    /// The status (with its details) the headers or trailers carried.
+    status: Option<tonic::Status>,
 }
 
 /// Sends `frames` (none: the headers end the stream) to `path` with the
@@ -170,6 +172,7 @@ async fn raw_outcome(
     let header = |h: &http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
     let mut grpc_status = header(resp.headers(), "grpc-status");
     let mut grpc_message = header(resp.headers(), "grpc-message").unwrap_or_default();
+    let mut status = tonic::Status::from_header_map(resp.headers());
     let mut body = resp.into_body();
     let mut bytes = Vec::new();
     while let Some(chunk) = tokio::time::timeout(HEALTH_TIMEOUT, body.data())
@@ -186,6 +189,7 @@ async fn raw_outcome(
         .expect("trailers")
     {
         grpc_status = grpc_status.or(header(&t, "grpc-status"));
+        status = status.or(tonic::Status::from_header_map(&t));
         if let Some(m) = header(&t, "grpc-message") {
             grpc_message = m;
         }
@@ -196,6 +200,7 @@ async fn raw_outcome(
         grpc_status,
         // grpc-message is percent-encoded; spaces are all these tests read.
         grpc_message: grpc_message.replace("%20", " "),
+        status,
     }
 }
 
@@ -249,6 +254,10 @@ async fn unary_calls_carry_exactly_one_message() {
             out.grpc_message.contains("request message"),
             "{name}: {}",
             out.grpc_message
+        );
+        assert_reason(
+            out.status.as_ref().expect("a status"),
+            Reason::WrongMessageCount,
         );
     }
     // One message is served.

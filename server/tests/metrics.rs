@@ -227,3 +227,52 @@ async fn metrics_can_be_disabled() {
         .await
         .expect("sample");
 }
+
+/// A client that resets its stream after the headers and part of a message
+/// (grpc-js does when it fails to serialise one) is counted as CANCELLED
+/// and as a client reset, never as a server INTERNAL.
+#[tokio::test]
+async fn a_client_reset_mid_request_is_cancelled_not_internal() {
+    let p = process::start("");
+    let addr = p.grpc;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("h2 ready");
+    let req = common::raw_grpc_request(addr, "/samplerd.v1.Sampler/Sample");
+    let (_response, mut send) = h2.send_request(req, false).expect("send headers");
+    // A 5-byte prefix announcing 1,000 bytes, then 10 of them.
+    let mut part = vec![0u8];
+    part.extend_from_slice(&1_000u32.to_be_bytes());
+    part.extend_from_slice(&[0u8; 10]);
+    send.send_data(part.into(), false).expect("send part");
+    send.send_reset(h2::Reason::INTERNAL_ERROR);
+
+    let req = "samplerd_requests_total";
+    let resets = "samplerd_client_resets_total";
+    let s = tokio::time::timeout(RPC_TIMEOUT, async {
+        loop {
+            let s = Scrape::parse(&p.scrape());
+            if s.has(resets) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the reset is counted");
+    assert_eq!(s.get(resets, &[("rpc", SAMPLE)]), 1.0);
+    assert_eq!(s.get(req, &[("rpc", SAMPLE), ("code", "CANCELLED")]), 1.0);
+    let internal =
+        s.0.get(req)
+            .into_iter()
+            .flatten()
+            .filter(|(l, _)| l.get("code").is_some_and(|c| c == "INTERNAL"))
+            .count();
+    assert_eq!(internal, 0, "a client reset counted as INTERNAL");
+    // The server still serves.
+    SamplerClient::new(p.channel().await)
+        .sample(sample(vec![stage("dist", &[])], 1))
+        .await
+        .expect("sample");
+}

@@ -11,8 +11,8 @@ mod process;
 use std::time::Duration;
 
 use common::{
-    argmax, assert_clean_end, assert_health, exact_generate, health_watch, logits, next_message,
-    open_stream, wait_health,
+    Reason, argmax, assert_clean_end, assert_health, assert_reason, exact_generate, health_watch,
+    logits, next_message, open_stream, wait_health,
 };
 use samplerd::app::server::LIVENESS_SERVICE;
 use samplerd_api::v1;
@@ -58,6 +58,7 @@ async fn assert_refused(client: &mut SamplerClient<Channel>) {
     .expect_err("new request refused while draining");
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("shutting down"), "{err:?}");
+    assert_reason(&err, Reason::ShuttingDown);
 }
 
 #[tokio::test]

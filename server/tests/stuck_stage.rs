@@ -135,6 +135,8 @@ async fn wait_until(what: &str, f: impl Fn() -> bool) {
 
 fn assert_names_stage(e: &tonic::Status, stage: &str) {
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    let d = assert_reason(e, Reason::StepStuck);
+    assert_eq!(d.error_info().unwrap().metadata["stage"], stage, "{e:?}");
     assert!(
         e.message().contains(&format!("stage `{stage}`"))
             && e.message().contains("limits.max_step_ms = 1000"),

@@ -20,7 +20,7 @@ use samplerd_api::v1::{
 };
 use serde_json::json;
 
-use crate::cli::{BenchArgs, BenchRpc, ConnArgs};
+use crate::cli::{BenchArgs, BenchRpc, Compression, ConnArgs};
 use crate::connect::{Sampler, connect};
 use crate::output::{Style, emit, paint, status_line, warn};
 use crate::params::sampling_params;
@@ -30,12 +30,12 @@ const DEFAULT_DURATION_S: f64 = 10.0;
 
 /// What one worker measured.
 #[derive(Default)]
-struct WorkerStats {
+pub(super) struct WorkerStats {
     /// Latency of each successful request, microseconds.
-    latencies_us: Vec<u64>,
-    tokens: u64,
-    errors: u64,
-    first_error: Option<String>,
+    pub latencies_us: Vec<u64>,
+    pub tokens: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
 }
 
 /// The final numbers.
@@ -106,7 +106,7 @@ pub fn percentile(sorted: &[u64], q: f64) -> u64 {
 }
 
 /// Deterministic pseudo-random logits in [-4, 4) as raw LE f32.
-fn random_logits(n: usize, seed: u64) -> Vec<u8> {
+pub(super) fn random_logits(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -122,19 +122,19 @@ fn random_logits(n: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Shared run state.
-struct Shared {
+pub(super) struct Shared {
     stop: AtomicBool,
     /// Requests started (for --requests).
     started: AtomicU64,
     /// Requests finished, ok or not (for the progress bar).
-    done: AtomicU64,
+    pub done: AtomicU64,
     limit: Option<u64>,
     deadline: Option<Instant>,
 }
 
 impl Shared {
     /// Claims the next request, or None when the run is over.
-    fn next(&self) -> Option<u64> {
+    pub fn next(&self) -> Option<u64> {
         if self.stop.load(Ordering::Relaxed) {
             return None;
         }
@@ -158,21 +158,24 @@ async fn worker(
     args: Arc<(BenchArgs, SamplingParams)>,
     shared: Arc<Shared>,
 ) -> WorkerStats {
-    if rpc == BenchRpc::SampleStream {
-        return stream_worker(id, client, args, shared).await;
+    match rpc {
+        BenchRpc::SampleStream => return stream_worker(id, client, args, shared).await,
+        BenchRpc::SampleBatch | BenchRpc::SampleBatchStream => {
+            return super::bench_batch::worker(id, client, args, shared).await;
+        }
+        BenchRpc::Sample | BenchRpc::Generate => {}
     }
     let (args, params) = &*args;
     let mut stats = WorkerStats::default();
     let logits = match rpc {
-        BenchRpc::Sample | BenchRpc::SampleStream => {
-            tonic::codegen::Bytes::from(random_logits(args.vocab as usize, u64::from(id) + 1))
-        }
         BenchRpc::Generate => tonic::codegen::Bytes::new(),
+        _ => tonic::codegen::Bytes::from(random_logits(args.vocab as usize, u64::from(id) + 1)),
     };
     while let Some(n) = shared.next() {
         let t0 = Instant::now();
         let result: Result<u64, tonic::Status> = match rpc {
-            BenchRpc::Sample | BenchRpc::SampleStream => client
+            BenchRpc::Generate => generate_once(&mut client, args, params).await,
+            _ => client
                 .sample(SampleRequest {
                     logits: Vec::new(),
                     logits_f32le: logits.clone(),
@@ -184,7 +187,6 @@ async fn worker(
                 })
                 .await
                 .map(|_| 1),
-            BenchRpc::Generate => generate_once(&mut client, args, params).await,
         };
         let us = t0.elapsed().as_micros() as u64;
         match result {
@@ -331,10 +333,19 @@ pub async fn run(conn: &ConnArgs, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let bar = progress_bar(duration, args.requests);
     let shared_args = Arc::new((args, params));
     let mut handles = Vec::new();
+    let encoding = match shared_args.0.compression {
+        Compression::None => None,
+        Compression::Gzip => Some(tonic::codec::CompressionEncoding::Gzip),
+        Compression::Zstd => Some(tonic::codec::CompressionEncoding::Zstd),
+    };
     for id in 0..concurrency {
+        let mut client = c.sampler();
+        if let Some(e) = encoding {
+            client = client.send_compressed(e).accept_compressed(e);
+        }
         handles.push(tokio::spawn(worker(
             id,
-            c.sampler(),
+            client,
             rpc,
             shared_args.clone(),
             shared.clone(),

@@ -3,6 +3,7 @@
 //! reported by `main` as one `error: …` line with exit code 1.
 
 pub mod bench;
+pub mod bench_batch;
 pub mod generate;
 pub mod health;
 pub mod sample;

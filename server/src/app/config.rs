@@ -281,6 +281,9 @@ pub struct LimitsConfig {
     pub buffer_pool_size: usize,
     /// Most candidates `n_probs` may ask for.
     pub max_n_probs: u32,
+    /// Most rows in one SampleBatch request, and most sequences open at
+    /// once in one SampleBatchStream.
+    pub max_batch_rows: usize,
     /// HTTP/2 flow-control window per stream, in bytes (large enough for
     /// a whole 0.6 MB logits message without waiting for window updates).
     pub http2_stream_window_bytes: u32,
@@ -364,6 +367,9 @@ impl Default for LimitsConfig {
             max_window_tokens: 65_536,
             buffer_pool_size: 32,
             max_n_probs: 1024,
+            // An engine's decode batch: 256 sequences per forward pass is
+            // the large end of what serving engines schedule on one GPU.
+            max_batch_rows: 256,
             http2_stream_window_bytes: 8 * 1024 * 1024,
             http2_connection_window_bytes: 32 * 1024 * 1024,
             max_streams_per_connection: 256,
@@ -622,8 +628,9 @@ fn format_figment_error(err: figment::Error) -> String {
 /// their stages' to check, when the default chain is built).
 fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let c = &loaded.config;
-    let limits: [(&str, usize); 4] = [
+    let limits: [(&str, usize); 5] = [
         ("limits.max_message_bytes", c.limits.max_message_bytes),
+        ("limits.max_batch_rows", c.limits.max_batch_rows),
         ("limits.max_vocab", c.limits.max_vocab),
         (
             "limits.max_concurrent_streams",

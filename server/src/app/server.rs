@@ -147,6 +147,10 @@ pub async fn serve(
             path: "/samplerd.v1.Sampler/ListStages",
             limit: None,
         },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/SampleBatch",
+            limit: None,
+        },
         // Server-streaming, but one request message like a unary call.
         UnaryMethod {
             path: "/samplerd.v1.Sampler/Generate",

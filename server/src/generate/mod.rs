@@ -24,9 +24,10 @@ use tonic::Status;
 
 use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
 use crate::service::buffer_pool::BufferPool;
-use crate::service::errors::RequestError;
+use crate::service::errors::{InvalidKind, RequestError};
 use crate::service::step_pool::StepPool;
 use crate::service::validate::{Prompt, ValidGenerate};
+use crate::status::Reason;
 
 /// Generate settings (config `[generate]`), defaults in one place.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -132,11 +133,15 @@ impl Slots {
             return Ok(Some(Slot(self)));
         }
         if s.1 >= self.max_waiting {
-            return Err(RequestError::Exhausted(format!(
-                "{} generations running and {} queued (generate.max_concurrent_generations, \
-                 generate.max_queued_generations): try again later",
-                s.0, s.1
-            )));
+            return Err(RequestError::exhausted(
+                Reason::Overloaded,
+                "generate.max_queued_generations",
+                format!(
+                    "{} generations running and {} queued (generate.max_concurrent_generations, \
+                     generate.max_queued_generations): try again later",
+                    s.0, s.1
+                ),
+            ));
         }
         s.1 += 1;
         metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
@@ -431,8 +436,9 @@ fn prompt_tokens(
         return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
     }
     if tokens.len() > cfg.max_prompt_tokens {
-        return Err(RequestError::invalid(
+        return Err(RequestError::limit(
             "prompt",
+            "generate.max_prompt_tokens",
             format!(
                 "{} tokens exceed the limit of {} (generate.max_prompt_tokens)",
                 tokens.len(),
@@ -441,8 +447,9 @@ fn prompt_tokens(
         ));
     }
     if tokens.len() >= model.n_ctx() {
-        return Err(RequestError::invalid(
+        return Err(RequestError::limit(
             "prompt",
+            "generate.n_ctx",
             format!(
                 "{} tokens do not fit the context of {} (leave room for at least one new token)",
                 tokens.len(),
@@ -467,7 +474,9 @@ fn sample_token(
     let lse = step::load::<step::NoDeferral>(buf, logits, None)
         .map_err(|e| RequestError::Internal(format!("the model produced bad logits: {e}")))?;
     step::run(seq, buf, logits, lse, seed, step_index, probs).map_err(|e| match e {
-        e @ SampleError::AllMasked { .. } => RequestError::invalid("params", e.to_string()),
+        e @ SampleError::AllMasked { .. } => {
+            RequestError::invalid_as(InvalidKind::AllMasked, "params", e.to_string())
+        }
         other => RequestError::Plugin(other),
     })
 }

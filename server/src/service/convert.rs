@@ -13,7 +13,7 @@ use samplerd_sampling::{
     ChainSpec, Constraint, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec,
 };
 
-use crate::service::errors::RequestError;
+use crate::service::errors::{InvalidKind, RequestError};
 
 /// Field names as clients see them (error messages name these).
 pub const FIELD_LOGITS: &str = "logits";
@@ -23,7 +23,10 @@ pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
 /// step's own [`Logits`](samplerd_sampling::step::Logits), plus the request
 /// field they came from.
 #[derive(Clone, Copy, Debug)]
-pub struct LogitsInput<'a>(samplerd_sampling::step::Logits<'a>);
+pub struct LogitsInput<'a> {
+    logits: Logits<'a>,
+    field: &'static str,
+}
 
 impl<'a> LogitsInput<'a> {
     /// Picks the one set encoding: both or neither is INVALID_ARGUMENT;
@@ -51,10 +54,14 @@ impl<'a> LogitsInput<'a> {
                     "set exactly one of `logits` and `logits_f32le`, got neither (both empty)",
                 ));
             }
-            (false, true) => LogitsInput(Logits::Floats(floats)),
+            (false, true) => LogitsInput {
+                logits: Logits::Floats(floats),
+                field: FIELD_LOGITS,
+            },
             (true, false) => {
                 if !bytes.len().is_multiple_of(4) {
-                    return Err(RequestError::invalid(
+                    return Err(RequestError::invalid_as(
+                        InvalidKind::Logits,
                         FIELD_LOGITS_F32LE,
                         format!(
                             "length {} bytes is not a multiple of 4 (little-endian f32)",
@@ -62,24 +69,42 @@ impl<'a> LogitsInput<'a> {
                         ),
                     ));
                 }
-                LogitsInput(Logits::F32le(bytes))
+                LogitsInput {
+                    logits: Logits::F32le(bytes),
+                    field: FIELD_LOGITS_F32LE,
+                }
             }
         };
-        if input.len() > max_vocab {
-            return Err(RequestError::invalid(
-                input.field(),
+        input.within(max_vocab)
+    }
+
+    /// Logits from `field` (a batch row's, already decoded from its wire
+    /// type), under `max_vocab`.
+    pub fn from_field(
+        logits: Logits<'a>,
+        field: &'static str,
+        max_vocab: usize,
+    ) -> Result<Self, RequestError> {
+        LogitsInput { logits, field }.within(max_vocab)
+    }
+
+    fn within(self, max_vocab: usize) -> Result<Self, RequestError> {
+        if self.len() > max_vocab {
+            return Err(RequestError::limit(
+                self.field(),
+                "limits.max_vocab",
                 format!(
                     "vocabulary of {} logits exceeds the limit of {max_vocab} (limits.max_vocab)",
-                    input.len()
+                    self.len()
                 ),
             ));
         }
-        Ok(input)
+        Ok(self)
     }
 
     /// Number of logits.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.logits.len()
     }
 
     /// Whether there are no logits.
@@ -89,15 +114,12 @@ impl<'a> LogitsInput<'a> {
 
     /// The request field these came from.
     pub fn field(&self) -> &'static str {
-        match self.0 {
-            Logits::Floats(_) => FIELD_LOGITS,
-            Logits::F32le(_) => FIELD_LOGITS_F32LE,
-        }
+        self.field
     }
 
     /// The logits as the sampling step takes them.
     pub fn as_step(&self) -> Logits<'a> {
-        self.0
+        self.logits
     }
 }
 

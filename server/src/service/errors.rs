@@ -1,58 +1,122 @@
-//! Mapping of sampling-core errors to gRPC `Status`es. Every message names
-//! the request field (or stage) and the offending value.
+//! Mapping of request and sampling-core errors to gRPC `Status`es. Every
+//! message names the request field (or stage) and the offending value;
+//! every status also carries its machine-readable reason and details
+//! ([`crate::status`]).
 
 #![forbid(unsafe_code)]
 
+use samplerd_sampling::params::CONSTRAINT_STAGE;
 use samplerd_sampling::{ChainError, LogitsError, SampleError};
 use tonic::Status;
+
+use crate::status::{Failure, Reason, ResourceKind};
 
 /// A request-level failure, before it becomes a `Status`.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
-    /// A field of the request is invalid.
+    /// A field of the request is invalid; `kind` says how.
     #[error("{field}: {message}")]
-    Invalid { field: String, message: String },
+    Invalid {
+        field: String,
+        message: String,
+        kind: InvalidKind,
+    },
     /// The logits in `field` cannot be sampled.
     #[error("{field}: {source}")]
     Logits {
-        field: &'static str,
+        field: String,
         #[source]
         source: LogitsError,
     },
-    /// The chain could not be built from the request's parameters.
-    #[error("{0}")]
-    Chain(String),
     /// A stage failed while sampling.
     #[error("sampling failed: {0}")]
     Plugin(SampleError),
-    /// A server limit was reached.
-    #[error("{0}")]
-    Exhausted(String),
+    /// A server limit was reached: admission or the memory budget
+    /// (`limit` is its config key).
+    #[error("{message}")]
+    Exhausted {
+        message: String,
+        reason: Reason,
+        limit: &'static str,
+    },
     /// Server-side failure unrelated to the request.
     #[error("{0}")]
     Internal(String),
     /// The step ran past its budget, found no sampling thread or panicked.
     #[error("{0}")]
     Step(#[from] crate::service::step_pool::StepFailure),
+    /// A failure of one row of a batch that names no field.
+    #[error("rows[{row}]: {inner}")]
+    InRow {
+        row: usize,
+        inner: Box<RequestError>,
+    },
+}
+
+/// How a field is invalid (its [`Reason`], and what the details name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InvalidKind {
+    /// Malformed, missing, or in conflict with another field.
+    Field,
+    /// A value outside the range its stage accepts.
+    OutOfRange,
+    /// Larger than the limit of this config key.
+    Limit(&'static str),
+    /// Logits that cannot be sampled.
+    Logits,
+    /// No token left to draw.
+    AllMasked,
+    /// No loaded plugin provides this stage.
+    UnknownStage(String),
+    /// No vocabulary of this name is configured.
+    UnknownVocabulary(String),
+    /// A constraint that does not compile.
+    Constraint,
 }
 
 impl RequestError {
+    /// A malformed field ([`InvalidKind::Field`]).
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::invalid_as(InvalidKind::Field, field, message)
+    }
+
+    /// A field larger than the limit `key` sets.
+    pub fn limit(field: impl Into<String>, key: &'static str, message: impl Into<String>) -> Self {
+        Self::invalid_as(InvalidKind::Limit(key), field, message)
+    }
+
+    pub fn invalid_as(
+        kind: InvalidKind,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         RequestError::Invalid {
             field: field.into(),
             message: message.into(),
+            kind,
+        }
+    }
+
+    /// A refusal by admission or the memory budget.
+    pub fn exhausted(reason: Reason, limit: &'static str, message: impl Into<String>) -> Self {
+        RequestError::Exhausted {
+            message: message.into(),
+            reason,
+            limit,
         }
     }
 
     /// A chain error for a request: typed-parameter errors get the
-    /// `params.` prefix; chain-spec errors name `params.chain`.
+    /// `params.` prefix; the rest name `params.chain` (an explicit chain)
+    /// or `params`.
     pub fn from_chain(err: ChainError, explicit_chain: bool) -> Self {
+        let kind = chain_error_kind(&err);
         match err {
             ChainError::Param { field, message } => {
-                RequestError::invalid(format!("params.{field}"), message)
+                Self::invalid_as(kind, format!("params.{field}"), message)
             }
-            other if explicit_chain => RequestError::invalid("params.chain", other.to_string()),
-            other => RequestError::Chain(other.to_string()),
+            other if explicit_chain => Self::invalid_as(kind, "params.chain", other.to_string()),
+            other => Self::invalid_as(kind, "params", other.to_string()),
         }
     }
 
@@ -61,26 +125,123 @@ impl RequestError {
     pub fn from_sample(err: SampleError, logits_field: &'static str) -> Self {
         match err {
             SampleError::Logits(source) => RequestError::Logits {
-                field: logits_field,
+                field: logits_field.into(),
                 source,
             },
-            e @ SampleError::AllMasked { .. } => RequestError::invalid("params", e.to_string()),
+            e @ SampleError::AllMasked { .. } => {
+                Self::invalid_as(InvalidKind::AllMasked, "params", e.to_string())
+            }
             other => RequestError::Plugin(other),
         }
+    }
+
+    /// This error as row `row` of a batch: a field path gains the
+    /// `rows[row].` prefix, any other error the `rows[row]: ` one.
+    pub fn in_row(self, row: usize) -> Self {
+        match self {
+            RequestError::Invalid {
+                field,
+                message,
+                kind,
+            } => RequestError::Invalid {
+                field: format!("rows[{row}].{field}"),
+                message,
+                kind,
+            },
+            RequestError::Logits { field, source } => RequestError::Logits {
+                field: format!("rows[{row}].{field}"),
+                source,
+            },
+            e @ RequestError::InRow { .. } => e,
+            other => RequestError::InRow {
+                row,
+                inner: Box::new(other),
+            },
+        }
+    }
+
+    /// The failure with its reason and details.
+    pub fn failure(&self) -> Failure {
+        let msg = self.to_string();
+        match self {
+            RequestError::Invalid { field, kind, .. } => {
+                let (reason, f) = match kind {
+                    InvalidKind::Field => (Reason::InvalidField, None),
+                    InvalidKind::OutOfRange => (Reason::ParamOutOfRange, None),
+                    InvalidKind::Limit(_) => (Reason::LimitExceeded, None),
+                    InvalidKind::Logits => (Reason::InvalidLogits, None),
+                    InvalidKind::AllMasked => (Reason::AllTokensMasked, None),
+                    InvalidKind::UnknownStage(name) => (
+                        Reason::UnknownStage,
+                        Some((ResourceKind::Stage, name.clone())),
+                    ),
+                    InvalidKind::UnknownVocabulary(name) => (
+                        Reason::UnknownVocabulary,
+                        Some((ResourceKind::Vocabulary, name.clone())),
+                    ),
+                    InvalidKind::Constraint => (Reason::InvalidConstraint, None),
+                };
+                let mut out = Failure::new(reason, msg).field(field.clone());
+                if let InvalidKind::Limit(key) = kind {
+                    out = out.limit(key);
+                }
+                if let Some((kind, name)) = f {
+                    out = out.resource(kind, name);
+                }
+                out
+            }
+            RequestError::Logits { field, source } => {
+                let out = match source {
+                    LogitsError::AllMasked => Failure::new(Reason::AllTokensMasked, msg),
+                    // Only reached from the core's own bound; the host
+                    // checks limits.max_vocab first.
+                    LogitsError::TooLarge { .. } => {
+                        Failure::new(Reason::LimitExceeded, msg).limit("limits.max_vocab")
+                    }
+                    _ => Failure::new(Reason::InvalidLogits, msg),
+                };
+                out.field(field.clone())
+            }
+            RequestError::Plugin(e) => match e {
+                SampleError::Plugin { stage, .. }
+                | SampleError::Misbehaved { stage, .. }
+                | SampleError::NoSelection { stage }
+                | SampleError::AllMasked { stage } => {
+                    Failure::new(Reason::StageFailed, msg).stage(stage)
+                }
+                _ => Failure::new(Reason::Internal, msg),
+            },
+            RequestError::Exhausted { reason, limit, .. } => {
+                Failure::new(*reason, msg).limit(limit)
+            }
+            RequestError::Internal(_) => Failure::new(Reason::Internal, msg),
+            RequestError::Step(f) => f.failure(),
+            RequestError::InRow { row, inner } => inner
+                .failure()
+                .with_message(format!("rows[{row}]: {inner}")),
+        }
+    }
+}
+
+/// The kind of a chain-building error: a stage's own refusal of a value is
+/// a range error (the core stages refuse only ranges; a plugin's other
+/// refusals read the same way to a client), the constraint stage's is a
+/// constraint that does not compile.
+pub fn chain_error_kind(err: &ChainError) -> InvalidKind {
+    match err {
+        ChainError::UnknownStage { name, .. } => InvalidKind::UnknownStage(name.clone()),
+        ChainError::Param { field, .. } if field.starts_with(CONSTRAINT_STAGE) => {
+            InvalidKind::Constraint
+        }
+        ChainError::Invalid { stage, .. } if stage == CONSTRAINT_STAGE => InvalidKind::Constraint,
+        ChainError::Param { .. } | ChainError::Invalid { .. } => InvalidKind::OutOfRange,
+        _ => InvalidKind::Field,
     }
 }
 
 impl From<RequestError> for Status {
     fn from(err: RequestError) -> Status {
-        let msg = err.to_string();
-        match err {
-            RequestError::Invalid { .. } | RequestError::Logits { .. } | RequestError::Chain(_) => {
-                Status::invalid_argument(msg)
-            }
-            RequestError::Plugin(_) | RequestError::Internal(_) => Status::internal(msg),
-            RequestError::Exhausted(_) => Status::resource_exhausted(msg),
-            RequestError::Step(f) => f.into(),
-        }
+        err.failure().into_status()
     }
 }
 
@@ -92,10 +253,15 @@ pub const TOO_LARGE_MARKER: &str = "message length too large";
 /// statuses pass through.
 pub fn map_stream_status(status: Status) -> Status {
     if status.code() == tonic::Code::OutOfRange && status.message().contains(TOO_LARGE_MARKER) {
-        Status::resource_exhausted(format!(
-            "message too large (limits.max_message_bytes): {}",
-            status.message()
-        ))
+        Failure::new(
+            Reason::MessageTooLarge,
+            format!(
+                "message too large (limits.max_message_bytes): {}",
+                status.message()
+            ),
+        )
+        .limit("limits.max_message_bytes")
+        .into_status()
     } else {
         status
     }

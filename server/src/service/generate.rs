@@ -12,6 +12,7 @@ use tonic::Status;
 
 use super::{AppState, BoxStream, validate};
 use crate::generate::generator::{GenerateJob, NO_MODEL_MESSAGE};
+use crate::status::{Reason, status};
 
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;
@@ -24,10 +25,10 @@ pub async fn handle(
     req: v1::GenerateRequest,
 ) -> Result<BoxStream<v1::GenerateResponse>, Status> {
     let Some(generator) = state.generator.clone() else {
-        return Err(Status::failed_precondition(NO_MODEL_MESSAGE));
+        return Err(status(Reason::NoModel, NO_MODEL_MESSAGE));
     };
     if !generator.ready() {
-        return Err(Status::unavailable("the model is still loading"));
+        return Err(status(Reason::ModelLoading, "the model is still loading"));
     }
     let vocab = generator.vocabulary();
     let checker = Arc::clone(&state);

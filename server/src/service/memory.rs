@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use samplerd_api::v1;
 
 use crate::service::errors::RequestError;
+use crate::status::Reason;
 
 /// Prometheus gauge: the budget in bytes.
 pub const BUDGET_METRIC: &str = "samplerd_memory_budget_bytes";
@@ -103,13 +104,17 @@ impl MemoryBudget {
         loop {
             let after = now.saturating_add(bytes);
             if after > self.limit {
-                return Err(RequestError::Exhausted(format!(
-                    "memory budget: {what} needs {} and {} of the {} budget are held by other \
-                     requests (limits.memory_budget_bytes); try again later",
-                    mib(bytes),
-                    mib(now),
-                    mib(self.limit)
-                )));
+                return Err(RequestError::exhausted(
+                    Reason::BudgetExceeded,
+                    "limits.memory_budget_bytes",
+                    format!(
+                        "memory budget: {what} needs {} and {} of the {} budget are held by \
+                         other requests (limits.memory_budget_bytes); try again later",
+                        mib(bytes),
+                        mib(now),
+                        mib(self.limit)
+                    ),
+                ));
             }
             match self.charged.compare_exchange_weak(
                 now,

@@ -1,11 +1,13 @@
 //! The `samplerd.v1.Sampler` service: shared state ([`AppState`]), the
 //! configured defaults ([`Defaults`]) and one module per RPC
-//! (`sample`, `stream`, `generate`, `stages`). Every sampling step, and
+//! (`sample`, `stream`, `batch`, `batch_stream`, `generate`, `stages`). Every sampling step, and
 //! every other call into plugin code (chain builds included), runs on the
 //! sampling pool ([`crate::service::step_pool`]) under its watchdog, never on the
 //! async runtime: whatever a stage does, health checks, /metrics and the
 //! other RPCs keep answering.
 
+pub mod batch;
+pub mod batch_stream;
 pub mod buffer_pool;
 pub mod convert;
 pub mod errors;
@@ -37,6 +39,7 @@ use crate::generate::GenerateConfig;
 use crate::generate::generator::Generator;
 use crate::service::buffer_pool::BufferPool;
 use crate::service::step_pool::StepPool;
+use crate::status::{Failure, Reason};
 use lse_helper::LseHelper;
 
 /// The configured defaults: typed parameters, seed setting and the
@@ -178,10 +181,15 @@ impl AppState {
     /// A stream permit, or RESOURCE_EXHAUSTED naming the limit.
     pub fn stream_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
         self.streams.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "too many open streams: limits.max_concurrent_streams = {}",
-                self.limits.max_concurrent_streams
-            ))
+            Failure::new(
+                Reason::Overloaded,
+                format!(
+                    "too many open streams: limits.max_concurrent_streams = {}",
+                    self.limits.max_concurrent_streams
+                ),
+            )
+            .limit("limits.max_concurrent_streams")
+            .into_status()
         })
     }
 }
@@ -236,6 +244,24 @@ impl Sampler for SamplerService {
         generate::handle(self.state.clone(), request.into_inner())
             .await
             .map(Response::new)
+    }
+
+    async fn sample_batch(
+        &self,
+        request: Request<v1::SampleBatchRequest>,
+    ) -> Result<Response<v1::SampleBatchResponse>, Status> {
+        batch::handle(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type SampleBatchStreamStream = BoxStream<v1::SampleBatchResponse>;
+
+    async fn sample_batch_stream(
+        &self,
+        request: Request<Streaming<v1::SampleBatchStreamRequest>>,
+    ) -> Result<Response<Self::SampleBatchStreamStream>, Status> {
+        batch_stream::handle(self.state.clone(), request.into_inner()).map(Response::new)
     }
 
     async fn list_stages(

@@ -46,8 +46,10 @@ pub fn run_step(
 ) -> Result<v1::SampleResponse, RequestError> {
     let field = input.logits.field();
     let logits = input.logits.as_step();
-    let lse =
-        step::load(buf, logits, helper).map_err(|source| RequestError::Logits { field, source })?;
+    let lse = step::load(buf, logits, helper).map_err(|source| RequestError::Logits {
+        field: field.into(),
+        source,
+    })?;
     let out = step::run(seq, buf, logits, lse, seed, input.step, input.probs)
         .map_err(|e| RequestError::from_sample(e, field))?;
     Ok(v1::SampleResponse {

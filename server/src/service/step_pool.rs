@@ -161,13 +161,25 @@ pub enum StepFailure {
     Panicked(String),
 }
 
+impl StepFailure {
+    /// The failure with its reason (and the stage, when known).
+    pub fn failure(&self) -> crate::status::Failure {
+        use crate::status::{Failure, Reason};
+        match self {
+            StepFailure::Stuck { stage, .. } => {
+                Failure::new(Reason::StepStuck, self.to_string()).stage(stage)
+            }
+            StepFailure::NoWorker { .. } => {
+                Failure::new(Reason::NoSamplingThread, self.to_string())
+            }
+            StepFailure::Panicked(_) => Failure::new(Reason::StepPanicked, self.to_string()),
+        }
+    }
+}
+
 impl From<StepFailure> for Status {
     fn from(f: StepFailure) -> Status {
-        match f {
-            StepFailure::Stuck { .. } => Status::deadline_exceeded(f.to_string()),
-            StepFailure::NoWorker { .. } => Status::unavailable(f.to_string()),
-            StepFailure::Panicked(_) => Status::internal(f.to_string()),
-        }
+        f.failure().into_status()
     }
 }
 
@@ -258,6 +270,38 @@ impl StepPool {
             Ok(Err(_)) => Err(StepFailure::Panicked("the worker dropped the step".into())),
             Err(_) => self.overran(&ticket, || rx.try_recv().ok()),
         }
+    }
+
+    /// Runs every job of `jobs` on the pool, in parallel across its
+    /// threads, and waits for them all: the results in the jobs' order.
+    /// Each job has its own `limits.max_step_ms` budget, counted from when
+    /// its result is awaited (all are submitted first, so a later job's
+    /// wait overlaps the earlier ones').
+    pub async fn run_many<F, R>(&self, jobs: Vec<F>) -> Vec<Result<R, StepFailure>>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let pending: Vec<_> = jobs
+            .into_iter()
+            .map(|f| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let ticket = self.submit(f, move |r| {
+                    let _ = tx.send(r);
+                });
+                (ticket, rx)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(pending.len());
+        for (ticket, mut rx) in pending {
+            let r = match tokio::time::timeout(self.shared.config.max_step, &mut rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(StepFailure::Panicked("the worker dropped the step".into())),
+                Err(_) => self.overran(&ticket, || rx.try_recv().ok()),
+            };
+            out.push(r);
+        }
+        out
     }
 
     /// Runs `f` on the pool and waits for it (blocking callers: the
@@ -507,6 +551,7 @@ mod tests {
         assert_eq!(p.run(|| 41 + 1).await.unwrap(), 42);
         let e = p.run(|| -> u32 { panic!("boom") }).await.unwrap_err();
         assert_eq!(e, StepFailure::Panicked("boom".into()));
+        assert_eq!(e.failure().reason(), crate::status::Reason::StepPanicked);
         assert_eq!(Status::from(e).code(), tonic::Code::Internal);
         // The panic cost no thread.
         assert_eq!(p.run_blocking(|| 7).unwrap(), 7);
@@ -559,10 +604,15 @@ mod tests {
         ));
         assert!(!p.healthy(), "no replacement past max_stuck");
         // Nothing serves the queue: the next step gives up while queued.
-        assert!(matches!(
-            p.run_blocking(|| 1),
-            Err(StepFailure::NoWorker { .. })
-        ));
+        let none = p.run_blocking(|| 1).unwrap_err();
+        assert!(matches!(none, StepFailure::NoWorker { .. }), "{none:?}");
+        let status = Status::from(none);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let reason = {
+            use tonic_types::StatusExt as _;
+            status.get_details_error_info().map(|i| i.reason)
+        };
+        assert_eq!(reason.as_deref(), Some("SAMPLERD_NO_SAMPLING_THREAD"));
         drop(release);
         // The lost thread rejoins (the pool is short of one) and serves.
         let deadline = Instant::now() + Duration::from_secs(5);

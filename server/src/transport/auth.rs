@@ -19,6 +19,7 @@ use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
+use crate::status::{Reason, status};
 
 /// Path prefix of the gRPC health service, which needs no token.
 const HEALTH_PATH_PREFIX: &str = "/grpc.health.v1.Health/";
@@ -139,7 +140,8 @@ impl TokenSet {
     /// Checks a request's `authorization` header value.
     pub fn check(&self, header: Option<&http::HeaderValue>) -> Result<(), tonic::Status> {
         let Some(value) = header else {
-            return Err(tonic::Status::unauthenticated(
+            return Err(status(
+                Reason::Unauthenticated,
                 "missing `authorization: Bearer <token>` metadata",
             ));
         };
@@ -147,14 +149,15 @@ impl TokenSet {
         let scheme_ok = bytes.len() > BEARER.len()
             && bytes[..BEARER.len()].eq_ignore_ascii_case(BEARER.as_bytes());
         if !scheme_ok {
-            return Err(tonic::Status::unauthenticated(
+            return Err(status(
+                Reason::Unauthenticated,
                 "the `authorization` metadata must be `Bearer <token>`",
             ));
         }
         if self.contains(bytes[BEARER.len()..].trim_ascii()) {
             Ok(())
         } else {
-            Err(tonic::Status::unauthenticated("invalid bearer token"))
+            Err(status(Reason::Unauthenticated, "invalid bearer token"))
         }
     }
 }

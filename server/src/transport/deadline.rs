@@ -66,10 +66,13 @@ fn exceeded(limit: Duration, from_client: bool) -> tonic::Status {
     } else {
         "limits.max_request_duration_secs"
     };
-    tonic::Status::deadline_exceeded(format!(
-        "deadline of {:.3}s exceeded ({source})",
-        limit.as_secs_f64()
-    ))
+    crate::status::status(
+        crate::status::Reason::DeadlineExceeded,
+        format!(
+            "deadline of {:.3}s exceeded ({source})",
+            limit.as_secs_f64()
+        ),
+    )
 }
 
 impl<S, B> Middleware<S, B> for Deadline

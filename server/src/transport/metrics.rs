@@ -14,6 +14,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,10 @@ pub const GENERATE_QUEUE_DEPTH_METRIC: &str = "samplerd_generate_queue_depth";
 pub const MODEL_LOAD_METRIC: &str = "samplerd_model_load_seconds";
 /// Gauge: 1 while the server drains for shutdown, else 0.
 pub const DRAINING_METRIC: &str = "samplerd_draining";
+/// Counter: requests the client reset (HTTP/2 RST_STREAM) before their
+/// status; also counted in [`REQUESTS_METRIC`] as CANCELLED, whatever
+/// status the server then computed for a response nobody reads.
+pub const CLIENT_RESETS_METRIC: &str = "samplerd_client_resets_total";
 
 /// Default `metrics.listen` (loopback: exposing metrics is an operator's
 /// choice; the Kubernetes ConfigMap sets 0.0.0.0:9090).
@@ -197,7 +202,8 @@ struct Rpc {
     /// Label value: `package.Service/Method`, or `unknown` (so clients cannot
     /// create series with made-up paths).
     name: &'static str,
-    /// A SampleStream/Generate stream (counted in `samplerd_active_streams`).
+    /// A SampleStream/SampleBatchStream/Generate stream (counted in
+    /// `samplerd_active_streams`).
     stream: bool,
     /// Refused while draining (the Sampler RPCs; health and reflection keep
     /// answering so probes see NOT_SERVING).
@@ -226,6 +232,22 @@ const RPCS: &[(&str, Rpc)] = &[
         "/samplerd.v1.Sampler/Generate",
         Rpc {
             name: "samplerd.v1.Sampler/Generate",
+            stream: true,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/SampleBatch",
+        Rpc {
+            name: "samplerd.v1.Sampler/SampleBatch",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/SampleBatchStream",
+        Rpc {
+            name: "samplerd.v1.Sampler/SampleBatchStream",
             stream: true,
             drains: true,
         },
@@ -301,6 +323,8 @@ struct Observation {
     start: Instant,
     done: bool,
     in_flight: Option<InFlight>,
+    /// Set when the request body reported the client's reset.
+    reset: Arc<AtomicBool>,
 }
 
 impl Observation {
@@ -313,6 +337,7 @@ impl Observation {
             start: Instant::now(),
             done: false,
             in_flight,
+            reset: Arc::default(),
         }
     }
 
@@ -321,6 +346,16 @@ impl Observation {
             return;
         }
         let rpc = self.rpc.name;
+        // A client that resets its stream mid-request (grpc-js does when it
+        // fails to serialise a message after sending the headers) makes
+        // the handler fail on a truncated body: that is the client's
+        // cancel, not a server INTERNAL.
+        let code = if self.reset.load(Ordering::Acquire) {
+            metrics::counter!(CLIENT_RESETS_METRIC, "rpc" => rpc).increment(1);
+            Code::Cancelled
+        } else {
+            code
+        };
         metrics::counter!(REQUESTS_METRIC, "rpc" => rpc, "code" => code_name(code)).increment(1);
         metrics::histogram!(REQUEST_DURATION_METRIC, "rpc" => rpc)
             .record(self.start.elapsed().as_secs_f64());
@@ -377,6 +412,57 @@ impl http_body::Body for ObservedBody {
     }
 }
 
+/// A request body that flags the client's HTTP/2 reset of the stream (the
+/// error tonic's body carries then has the remote `h2::Error` as its
+/// source).
+struct ResetWatch {
+    inner: tonic::body::Body,
+    reset: Arc<AtomicBool>,
+}
+
+impl http_body::Body for ResetWatch {
+    type Data = <tonic::body::Body as http_body::Body>::Data;
+    type Error = <tonic::body::Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self; // both fields are Unpin
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &polled
+            && is_remote_reset(e)
+        {
+            this.reset.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether an error (or one of its sources) is the peer's reset of the
+/// stream.
+fn is_remote_reset(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(h2) = e.downcast_ref::<h2::Error>()
+            && h2.is_reset()
+            && h2.is_remote()
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// The middleware over the whole gRPC router: request metrics plus the
 /// shutdown admission gate (a layer: `WrapLayer(ObserveRpc::new(drain))`).
 #[derive(Clone)]
@@ -390,21 +476,28 @@ impl ObserveRpc {
     }
 }
 
-impl<S, B> Middleware<S, B> for ObserveRpc
+impl<S> Middleware<S, tonic::body::Body> for ObserveRpc
 where
-    S: tower::Service<http::Request<B>, Response = HttpResponse> + Send + 'static,
+    S: tower::Service<http::Request<tonic::body::Body>, Response = HttpResponse> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    B: Send + 'static,
 {
-    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
+    fn call(
+        &self,
+        mut inner: S,
+        req: http::Request<tonic::body::Body>,
+    ) -> ResponseFuture<S::Error> {
         let rpc = Rpc::classify(req.uri().path());
         let in_flight = if rpc.drains {
             match self.drain.admit() {
                 Some(g) => Some(g),
                 None => {
                     Observation::new(rpc, None).finish(Code::Unavailable);
-                    let refused = tonic::Status::unavailable(SHUTTING_DOWN_MESSAGE).into_http();
+                    let refused = crate::status::status(
+                        crate::status::Reason::ShuttingDown,
+                        SHUTTING_DOWN_MESSAGE,
+                    )
+                    .into_http();
                     return Box::pin(std::future::ready(Ok(refused)));
                 }
             }
@@ -412,6 +505,8 @@ where
             None
         };
         let mut obs = Observation::new(rpc, in_flight);
+        let reset = Arc::clone(&obs.reset);
+        let req = req.map(|body| tonic::body::Body::new(ResetWatch { inner: body, reset }));
         Box::pin(async move {
             let resp = inner.call(req).await?;
             if let Some(code) = grpc_code(resp.headers()) {

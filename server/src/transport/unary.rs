@@ -35,6 +35,7 @@ use tonic::body::Body;
 use tower::{Service, ServiceExt};
 
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
+use crate::status::{Failure, Reason, status};
 
 /// gRPC's length prefix: a compressed flag and a big-endian u32 length.
 const PREFIX: usize = 5;
@@ -90,9 +91,14 @@ where
                 && len > max_bytes
             {
                 let name = method.path.rsplit('/').next().unwrap_or(method.path);
-                let status = Status::resource_exhausted(format!(
-                    "{name} request of {len} bytes exceeds the limit of {max_bytes} bytes ({key})"
-                ));
+                let status = Failure::new(
+                    Reason::MessageTooLarge,
+                    format!(
+                        "{name} request of {len} bytes exceeds the limit of {max_bytes} bytes ({key})"
+                    ),
+                )
+                .limit(key)
+                .into_status();
                 tracing::debug!(len, limit = max_bytes, "request refused by its size");
                 return Ok(status.into_http());
             }
@@ -182,7 +188,8 @@ impl OneMessage {
             if self.prefix_seen == 0 {
                 self.started += 1;
                 if self.started > 1 {
-                    return Err(Status::unimplemented(
+                    return Err(status(
+                        Reason::WrongMessageCount,
                         "a unary call carried more than one request message",
                     ));
                 }
@@ -226,7 +233,8 @@ impl http_body::Body for OneMessage {
             Some(Err(e)) => Poll::Ready(Some(Err(e))),
             None if this.started == 0 => {
                 this.done = true;
-                Poll::Ready(Some(Err(Status::unimplemented(
+                Poll::Ready(Some(Err(status(
+                    Reason::WrongMessageCount,
                     "a unary call carried no request message",
                 ))))
             }

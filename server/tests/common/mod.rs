@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use samplerd::app::config::Config;
 use samplerd::app::server::{RunningServer, spawn};
+pub use samplerd::status::Reason;
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;
@@ -208,7 +209,9 @@ pub fn exact_generate(prompt: &str, max_tokens: u32) -> samplerd_api::v1::Genera
     }
 }
 
-/// Asserts that `err` has `code` and a message naming every one of `needles`.
+/// Asserts that `err` has `code`, a message naming every one of `needles`,
+/// and the details every samplerd error carries: an `ErrorInfo` in the
+/// `samplerd.v1` domain whose reason has this code.
 pub fn assert_status(err: &tonic::Status, code: tonic::Code, needles: &[&str]) {
     assert_eq!(err.code(), code, "{err:?}");
     for n in needles {
@@ -218,6 +221,52 @@ pub fn assert_status(err: &tonic::Status, code: tonic::Code, needles: &[&str]) {
             err.message()
         );
     }
+    let reason = reason_of(err);
+    assert_eq!(reason.code(), code, "{reason:?} in {err:?}");
+}
+
+/// The [`Reason`] in `err`'s `ErrorInfo` (which must be there, in the
+/// samplerd domain).
+pub fn reason_of(err: &tonic::Status) -> Reason {
+    use tonic_types::StatusExt as _;
+    let info = err
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo in {err:?}"));
+    assert_eq!(info.domain, samplerd::status::ERROR_DOMAIN, "{err:?}");
+    *Reason::ALL
+        .iter()
+        .find(|r| r.as_str() == info.reason)
+        .unwrap_or_else(|| panic!("unknown reason {:?} in {err:?}", info.reason))
+}
+
+/// Asserts that `err` carries `reason` (and its code); returns the details
+/// for the caller's further checks.
+pub fn assert_reason(err: &tonic::Status, reason: Reason) -> tonic_types::ErrorDetails {
+    use tonic_types::StatusExt as _;
+    assert_eq!(reason_of(err), reason, "{err:?}");
+    assert_eq!(err.code(), reason.code(), "{err:?}");
+    err.get_error_details()
+}
+
+/// A tokenizer.json of `n` tokens: `n - 1` plain ones and, last, the
+/// special `<|endoftext|>` (an end-of-generation token, which constrained
+/// sampling needs).
+pub fn plain_tokenizer_json(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let vocab: Vec<String> = (0..n - 1).map(|i| format!("\"t{i}\":{i}")).collect();
+    let json = format!(
+        r#"{{"version":"1.0","truncation":null,"padding":null,
+        "added_tokens":[{{"id":{eog},"content":"<|endoftext|>","single_word":false,
+          "lstrip":false,"rstrip":false,"normalized":false,"special":true}}],
+        "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
+        "model":{{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
+        "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
+        "vocab":{{{vocab}}},"merges":[]}}}}"#,
+        eog = n - 1,
+        vocab = vocab.join(",")
+    );
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json).unwrap();
+    path
 }
 
 /// The real-model path from `SAMPLERD_MODEL`, if set (it must name a file).

@@ -37,7 +37,9 @@ use samplerd_model::ChatMessage;
 use super::AppState;
 use crate::generate::GenerateConfig;
 use crate::service::convert::{self, LogitsInput};
-use crate::service::errors::RequestError;
+use crate::service::errors::{InvalidKind, RequestError, chain_error_kind};
+
+pub mod batch;
 
 /// One step's inputs.
 #[derive(Clone, Copy, Debug)]
@@ -117,8 +119,11 @@ pub fn sample<'a>(
     start(
         state,
         Fields {
-            logits: &req.logits,
-            logits_f32le: &req.logits_f32le,
+            logits: LogitsInput::from_request(
+                &req.logits,
+                &req.logits_f32le,
+                state.limits.max_vocab,
+            )?,
             previous_tokens: &req.previous_tokens,
             params: req.params.as_ref(),
             step: req.step,
@@ -137,8 +142,11 @@ pub fn stream_start<'a>(
     start(
         state,
         Fields {
-            logits: &msg.logits,
-            logits_f32le: &msg.logits_f32le,
+            logits: LogitsInput::from_request(
+                &msg.logits,
+                &msg.logits_f32le,
+                state.limits.max_vocab,
+            )?,
             previous_tokens: &msg.previous_tokens,
             params: msg.params.as_ref(),
             step: msg.first_step,
@@ -196,14 +204,16 @@ pub fn generate(
     let max_tokens = match req.max_tokens {
         None => cfg.default_max_tokens,
         Some(0) => {
-            return Err(RequestError::invalid(
+            return Err(RequestError::invalid_as(
+                InvalidKind::OutOfRange,
                 "max_tokens",
                 "must be at least 1, got 0",
             ));
         }
         Some(n) if n > cfg.max_tokens_cap => {
-            return Err(RequestError::invalid(
+            return Err(RequestError::limit(
                 "max_tokens",
+                "generate.max_tokens_cap",
                 format!(
                     "{n} exceeds the cap of {} (generate.max_tokens_cap)",
                     cfg.max_tokens_cap
@@ -213,8 +223,9 @@ pub fn generate(
         Some(n) => n,
     };
     if req.stop.len() > cfg.max_stop_strings {
-        return Err(RequestError::invalid(
+        return Err(RequestError::limit(
             "stop",
+            "generate.max_stop_strings",
             format!(
                 "{} stop strings exceed the limit of {} (generate.max_stop_strings)",
                 req.stop.len(),
@@ -227,8 +238,9 @@ pub fn generate(
             return Err(RequestError::invalid(format!("stop[{i}]"), "is empty"));
         }
         if s.len() > cfg.max_stop_bytes {
-            return Err(RequestError::invalid(
+            return Err(RequestError::limit(
                 format!("stop[{i}]"),
+                "generate.max_stop_bytes",
                 format!(
                     "is {} bytes, longer than the limit of {} (generate.max_stop_bytes)",
                     s.len(),
@@ -304,8 +316,9 @@ fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, Req
             Prompt::Text(_) => "prompt",
             Prompt::Chat(_) => "messages",
         };
-        return Err(RequestError::invalid(
+        return Err(RequestError::limit(
             field,
+            "generate.max_prompt_bytes",
             format!(
                 "{bytes} bytes exceed the limit of {} (generate.max_prompt_bytes)",
                 cfg.max_prompt_bytes
@@ -339,8 +352,9 @@ pub fn sampling(
         ("params.samplers", p.samplers.len()),
     ] {
         if n > defaults.max_chain_stages {
-            return Err(RequestError::invalid(
+            return Err(RequestError::limit(
                 field,
+                "limits.max_chain_stages",
                 format!(
                     "{n} stages exceed the limit of {} (limits.max_chain_stages)",
                     defaults.max_chain_stages
@@ -361,8 +375,9 @@ pub fn sampling(
         }
         let (bytes, max) = (c.text_bytes(), state.limits.max_constraint_bytes);
         if bytes > max {
-            return Err(RequestError::invalid(
+            return Err(RequestError::limit(
                 format!("params.constraint.{}", c.kind()),
+                "limits.max_constraint_bytes",
                 format!("{bytes} bytes exceed the limit of {max} (limits.max_constraint_bytes)"),
             ));
         }
@@ -399,10 +414,12 @@ pub fn sampling(
             .build_typed(&merged, vocab)
             .map_err(|e| match e {
                 ChainError::Param { .. } => RequestError::from_chain(e, false),
-                other if p.samplers.is_empty() => {
-                    RequestError::invalid("params", other.to_string())
-                }
-                other => RequestError::invalid("params.samplers", other.to_string()),
+                other if p.samplers.is_empty() => RequestError::from_chain(other, false),
+                other => RequestError::invalid_as(
+                    chain_error_kind(&other),
+                    "params.samplers",
+                    other.to_string(),
+                ),
             })?
     } else {
         defaults.chain.clone()
@@ -434,10 +451,11 @@ impl TokenMapLimit {
             ),
         };
         if len > bound {
-            return Err(RequestError::invalid(
-                field,
-                format!("{len} entries exceed {what}"),
-            ));
+            let message = format!("{len} entries exceed {what}");
+            return Err(match self.n_vocab {
+                Some(_) => RequestError::invalid(field, message),
+                None => RequestError::limit(field, "limits.max_vocab", message),
+            });
         }
         if let Some(n) = self.n_vocab
             && let Some(id) = ids.find(|&id| id as usize >= n)
@@ -451,10 +469,11 @@ impl TokenMapLimit {
     }
 }
 
-/// The fields a `Sample` request and a stream's first message share.
+/// The fields a `Sample` request, a stream's first message and a batch
+/// row share (the logits already in one encoding, under
+/// `limits.max_vocab`).
 struct Fields<'a> {
-    logits: &'a [f32],
-    logits_f32le: &'a [u8],
+    logits: LogitsInput<'a>,
     previous_tokens: &'a [u32],
     params: Option<&'a v1::SamplingParams>,
     step: u64,
@@ -465,14 +484,15 @@ struct Fields<'a> {
 
 fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestError> {
     let limits = &state.limits;
-    let logits = LogitsInput::from_request(f.logits, f.logits_f32le, limits.max_vocab)?;
+    let logits = f.logits;
     for (field, tokens) in [
         ("previous_tokens", f.previous_tokens),
         ("constraint_tokens", f.constraint_tokens),
     ] {
         if tokens.len() > limits.max_window_tokens {
-            return Err(RequestError::invalid(
+            return Err(RequestError::limit(
                 field,
+                "limits.max_window_tokens",
                 format!(
                     "{} tokens exceed the limit of {} (limits.max_window_tokens)",
                     tokens.len(),
@@ -538,7 +558,8 @@ fn named_vocabulary(
         return Ok(None);
     };
     let Some(vocab) = state.vocabularies.get(name) else {
-        return Err(RequestError::invalid(
+        return Err(RequestError::invalid_as(
+            InvalidKind::UnknownVocabulary(name.to_owned()),
             "params.vocabulary",
             format!(
                 "no vocabulary named {name:?} is loaded (loaded: {}; config [vocabularies])",
@@ -566,8 +587,9 @@ fn probs(
 ) -> Result<step::ProbsRequest, RequestError> {
     let max = state.limits.max_n_probs;
     if n_probs > max {
-        return Err(RequestError::invalid(
+        return Err(RequestError::limit(
             "n_probs",
+            "limits.max_n_probs",
             format!("{n_probs} exceeds the limit of {max} (limits.max_n_probs)"),
         ));
     }

@@ -1,0 +1,234 @@
+//! `SampleBatchStream`: B sequences, many steps, one stream — the batch
+//! form of `SampleStream`. The server keeps each sequence's plugin states
+//! (penalty window), seed and step counter by the client's sequence id; a
+//! row with a new id joins, `leave` releases ids between messages. A
+//! sequence's step t returns exactly what `SampleStream` (and so `Sample`)
+//! returns for it. Each message's rows run in parallel, one sampling-pool
+//! job each, and the response keeps the message's row order. Any failing
+//! row ends the stream with its error (naming `rows[i]`), as a failing
+//! step ends a `SampleStream`.
+
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use samplerd_api::v1;
+use samplerd_sampling::Sequence;
+use tokio::sync::OwnedSemaphorePermit;
+use tonic::{Status, Streaming};
+use tracing::Instrument;
+
+use super::memory::{self, Charge};
+use super::sample::run_step;
+use super::validate::batch::{self as valid, Dtype, RowLogits};
+use super::{AppState, BoxStream};
+use crate::service::errors::{RequestError, map_stream_status};
+
+/// One open sequence.
+struct SeqState {
+    seq: Sequence,
+    seed: u64,
+    /// The next step's index.
+    step: u64,
+    n_vocab: usize,
+}
+
+/// What a sequence is charged to the memory budget for its life: its
+/// joining row as a request plus the per-logit cost of a session's stage
+/// states (the token buffers are the pool's, lent per step).
+fn sequence_bytes(
+    row: &v1::BatchStreamRow,
+    params: Option<&v1::SamplingParams>,
+    dtype: Dtype,
+) -> usize {
+    let n_vocab = row.logits.len() / dtype.width();
+    memory::request_bytes(0, n_vocab * 4, row.previous_tokens.len(), params)
+        + n_vocab * memory::SESSION_BYTES_PER_LOGIT
+}
+
+/// One row's job: join (no state yet) or continue `state`.
+fn row_blocking(
+    state: &AppState,
+    msg: &v1::SampleBatchStreamRequest,
+    dtype: Dtype,
+    i: usize,
+    open: Option<SeqState>,
+) -> (Option<SeqState>, Result<v1::SampleResponse, RequestError>) {
+    let logits = match RowLogits::decode(dtype, &msg.rows[i].logits, state.limits.max_vocab) {
+        Ok(l) => l,
+        Err(e) => return (open, Err(e.in_row(i))),
+    };
+    let (mut seq_state, input) = match open {
+        Some(s) => match valid::stream_step(state, msg, i, &logits, s.n_vocab, s.step) {
+            Ok(input) => (s, input),
+            Err(e) => return (Some(s), Err(e)),
+        },
+        None => {
+            let start = match valid::stream_join(state, msg, i, &logits) {
+                Ok(v) => v,
+                Err(e) => return (None, Err(e)),
+            };
+            let seq = match start.open_sequence() {
+                Ok(s) => s,
+                Err(e) => return (None, Err(e.in_row(i))),
+            };
+            let s = SeqState {
+                seq,
+                seed: start.seed,
+                step: start.step.step,
+                n_vocab: start.step.logits.len(),
+            };
+            (s, start.step)
+        }
+    };
+    let mut buf = state.pool.take();
+    let result = run_step(&mut seq_state.seq, &mut buf, input, seq_state.seed, None);
+    state.pool.put(buf);
+    let result = result.and_then(|resp| {
+        seq_state
+            .seq
+            .accept(resp.token_id)
+            .map_err(|e| RequestError::from_sample(e, input.logits.field()))?;
+        seq_state.step += 1;
+        Ok(resp)
+    });
+    (Some(seq_state), result.map_err(|e| e.in_row(i)))
+}
+
+/// The stream's state between messages.
+struct Batch {
+    state: Arc<AppState>,
+    span: tracing::Span,
+    request_id: u64,
+    sequences: HashMap<u64, SeqState>,
+    charges: HashMap<u64, Charge>,
+    inbound: Streaming<v1::SampleBatchStreamRequest>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.state.open_sessions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Batch {
+    /// One message → one response.
+    async fn message(
+        &mut self,
+        msg: v1::SampleBatchStreamRequest,
+    ) -> Result<v1::SampleBatchResponse, Status> {
+        let open: HashSet<u64> = self.sequences.keys().copied().collect();
+        let plan = valid::stream_message(&self.state, &msg, &open)?;
+        for id in &plan.leave {
+            self.sequences.remove(id);
+            self.charges.remove(id);
+        }
+        let params = msg.params.as_ref();
+        for (r, _) in msg.rows.iter().zip(&plan.joins).filter(|(_, j)| **j) {
+            let bytes = sequence_bytes(r, r.params.as_ref().or(params), plan.dtype);
+            let charge = self
+                .state
+                .memory
+                .charge(bytes, "this SampleBatchStream sequence")?;
+            self.charges.insert(r.sequence_id, charge);
+        }
+        let ids: Vec<u64> = msg.rows.iter().map(|r| r.sequence_id).collect();
+        let msg = Arc::new(msg);
+        let request_id = self.request_id;
+        let jobs: Vec<_> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let open = self.sequences.remove(id);
+                let (state, msg, dtype) = (Arc::clone(&self.state), Arc::clone(&msg), plan.dtype);
+                move || {
+                    // For the crash report, should a plugin kill the process.
+                    let _serving = samplerd_sampling::activity::serving(request_id);
+                    row_blocking(&state, &msg, dtype, i, open)
+                }
+            })
+            .collect();
+        let results = self
+            .state
+            .steps
+            .run_many(jobs)
+            .instrument(self.span.clone())
+            .await;
+        let mut rows = Vec::with_capacity(ids.len());
+        let mut first_error = None;
+        for (i, (id, r)) in ids.iter().zip(results).enumerate() {
+            match r {
+                Ok((seq, result)) => {
+                    if let Some(seq) = seq {
+                        self.sequences.insert(*id, seq);
+                    }
+                    match result {
+                        Ok(resp) => rows.push(resp),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                // The state went with the job (a panic dropped it, a stuck
+                // thread keeps it).
+                Err(failure) => {
+                    self.charges.remove(id);
+                    first_error.get_or_insert(RequestError::from(failure).in_row(i));
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(v1::SampleBatchResponse {
+                rows,
+                sequence_ids: ids,
+            }),
+        }
+    }
+}
+
+/// The `SampleBatchStream` RPC: like `SampleStream`, the response stream
+/// drives the session (each poll reads the next message, runs its rows on
+/// the sampling pool and yields the response); a client that cancels or
+/// disconnects drops it, and with it every sequence.
+pub fn handle(
+    state: Arc<AppState>,
+    inbound: Streaming<v1::SampleBatchStreamRequest>,
+) -> Result<BoxStream<v1::SampleBatchResponse>, Status> {
+    let permit = state.stream_permit()?;
+    state.open_sessions.fetch_add(1, Ordering::Relaxed);
+    let request_id = state.request_id();
+    let span = tracing::info_span!("sample_batch_stream", request_id);
+    let batch = Batch {
+        state,
+        span,
+        request_id,
+        sequences: HashMap::new(),
+        charges: HashMap::new(),
+        inbound,
+        _permit: permit,
+    };
+    Ok(Box::pin(futures::stream::unfold(
+        Some(batch),
+        |batch| async move {
+            let mut batch = batch?;
+            let msg = match batch.inbound.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => return None,
+                Err(status) => return Some((Err(map_stream_status(status)), None)),
+            };
+            match batch.message(msg).await {
+                Ok(resp) => Some((Ok(resp), Some(batch))),
+                Err(status) => {
+                    batch
+                        .span
+                        .in_scope(|| tracing::info!(%status, "sample batch stream failed"));
+                    Some((Err(status), None))
+                }
+            }
+        },
+    )))
+}

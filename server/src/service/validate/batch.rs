@@ -1,0 +1,333 @@
+//! Validation of `SampleBatch` and `SampleBatchStream` messages: the
+//! batch's own shape (at least one row, at most `limits.max_batch_rows`
+//! rows or open sequences, one row per sequence, joining rows told apart
+//! from continuing ones), each row's logits decoded from the wire dtype,
+//! and each row's fields through the very checks `Sample` runs — every
+//! error naming its row (`rows[3].params.top_p: …`).
+
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, HashSet};
+
+use half::{bf16, f16};
+use samplerd_api::v1;
+use samplerd_sampling::step::Logits;
+
+use super::{Fields, ValidStart, ValidStep, probs, start};
+use crate::service::AppState;
+use crate::service::convert::{FIELD_LOGITS, LogitsInput};
+use crate::service::errors::{InvalidKind, RequestError};
+
+/// The encoding of a batch's logits bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32le,
+    F16le,
+    Bf16le,
+}
+
+impl Dtype {
+    /// The request's `dtype` (unset is f32).
+    pub fn from_proto(value: i32) -> Result<Self, RequestError> {
+        use v1::LogitsDtype as D;
+        match D::try_from(value) {
+            Ok(D::Unspecified | D::F32le) => Ok(Dtype::F32le),
+            Ok(D::F16le) => Ok(Dtype::F16le),
+            Ok(D::Bf16le) => Ok(Dtype::Bf16le),
+            Err(_) => Err(RequestError::invalid(
+                "dtype",
+                format!("unknown LogitsDtype {value} (F32LE, F16LE or BF16LE)"),
+            )),
+        }
+    }
+
+    /// Bytes per logit.
+    pub const fn width(self) -> usize {
+        match self {
+            Dtype::F32le => 4,
+            Dtype::F16le | Dtype::Bf16le => 2,
+        }
+    }
+
+    const fn name(self) -> &'static str {
+        match self {
+            Dtype::F32le => "f32le",
+            Dtype::F16le => "f16le",
+            Dtype::Bf16le => "bf16le",
+        }
+    }
+}
+
+/// A row's logits as decoded from the wire: f32 bytes are sampled where
+/// they lie; half-width ones are first widened to f32, exactly (every f16
+/// and bf16 value is an f32 value), so a row gives what `Sample` gives for
+/// the same values sent as f32.
+pub enum RowLogits<'a> {
+    F32le(&'a [u8]),
+    Widened(Vec<f32>),
+}
+
+impl<'a> RowLogits<'a> {
+    /// Decodes `bytes` (field `logits`) as `dtype`: a byte length that is
+    /// not a whole number of logits is INVALID_ARGUMENT, and so is a row
+    /// over `limits.max_vocab` (checked before widening allocates).
+    pub fn decode(dtype: Dtype, bytes: &'a [u8], max_vocab: usize) -> Result<Self, RequestError> {
+        let width = dtype.width();
+        if !bytes.len().is_multiple_of(width) {
+            return Err(RequestError::invalid_as(
+                InvalidKind::Logits,
+                FIELD_LOGITS,
+                format!(
+                    "length {} bytes is not a multiple of {width} (dtype {})",
+                    bytes.len(),
+                    dtype.name()
+                ),
+            ));
+        }
+        let n = bytes.len() / width;
+        if n > max_vocab {
+            return Err(RequestError::limit(
+                FIELD_LOGITS,
+                "limits.max_vocab",
+                format!(
+                    "vocabulary of {n} logits exceeds the limit of {max_vocab} (limits.max_vocab)"
+                ),
+            ));
+        }
+        let pairs = bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
+        Ok(match dtype {
+            Dtype::F32le => RowLogits::F32le(bytes),
+            Dtype::F16le => {
+                RowLogits::Widened(pairs.map(|b| f16::from_le_bytes(b).to_f32()).collect())
+            }
+            Dtype::Bf16le => {
+                RowLogits::Widened(pairs.map(|b| bf16::from_le_bytes(b).to_f32()).collect())
+            }
+        })
+    }
+
+    /// The logits as a step's input (field `logits`).
+    pub fn input(&self, max_vocab: usize) -> Result<LogitsInput<'_>, RequestError> {
+        let logits = match self {
+            RowLogits::F32le(b) => Logits::F32le(b),
+            RowLogits::Widened(f) => Logits::Floats(f),
+        };
+        LogitsInput::from_field(logits, FIELD_LOGITS, max_vocab)
+    }
+
+    /// Number of logits.
+    pub fn len(&self) -> usize {
+        match self {
+            RowLogits::F32le(b) => b.len() / 4,
+            RowLogits::Widened(f) => f.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The number of rows (or open sequences) `n`, under
+/// `limits.max_batch_rows`, for `field`.
+fn rows_within(state: &AppState, field: &str, n: usize) -> Result<(), RequestError> {
+    let max = state.limits.max_batch_rows;
+    if n > max {
+        return Err(RequestError::limit(
+            field,
+            "limits.max_batch_rows",
+            format!("{n} rows exceed the limit of {max} (limits.max_batch_rows)"),
+        ));
+    }
+    Ok(())
+}
+
+/// A `SampleBatch` request's shape: at least one row, at most
+/// `limits.max_batch_rows`, a known dtype, `n_probs` under its limit.
+/// Cheap (no plugin is called): the rows are checked one by one by [`row`]
+/// on the sampling threads.
+pub fn batch(state: &AppState, req: &v1::SampleBatchRequest) -> Result<Dtype, RequestError> {
+    if req.rows.is_empty() {
+        return Err(RequestError::invalid(
+            "rows",
+            "is empty: send at least one row",
+        ));
+    }
+    rows_within(state, "rows", req.rows.len())?;
+    probs(state, req.n_probs, req.post_sampling_probs)?;
+    Dtype::from_proto(req.dtype)
+}
+
+/// Row `i` of a `SampleBatch` whose logits `logits` were decoded: the
+/// checks of `Sample` over the row's fields (its own `params`, else the
+/// request's), errors naming the row.
+pub fn row<'a>(
+    state: &AppState,
+    req: &'a v1::SampleBatchRequest,
+    i: usize,
+    logits: &'a RowLogits<'_>,
+) -> Result<ValidStart<'a>, RequestError> {
+    let r = &req.rows[i];
+    let fields = Fields {
+        logits: logits
+            .input(state.limits.max_vocab)
+            .map_err(|e| e.in_row(i))?,
+        previous_tokens: &r.previous_tokens,
+        params: r.params.as_ref().or(req.params.as_ref()),
+        step: r.step,
+        n_probs: req.n_probs,
+        post_sampling_probs: req.post_sampling_probs,
+        constraint_tokens: &r.constraint_tokens,
+    };
+    start(state, fields).map_err(|e| e.in_row(i))
+}
+
+/// What a `SampleBatchStream` message asks, checked against the open
+/// sequences: which rows join (new ids) and which continue, and which ids
+/// leave first.
+pub struct ValidBatchMessage {
+    pub dtype: Dtype,
+    /// The ids that leave before the rows run.
+    pub leave: Vec<u64>,
+    /// For each row, whether it joins (its id is not open).
+    pub joins: Vec<bool>,
+}
+
+/// A `SampleBatchStream` message given the open sequence ids: its dtype,
+/// `leave` (each open, none twice), its rows (at most one per id; none
+/// for an id that leaves; a continuing row sets no joining field), and the
+/// open sequences after it under `limits.max_batch_rows`.
+pub fn stream_message<S: std::hash::BuildHasher>(
+    state: &AppState,
+    msg: &v1::SampleBatchStreamRequest,
+    open: &HashSet<u64, S>,
+) -> Result<ValidBatchMessage, RequestError> {
+    let dtype = Dtype::from_proto(msg.dtype)?;
+    if msg.rows.is_empty() && msg.leave.is_empty() {
+        return Err(RequestError::invalid(
+            "rows",
+            "is empty and nothing leaves: send at least one row or one id in leave",
+        ));
+    }
+    rows_within(state, "rows", msg.rows.len())?;
+    probs(state, msg.n_probs, msg.post_sampling_probs)?;
+    let mut leaving = HashSet::with_capacity(msg.leave.len());
+    for (j, &id) in msg.leave.iter().enumerate() {
+        if !open.contains(&id) {
+            return Err(RequestError::invalid(
+                format!("leave[{j}]"),
+                format!("sequence {id} is not open in this stream"),
+            ));
+        }
+        if !leaving.insert(id) {
+            return Err(RequestError::invalid(
+                format!("leave[{j}]"),
+                format!("sequence {id} is listed twice"),
+            ));
+        }
+    }
+    let mut seen: HashMap<u64, usize> = HashMap::with_capacity(msg.rows.len());
+    let mut joins = Vec::with_capacity(msg.rows.len());
+    for (i, r) in msg.rows.iter().enumerate() {
+        let id = r.sequence_id;
+        if let Some(first) = seen.insert(id, i) {
+            return Err(RequestError::invalid(
+                format!("rows[{i}].sequence_id"),
+                format!("sequence {id} already has a row in this message (rows[{first}])"),
+            ));
+        }
+        if leaving.contains(&id) {
+            return Err(RequestError::invalid(
+                format!("rows[{i}].sequence_id"),
+                format!("sequence {id} leaves in this message, so it can have no row"),
+            ));
+        }
+        let joining = !open.contains(&id);
+        if !joining {
+            let set = [
+                (r.params.is_some(), "params"),
+                (!r.previous_tokens.is_empty(), "previous_tokens"),
+                (r.first_step != 0, "first_step"),
+            ];
+            if let Some((_, field)) = set.iter().find(|(s, _)| *s) {
+                return Err(RequestError::invalid(
+                    format!("rows[{i}].{field}"),
+                    format!(
+                        "is set, but sequence {id} is already open: only its joining row sets it"
+                    ),
+                ));
+            }
+        }
+        joins.push(joining);
+    }
+    let after = open.len() - leaving.len() + joins.iter().filter(|&&j| j).count();
+    let max = state.limits.max_batch_rows;
+    if after > max {
+        return Err(RequestError::limit(
+            "rows",
+            "limits.max_batch_rows",
+            format!(
+                "{after} open sequences after this message exceed the limit of {max} \
+                 (limits.max_batch_rows)"
+            ),
+        ));
+    }
+    Ok(ValidBatchMessage {
+        dtype,
+        leave: msg.leave.clone(),
+        joins,
+    })
+}
+
+/// Joining row `i` of a stream message: `Sample`'s checks over the row
+/// (its own `params`, else the message's).
+pub fn stream_join<'a>(
+    state: &AppState,
+    msg: &'a v1::SampleBatchStreamRequest,
+    i: usize,
+    logits: &'a RowLogits<'_>,
+) -> Result<ValidStart<'a>, RequestError> {
+    let r = &msg.rows[i];
+    let fields = Fields {
+        logits: logits
+            .input(state.limits.max_vocab)
+            .map_err(|e| e.in_row(i))?,
+        previous_tokens: &r.previous_tokens,
+        params: r.params.as_ref().or(msg.params.as_ref()),
+        step: r.first_step,
+        n_probs: msg.n_probs,
+        post_sampling_probs: msg.post_sampling_probs,
+        constraint_tokens: &[],
+    };
+    start(state, fields).map_err(|e| e.in_row(i))
+}
+
+/// Continuing row `i` of a stream message for a sequence of `n_vocab`
+/// logits at `step`.
+pub fn stream_step<'a>(
+    state: &AppState,
+    msg: &v1::SampleBatchStreamRequest,
+    i: usize,
+    logits: &'a RowLogits<'_>,
+    n_vocab: usize,
+    step: u64,
+) -> Result<ValidStep<'a>, RequestError> {
+    let input = logits
+        .input(state.limits.max_vocab)
+        .map_err(|e| e.in_row(i))?;
+    if input.len() != n_vocab {
+        return Err(RequestError::invalid(
+            FIELD_LOGITS,
+            format!(
+                "vocabulary changed within the sequence: {} logits, its first row had {n_vocab}",
+                input.len()
+            ),
+        )
+        .in_row(i));
+    }
+    Ok(ValidStep {
+        logits: input,
+        step,
+        probs: probs(state, msg.n_probs, msg.post_sampling_probs)?,
+    })
+}

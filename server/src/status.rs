@@ -1,0 +1,337 @@
+//! The gRPC statuses samplerd sends: a code, the human message (which names
+//! the field, the value and the config key) and, in
+//! `grpc-status-details-bin`, the standard `google.rpc` details — an
+//! `ErrorInfo` with a stable machine-readable [`Reason`] on every error,
+//! plus `BadRequest`, `ResourceInfo` and `RetryInfo` where they apply.
+//!
+//! Clients branch on the reason, never on the English text: the text may
+//! be reworded, the reasons are part of the API (docs/API.md lists them;
+//! `server/tests/error_details.rs` and `tests/python/test_error_details.py`
+//! reach each one).
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// `ErrorInfo.domain` of every samplerd error.
+pub const ERROR_DOMAIN: &str = "samplerd.v1";
+
+/// The `RetryInfo` delay on a refusal that frees up by itself (a full
+/// queue, a spent budget, a model still loading). The server cannot know
+/// when a slot frees; this is the shortest wait worth a retry — about one
+/// default Generate's duration — and clients add their own backoff.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why a call failed, for machines (`google.rpc.ErrorInfo.reason`). Each
+/// has one gRPC code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A field is malformed, missing or conflicts with another.
+    InvalidField,
+    /// A value is outside the range its stage accepts.
+    ParamOutOfRange,
+    /// A request is larger than a configured limit (metadata `limit`).
+    LimitExceeded,
+    /// Logits are empty, NaN or +inf, or their bytes are not whole f32s.
+    InvalidLogits,
+    /// The chain left no token to draw.
+    AllTokensMasked,
+    /// `params.chain` names a stage no plugin provides.
+    UnknownStage,
+    /// `params.vocabulary` names no configured vocabulary.
+    UnknownVocabulary,
+    /// A JSON Schema, regex or grammar does not compile.
+    InvalidConstraint,
+    /// Admission: every generation slot and queue place, or stream place,
+    /// is taken.
+    Overloaded,
+    /// The memory budget for open sessions is spent.
+    BudgetExceeded,
+    /// A message is above its size limit.
+    MessageTooLarge,
+    /// A plugin stage returned an error or broke a post-check.
+    StageFailed,
+    /// A sampling step ran past `limits.max_step_ms`.
+    StepStuck,
+    /// Every sampling thread is held by stuck steps.
+    NoSamplingThread,
+    /// A sampling step panicked.
+    StepPanicked,
+    /// Generate on a server started without a model.
+    NoModel,
+    /// Generate before the model finished loading.
+    ModelLoading,
+    /// A missing or wrong bearer token.
+    Unauthenticated,
+    /// The client's deadline, or `limits.max_request_duration_secs`, ran out.
+    DeadlineExceeded,
+    /// The server is draining after SIGTERM.
+    ShuttingDown,
+    /// A unary call (or Generate) with zero or two request messages.
+    WrongMessageCount,
+    /// Any other server-side failure.
+    Internal,
+}
+
+impl Reason {
+    /// Every reason, in docs/API.md's order.
+    pub const ALL: [Reason; 22] = [
+        Reason::InvalidField,
+        Reason::ParamOutOfRange,
+        Reason::LimitExceeded,
+        Reason::InvalidLogits,
+        Reason::AllTokensMasked,
+        Reason::UnknownStage,
+        Reason::UnknownVocabulary,
+        Reason::InvalidConstraint,
+        Reason::Overloaded,
+        Reason::BudgetExceeded,
+        Reason::MessageTooLarge,
+        Reason::StageFailed,
+        Reason::StepStuck,
+        Reason::NoSamplingThread,
+        Reason::StepPanicked,
+        Reason::NoModel,
+        Reason::ModelLoading,
+        Reason::Unauthenticated,
+        Reason::DeadlineExceeded,
+        Reason::ShuttingDown,
+        Reason::WrongMessageCount,
+        Reason::Internal,
+    ];
+
+    /// The wire name (`SAMPLERD_` and the reason in upper snake case).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::InvalidField => "SAMPLERD_INVALID_FIELD",
+            Reason::ParamOutOfRange => "SAMPLERD_PARAM_OUT_OF_RANGE",
+            Reason::LimitExceeded => "SAMPLERD_LIMIT_EXCEEDED",
+            Reason::InvalidLogits => "SAMPLERD_INVALID_LOGITS",
+            Reason::AllTokensMasked => "SAMPLERD_ALL_TOKENS_MASKED",
+            Reason::UnknownStage => "SAMPLERD_UNKNOWN_STAGE",
+            Reason::UnknownVocabulary => "SAMPLERD_UNKNOWN_VOCABULARY",
+            Reason::InvalidConstraint => "SAMPLERD_INVALID_CONSTRAINT",
+            Reason::Overloaded => "SAMPLERD_OVERLOADED",
+            Reason::BudgetExceeded => "SAMPLERD_BUDGET_EXCEEDED",
+            Reason::MessageTooLarge => "SAMPLERD_MESSAGE_TOO_LARGE",
+            Reason::StageFailed => "SAMPLERD_STAGE_FAILED",
+            Reason::StepStuck => "SAMPLERD_STEP_STUCK",
+            Reason::NoSamplingThread => "SAMPLERD_NO_SAMPLING_THREAD",
+            Reason::StepPanicked => "SAMPLERD_STEP_PANICKED",
+            Reason::NoModel => "SAMPLERD_NO_MODEL",
+            Reason::ModelLoading => "SAMPLERD_MODEL_LOADING",
+            Reason::Unauthenticated => "SAMPLERD_UNAUTHENTICATED",
+            Reason::DeadlineExceeded => "SAMPLERD_DEADLINE_EXCEEDED",
+            Reason::ShuttingDown => "SAMPLERD_SHUTTING_DOWN",
+            Reason::WrongMessageCount => "SAMPLERD_WRONG_MESSAGE_COUNT",
+            Reason::Internal => "SAMPLERD_INTERNAL",
+        }
+    }
+
+    /// The gRPC code a status with this reason has.
+    pub const fn code(self) -> Code {
+        match self {
+            Reason::InvalidField
+            | Reason::ParamOutOfRange
+            | Reason::LimitExceeded
+            | Reason::InvalidLogits
+            | Reason::AllTokensMasked
+            | Reason::UnknownStage
+            | Reason::UnknownVocabulary
+            | Reason::InvalidConstraint => Code::InvalidArgument,
+            Reason::Overloaded | Reason::BudgetExceeded | Reason::MessageTooLarge => {
+                Code::ResourceExhausted
+            }
+            Reason::StageFailed | Reason::StepPanicked | Reason::Internal => Code::Internal,
+            Reason::StepStuck | Reason::DeadlineExceeded => Code::DeadlineExceeded,
+            Reason::NoSamplingThread | Reason::ModelLoading | Reason::ShuttingDown => {
+                Code::Unavailable
+            }
+            Reason::NoModel => Code::FailedPrecondition,
+            Reason::Unauthenticated => Code::Unauthenticated,
+            Reason::WrongMessageCount => Code::Unimplemented,
+        }
+    }
+
+    /// Whether the refusal frees up by itself, so that the status carries
+    /// a `RetryInfo`.
+    const fn retryable(self) -> bool {
+        matches!(
+            self,
+            Reason::Overloaded
+                | Reason::BudgetExceeded
+                | Reason::NoSamplingThread
+                | Reason::ModelLoading
+        )
+    }
+}
+
+/// What a `ResourceInfo` names: the kind of thing that was not found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceKind {
+    Stage,
+    Vocabulary,
+}
+
+impl ResourceKind {
+    /// `ResourceInfo.resource_type`.
+    pub const fn type_name(self) -> &'static str {
+        match self {
+            ResourceKind::Stage => "samplerd.v1.Stage",
+            ResourceKind::Vocabulary => "samplerd.v1.Vocabulary",
+        }
+    }
+}
+
+/// One failure on its way to a [`Status`]: the reason, the human message,
+/// and what the details say besides.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    reason: Reason,
+    message: String,
+    /// The request field path (`BadRequest.field_violations[0].field`).
+    field: Option<String>,
+    /// `ErrorInfo.metadata`: `limit` (a config key), `stage` (a stage name).
+    metadata: HashMap<String, String>,
+    resource: Option<(ResourceKind, String)>,
+}
+
+impl Failure {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Failure {
+            reason,
+            message: message.into(),
+            field: None,
+            metadata: HashMap::new(),
+            resource: None,
+        }
+    }
+
+    /// The field at fault, with its description (the message without the
+    /// field prefix) as the `BadRequest` violation.
+    pub fn field(mut self, path: impl Into<String>) -> Self {
+        self.field = Some(path.into());
+        self
+    }
+
+    /// The configuration key whose limit was reached.
+    pub fn limit(self, key: &str) -> Self {
+        self.meta("limit", key)
+    }
+
+    /// The stage at fault.
+    pub fn stage(self, name: &str) -> Self {
+        self.meta("stage", name)
+    }
+
+    /// The named thing that does not exist.
+    pub fn resource(mut self, kind: ResourceKind, name: impl Into<String>) -> Self {
+        self.resource = Some((kind, name.into()));
+        self
+    }
+
+    fn meta(mut self, key: &str, value: &str) -> Self {
+        self.metadata.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// The same failure with another human message.
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+
+    /// The status: the reason's code, the message unchanged, the details
+    /// encoded as a `google.rpc.Status`.
+    pub fn into_status(self) -> Status {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(self.reason.as_str(), ERROR_DOMAIN, self.metadata);
+        if let Some(field) = &self.field {
+            let prefix = format!("{field}: ");
+            let description = self.message.strip_prefix(&prefix).unwrap_or(&self.message);
+            details.add_bad_request_violation(field.clone(), description.to_owned());
+        }
+        if let Some((kind, name)) = self.resource {
+            details.set_resource_info(kind.type_name(), name, "", "not found");
+        }
+        if self.reason.retryable() {
+            details.set_retry_info(Some(RETRY_AFTER));
+        }
+        Status::with_error_details(self.reason.code(), self.message, details)
+    }
+}
+
+impl From<Failure> for Status {
+    fn from(f: Failure) -> Status {
+        f.into_status()
+    }
+}
+
+/// A status with only an `ErrorInfo` of `reason` (its code) and `message`.
+pub fn status(reason: Reason, message: impl Into<String>) -> Status {
+    Failure::new(reason, message).into_status()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_unique_upper_snake_case_with_the_prefix() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Reason::ALL {
+            let s = r.as_str();
+            assert!(seen.insert(s), "{s} twice");
+            let rest = s.strip_prefix("SAMPLERD_").expect(s);
+            assert!(
+                rest.chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn details_round_trip_through_the_status() {
+        let st = Failure::new(Reason::LimitExceeded, "n_probs: 2000 exceeds the limit")
+            .field("n_probs")
+            .limit("limits.max_n_probs")
+            .into_status();
+        assert_eq!(st.code(), Code::InvalidArgument);
+        assert_eq!(st.message(), "n_probs: 2000 exceeds the limit");
+        let d = st.get_error_details();
+        let info = d.error_info().expect("ErrorInfo");
+        assert_eq!(info.reason, "SAMPLERD_LIMIT_EXCEEDED");
+        assert_eq!(info.domain, ERROR_DOMAIN);
+        assert_eq!(info.metadata["limit"], "limits.max_n_probs");
+        let v = &d.bad_request().expect("BadRequest").field_violations;
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].field, "n_probs");
+        assert_eq!(v[0].description, "2000 exceeds the limit");
+        assert!(d.retry_info().is_none());
+    }
+
+    #[test]
+    fn retryable_refusals_carry_retry_info_and_lookups_resource_info() {
+        let st = status(Reason::Overloaded, "full");
+        assert_eq!(st.code(), Code::ResourceExhausted);
+        let delay = st.get_details_retry_info().and_then(|r| r.retry_delay);
+        assert_eq!(delay, Some(RETRY_AFTER));
+        let st = Failure::new(Reason::UnknownStage, "params.chain[0].name: unknown")
+            .field("params.chain[0].name")
+            .resource(ResourceKind::Stage, "nope")
+            .into_status();
+        let r = st.get_details_resource_info().expect("ResourceInfo");
+        assert_eq!(
+            (r.resource_type.as_str(), r.resource_name.as_str()),
+            ("samplerd.v1.Stage", "nope")
+        );
+    }
+}
