@@ -17,9 +17,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import samplerd_client as sc  # noqa: E402
 
 ADDR = os.environ.get("SAMPLERD_ADDR")
-# The rich error model: set SAMPLERD_REQUIRE_ERROR_DETAILS=0 only against a
-# server that predates it (the checks then run when the trailer is there).
-REQUIRE_DETAILS = os.environ.get("SAMPLERD_REQUIRE_ERROR_DETAILS") != "0"
 
 # A vocabulary-sized vector whose maximum (at BEST) is only slightly above
 # the rest: the default temperature (0.8) and top_k (40) would almost never
@@ -113,8 +110,6 @@ class KitTest(unittest.TestCase):
         self.assertEqual(err.code(), grpc.StatusCode.INVALID_ARGUMENT, sc.describe_error(err))
         self.assertIn(field.rsplit(".", 1)[-1], err.details())
         rich = sc.rich_error(err)
-        if rich is None and not REQUIRE_DETAILS:
-            return None
         self.assertIsNotNone(rich, "no grpc-status-details-bin trailer")
         self.assertEqual(rich.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
         self.assertEqual(rich.domain, "samplerd.v1", sc.describe_error(err))
@@ -136,9 +131,8 @@ class KitTest(unittest.TestCase):
     def test_error_details_unknown_stage(self):
         chain = [sc.pb.StageSpec(name="no_such_stage")]
         rich = self.check_refusal({"chain": chain}, "params.chain", "SAMPLERD_UNKNOWN_STAGE")
-        if rich is not None:
-            self.assertIsNotNone(rich.resource, rich.details)
-            self.assertEqual(rich.resource[1], "no_such_stage")
+        self.assertIsNotNone(rich.resource, rich.details)
+        self.assertEqual(rich.resource[1], "no_such_stage")
 
 
 if __name__ == "__main__":

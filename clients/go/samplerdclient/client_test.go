@@ -164,9 +164,9 @@ func TestGeneratePastDeadline(t *testing.T) {
 	}
 }
 
-// The rich error model: set SAMPLERD_REQUIRE_ERROR_DETAILS=0 only against a
-// server that predates it (the checks then run when the trailer is there).
-func checkRefusal(t *testing.T, err error, field, reason string) (ErrorDetails, bool) {
+// checkRefusal checks err is INVALID_ARGUMENT with the rich error model:
+// ErrorInfo{reason, domain samplerd.v1} and a BadRequest violation on field.
+func checkRefusal(t *testing.T, err error, field, reason string) ErrorDetails {
 	t.Helper()
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("err %v, want INVALID_ARGUMENT", err)
@@ -176,10 +176,6 @@ func checkRefusal(t *testing.T, err error, field, reason string) (ErrorDetails, 
 	}
 	d, ok := Details(err)
 	if !ok {
-		if os.Getenv("SAMPLERD_REQUIRE_ERROR_DETAILS") == "0" {
-			t.Logf("no error details (allowed): %s", Describe(err))
-			return d, false
-		}
 		t.Fatalf("no grpc-status-details-bin: %s", Describe(err))
 	}
 	if d.Code != codes.InvalidArgument || d.Info == nil || d.Info.Domain != "samplerd.v1" || d.Info.Reason != reason {
@@ -187,11 +183,11 @@ func checkRefusal(t *testing.T, err error, field, reason string) (ErrorDetails, 
 	}
 	for _, v := range d.BadRequest.GetFieldViolations() {
 		if v.Field == field {
-			return d, true
+			return d
 		}
 	}
 	t.Fatalf("no field violation on %s: %s", field, Describe(err))
-	return d, false
+	return d
 }
 
 func TestErrorDetails(t *testing.T) {
@@ -221,9 +217,8 @@ func TestErrorDetailsUnknownStage(t *testing.T) {
 	c := client(t)
 	params := &pb.SamplingParams{Chain: []*pb.StageSpec{{Name: "no_such_stage"}}}
 	_, err := Sample(ctxFor(t, 10*time.Second), c, flatLogits(), params, 0)
-	if d, ok := checkRefusal(t, err, "params.chain", "SAMPLERD_UNKNOWN_STAGE"); ok {
-		if d.Resource.GetResourceName() != "no_such_stage" {
-			t.Fatalf("resource: %s", Describe(err))
-		}
+	d := checkRefusal(t, err, "params.chain", "SAMPLERD_UNKNOWN_STAGE")
+	if d.Resource.GetResourceName() != "no_such_stage" {
+		t.Fatalf("resource: %s", Describe(err))
 	}
 }
