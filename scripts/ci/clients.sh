@@ -66,6 +66,7 @@ if wants go; then
   fi
 fi
 if wants node; then
+  command -v npm >/dev/null 2>&1 || { echo "clients.sh: the node kit needs Node.js 18+ and npm" >&2; exit 2; }
   start=$SECONDS
   (cd "$ROOT/clients/node" && timeout 600 npm ci --no-audit --no-fund)
   echo "clients.sh: npm ci took $((SECONDS - start)) s"
