@@ -61,6 +61,7 @@ for t in tests/grpcurl/*.sh; do
   if ! PATH="$SAMPLERD_VENV/bin:$PATH" bash "$t"; then failed=$((failed + 1)); fi
 done
 step "Kubernetes manifests and Dockerfile (scripts/ci/k8s.sh)"; scripts/ci/k8s.sh || failed=$((failed + 1))
+step "client kits: Python, Node.js, Go (scripts/ci/clients.sh)"; scripts/ci/clients.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then
   echo "scripts/test.sh: $failed script test suite(s) failed"
   exit 1

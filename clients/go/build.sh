@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the Go kit in GOPATH mode from Debian's Go packages (no module
+# downloads): generates the proto's Go code into a scratch GOPATH, copies the
+# kit beside it, vets and builds it, and runs its tests when SAMPLERD_ADDR
+# names a server.
+#
+#   clients/go/build.sh [GOPATH_DIR]      (default: a temporary directory)
+#
+# Needs: golang-go, protobuf-compiler, protoc-gen-go, protoc-gen-go-grpc,
+# golang-google-grpc-dev, golang-google-protobuf-dev,
+# golang-google-genproto-dev, golang-github-golang-protobuf-1-5-dev.
+set -euo pipefail
+KIT="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$KIT/../.." && pwd)"
+WORK="${1:-}"
+if [ -z "$WORK" ]; then
+  WORK="$(mktemp -d)"
+  trap 'rm -rf "$WORK"' EXIT
+fi
+# The Debian packages install their sources under /usr/share/gocode.
+SYSTEM_GOPATH="${SYSTEM_GOPATH:-/usr/share/gocode}"
+# GOFLAGS is cleared: module flags (-mod=...) are errors in GOPATH mode.
+export GO111MODULE=off GOPATH="$WORK:$SYSTEM_GOPATH" GOFLAGS=
+
+GEN_PKG=github.com/samplerd/samplerd/gen/go/samplerd/v1
+KIT_PKG=github.com/samplerd/samplerd/clients/go
+# The M mapping gives the proto its Go package whether or not the proto
+# declares `option go_package` (when it does, the two agree).
+M="Msamplerd/v1/sampler.proto=$GEN_PKG;samplerdv1"
+mkdir -p "$WORK/src"
+protoc -I "$ROOT/proto" \
+  --go_out="$WORK/src" --go_opt="$M" \
+  --go-grpc_out="$WORK/src" --go-grpc_opt="$M" \
+  samplerd/v1/sampler.proto
+mkdir -p "$WORK/src/$KIT_PKG"
+cp -r "$KIT/samplerdclient" "$KIT/cmd" "$WORK/src/$KIT_PKG/"
+
+cd "$WORK/src/$KIT_PKG"
+go vet ./...
+go build -o "$WORK/bin/samplerd-example" ./cmd/samplerd-example
+echo "go kit: built $WORK/bin/samplerd-example"
+if [ -n "${SAMPLERD_ADDR:-}" ]; then
+  go test -count=1 -v ./samplerdclient/
+fi

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Tests of the Python kit against a running samplerd started with a model:
+
+    SAMPLERD_ADDR=127.0.0.1:PORT python test_kit.py -v
+
+(scripts/ci/clients.sh python starts one and runs this).
+"""
+
+import os
+import sys
+import unittest
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import samplerd_client as sc  # noqa: E402
+
+ADDR = os.environ.get("SAMPLERD_ADDR")
+
+# A vocabulary-sized vector whose maximum (at BEST) is only slightly above
+# the rest: the default temperature (0.8) and top_k (40) would almost never
+# draw it, so picking it shows temperature 0 reached the server.
+N_VOCAB, BEST = 32000, 12345
+FLAT = (np.arange(N_VOCAB) * 7919 % 1000 / 1000).astype(np.float32)
+FLAT[BEST] = 1.5
+CHAT = [("user", "Count from one to ten.")]
+
+
+class KitTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not ADDR:
+            raise RuntimeError("SAMPLERD_ADDR is not set: point it at a samplerd started with --model (scripts/ci/clients.sh does)")
+        cls.channel, cls.stub = sc.connect(ADDR)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+
+    def test_f32le(self):
+        self.assertEqual(sc.f32le([1.0, -2.5]), bytes([0, 0, 0x80, 0x3F, 0, 0, 0x20, 0xC0]))
+        # A big-endian or float64 array is converted, not reinterpreted.
+        self.assertEqual(sc.f32le(np.array([1.0, -2.5], dtype=">f8")), sc.f32le([1.0, -2.5]))
+
+    def test_sample_raw_bytes(self):
+        seed = 2**64 - 59
+        r = sc.sample_logits(self.stub, FLAT, temperature=0.0, seed=seed, step=5, n_probs=3)
+        self.assertEqual(r.token_id, BEST)
+        self.assertEqual(r.seed, seed)
+        self.assertEqual(r.step, 5)
+        self.assertEqual([p.token_id for p in r.probs][:1], [BEST])
+        self.assertEqual(len(r.probs), 3)
+        self.assertLess(r.logprob, 0.0)
+
+    def test_bytes_equal_floats(self):
+        a = sc.sample_logits(self.stub, FLAT, seed=3, step=2)
+        b = self.stub.Sample(sc.pb.SampleRequest(logits=FLAT.tolist(), params=sc.pb.SamplingParams(seed=3), step=2), timeout=10)
+        self.assertEqual(a, b)
+
+    def test_sample_stream(self):
+        logits = np.array([5.0, 4.9, 1.0, 0.0])
+        with sc.SampleStream(self.stub, first_step=10, temperature=0.0, repeat_penalty=2.0, seed=11) as s:
+            got = [s.step(logits) for _ in range(3)]
+        self.assertEqual([r.step for r in got], [10, 11, 12])
+        # 0 wins, then is penalised (5.0 / 2 < 4.9) so 1 wins, then both are
+        # (2.5 > 2.45) and 0 wins again: the server kept the window.
+        self.assertEqual([r.token_id for r in got], [0, 1, 0])
+        self.assertTrue(all(r.seed == 11 for r in got))
+        # Step t of the stream is Sample with step t and the window so far.
+        again = sc.sample_logits(self.stub, logits, step=12, previous_tokens=[0, 1], temperature=0.0, repeat_penalty=2.0, seed=11)
+        self.assertEqual(again, got[2])
+
+    def test_generate_with_deadline(self):
+        g = sc.generate(self.stub, messages=CHAT, max_tokens=6, ignore_eos=True, seed=7, timeout=60.0)
+        seen = [t.token_id for t in g]
+        self.assertEqual(len(seen), 6)
+        self.assertEqual(g.finished.finish_reason, sc.pb.MAX_TOKENS)
+        self.assertEqual(g.finished.usage.completion_tokens, 6)
+        self.assertGreater(g.finished.usage.prompt_tokens, 0)
+        self.assertEqual(g.finished.seed, 7)
+
+    def test_generate_cancel(self):
+        g = sc.generate(self.stub, messages=CHAT, max_tokens=500, ignore_eos=True, seed=7, timeout=60.0)
+        with self.assertRaises(grpc.RpcError) as cm:
+            for _ in g:
+                if len(g.tokens) == 3:
+                    g.cancel()
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.CANCELLED)
+        self.assertEqual(len(g.tokens), 3)
+        self.assertIsNone(g.finished)
+        # The server keeps serving.
+        again = sc.generate(self.stub, messages=CHAT, max_tokens=2, ignore_eos=True, seed=7, timeout=60.0)
+        self.assertEqual(len(list(again)), 2)
+        self.assertEqual(again.finished.finish_reason, sc.pb.MAX_TOKENS)
+
+    def test_generate_past_deadline(self):
+        g = sc.generate(self.stub, messages=CHAT, max_tokens=2000, ignore_eos=True, timeout=0.3)
+        with self.assertRaises(grpc.RpcError) as cm:
+            list(g)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def check_refusal(self, params, field, reason, call=None):
+        with self.assertRaises(grpc.RpcError) as cm:
+            if call is None:
+                sc.sample_logits(self.stub, FLAT, **params)
+            else:
+                call()
+        err = cm.exception
+        self.assertEqual(err.code(), grpc.StatusCode.INVALID_ARGUMENT, sc.describe_error(err))
+        self.assertIn(field.rsplit(".", 1)[-1], err.details())
+        rich = sc.rich_error(err)
+        self.assertIsNotNone(rich, "no grpc-status-details-bin trailer")
+        self.assertEqual(rich.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertEqual(rich.domain, "samplerd.v1", sc.describe_error(err))
+        self.assertEqual(rich.reason, reason, sc.describe_error(err))
+        self.assertIn(field, [f for f, _ in rich.field_violations], sc.describe_error(err))
+        return rich
+
+    def test_error_details_top_p(self):
+        self.check_refusal({"top_p": 1.5}, "params.top_p", "SAMPLERD_PARAM_OUT_OF_RANGE")
+
+    def test_error_details_temperature(self):
+        self.check_refusal({"temperature": -1.0}, "params.temperature", "SAMPLERD_PARAM_OUT_OF_RANGE")
+
+    def test_error_details_on_a_stream(self):
+        # A streaming call's error carries the same trailer.
+        g = sc.generate(self.stub, messages=CHAT, max_tokens=3, top_p=1.5)
+        self.check_refusal({}, "params.top_p", "SAMPLERD_PARAM_OUT_OF_RANGE", call=lambda: list(g))
+
+    def test_error_details_unknown_stage(self):
+        chain = [sc.pb.StageSpec(name="no_such_stage")]
+        rich = self.check_refusal({"chain": chain}, "params.chain", "SAMPLERD_UNKNOWN_STAGE")
+        self.assertIsNotNone(rich.resource, rich.details)
+        self.assertEqual(rich.resource[1], "no_such_stage")
+
+
+if __name__ == "__main__":
+    unittest.main()
