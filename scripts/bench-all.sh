@@ -8,6 +8,7 @@
 #   model.json / llamacpp_model.json  decode/prefill tok/s, ours vs llama.cpp
 #   generate_c1.json / generate_c4.json  samplerctl bench --rpc generate
 #   generate_one.json  one Generate with timings (sampling share of a step)
+#   batch.txt        scripts/bench-batch.sh: SampleBatch(Stream) vs SampleStreams, compression
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -35,4 +36,5 @@ for _ in $(seq 1 100); do $CTL health >/dev/null 2>&1 && break; sleep 0.2; done
 $CTL generate "Tell me a story about a lighthouse keeper." -n 128 --seed 1 --json | tail -1 > "$OUT/generate_one.json"
 $CTL bench --rpc generate --concurrency 1 --requests 4 -n 64 --json > "$OUT/generate_c1.json"
 $CTL bench --rpc generate --concurrency 4 --requests 8 -n 64 --json > "$OUT/generate_c4.json"
+OUT="$OUT" scripts/bench-batch.sh > "$OUT/batch.txt"
 echo "results in $OUT/"

@@ -310,7 +310,10 @@ mod tests {
             .iter()
             .map(|r| r.as_str().strip_prefix("SAMPLERD_").unwrap())
             .collect();
-        assert_eq!(listed, ours, "docs/API.md's error table against Reason::ALL");
+        assert_eq!(
+            listed, ours,
+            "docs/API.md's error table against Reason::ALL"
+        );
     }
 
     #[test]

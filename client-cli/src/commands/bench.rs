@@ -204,11 +204,8 @@ async fn worker(
     stats
 }
 
-/// An open SampleStream: the request sender and the response stream.
-type OpenStream = (
-    tokio::sync::mpsc::Sender<SampleStreamRequest>,
-    tonic::Streaming<SampleResponse>,
-);
+/// An open bidirectional stream: the request sender and the responses.
+pub(super) type OpenStream<Req, Resp> = (tokio::sync::mpsc::Sender<Req>, tonic::Streaming<Resp>);
 
 /// SampleStream: one long-lived stream per worker; a request is one message
 /// and its response (one token). A stream that fails counts one error and
@@ -222,7 +219,7 @@ async fn stream_worker(
     let (args, params) = &*args;
     let mut stats = WorkerStats::default();
     let logits = tonic::codegen::Bytes::from(random_logits(args.vocab as usize, u64::from(id) + 1));
-    let mut open: Option<OpenStream> = None;
+    let mut open: Option<OpenStream<SampleStreamRequest, SampleResponse>> = None;
     while shared.next().is_some() {
         let t0 = Instant::now();
         let msg = SampleStreamRequest {
@@ -231,10 +228,10 @@ async fn stream_worker(
             params: open.is_none().then(|| params.clone()),
             ..Default::default()
         };
-        let result = stream_step(&mut client, &mut open, msg).await;
+        let result = stream_step(&mut open, msg, |rx| client.sample_stream(rx)).await;
         let us = t0.elapsed().as_micros() as u64;
         match result {
-            Ok(()) => {
+            Ok(_) => {
                 stats.latencies_us.push(us);
                 stats.tokens += 1;
             }
@@ -249,13 +246,18 @@ async fn stream_worker(
     stats
 }
 
-/// Sends one message on the worker's stream (opening it first if needed)
-/// and waits for its response.
-async fn stream_step(
-    client: &mut Sampler,
-    open: &mut Option<OpenStream>,
-    msg: SampleStreamRequest,
-) -> Result<(), tonic::Status> {
+/// Sends one message on the worker's stream (opening it first with
+/// `call`, e.g. `|rx| client.sample_stream(rx)`) and waits for its
+/// response.
+pub(super) async fn stream_step<Req, Resp, Call, Fut>(
+    open: &mut Option<OpenStream<Req, Resp>>,
+    msg: Req,
+    call: Call,
+) -> Result<Resp, tonic::Status>
+where
+    Call: FnOnce(tokio_stream::wrappers::ReceiverStream<Req>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<tonic::Streaming<Resp>>, tonic::Status>>,
+{
     let gone = || tonic::Status::unavailable("the server closed the stream");
     let (tx, rx) = match open {
         Some(o) => o,
@@ -263,16 +265,15 @@ async fn stream_step(
             let (tx, rx) = tokio::sync::mpsc::channel(1);
             // Queued before the call so the server sees a message at once.
             tx.send(msg).await.map_err(|_| gone())?;
-            let responses = client
-                .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            let responses = call(tokio_stream::wrappers::ReceiverStream::new(rx))
                 .await?
                 .into_inner();
             let o = open.insert((tx, responses));
-            return o.1.message().await?.map(|_| ()).ok_or_else(gone);
+            return o.1.message().await?.ok_or_else(gone);
         }
     };
     tx.send(msg).await.map_err(|_| gone())?;
-    rx.message().await?.map(|_| ()).ok_or_else(gone)
+    rx.message().await?.ok_or_else(gone)
 }
 
 /// One full Generate stream; returns the completion tokens.

@@ -17,7 +17,7 @@ use samplerd_api::v1::{
 };
 use tonic::codegen::Bytes;
 
-use super::bench::{Shared, WorkerStats, random_logits};
+use super::bench::{OpenStream, Shared, WorkerStats, random_logits, stream_step};
 use crate::cli::{BenchArgs, BenchRpc, WireDtype};
 use crate::connect::Sampler;
 use crate::output::status_line;
@@ -69,7 +69,7 @@ pub(super) async fn worker(
     let (args, params) = &*args;
     let logits = rows_logits(id, args);
     let mut stats = WorkerStats::default();
-    let mut open: Option<OpenBatchStream> = None;
+    let mut open: Option<OpenStream<SampleBatchStreamRequest, SampleBatchResponse>> = None;
     while let Some(n) = shared.next() {
         let t0 = Instant::now();
         let result = match args.rpc {
@@ -90,7 +90,7 @@ pub(super) async fn worker(
                     params: joining.then(|| params.clone()),
                     ..Default::default()
                 };
-                stream_step(&mut client, &mut open, msg).await
+                stream_step(&mut open, msg, |rx| client.sample_batch_stream(rx)).await
             }
             _ => client
                 .sample_batch(SampleBatchRequest {
@@ -124,35 +124,4 @@ pub(super) async fn worker(
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     stats
-}
-
-/// An open SampleBatchStream: the request sender and the response stream.
-type OpenBatchStream = (
-    tokio::sync::mpsc::Sender<SampleBatchStreamRequest>,
-    tonic::Streaming<SampleBatchResponse>,
-);
-
-/// Sends one message on the worker's stream (opening it first if needed)
-/// and waits for its response.
-async fn stream_step(
-    client: &mut Sampler,
-    open: &mut Option<OpenBatchStream>,
-    msg: SampleBatchStreamRequest,
-) -> Result<SampleBatchResponse, tonic::Status> {
-    let gone = || tonic::Status::unavailable("the server closed the stream");
-    let (tx, rx) = match open {
-        Some(o) => o,
-        None => {
-            let (tx, rx) = tokio::sync::mpsc::channel(1);
-            tx.send(msg).await.map_err(|_| gone())?;
-            let responses = client
-                .sample_batch_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await?
-                .into_inner();
-            let o = open.insert((tx, responses));
-            return o.1.message().await?.ok_or_else(gone);
-        }
-    };
-    tx.send(msg).await.map_err(|_| gone())?;
-    rx.message().await?.ok_or_else(gone)
 }

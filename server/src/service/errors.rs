@@ -285,7 +285,11 @@ mod tests {
                 Reason::Internal,
             ),
             (
-                RequestError::exhausted(Reason::Overloaded, "generate.max_queued_generations", "full"),
+                RequestError::exhausted(
+                    Reason::Overloaded,
+                    "generate.max_queued_generations",
+                    "full",
+                ),
                 Reason::Overloaded,
             ),
             (
