@@ -5,7 +5,8 @@
 //!     → {"ids": [[…], …]}               (add_bos=false, parse_special=true)
 //! model_probe detokenize MODEL          stdin: JSON array of id arrays → {"bytes": [[…]…]}
 //! model_probe greedy MODEL N            stdin: {"messages": [{role, content}…]} or {"prompt": "…"}
-//!     → {"prompt", "prompt_ids", "tokens", "text", "top": [[id, logit]…] (first step)}
+//!     → {"prompt", "prompt_ids", "tokens", "text", "top": [[id, logit]…] (first step),
+//!        "logprobs": [log-softmax of each chosen token (f64)]}
 //! model_probe logits MODEL             stdin: JSON id array → {"logits": […]} (last position)
 //! model_probe info MODEL                → config and backend
 //! ```
@@ -110,12 +111,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             top.sort_by(|a, b| b.1.total_cmp(&a.1));
             top.truncate(10);
             let mut tokens = Vec::new();
+            let mut logprobs = Vec::new();
             let mut text = String::new();
             let mut st = Utf8Streamer::new();
             let t1 = std::time::Instant::now();
             for _ in 0..n {
                 let next = argmax(&logits);
                 tokens.push(next);
+                logprobs.push(log_softmax_at(&logits, next as usize));
                 if model.tokenizer().is_eog(next) {
                     break;
                 }
@@ -128,12 +131,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let decode_s = t1.elapsed().as_secs_f64();
             text += &st.finish();
             json!({ "prompt": prompt, "prompt_ids": prompt_ids, "tokens": tokens, "text": text, "top": top,
+                    "logprobs": logprobs,
                     "prefill_s": prefill_s, "decode_s": decode_s, "backend": model.backend_name() })
         }
         other => return Err(format!("unknown command {other:?}").into()),
     };
     println!("{out}");
     Ok(())
+}
+
+/// `log softmax(v)[i]` in f64 (the parity scripts compute the same from
+/// llama.cpp's logits).
+fn log_softmax_at(v: &[f32], i: usize) -> f64 {
+    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let z: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
+    v[i] as f64 - m - z.ln()
 }
 
 /// First index of the maximum (llama.cpp's greedy picks the first on ties).

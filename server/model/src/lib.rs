@@ -1,6 +1,7 @@
 //! samplerd's model host: loads a GGUF model (llama or qwen2 architecture;
-//! Q4_1 and Q8_0 weights kept in their block formats, anything else
-//! requantised to Q8_0), builds its tokenizer and chat template from the
+//! Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights kept in their block formats, Q4_0
+//! and Q5_0 as the equal Q8_0 blocks, anything else requantised to Q8_0),
+//! builds its tokenizer and chat template from the
 //! file's metadata, and runs the forward pass through a [`Backend`]: the CPU
 //! backend (`forward`: quantised matrix-vector kernels on a persistent thread
 //! pool, an f16 KV cache per [`Session`], llama.cpp's rounding reproduced by
@@ -30,6 +31,11 @@ pub mod ggml;
 pub mod gguf;
 pub mod pool;
 pub mod quant;
+pub mod quant_k;
+#[cfg(target_arch = "x86_64")]
+mod quant_k_avx2;
+#[cfg(test)]
+mod quant_k_tests;
 pub mod streamer;
 pub mod tokenizer;
 pub mod vocab_file;

@@ -1,19 +1,26 @@
 //! Quantised weight matrices and the matrix×vector kernels of the hot path.
 //!
 //! Weights stay in the block formats llama.cpp uses — Q4_1 (4-bit with
-//! scale and minimum) and Q8_0 (8-bit with scale), 32 values per block — with
-//! their f16 scales widened to f32 at load (exact). Every other GGUF type is
-//! dequantised at load and requantised to Q8_0. Activations are quantised per
-//! 32-value block to 8 bits exactly like llama.cpp's `quantize_row_q8_1`
-//! (scale rounded to f16, plus the block sum for Q4_1's minimum term), so the
-//! dot products are the ones `ggml_vec_dot_q4_1_q8_1` / `ggml_vec_dot_q8_0_q8_0`
-//! compute, up to the order of float additions.
+//! scale and minimum) and Q8_0 (8-bit with scale), 32 values per block, and
+//! the K-quants Q4_K, Q5_K and Q6_K (256 values per block, `quant_k`) — with
+//! their f16 scales widened to f32 at load (exact). Q4_0 and Q5_0 become
+//! Q8_0 blocks without loss (`d·(q − 8)`, `d·(q − 16)` are Q8_0 values with the
+//! same scale, and ggml's `ggml_vec_dot_q{4,5}_0_q8_0` do exactly what
+//! `ggml_vec_dot_q8_0_q8_0` does on them: the same int8 products, one fma per
+//! block, `hsum_float_8`). Every other GGUF type is dequantised at load and
+//! requantised to Q8_0. Activations are quantised per 32-value block to 8
+//! bits exactly like llama.cpp's `quantize_row_q8_1` (scale rounded to f16,
+//! plus the block sum for Q4_1's minimum term), and for K-quant weights per
+//! 256 values like `quantize_row_q8_K_ref` ([`Acts`] carries both), so the
+//! dot products are the ones ggml's `ggml_vec_dot_*` compute, in the same
+//! order.
 //!
 //! Kernels: AVX2+FMA chosen at run time (`samplerd_numerics::features`), with a
 //! portable scalar fallback (forced with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows over the
 //! [`ThreadPool`].
 
 use crate::pool::{ThreadPool, split_range};
+use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use half::f16;
 
 /// Values per quantisation block.
@@ -60,6 +67,45 @@ pub enum QMatrix {
         cols: usize,
         blocks: Vec<BlockQ4_1>,
     },
+    Q4K {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ4K>,
+    },
+    Q5K {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ5K>,
+    },
+    Q6K {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ6K>,
+    },
+}
+
+/// One batch of quantised activations (`n_tok` rows): the Q8_1 blocks every
+/// 32-value format uses, and the Q8_K blocks K-quant weights use (empty when
+/// no consumer needs them; see [`QMatrix::needs_q8k`]).
+/// `tiled[t]`: whether token `t`'s K-quant products mirror ggml's tiled
+/// matmul (the rows of a sequence's step of 8+ tokens) rather than its vector
+/// dot; empty means none (see the `quant_k` module comment).
+#[derive(Clone, Copy, Debug)]
+pub struct Acts<'a> {
+    pub q8: &'a [BlockQ8_1],
+    pub q8k: &'a [BlockQ8K],
+    pub tiled: &'a [bool],
+}
+
+impl<'a> Acts<'a> {
+    /// Q8_1 activations only (32-value formats, vector-dot order).
+    pub fn q8(q8: &'a [BlockQ8_1]) -> Self {
+        Acts {
+            q8,
+            q8k: &[],
+            tiled: &[],
+        }
+    }
 }
 
 fn f16_le(b: &[u8]) -> f32 {
@@ -69,19 +115,131 @@ fn f16_le(b: &[u8]) -> f32 {
 impl QMatrix {
     pub fn rows(&self) -> usize {
         match self {
-            QMatrix::Q8_0 { rows, .. } | QMatrix::Q4_1 { rows, .. } => *rows,
+            QMatrix::Q8_0 { rows, .. }
+            | QMatrix::Q4_1 { rows, .. }
+            | QMatrix::Q4K { rows, .. }
+            | QMatrix::Q5K { rows, .. }
+            | QMatrix::Q6K { rows, .. } => *rows,
         }
     }
     pub fn cols(&self) -> usize {
         match self {
-            QMatrix::Q8_0 { cols, .. } | QMatrix::Q4_1 { cols, .. } => *cols,
+            QMatrix::Q8_0 { cols, .. }
+            | QMatrix::Q4_1 { cols, .. }
+            | QMatrix::Q4K { cols, .. }
+            | QMatrix::Q5K { cols, .. }
+            | QMatrix::Q6K { cols, .. } => *cols,
         }
     }
     pub fn format(&self) -> &'static str {
         match self {
             QMatrix::Q8_0 { .. } => "q8_0",
             QMatrix::Q4_1 { .. } => "q4_1",
+            QMatrix::Q4K { .. } => "q4_K",
+            QMatrix::Q5K { .. } => "q5_K",
+            QMatrix::Q6K { .. } => "q6_K",
         }
+    }
+
+    /// Whether products with this matrix need Q8_K activations.
+    pub fn needs_q8k(&self) -> bool {
+        matches!(
+            self,
+            QMatrix::Q4K { .. } | QMatrix::Q5K { .. } | QMatrix::Q6K { .. }
+        )
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            QMatrix::Q8_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q4_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q4K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q5K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q6K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+        }
+    }
+
+    /// The same matrix requantised to Q8_0 (for consumers without kernels
+    /// for the K-quants, e.g. the CUDA backend); Q8_0 and Q4_1 are returned
+    /// as they are.
+    pub fn to_q8_0_if_k(&self) -> std::borrow::Cow<'_, QMatrix> {
+        if !self.needs_q8k() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let (rows, cols) = (self.rows(), self.cols());
+        let mut f = vec![0f32; rows * cols];
+        for (r, row) in f.chunks_exact_mut(cols).enumerate() {
+            self.dequant_row(r, row);
+        }
+        std::borrow::Cow::Owned(QMatrix::q8_0_from_f32(rows, cols, &f).expect("whole blocks"))
+    }
+
+    /// From raw GGUF K-quant bytes (`ggml_type` Q4_K / Q5_K / Q6_K, by the
+    /// block size in bytes); `None` when the row length is not a multiple of
+    /// 256 or the data is not `rows × cols` values.
+    pub fn from_k_bytes(kind: KQuant, rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK_K;
+        if !cols.is_multiple_of(QK_K) || raw.len() != nb * kind.block_bytes() {
+            return None;
+        }
+        Some(match kind {
+            KQuant::Q4K => QMatrix::Q4K {
+                rows,
+                cols,
+                blocks: quant_k::q4k_from_bytes(raw)?,
+            },
+            KQuant::Q5K => QMatrix::Q5K {
+                rows,
+                cols,
+                blocks: quant_k::q5k_from_bytes(raw)?,
+            },
+            KQuant::Q6K => QMatrix::Q6K {
+                rows,
+                cols,
+                blocks: quant_k::q6k_from_bytes(raw)?,
+            },
+        })
+    }
+
+    /// From raw GGUF Q4_0 (18 bytes per block: f16 d, 16 × u8; `x = d·(q − 8)`)
+    /// or Q5_0 (22 bytes: f16 d, u32 qh, 16 × u8; `x = d·(q − 16)`) bytes, as
+    /// the exactly equal Q8_0 blocks (see the module comment).
+    pub fn q8_0_from_q4_0_or_q5_0(
+        five: bool,
+        rows: usize,
+        cols: usize,
+        raw: &[u8],
+    ) -> Option<Self> {
+        let nb = rows * cols / QK;
+        let bytes = if five { 22 } else { 18 };
+        if !cols.is_multiple_of(QK) || raw.len() != nb * bytes {
+            return None;
+        }
+        let blocks = raw
+            .chunks_exact(bytes)
+            .map(|c| {
+                let mut qs = [0i8; QK];
+                let (qh, nib) = if five {
+                    (u32::from_le_bytes([c[2], c[3], c[4], c[5]]), &c[6..22])
+                } else {
+                    (0, &c[2..18])
+                };
+                for j in 0..QK / 2 {
+                    let (lo, hi) = ((nib[j] & 0x0F) as i32, (nib[j] >> 4) as i32);
+                    if five {
+                        // ggml's dequantize_row_q5_0: bit j / j + 16 of qh is bit 4.
+                        qs[j] = ((lo | ((((qh >> j) & 1) as i32) << 4)) - 16) as i8;
+                        qs[j + 16] = ((hi | ((((qh >> (j + 16)) & 1) as i32) << 4)) - 16) as i8;
+                    } else {
+                        qs[j] = (lo - 8) as i8;
+                        qs[j + 16] = (hi - 8) as i8;
+                    }
+                }
+                BlockQ8_0 { d: f16_le(c), qs }
+            })
+            .collect();
+        Some(QMatrix::Q8_0 { rows, cols, blocks })
     }
 
     /// From raw GGUF Q8_0 bytes (34 bytes per block: f16 d, 32 × i8).
@@ -175,18 +333,42 @@ impl QMatrix {
                     }
                 }
             }
+            QMatrix::Q4K { cols, blocks, .. } => {
+                let nb = cols / QK_K;
+                quant_k::dequant_q4k(&blocks[r * nb..(r + 1) * nb], out);
+            }
+            QMatrix::Q5K { cols, blocks, .. } => {
+                let nb = cols / QK_K;
+                quant_k::dequant_q5k(&blocks[r * nb..(r + 1) * nb], out);
+            }
+            QMatrix::Q6K { cols, blocks, .. } => {
+                let nb = cols / QK_K;
+                quant_k::dequant_q6k(&blocks[r * nb..(r + 1) * nb], out);
+            }
         }
     }
 
     /// `out[t * rows + r] = W[r] · x[t]` for every token `t` of the quantised
-    /// activations `xq` (`n_tok × cols/32` blocks), rows split over the pool.
-    pub fn matmul(&self, pool: &ThreadPool, xq: &[BlockQ8_1], n_tok: usize, out: &mut [f32]) {
+    /// activations `xq` (`n_tok × cols/32` Q8_1 blocks, or for K-quants
+    /// `n_tok × cols/256` Q8_K blocks), rows split over the pool.
+    pub fn matmul(&self, pool: &ThreadPool, xq: Acts<'_>, n_tok: usize, out: &mut [f32]) {
         let rows = self.rows();
-        let nb = self.cols() / QK;
-        assert_eq!(xq.len(), n_tok * nb, "activation blocks");
+        let nb = if self.needs_q8k() {
+            assert_eq!(
+                xq.q8k.len(),
+                n_tok * self.cols() / QK_K,
+                "Q8_K activation blocks"
+            );
+            self.cols() / QK_K
+        } else {
+            assert_eq!(xq.q8.len(), n_tok * self.cols() / QK, "activation blocks");
+            self.cols() / QK
+        };
         assert_eq!(out.len(), n_tok * rows, "output length");
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let k = kernels();
+        let fused = quant_k::tiled_fused();
+        let tiled = |t: usize| xq.tiled.get(t).copied().unwrap_or(false);
         pool.run(&|i, n| {
             let range = split_range(rows, i, n, 16);
             let out_ptr = &out_ptr;
@@ -196,7 +378,11 @@ impl QMatrix {
             while r0 < range.end {
                 let r1 = (r0 + 64).min(range.end);
                 for t in 0..n_tok {
-                    let a = &xq[t * nb..(t + 1) * nb];
+                    let (a, ak) = if self.needs_q8k() {
+                        (&[][..], &xq.q8k[t * nb..(t + 1) * nb])
+                    } else {
+                        (&xq.q8[t * nb..(t + 1) * nb], &[][..])
+                    };
                     // SAFETY: threads write disjoint row ranges of each token's
                     // output row (`split_range` partitions `0..rows`), and
                     // `out` outlives `pool.run`, which returns only after all
@@ -207,6 +393,18 @@ impl QMatrix {
                     match self {
                         QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q4K { blocks, .. } if tiled(t) => {
+                            (k.q4k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
+                        }
+                        QMatrix::Q5K { blocks, .. } if tiled(t) => {
+                            (k.q5k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
+                        }
+                        QMatrix::Q6K { blocks, .. } if tiled(t) => {
+                            (k.q6k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
+                        }
+                        QMatrix::Q4K { blocks, .. } => (k.q4k)(&blocks[r0 * nb..r1 * nb], ak, dst),
+                        QMatrix::Q5K { blocks, .. } => (k.q5k)(&blocks[r0 * nb..r1 * nb], ak, dst),
+                        QMatrix::Q6K { blocks, .. } => (k.q6k)(&blocks[r0 * nb..r1 * nb], ak, dst),
                     }
                 }
                 r0 = r1;
@@ -240,11 +438,39 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
     }
 }
 
+/// The K-quant types kept natively.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuant {
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl KQuant {
+    /// Bytes of one stored 256-value block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            KQuant::Q4K => quant_k::Q4K_BYTES,
+            KQuant::Q5K => quant_k::Q5K_BYTES,
+            KQuant::Q6K => quant_k::Q6K_BYTES,
+        }
+    }
+}
+
 struct Kernels {
     name: &'static str,
     q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
     q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
+    q4k: fn(&[BlockQ4K], &[BlockQ8K], &mut [f32]),
+    q5k: fn(&[BlockQ5K], &[BlockQ8K], &mut [f32]),
+    q6k: fn(&[BlockQ6K], &[BlockQ8K], &mut [f32]),
+    q4k_t: TiledFn<BlockQ4K>,
+    q5k_t: TiledFn<BlockQ5K>,
+    q6k_t: TiledFn<BlockQ6K>,
 }
+
+/// A tiled-order K-quant kernel (`fused`: see `quant_k::tiled_fused`).
+type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32], bool);
 
 fn kernels() -> &'static Kernels {
     static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -259,6 +485,12 @@ fn kernels() -> &'static Kernels {
                     name: "avx2",
                     q8_0: avx2::rows_q8_0_safe,
                     q4_1: avx2::rows_q4_1_safe,
+                    q4k: crate::quant_k_avx2::rows_q4k_safe,
+                    q5k: crate::quant_k_avx2::rows_q5k_safe,
+                    q6k: crate::quant_k_avx2::rows_q6k_safe,
+                    q4k_t: crate::quant_k_avx2::tiled_rows_q4k_safe,
+                    q5k_t: crate::quant_k_avx2::tiled_rows_q5k_safe,
+                    q6k_t: crate::quant_k_avx2::tiled_rows_q6k_safe,
                 };
             }
         }
@@ -266,6 +498,12 @@ fn kernels() -> &'static Kernels {
             name: "scalar",
             q8_0: scalar::rows_q8_0,
             q4_1: scalar::rows_q4_1,
+            q4k: quant_k::scalar::rows_q4k,
+            q5k: quant_k::scalar::rows_q5k,
+            q6k: quant_k::scalar::rows_q6k,
+            q4k_t: quant_k::scalar::tiled_rows_q4k,
+            q5k_t: quant_k::scalar::tiled_rows_q5k,
+            q6k_t: quant_k::scalar::tiled_rows_q6k,
         }
     })
 }
@@ -547,7 +785,7 @@ mod tests {
         let pool = ThreadPool::new(2);
         for m in [&q8, &q4] {
             let mut out = vec![0f32; rows];
-            m.matmul(&pool, &xq, 1, &mut out);
+            m.matmul(&pool, Acts::q8(&xq), 1, &mut out);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 let reference = match m {
@@ -557,6 +795,7 @@ mod tests {
                     QMatrix::Q4_1 { blocks, .. } => {
                         scalar::dot_q4_1(&blocks[r * 3..r * 3 + 3], &xq)
                     }
+                    _ => unreachable!(),
                 };
                 // The SIMD kernels and the scalar reference do the same float
                 // operations in the same order: equal bits.

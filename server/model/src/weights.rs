@@ -60,6 +60,22 @@ impl Fused {
         }
     }
 
+    /// Whether any part needs Q8_K activations.
+    pub fn needs_q8k(&self) -> bool {
+        match self {
+            Fused::One(m) => m.needs_q8k(),
+            Fused::Many(v) => v.iter().any(|m| m.needs_q8k()),
+        }
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Fused::One(m) => m.nbytes(),
+            Fused::Many(v) => v.iter().map(|m| m.nbytes()).sum(),
+        }
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             Fused::One(m) => m.rows(),
@@ -81,6 +97,38 @@ pub struct Weights {
 impl Weights {
     pub fn output(&self) -> &QMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+
+    /// Bytes the weight matrices take in memory (norms and biases left out).
+    pub fn nbytes(&self) -> usize {
+        self.tok_embd.nbytes()
+            + self.output.as_ref().map_or(0, |m| m.nbytes())
+            + self
+                .layers
+                .iter()
+                .map(|l| l.wqkv.nbytes() + l.wo.nbytes() + l.wgu.nbytes() + l.w_down.nbytes())
+                .sum::<usize>()
+    }
+
+    /// Every matrix's name and format, e.g. for a load log.
+    pub fn formats(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        let mut add = |q: &QMatrix| *m.entry(q.format()).or_insert(0) += 1;
+        add(&self.tok_embd);
+        if let Some(o) = &self.output {
+            add(o);
+        }
+        for l in &self.layers {
+            for f in [&l.wqkv, &l.wgu] {
+                match f {
+                    Fused::One(q) => add(q),
+                    Fused::Many(v) => v.iter().for_each(&mut add),
+                }
+            }
+            add(&l.wo);
+            add(&l.w_down);
+        }
+        m
     }
 
     /// Loads every tensor the config needs; missing or misshapen tensors are
