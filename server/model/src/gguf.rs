@@ -360,7 +360,7 @@ impl GgufFile {
             return Err(ModelError::Truncated {
                 path: self.path.clone(),
                 reason: format!(
-                    "tensor {name} needs bytes {start}..{} but the file has {}",
+                    "tensor {name} ({dtype:?}, {size} bytes) needs bytes {start}..{} but the file has {}",
                     start + size,
                     self.file_len
                 ),
@@ -410,9 +410,9 @@ impl GgufFile {
         Ok(v)
     }
 
-    /// A `rows × cols` weight matrix in a kernel format: Q4_1, Q8_0, Q4_K,
-    /// Q5_K and Q6_K kept as they are, Q4_0 and Q5_0 as the equal Q8_0
-    /// blocks, everything else requantised to Q8_0. A tensor cut short by
+    /// A `rows × cols` weight matrix in a kernel format: Q4_1, Q5_0, Q8_0,
+    /// Q4_K, Q5_K and Q6_K kept as they are, Q4_0 as the equal Q8_0 blocks,
+    /// everything else requantised to Q8_0. A tensor cut short by
     /// the end of the file is a [`ModelError::Truncated`] naming it and the
     /// byte range it needs (see [`Self::raw`]).
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
@@ -436,9 +436,13 @@ impl GgufFile {
                 let (_, _, raw) = self.raw(name)?;
                 QMatrix::from_q4_1_bytes(rows, cols, &raw)
             }
-            GgmlDType::Q4_0 | GgmlDType::Q5_0 => {
+            GgmlDType::Q5_0 => {
                 let (_, _, raw) = self.raw(name)?;
-                QMatrix::q8_0_from_q4_0_or_q5_0(dtype == GgmlDType::Q5_0, rows, cols, &raw)
+                QMatrix::from_q5_0_bytes(rows, cols, &raw)
+            }
+            GgmlDType::Q4_0 => {
+                let (_, _, raw) = self.raw(name)?;
+                QMatrix::q8_0_from_q4_0_or_q5_0(false, rows, cols, &raw)
             }
             GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K => {
                 if !cols.is_multiple_of(crate::quant_k::QK_K) {

@@ -21,6 +21,7 @@
 
 use crate::pool::{ThreadPool, split_range};
 use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::quant_q5_0::{self, BlockQ5_0};
 use half::f16;
 
 /// Values per quantisation block.
@@ -66,6 +67,11 @@ pub enum QMatrix {
         rows: usize,
         cols: usize,
         blocks: Vec<BlockQ4_1>,
+    },
+    Q5_0 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ5_0>,
     },
     Q4K {
         rows: usize,
@@ -117,6 +123,7 @@ impl QMatrix {
         match self {
             QMatrix::Q8_0 { rows, .. }
             | QMatrix::Q4_1 { rows, .. }
+            | QMatrix::Q5_0 { rows, .. }
             | QMatrix::Q4K { rows, .. }
             | QMatrix::Q5K { rows, .. }
             | QMatrix::Q6K { rows, .. } => *rows,
@@ -126,6 +133,7 @@ impl QMatrix {
         match self {
             QMatrix::Q8_0 { cols, .. }
             | QMatrix::Q4_1 { cols, .. }
+            | QMatrix::Q5_0 { cols, .. }
             | QMatrix::Q4K { cols, .. }
             | QMatrix::Q5K { cols, .. }
             | QMatrix::Q6K { cols, .. } => *cols,
@@ -135,6 +143,7 @@ impl QMatrix {
         match self {
             QMatrix::Q8_0 { .. } => "q8_0",
             QMatrix::Q4_1 { .. } => "q4_1",
+            QMatrix::Q5_0 { .. } => "q5_0",
             QMatrix::Q4K { .. } => "q4_K",
             QMatrix::Q5K { .. } => "q5_K",
             QMatrix::Q6K { .. } => "q6_K",
@@ -154,18 +163,34 @@ impl QMatrix {
         match self {
             QMatrix::Q8_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q4_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q5_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q4K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q5K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q6K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
         }
     }
 
-    /// The same matrix requantised to Q8_0 (for consumers without kernels
-    /// for the K-quants, e.g. the CUDA backend); Q8_0 and Q4_1 are returned
-    /// as they are.
+    /// The matrix as Q8_0 or Q4_1, for consumers that have kernels for
+    /// those two only (the CUDA backend): Q8_0 and Q4_1 as they are, Q5_0 as
+    /// the exactly equal Q8_0 blocks, K-quants requantised to Q8_0.
     pub fn to_q8_0_if_k(&self) -> std::borrow::Cow<'_, QMatrix> {
-        if !self.needs_q8k() {
-            return std::borrow::Cow::Borrowed(self);
+        match self {
+            QMatrix::Q8_0 { .. } | QMatrix::Q4_1 { .. } => return std::borrow::Cow::Borrowed(self),
+            QMatrix::Q5_0 { rows, cols, blocks } => {
+                let blocks = blocks
+                    .iter()
+                    .map(|b| BlockQ8_0 {
+                        d: b.d,
+                        qs: quant_q5_0::values(b),
+                    })
+                    .collect();
+                return std::borrow::Cow::Owned(QMatrix::Q8_0 {
+                    rows: *rows,
+                    cols: *cols,
+                    blocks,
+                });
+            }
+            _ => {}
         }
         let (rows, cols) = (self.rows(), self.cols());
         let mut f = vec![0f32; rows * cols];
@@ -199,6 +224,56 @@ impl QMatrix {
                 cols,
                 blocks: quant_k::q6k_from_bytes(raw)?,
             },
+        })
+    }
+
+    /// From raw GGUF Q5_0 bytes (22 bytes per block), kept natively.
+    pub fn from_q5_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK;
+        if !cols.is_multiple_of(QK) || raw.len() != nb * quant_q5_0::Q5_0_BYTES {
+            return None;
+        }
+        Some(QMatrix::Q5_0 {
+            rows,
+            cols,
+            blocks: quant_q5_0::from_bytes(raw)?,
+        })
+    }
+
+    /// Concatenates the rows of matrices of one format and row length
+    /// (fused q/k/v, gate/up); the parts back when they differ.
+    pub fn concat(parts: Vec<QMatrix>) -> Result<QMatrix, Vec<QMatrix>> {
+        let same = parts.windows(2).all(|w| {
+            std::mem::discriminant(&w[0]) == std::mem::discriminant(&w[1])
+                && w[0].cols() == w[1].cols()
+        });
+        if parts.is_empty() || !same {
+            return Err(parts);
+        }
+        let rows = parts.iter().map(|m| m.rows()).sum();
+        let cols = parts[0].cols();
+        macro_rules! cat {
+            ($v:ident) => {{
+                let mut all = Vec::new();
+                for m in parts {
+                    if let QMatrix::$v { blocks, .. } = m {
+                        all.extend(blocks);
+                    }
+                }
+                QMatrix::$v {
+                    rows,
+                    cols,
+                    blocks: all,
+                }
+            }};
+        }
+        Ok(match &parts[0] {
+            QMatrix::Q8_0 { .. } => cat!(Q8_0),
+            QMatrix::Q4_1 { .. } => cat!(Q4_1),
+            QMatrix::Q5_0 { .. } => cat!(Q5_0),
+            QMatrix::Q4K { .. } => cat!(Q4K),
+            QMatrix::Q5K { .. } => cat!(Q5K),
+            QMatrix::Q6K { .. } => cat!(Q6K),
         })
     }
 
@@ -333,6 +408,10 @@ impl QMatrix {
                     }
                 }
             }
+            QMatrix::Q5_0 { cols, blocks, .. } => {
+                let nb = cols / QK;
+                quant_q5_0::dequant(&blocks[r * nb..(r + 1) * nb], out);
+            }
             QMatrix::Q4K { cols, blocks, .. } => {
                 let nb = cols / QK_K;
                 quant_k::dequant_q4k(&blocks[r * nb..(r + 1) * nb], out);
@@ -393,6 +472,7 @@ impl QMatrix {
                     match self {
                         QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q5_0 { blocks, .. } => (k.q5_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4K { blocks, .. } if tiled(t) => {
                             (k.q4k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
                         }
@@ -461,6 +541,7 @@ struct Kernels {
     name: &'static str,
     q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
     q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
+    q5_0: fn(&[BlockQ5_0], &[BlockQ8_1], &mut [f32]),
     q4k: fn(&[BlockQ4K], &[BlockQ8K], &mut [f32]),
     q5k: fn(&[BlockQ5K], &[BlockQ8K], &mut [f32]),
     q6k: fn(&[BlockQ6K], &[BlockQ8K], &mut [f32]),
@@ -485,6 +566,7 @@ fn kernels() -> &'static Kernels {
                     name: "avx2",
                     q8_0: avx2::rows_q8_0_safe,
                     q4_1: avx2::rows_q4_1_safe,
+                    q5_0: quant_q5_0::avx2::rows_safe,
                     q4k: crate::quant_k_avx2::rows_q4k_safe,
                     q5k: crate::quant_k_avx2::rows_q5k_safe,
                     q6k: crate::quant_k_avx2::rows_q6k_safe,
@@ -498,6 +580,7 @@ fn kernels() -> &'static Kernels {
             name: "scalar",
             q8_0: scalar::rows_q8_0,
             q4_1: scalar::rows_q4_1,
+            q5_0: quant_q5_0::scalar::rows,
             q4k: quant_k::scalar::rows_q4k,
             q5k: quant_k::scalar::rows_q5k,
             q6k: quant_k::scalar::rows_q6k,

@@ -266,6 +266,34 @@ fn q4_0_and_q5_0_become_equal_q8_0() {
             m.dequant_row(i, &mut ours);
             assert_eq!(&ours[..], &theirs[i * cols..(i + 1) * cols], "{dtype:?}");
         }
+        if five {
+            // Native Q5_0: same values, and its kernels (scalar and this
+            // CPU's) give the Q8_0 kernels' bits on the converted blocks.
+            let n = QMatrix::from_q5_0_bytes(rows, cols, &raw).unwrap();
+            assert_eq!(n.format(), "q5_0");
+            for i in 0..rows {
+                n.dequant_row(i, &mut ours);
+                assert_eq!(&ours[..], &theirs[i * cols..(i + 1) * cols], "native q5_0");
+            }
+            let x: Vec<f32> = (0..cols).map(|_| r.f() * 4.0).collect();
+            let mut xq = vec![crate::quant::BlockQ8_1::default(); cols / 32];
+            crate::quant::quantize_q8_1(&x, &mut xq);
+            let pool = ThreadPool::new(2);
+            let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+            m.matmul(&pool, Acts::q8(&xq), 1, &mut a);
+            n.matmul(&pool, Acts::q8(&xq), 1, &mut b);
+            assert_eq!(bits(&a), bits(&b), "native q5_0 vs q8_0");
+            if let QMatrix::Q5_0 { blocks, .. } = &n {
+                crate::quant_q5_0::scalar::rows(blocks, &xq, &mut b);
+                assert_eq!(bits(&a), bits(&b), "scalar q5_0 vs q8_0");
+                #[cfg(target_arch = "x86_64")]
+                if samplerd_numerics::features().avx2() && samplerd_numerics::features().fma() {
+                    crate::quant_q5_0::avx2::rows_safe(blocks, &xq, &mut b);
+                    assert_eq!(bits(&a), bits(&b), "avx2 q5_0 vs q8_0");
+                }
+            }
+            assert!(matches!(n.to_q8_0_if_k().as_ref(), QMatrix::Q8_0 { .. }));
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::error::ModelError;
 use crate::gguf::{Config, GgufFile};
-use crate::quant::{BlockQ4_1, BlockQ8_0, QMatrix};
+use crate::quant::QMatrix;
 
 /// One transformer block.
 #[derive(Debug)]
@@ -35,28 +35,9 @@ pub enum Fused {
 
 impl Fused {
     fn new(parts: Vec<QMatrix>) -> Self {
-        let cols = parts[0].cols();
-        let all_q8 = parts.iter().all(|m| matches!(m, QMatrix::Q8_0 { .. }));
-        let all_q41 = parts.iter().all(|m| matches!(m, QMatrix::Q4_1 { .. }));
-        let rows: usize = parts.iter().map(|m| m.rows()).sum();
-        if all_q8 {
-            let mut blocks: Vec<BlockQ8_0> = Vec::new();
-            for m in parts {
-                if let QMatrix::Q8_0 { blocks: b, .. } = m {
-                    blocks.extend(b);
-                }
-            }
-            Fused::One(QMatrix::Q8_0 { rows, cols, blocks })
-        } else if all_q41 {
-            let mut blocks: Vec<BlockQ4_1> = Vec::new();
-            for m in parts {
-                if let QMatrix::Q4_1 { blocks: b, .. } = m {
-                    blocks.extend(b);
-                }
-            }
-            Fused::One(QMatrix::Q4_1 { rows, cols, blocks })
-        } else {
-            Fused::Many(parts)
+        match QMatrix::concat(parts) {
+            Ok(m) => Fused::One(m),
+            Err(parts) => Fused::Many(parts),
         }
     }
 
