@@ -454,8 +454,19 @@ impl QMatrix {
             // Tiles of rows keep a slice of the weights in L1/L2 while every
             // token's activations stream past it.
             let mut r0 = range.start;
+            // Several tokens: a Q5_0 tile is expanded once to the equal Q8_0
+            // blocks (same products, same order: see `quant_q5_0`) instead of
+            // once per token.
+            let mut expanded: Vec<BlockQ8_0> = Vec::new();
             while r0 < range.end {
                 let r1 = (r0 + 64).min(range.end);
+                if let (QMatrix::Q5_0 { blocks, .. }, true) = (self, n_tok > 1) {
+                    expanded.clear();
+                    expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(|b| BlockQ8_0 {
+                        d: b.d,
+                        qs: quant_q5_0::values(b),
+                    }));
+                }
                 for t in 0..n_tok {
                     let (a, ak) = if self.needs_q8k() {
                         (&[][..], &xq.q8k[t * nb..(t + 1) * nb])
@@ -472,6 +483,7 @@ impl QMatrix {
                     match self {
                         QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q5_0 { .. } if n_tok > 1 => (k.q8_0)(&expanded, a, dst),
                         QMatrix::Q5_0 { blocks, .. } => (k.q5_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4K { blocks, .. } if tiled(t) => {
                             (k.q4k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)

@@ -283,6 +283,12 @@ fn q4_0_and_q5_0_become_equal_q8_0() {
             m.matmul(&pool, Acts::q8(&xq), 1, &mut a);
             n.matmul(&pool, Acts::q8(&xq), 1, &mut b);
             assert_eq!(bits(&a), bits(&b), "native q5_0 vs q8_0");
+            // Several tokens (the expanded-tile path) give the same bits.
+            let xq2: Vec<_> = xq.iter().chain(&xq).copied().collect();
+            let mut b2 = vec![0f32; 2 * rows];
+            n.matmul(&pool, Acts::q8(&xq2), 2, &mut b2);
+            assert_eq!(bits(&b2[..rows]), bits(&a), "q5_0, 2 tokens");
+            assert_eq!(bits(&b2[rows..]), bits(&a), "q5_0, 2 tokens");
             if let QMatrix::Q5_0 { blocks, .. } = &n {
                 crate::quant_q5_0::scalar::rows(blocks, &xq, &mut b);
                 assert_eq!(bits(&a), bits(&b), "scalar q5_0 vs q8_0");
