@@ -31,6 +31,7 @@ pub mod ggml;
 pub mod gguf;
 pub mod pool;
 pub mod quant;
+mod quant_convert;
 pub mod quant_k;
 #[cfg(target_arch = "x86_64")]
 mod quant_k_avx2;
