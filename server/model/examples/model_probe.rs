@@ -9,7 +9,7 @@
 //!        "logprobs": [log-softmax of each chosen token (f64)]}
 //! model_probe logits MODEL             stdin: JSON id array → {"logits": […]} (last position)
 //! model_probe info MODEL                → config and backend
-//! model_probe kdot                      stdin: {"kind": "q4_K"|"q5_K"|"q6_K"|"q5_0", "cols": N,
+//! model_probe kdot                      stdin: {"kind": "q4_K"|"q5_K"|"q6_K"|"q5_0"|"q5_1", "cols": N,
 //!     "rows": [{"raw": hex of one GGUF row, "x": [f32 × N]}…]} → {"dot": [f32 bits…]}
 //!     (one weight row times `x`, quantised as the forward pass does; no model)
 //! ```
@@ -167,6 +167,7 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
             "q5_K" => QMatrix::from_k_bytes(KQuant::Q5K, 1, cols, &raw),
             "q6_K" => QMatrix::from_k_bytes(KQuant::Q6K, 1, cols, &raw),
             "q5_0" => QMatrix::from_q5_0_bytes(1, cols, &raw),
+            "q5_1" => QMatrix::from_q5_1_bytes(1, cols, &raw),
             _ => None,
         }
         .ok_or("bad kind or row size")?;

@@ -410,7 +410,7 @@ impl GgufFile {
         Ok(v)
     }
 
-    /// A `rows × cols` weight matrix in a kernel format: Q4_1, Q5_0, Q8_0,
+    /// A `rows × cols` weight matrix in a kernel format: Q4_1, Q5_0, Q5_1, Q8_0,
     /// Q4_K, Q5_K and Q6_K kept as they are, Q4_0 as the equal Q8_0 blocks,
     /// everything else requantised to Q8_0. A tensor cut short by
     /// the end of the file is a [`ModelError::Truncated`] naming it and the
@@ -439,6 +439,10 @@ impl GgufFile {
             GgmlDType::Q5_0 => {
                 let (_, _, raw) = self.raw(name)?;
                 QMatrix::from_q5_0_bytes(rows, cols, &raw)
+            }
+            GgmlDType::Q5_1 => {
+                let (_, _, raw) = self.raw(name)?;
+                QMatrix::from_q5_1_bytes(rows, cols, &raw)
             }
             GgmlDType::Q4_0 => {
                 let (_, _, raw) = self.raw(name)?;

@@ -1,5 +1,5 @@
 //! samplerd's model host: loads a GGUF model (llama or qwen2 architecture;
-//! Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights kept in their block formats,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights kept in their block formats,
 //! Q4_0 as the equal Q8_0 blocks, anything else requantised to Q8_0),
 //! builds its tokenizer and chat template from the
 //! file's metadata, and runs the forward pass through a [`Backend`]: the CPU
@@ -38,6 +38,7 @@ mod quant_k_avx2;
 #[cfg(test)]
 mod quant_k_tests;
 pub mod quant_q5_0;
+pub mod quant_q5_1;
 pub mod streamer;
 pub mod tokenizer;
 pub mod vocab_file;

@@ -23,6 +23,7 @@ use crate::pool::{ThreadPool, split_range};
 pub use crate::quant_convert::KQuant;
 use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use crate::quant_q5_0::{self, BlockQ5_0};
+use crate::quant_q5_1::{self, BlockQ5_1};
 use half::f16;
 
 /// Values per quantisation block.
@@ -73,6 +74,11 @@ pub enum QMatrix {
         rows: usize,
         cols: usize,
         blocks: Vec<BlockQ5_0>,
+    },
+    Q5_1 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ5_1>,
     },
     Q4K {
         rows: usize,
@@ -125,6 +131,7 @@ impl QMatrix {
             QMatrix::Q8_0 { rows, .. }
             | QMatrix::Q4_1 { rows, .. }
             | QMatrix::Q5_0 { rows, .. }
+            | QMatrix::Q5_1 { rows, .. }
             | QMatrix::Q4K { rows, .. }
             | QMatrix::Q5K { rows, .. }
             | QMatrix::Q6K { rows, .. } => *rows,
@@ -135,6 +142,7 @@ impl QMatrix {
             QMatrix::Q8_0 { cols, .. }
             | QMatrix::Q4_1 { cols, .. }
             | QMatrix::Q5_0 { cols, .. }
+            | QMatrix::Q5_1 { cols, .. }
             | QMatrix::Q4K { cols, .. }
             | QMatrix::Q5K { cols, .. }
             | QMatrix::Q6K { cols, .. } => *cols,
@@ -145,6 +153,7 @@ impl QMatrix {
             QMatrix::Q8_0 { .. } => "q8_0",
             QMatrix::Q4_1 { .. } => "q4_1",
             QMatrix::Q5_0 { .. } => "q5_0",
+            QMatrix::Q5_1 { .. } => "q5_1",
             QMatrix::Q4K { .. } => "q4_K",
             QMatrix::Q5K { .. } => "q5_K",
             QMatrix::Q6K { .. } => "q6_K",
@@ -165,6 +174,7 @@ impl QMatrix {
             QMatrix::Q8_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q4_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q5_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q5_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q4K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q5K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
             QMatrix::Q6K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
@@ -266,6 +276,10 @@ impl QMatrix {
                 let nb = cols / QK;
                 quant_q5_0::dequant(&blocks[r * nb..(r + 1) * nb], out);
             }
+            QMatrix::Q5_1 { cols, blocks, .. } => {
+                let nb = cols / QK;
+                quant_q5_1::dequant(&blocks[r * nb..(r + 1) * nb], out);
+            }
             QMatrix::Q4K { cols, blocks, .. } => {
                 let nb = cols / QK_K;
                 quant_k::dequant_q4k(&blocks[r * nb..(r + 1) * nb], out);
@@ -339,6 +353,7 @@ impl QMatrix {
                         QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q5_0 { .. } if n_tok > 1 => (k.q8_0)(&expanded, a, dst),
                         QMatrix::Q5_0 { blocks, .. } => (k.q5_0)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q5_1 { blocks, .. } => (k.q5_1)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4K { blocks, .. } if tiled(t) => {
                             (k.q4k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
                         }
@@ -389,6 +404,7 @@ struct Kernels {
     q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
     q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
     q5_0: fn(&[BlockQ5_0], &[BlockQ8_1], &mut [f32]),
+    q5_1: fn(&[BlockQ5_1], &[BlockQ8_1], &mut [f32]),
     q4k: fn(&[BlockQ4K], &[BlockQ8K], &mut [f32]),
     q5k: fn(&[BlockQ5K], &[BlockQ8K], &mut [f32]),
     q6k: fn(&[BlockQ6K], &[BlockQ8K], &mut [f32]),
@@ -414,6 +430,7 @@ fn kernels() -> &'static Kernels {
                     q8_0: avx2::rows_q8_0_safe,
                     q4_1: avx2::rows_q4_1_safe,
                     q5_0: quant_q5_0::avx2::rows_safe,
+                    q5_1: quant_q5_1::avx2::rows_safe,
                     q4k: crate::quant_k_avx2::rows_q4k_safe,
                     q5k: crate::quant_k_avx2::rows_q5k_safe,
                     q6k: crate::quant_k_avx2::rows_q6k_safe,
@@ -428,6 +445,7 @@ fn kernels() -> &'static Kernels {
             q8_0: scalar::rows_q8_0,
             q4_1: scalar::rows_q4_1,
             q5_0: quant_q5_0::scalar::rows,
+            q5_1: quant_q5_1::scalar::rows,
             q4k: quant_k::scalar::rows_q4k,
             q5k: quant_k::scalar::rows_q5k,
             q6k: quant_k::scalar::rows_q6k,

@@ -33,7 +33,8 @@ impl KQuant {
 impl QMatrix {
     /// The matrix as Q8_0 or Q4_1, for consumers that have kernels for
     /// those two only (the CUDA backend): Q8_0 and Q4_1 as they are, Q5_0 as
-    /// the exactly equal Q8_0 blocks, K-quants requantised to Q8_0.
+    /// the exactly equal Q8_0 blocks, Q5_1 and the K-quants requantised to
+    /// Q8_0 (as the CPU loader did before it kept them).
     pub fn to_q8_0_if_k(&self) -> std::borrow::Cow<'_, QMatrix> {
         match self {
             QMatrix::Q8_0 { .. } | QMatrix::Q4_1 { .. } => return std::borrow::Cow::Borrowed(self),
@@ -101,6 +102,19 @@ impl QMatrix {
         })
     }
 
+    /// From raw GGUF Q5_1 bytes (24 bytes per block), kept natively.
+    pub fn from_q5_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK;
+        if !cols.is_multiple_of(QK) || raw.len() != nb * crate::quant_q5_1::Q5_1_BYTES {
+            return None;
+        }
+        Some(QMatrix::Q5_1 {
+            rows,
+            cols,
+            blocks: crate::quant_q5_1::from_bytes(raw)?,
+        })
+    }
+
     /// Concatenates the rows of matrices of one format and row length
     /// (fused q/k/v, gate/up); the parts back when they differ.
     pub fn concat(parts: Vec<QMatrix>) -> Result<QMatrix, Vec<QMatrix>> {
@@ -132,6 +146,7 @@ impl QMatrix {
             QMatrix::Q8_0 { .. } => cat!(Q8_0),
             QMatrix::Q4_1 { .. } => cat!(Q4_1),
             QMatrix::Q5_0 { .. } => cat!(Q5_0),
+            QMatrix::Q5_1 { .. } => cat!(Q5_1),
             QMatrix::Q4K { .. } => cat!(Q4K),
             QMatrix::Q5K { .. } => cat!(Q5K),
             QMatrix::Q6K { .. } => cat!(Q6K),

@@ -336,3 +336,49 @@ fn q8_k_follows_ggml_ref() {
     quantize_q8_k(&[0.0; QK_K], &mut q[..1]);
     assert_eq!((q[0].d, q[0].qs[0], q[0].bsums[0]), (0.0, 0, 0));
 }
+
+#[test]
+fn q5_1_kernels_agree() {
+    let (rows, cols) = (5, 96);
+    let mut r = Lcg(13);
+    let mut raw = Vec::new();
+    for _ in 0..rows * cols / 32 {
+        raw.extend_from_slice(&f16::from_f32(0.01 + r.f().abs() * 0.1).to_le_bytes());
+        raw.extend_from_slice(&f16::from_f32(-r.f().abs()).to_le_bytes());
+        raw.extend((4..24).map(|_| r.byte()));
+    }
+    let m = QMatrix::from_q5_1_bytes(rows, cols, &raw).unwrap();
+    let theirs = candle_dequant(GgmlDType::Q5_1, &raw, rows, cols);
+    let mut ours = vec![0f32; cols];
+    for i in 0..rows {
+        m.dequant_row(i, &mut ours);
+        for (a, b) in ours.iter().zip(&theirs[i * cols..]) {
+            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs candle {b}");
+        }
+    }
+    let x: Vec<f32> = (0..cols).map(|_| r.f() * 4.0).collect();
+    let mut xq = vec![crate::quant::BlockQ8_1::default(); cols / 32];
+    crate::quant::quantize_q8_1(&x, &mut xq);
+    let QMatrix::Q5_1 { blocks, .. } = &m else {
+        unreachable!()
+    };
+    let mut want = vec![0f32; rows];
+    crate::quant_q5_1::scalar::rows(blocks, &xq, &mut want);
+    let mut got = vec![0f32; rows];
+    m.matmul(&ThreadPool::new(2), Acts::q8(&xq), 1, &mut got);
+    assert_eq!(bits(&got), bits(&want), "matmul vs scalar");
+    #[cfg(target_arch = "x86_64")]
+    if samplerd_numerics::features().avx2() && samplerd_numerics::features().fma() {
+        crate::quant_q5_1::avx2::rows_safe(blocks, &xq, &mut got);
+        assert_eq!(bits(&got), bits(&want), "avx2 vs scalar");
+    }
+    for (i, w) in want.iter().enumerate() {
+        m.dequant_row(i, &mut ours);
+        let exact: f32 = ours.iter().zip(&x).map(|(a, b)| a * b).sum();
+        let mag: f32 = ours.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+        assert!(
+            (w - exact).abs() <= 0.03 * mag + 1e-3,
+            "row {i}: {w} vs {exact} (Σ|·| {mag})"
+        );
+    }
+}

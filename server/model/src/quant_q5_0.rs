@@ -110,7 +110,7 @@ pub mod avx2 {
 
     /// ggml's `bytes_from_bits_32`: byte `i` is 0xFF where bit `i` is set.
     #[inline(always)]
-    unsafe fn bytes_from_bits_32(x: u32) -> __m256i {
+    pub(crate) unsafe fn bytes_from_bits_32(x: u32) -> __m256i {
         // SAFETY: avx2 enabled by the callers; register-only intrinsics.
         unsafe {
             let shuf = _mm256_set_epi64x(

@@ -5,10 +5,11 @@ temperature 0 / top_k 1 / no repeat penalty, n_threads=2, logits_all=False)
 for at least 32 tokens (or until an end-of-generation token), and each
 chosen token's log-probability must agree within 1e-3.
 
-Two models: the shipped one (Q4_1 and Q8_0 weights) and the same model
-requantised by llama.cpp's own quantiser to Q4_K_M in a temporary directory
-(for this 576-wide model: Q4_K and Q6_K feed-forward down projections, the
-rest Q5_0/Q8_0 fallbacks, as in published Q4_K_M files of it). The reference
+Three models: the shipped one (Q4_1 and Q8_0 weights) and the same model
+requantised by llama.cpp's own quantiser to Q4_K_M and Q5_K_M in a temporary
+directory (for this 576-wide model: Q4_K/Q5_K and Q6_K feed-forward down
+projections, the rest Q5_0/Q5_1/Q8_0 fallbacks, as in published files of
+it). The reference
 is computed here, on this machine, never stored.
 
 Run: $HOME/.cache/samplerd/venv/bin/python server/model/tests/greedy_parity.py [N]
@@ -67,9 +68,11 @@ def main():
         return 0
     failed = check(R.MODEL, n, os.path.basename(R.MODEL))
     with tempfile.TemporaryDirectory() as tmp:
-        q4km = os.path.join(tmp, "requantised.Q4_K_M.gguf")
-        R.requantize(R.MODEL, q4km)
-        failed += check(q4km, n, "Q4_K_M (requantised)")
+        for name, ftype in [("Q4_K_M", R.llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M),
+                            ("Q5_K_M", R.llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M)]:
+            path = os.path.join(tmp, f"requantised.{name}.gguf")
+            R.requantize(R.MODEL, path, ftype)
+            failed += check(path, n, f"{name} (requantised)")
     return 1 if failed else 0
 
 

@@ -2,8 +2,8 @@
 """Kernel parity: our single-row products (`model_probe kdot`) must equal
 llama.cpp's own CPU kernels bit for bit on the same bytes, for the formats
 the model host keeps natively beyond Q4_1/Q8_0: Q4_K, Q5_K and Q6_K
-(`ggml_vec_dot_q*_K_q8_K` on Q8_K activations) and Q5_0
-(`ggml_vec_dot_q5_0_q8_0`). Weights come from ggml's reference quantisers,
+(`ggml_vec_dot_q*_K_q8_K` on Q8_K activations), Q5_0
+(`ggml_vec_dot_q5_0_q8_0`) and Q5_1 (`ggml_vec_dot_q5_1_q8_1`). Weights come from ggml's reference quantisers,
 activations are quantised by ggml's CPU `from_float` on ggml's side and by
 ours on ours, so the activation quantisation is checked too.
 
@@ -30,6 +30,7 @@ TYPES = {
     "q5_K": (13, 256, 176, "quantize_row_q5_K_ref"),
     "q6_K": (14, 256, 210, "quantize_row_q6_K_ref"),
     "q5_0": (6, 32, 22, "quantize_row_q5_0_ref"),
+    "q5_1": (7, 32, 24, "quantize_row_q5_1_ref"),
 }
 COLS = 1536  # SmolLM2's feed-forward width (six super-blocks)
 
@@ -42,7 +43,7 @@ class Traits(ctypes.Structure):
 FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-ACT_BYTES = {15: 292, 8: 34}  # block_q8_K per 256 values, block_q8_0 per 32
+ACT_BYTES = {15: 292, 8: 34, 9: 36}  # block_q8_K per 256 values, block_q8_0 / q8_1 per 32
 
 
 def libs():
@@ -91,7 +92,7 @@ def main():
         bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
         failed += bool(bad) or len(got) != n
         print(f"{'OK  ' if not bad else 'FAIL'} {name}: {n - len(bad)}/{n} rows equal to llama.cpp's "
-              f"{'ggml_vec_dot_' + name + ('_q8_K' if ty != 6 else '_q8_0')} bit for bit")
+              f"ggml_vec_dot_{name}_{ {6: 'q8_0', 7: 'q8_1'}.get(ty, 'q8_K') } bit for bit")
         for i in bad[:3]:
             print(f"  row {i}: llama.cpp {np.uint32(want[i]).view(np.float32)!r} ours {np.uint32(got[i]).view(np.float32)!r}")
     return 1 if failed else 0
