@@ -9,15 +9,19 @@
 //! (AVX2) sums integer products per sub-block scale in eight int32 lanes, one
 //! `fma(d, lanes, acc)` per super-block, `hsum_float_8` at the end, plus the
 //! minimum term (Q4_K: four f32 lanes of `fma(dmin, ...)`; Q5_K: one scalar
-//! sum). The integer part is exact in any order, so the scalar reference
-//! below computes the same eight int32 lanes and then repeats ggml's float
-//! operations one by one: it equals the AVX2 kernels ([`super::quant_k_avx2`])
-//! bit for bit. ggml has no AVX-512 variant of these three products, so
-//! [`crate::ggml::flavor`] plays no part here.
+//! fma chain, as GCC contracts `summs += dmin * s`). Integer sums are exact
+//! in any order, but how they are split over the eight lanes is not free
+//! (each lane is converted and accumulated on its own): Q6_K's lanes carry
+//! ggml's `32·madd(bsums, scales)` correction, see `scalar::q6k_lanes`.
+//! The scalar reference below computes the same lanes and repeats ggml's
+//! float operations one by one; it equals the AVX2 kernels
+//! (`quant_k_avx2.rs`) bit for bit, and `tests/kquant_parity.py` checks
+//! both against llama.cpp's own kernels. ggml has no AVX-512 variant of
+//! these three products, so [`crate::ggml::flavor`] plays no part in them.
 //!
 //! For batches of 8 or more rows ggml takes another path, its tiled matmul
 //! (`ggml-cpu/tiled`): whole-super-block int32 sums and
-//! `acc += (d·s1 − dmin·s2)·d8` per block ([`scalar::tiled_step`]). Which one
+//! `acc += (d·s1 − dmin·s2)·d8` per block (`scalar::tiled_step`). Which one
 //! ran changes the last bits, so [`crate::quant::Acts::tiled`] says per row
 //! which to mirror: the tiled one for the rows of a sequence's step of 8+
 //! tokens (a prompt), the vector dot otherwise — each row's arithmetic
@@ -28,7 +32,8 @@
 //!
 //! The f16 scales are widened to f32 at load (exact) and the 6-bit packed
 //! sub-block scales/minimums of Q4_K/Q5_K unpacked (`get_scale_min_k4`), so a
-//! block is 8 bytes larger than ggml's; the quants stay as stored.
+//! Q4_K/Q5_K block is 8 bytes larger than ggml's and a Q6_K block 2; the
+//! quants stay as stored.
 
 use half::f16;
 
@@ -143,7 +148,7 @@ pub fn q4k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ4K>> {
     )
 }
 
-/// Q5_K blocks from raw GGUF bytes (d, dmin, scales[12], qh[32], qs[128]).
+/// Q5_K blocks from raw GGUF bytes (`d`, `dmin`, `scales[12]`, `qh[32]`, `qs[128]`).
 pub fn q5k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ5K>> {
     if !raw.len().is_multiple_of(Q5K_BYTES) {
         return None;
@@ -169,7 +174,7 @@ pub fn q5k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ5K>> {
     )
 }
 
-/// Q6_K blocks from raw GGUF bytes (ql[128], qh[64], scales[16], d).
+/// Q6_K blocks from raw GGUF bytes (`ql[128]`, `qh[64]`, `scales[16]`, `d`).
 pub fn q6k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ6K>> {
     if !raw.len().is_multiple_of(Q6K_BYTES) {
         return None;
@@ -445,7 +450,7 @@ pub mod scalar {
     }
 
     /// `ggml_vec_dot_q6_K_q8_K` (AVX2 order; the `- 32` is folded into the
-    /// integer lanes, see [`q6k_lanes`], so there is no minimum term).
+    /// integer lanes, see `q6k_lanes`, so there is no minimum term).
     pub fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
         let mut acc = [0f32; 8];
         for (w, a) in w.iter().zip(a) {
