@@ -71,6 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{}",
         serde_json::json!({
             "engine": "samplerd-model", "backend": model.backend_name(), "threads": threads,
+            "weight_bytes": model.weight_bytes(), "weight_formats": model.weight_formats(),
             "prompt_tokens": ids.len(), "new_tokens": generated, "runs": runs,
             "prefill_tok_s": median(&mut pre), "decode_tok_s": median(&mut dec),
             "prefill_all": pre, "decode_all": dec,

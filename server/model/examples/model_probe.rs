@@ -5,9 +5,13 @@
 //!     → {"ids": [[…], …]}               (add_bos=false, parse_special=true)
 //! model_probe detokenize MODEL          stdin: JSON array of id arrays → {"bytes": [[…]…]}
 //! model_probe greedy MODEL N            stdin: {"messages": [{role, content}…]} or {"prompt": "…"}
-//!     → {"prompt", "prompt_ids", "tokens", "text", "top": [[id, logit]…] (first step)}
+//!     → {"prompt", "prompt_ids", "tokens", "text", "top": [[id, logit]…] (first step),
+//!        "logprobs": [log-softmax of each chosen token (f64)]}
 //! model_probe logits MODEL             stdin: JSON id array → {"logits": […]} (last position)
 //! model_probe info MODEL                → config and backend
+//! model_probe kdot                      stdin: {"kind": "q4_K"|"q5_K"|"q6_K"|"q5_0"|"q5_1", "cols": N,
+//!     "rows": [{"raw": hex of one GGUF row, "x": [f32 × N]}…]} → {"dot": [f32 bits…]}
+//!     (one weight row times `x`, quantised as the forward pass does; no model)
 //! ```
 //! Options via env: SAMPLERD_THREADS (default 2).
 
@@ -30,6 +34,10 @@ fn stdin_json() -> Result<Value, Box<dyn std::error::Error>> {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().nth(1).as_deref() == Some("kdot") {
+        println!("{}", kdot(&stdin_json()?)?);
+        return Ok(());
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (cmd, path) = match args.as_slice() {
         [c, p, ..] => (c.as_str(), Path::new(p)),
@@ -110,12 +118,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             top.sort_by(|a, b| b.1.total_cmp(&a.1));
             top.truncate(10);
             let mut tokens = Vec::new();
+            let mut logprobs = Vec::new();
             let mut text = String::new();
             let mut st = Utf8Streamer::new();
             let t1 = std::time::Instant::now();
             for _ in 0..n {
                 let next = argmax(&logits);
                 tokens.push(next);
+                logprobs.push(log_softmax_at(&logits, next as usize));
                 if model.tokenizer().is_eog(next) {
                     break;
                 }
@@ -128,12 +138,63 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             let decode_s = t1.elapsed().as_secs_f64();
             text += &st.finish();
             json!({ "prompt": prompt, "prompt_ids": prompt_ids, "tokens": tokens, "text": text, "top": top,
+                    "logprobs": logprobs,
                     "prefill_s": prefill_s, "decode_s": decode_s, "backend": model.backend_name() })
         }
         other => return Err(format!("unknown command {other:?}").into()),
     };
     println!("{out}");
     Ok(())
+}
+
+/// Single-row products for `tests/kquant_parity.py`, which compares them
+/// with llama.cpp's own `ggml_vec_dot_*` on the same bytes.
+fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
+    use samplerd_model::quant::{Acts, BlockQ8_1, KQuant, QMatrix, quantize_q8_1};
+    use samplerd_model::quant_k::{BlockQ8K, quantize_q8_k};
+    let kind = req["kind"].as_str().ok_or("kind")?;
+    let cols = req["cols"].as_u64().ok_or("cols")? as usize;
+    let pool = samplerd_model::pool::ThreadPool::new(1);
+    let mut dots = Vec::new();
+    for row in req["rows"].as_array().ok_or("rows")? {
+        let hex = row["raw"].as_str().ok_or("raw")?;
+        let raw: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()?;
+        let x: Vec<f32> = serde_json::from_value(row["x"].clone())?;
+        let m = match kind {
+            "q4_K" => QMatrix::from_k_bytes(KQuant::Q4K, 1, cols, &raw),
+            "q5_K" => QMatrix::from_k_bytes(KQuant::Q5K, 1, cols, &raw),
+            "q6_K" => QMatrix::from_k_bytes(KQuant::Q6K, 1, cols, &raw),
+            "q5_0" => QMatrix::from_q5_0_bytes(1, cols, &raw),
+            "q5_1" => QMatrix::from_q5_1_bytes(1, cols, &raw),
+            _ => None,
+        }
+        .ok_or("bad kind or row size")?;
+        let mut q8 = vec![BlockQ8_1::default(); cols / 32];
+        quantize_q8_1(&x, &mut q8);
+        let mut q8k = vec![BlockQ8K::default(); if m.needs_q8k() { cols / 256 } else { 0 }];
+        if m.needs_q8k() {
+            quantize_q8_k(&x, &mut q8k);
+        }
+        let mut out = [0f32];
+        let acts = Acts {
+            q8: &q8,
+            q8k: &q8k,
+            tiled: &[],
+        };
+        m.matmul(&pool, acts, 1, &mut out);
+        dots.push(out[0].to_bits());
+    }
+    Ok(json!({ "dot": dots }))
+}
+
+/// `log softmax(v)[i]` in f64 (the parity scripts compute the same from
+/// llama.cpp's logits).
+fn log_softmax_at(v: &[f32], i: usize) -> f64 {
+    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let z: f64 = v.iter().map(|&x| (x as f64 - m).exp()).sum();
+    v[i] as f64 - m - z.ln()
 }
 
 /// First index of the maximum (llama.cpp's greedy picks the first on ties).

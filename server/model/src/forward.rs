@@ -16,7 +16,8 @@ use crate::backend::{Backend, SequenceState, check_batch_shape};
 use crate::error::ModelError;
 use crate::gguf::Config;
 use crate::pool::{ThreadPool, split_range};
-use crate::quant::{BlockQ8_1, QK, QMatrix, quantize_q8_1};
+use crate::quant::{Acts, BlockQ8_1, QK, QMatrix, quantize_q8_1};
+use crate::quant_k::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::weights::{Fused, Weights};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -71,6 +72,12 @@ struct Scratch {
     gu: Vec<f32>,
     act: Vec<f32>,
     actq: Vec<BlockQ8_1>,
+    /// Q8_K copies of `xq` / `attnq` / `actq` / `lastq`, filled only for
+    /// products with K-quant weights (sized on first use).
+    xqk: Vec<BlockQ8K>,
+    attnqk: Vec<BlockQ8K>,
+    actqk: Vec<BlockQ8K>,
+    lastqk: Vec<BlockQ8K>,
     rope: Vec<(f32, f32)>,
     /// Per pool thread: K and V of one head as f32, then scores.
     per_thread: Vec<Mutex<Vec<f32>>>,
@@ -163,7 +170,7 @@ impl CpuBackend {
         s.actq.resize(n * c.n_ff / QK, BlockQ8_1::default());
     }
 
-    fn fused(&self, f: &Fused, xq: &[BlockQ8_1], n: usize, out: &mut [f32]) {
+    fn fused(&self, f: &Fused, xq: Acts<'_>, n: usize, out: &mut [f32]) {
         match f {
             Fused::One(m) => m.matmul(&self.pool, xq, n, out),
             Fused::Many(parts) => {
@@ -235,6 +242,16 @@ impl CpuBackend {
             .flat_map(|(i, g)| (0..g.tokens.len()).map(move |j| (i, g.cache.pos + j)))
             .collect();
         let n = rows.len();
+        // Rows of a sequence's step of 8+ tokens mirror ggml's tiled K-quant
+        // matmul, the others its vector dot (as llama.cpp running that
+        // sequence alone does).
+        let tiled: Vec<bool> = segs
+            .iter()
+            .flat_map(|g| {
+                let t = g.tokens.len() >= crate::quant_k::TILED_MIN_ROWS;
+                std::iter::repeat_n(t, g.tokens.len())
+            })
+            .collect();
         let max_cap = segs.iter().map(|g| g.cache.capacity).max().unwrap_or(1);
         self.ensure_scratch(s, n, max_cap);
         let (d, hd, dkv) = (c.n_embd, c.head_dim, c.n_head_kv * c.head_dim);
@@ -247,9 +264,15 @@ impl CpuBackend {
         for (l, lw) in w.layers.iter().enumerate() {
             // Attention.
             rms_norm(x, &lw.attn_norm, c.rms_eps, &mut s.xn[..n * d]);
-            quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
+            let xq = quantize_acts(
+                &s.xn[..n * d],
+                &mut s.xq,
+                &mut s.xqk,
+                lw.wqkv.needs_q8k(),
+                &tiled,
+            );
             let qkv = &mut s.qkv[..n * qkv_rows];
-            self.fused(&lw.wqkv, &s.xq[..n * d / QK], n, qkv);
+            self.fused(&lw.wqkv, xq, n, qkv);
             for (t, &(seg, p)) in rows.iter().enumerate() {
                 let row = &mut qkv[t * qkv_rows..(t + 1) * qkv_rows];
                 if let Some(b) = &lw.bqkv {
@@ -295,28 +318,40 @@ impl CpuBackend {
                 &s.per_thread,
                 &mut s.attn[..n * d],
             );
-            quantize_q8_1(&s.attn[..n * d], &mut s.attnq[..n * d / QK]);
-            lw.wo
-                .matmul(&self.pool, &s.attnq[..n * d / QK], n, &mut s.proj[..n * d]);
+            let aq = quantize_acts(
+                &s.attn[..n * d],
+                &mut s.attnq,
+                &mut s.attnqk,
+                lw.wo.needs_q8k(),
+                &tiled,
+            );
+            lw.wo.matmul(&self.pool, aq, n, &mut s.proj[..n * d]);
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
             }
             // Feed-forward.
             rms_norm(x, &lw.ffn_norm, c.rms_eps, &mut s.xn[..n * d]);
-            quantize_q8_1(&s.xn[..n * d], &mut s.xq[..n * d / QK]);
+            let xq = quantize_acts(
+                &s.xn[..n * d],
+                &mut s.xq,
+                &mut s.xqk,
+                lw.wgu.needs_q8k(),
+                &tiled,
+            );
             let gu = &mut s.gu[..n * 2 * c.n_ff];
-            self.fused(&lw.wgu, &s.xq[..n * d / QK], n, gu);
+            self.fused(&lw.wgu, xq, n, gu);
             for t in 0..n {
                 let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
                 crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff]);
             }
-            quantize_q8_1(&s.act[..n * c.n_ff], &mut s.actq[..n * c.n_ff / QK]);
-            lw.w_down.matmul(
-                &self.pool,
-                &s.actq[..n * c.n_ff / QK],
-                n,
-                &mut s.proj[..n * d],
+            let actq = quantize_acts(
+                &s.act[..n * c.n_ff],
+                &mut s.actq,
+                &mut s.actqk,
+                lw.w_down.needs_q8k(),
+                &tiled,
             );
+            lw.w_down.matmul(&self.pool, actq, n, &mut s.proj[..n * d]);
 
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
                 *a += b;
@@ -325,20 +360,32 @@ impl CpuBackend {
         }
         // The output product for each segment's last row only.
         let n_seg = segs.len();
+        let out_k = w.output().needs_q8k();
         s.lastq.resize(n_seg * d / QK, BlockQ8_1::default());
+        if out_k {
+            s.lastqk.resize(n_seg * d / QK_K, BlockQ8K::default());
+        }
         let mut end = 0;
         for (i, g) in segs.iter().enumerate() {
             end += g.tokens.len();
             let last = &x[(end - 1) * d..end * d];
             rms_norm(last, &w.output_norm, c.rms_eps, &mut s.xn[..d]);
             quantize_q8_1(&s.xn[..d], &mut s.lastq[i * d / QK..(i + 1) * d / QK]);
+            if out_k {
+                quantize_q8_k(&s.xn[..d], &mut s.lastqk[i * d / QK_K..(i + 1) * d / QK_K]);
+            }
         }
+        // One output row per sequence: ggml's vector dot, never the tiled path.
+        let lastq = Acts {
+            q8: &s.lastq,
+            q8k: if out_k { &s.lastqk } else { &[] },
+            tiled: &[],
+        };
         if let [g] = segs {
-            w.output().matmul(&self.pool, &s.lastq, 1, g.logits);
+            w.output().matmul(&self.pool, lastq, 1, g.logits);
         } else {
             s.logits.resize(n_seg * c.n_vocab, 0.0);
-            w.output()
-                .matmul(&self.pool, &s.lastq, n_seg, &mut s.logits);
+            w.output().matmul(&self.pool, lastq, n_seg, &mut s.logits);
             for (g, l) in segs.iter_mut().zip(s.logits.chunks_exact(c.n_vocab)) {
                 g.logits.copy_from_slice(l);
             }
@@ -411,6 +458,28 @@ impl CpuBackend {
             }
         });
     }
+}
+
+/// Quantises `x` (`n` rows) for the weight products that consume it: to
+/// Q8_1 into `q8` (its first `x.len()/32` blocks), and to Q8_K into `q8k`
+/// too when `k` (some consumer is a K-quant matrix, whose rows are then a
+/// multiple of 256 values; the loader checks this).
+/// `tiled`: per row, whether its K-quant products follow ggml's tiled matmul.
+fn quantize_acts<'a>(
+    x: &[f32],
+    q8: &'a mut [BlockQ8_1],
+    q8k: &'a mut Vec<BlockQ8K>,
+    k: bool,
+    tiled: &'a [bool],
+) -> Acts<'a> {
+    let q8 = &mut q8[..x.len() / QK];
+    quantize_q8_1(x, q8);
+    if !k {
+        return Acts::q8(q8);
+    }
+    q8k.resize(x.len() / QK_K, BlockQ8K::default());
+    quantize_q8_k(x, q8k);
+    Acts { q8, q8k, tiled }
 }
 
 thread_local! {

@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use crate::error::ModelError;
-use crate::quant::QMatrix;
+use crate::quant::{KQuant, QMatrix};
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
 use std::fs::File;
@@ -360,7 +360,7 @@ impl GgufFile {
             return Err(ModelError::Truncated {
                 path: self.path.clone(),
                 reason: format!(
-                    "tensor {name} needs bytes {start}..{} but the file has {}",
+                    "tensor {name} ({dtype:?}, {size} bytes) needs bytes {start}..{} but the file has {}",
                     start + size,
                     self.file_len
                 ),
@@ -410,8 +410,11 @@ impl GgufFile {
         Ok(v)
     }
 
-    /// A `rows × cols` weight matrix in a kernel format: Q4_1 and Q8_0 kept
-    /// as they are, everything else requantised to Q8_0.
+    /// A `rows × cols` weight matrix in a kernel format: Q4_1, Q5_0, Q5_1, Q8_0,
+    /// Q4_K, Q5_K and Q6_K kept as they are, Q4_0 as the equal Q8_0 blocks,
+    /// everything else requantised to Q8_0. A tensor cut short by
+    /// the end of the file is a [`ModelError::Truncated`] naming it and the
+    /// byte range it needs (see [`Self::raw`]).
     pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
         let dims = self.dims(name)?;
         if dims != [rows, cols] {
@@ -432,6 +435,33 @@ impl GgufFile {
             GgmlDType::Q4_1 => {
                 let (_, _, raw) = self.raw(name)?;
                 QMatrix::from_q4_1_bytes(rows, cols, &raw)
+            }
+            GgmlDType::Q5_0 => {
+                let (_, _, raw) = self.raw(name)?;
+                QMatrix::from_q5_0_bytes(rows, cols, &raw)
+            }
+            GgmlDType::Q5_1 => {
+                let (_, _, raw) = self.raw(name)?;
+                QMatrix::from_q5_1_bytes(rows, cols, &raw)
+            }
+            GgmlDType::Q4_0 => {
+                let (_, _, raw) = self.raw(name)?;
+                QMatrix::q8_0_from_q4_0_or_q5_0(false, rows, cols, &raw)
+            }
+            GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K => {
+                if !cols.is_multiple_of(crate::quant_k::QK_K) {
+                    return Err(self.tensor_err(
+                        name,
+                        format!("{dtype:?} row length {cols} is not a multiple of 256"),
+                    ));
+                }
+                let kind = match dtype {
+                    GgmlDType::Q4K => KQuant::Q4K,
+                    GgmlDType::Q5K => KQuant::Q5K,
+                    _ => KQuant::Q6K,
+                };
+                let (_, _, raw) = self.raw(name)?;
+                QMatrix::from_k_bytes(kind, rows, cols, &raw)
             }
             _ => {
                 let v = self.f32_values(name)?;

@@ -1,6 +1,7 @@
 //! samplerd's model host: loads a GGUF model (llama or qwen2 architecture;
-//! Q4_1 and Q8_0 weights kept in their block formats, anything else
-//! requantised to Q8_0), builds its tokenizer and chat template from the
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights kept in their block formats,
+//! Q4_0 as the equal Q8_0 blocks, anything else requantised to Q8_0),
+//! builds its tokenizer and chat template from the
 //! file's metadata, and runs the forward pass through a [`Backend`]: the CPU
 //! backend (`forward`: quantised matrix-vector kernels on a persistent thread
 //! pool, an f16 KV cache per [`Session`], llama.cpp's rounding reproduced by
@@ -30,6 +31,14 @@ pub mod ggml;
 pub mod gguf;
 pub mod pool;
 pub mod quant;
+mod quant_convert;
+pub mod quant_k;
+#[cfg(target_arch = "x86_64")]
+mod quant_k_avx2;
+#[cfg(test)]
+mod quant_k_tests;
+pub mod quant_q5_0;
+pub mod quant_q5_1;
 pub mod streamer;
 pub mod tokenizer;
 pub mod vocab_file;
@@ -76,6 +85,8 @@ pub struct Model {
     template: ChatTemplate,
     backend: Arc<dyn Backend>,
     n_ctx: usize,
+    weight_bytes: usize,
+    weight_formats: std::collections::BTreeMap<&'static str, usize>,
 }
 
 impl Model {
@@ -115,6 +126,7 @@ impl Model {
             &text(tokenizer.eos()),
         )?;
         let weights = Arc::new(weights::Weights::load(&mut g, &config)?);
+        let (weight_bytes, weight_formats) = (weights.nbytes(), weights.formats());
         let n_ctx = if opts.n_ctx == 0 {
             config.n_ctx_train
         } else {
@@ -128,7 +140,19 @@ impl Model {
             template,
             backend,
             n_ctx,
+            weight_bytes,
+            weight_formats,
         }))
+    }
+
+    /// Bytes the weight matrices take in the CPU loader's formats.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// How many weight matrices are held in each format (`"q4_K"`, …).
+    pub fn weight_formats(&self) -> &std::collections::BTreeMap<&'static str, usize> {
+        &self.weight_formats
     }
 
     pub fn path(&self) -> &Path {

@@ -1,19 +1,29 @@
 //! Quantised weight matrices and the matrix×vector kernels of the hot path.
 //!
 //! Weights stay in the block formats llama.cpp uses — Q4_1 (4-bit with
-//! scale and minimum) and Q8_0 (8-bit with scale), 32 values per block — with
-//! their f16 scales widened to f32 at load (exact). Every other GGUF type is
-//! dequantised at load and requantised to Q8_0. Activations are quantised per
-//! 32-value block to 8 bits exactly like llama.cpp's `quantize_row_q8_1`
-//! (scale rounded to f16, plus the block sum for Q4_1's minimum term), so the
-//! dot products are the ones `ggml_vec_dot_q4_1_q8_1` / `ggml_vec_dot_q8_0_q8_0`
-//! compute, up to the order of float additions.
+//! scale and minimum) and Q8_0 (8-bit with scale), 32 values per block, and
+//! the K-quants Q4_K, Q5_K and Q6_K (256 values per block, `quant_k`) — with
+//! their f16 scales widened to f32 at load (exact). Q4_0 and Q5_0 become
+//! Q8_0 blocks without loss (`d·(q − 8)`, `d·(q − 16)` are Q8_0 values with the
+//! same scale, and ggml's `ggml_vec_dot_q{4,5}_0_q8_0` do exactly what
+//! `ggml_vec_dot_q8_0_q8_0` does on them: the same int8 products, one fma per
+//! block, `hsum_float_8`). Every other GGUF type is dequantised at load and
+//! requantised to Q8_0. Activations are quantised per 32-value block to 8
+//! bits exactly like llama.cpp's `quantize_row_q8_1` (scale rounded to f16,
+//! plus the block sum for Q4_1's minimum term), and for K-quant weights per
+//! 256 values like `quantize_row_q8_K_ref` ([`Acts`] carries both), so the
+//! dot products are the ones ggml's `ggml_vec_dot_*` compute, in the same
+//! order.
 //!
 //! Kernels: AVX2+FMA chosen at run time (`samplerd_numerics::features`), with a
 //! portable scalar fallback (forced with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows over the
 //! [`ThreadPool`].
 
 use crate::pool::{ThreadPool, split_range};
+pub use crate::quant_convert::KQuant;
+use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::quant_q5_0::{self, BlockQ5_0};
+use crate::quant_q5_1::{self, BlockQ5_1};
 use half::f16;
 
 /// Values per quantisation block.
@@ -60,6 +70,55 @@ pub enum QMatrix {
         cols: usize,
         blocks: Vec<BlockQ4_1>,
     },
+    Q5_0 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ5_0>,
+    },
+    Q5_1 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ5_1>,
+    },
+    Q4K {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ4K>,
+    },
+    Q5K {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ5K>,
+    },
+    Q6K {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<BlockQ6K>,
+    },
+}
+
+/// One batch of quantised activations (`n_tok` rows): the Q8_1 blocks every
+/// 32-value format uses, and the Q8_K blocks K-quant weights use (empty when
+/// no consumer needs them; see [`QMatrix::needs_q8k`]).
+/// `tiled[t]`: whether token `t`'s K-quant products mirror ggml's tiled
+/// matmul (the rows of a sequence's step of 8+ tokens) rather than its vector
+/// dot; empty means none (see the `quant_k` module comment).
+#[derive(Clone, Copy, Debug)]
+pub struct Acts<'a> {
+    pub q8: &'a [BlockQ8_1],
+    pub q8k: &'a [BlockQ8K],
+    pub tiled: &'a [bool],
+}
+
+impl<'a> Acts<'a> {
+    /// Q8_1 activations only (32-value formats, vector-dot order).
+    pub fn q8(q8: &'a [BlockQ8_1]) -> Self {
+        Acts {
+            q8,
+            q8k: &[],
+            tiled: &[],
+        }
+    }
 }
 
 fn f16_le(b: &[u8]) -> f32 {
@@ -69,18 +128,56 @@ fn f16_le(b: &[u8]) -> f32 {
 impl QMatrix {
     pub fn rows(&self) -> usize {
         match self {
-            QMatrix::Q8_0 { rows, .. } | QMatrix::Q4_1 { rows, .. } => *rows,
+            QMatrix::Q8_0 { rows, .. }
+            | QMatrix::Q4_1 { rows, .. }
+            | QMatrix::Q5_0 { rows, .. }
+            | QMatrix::Q5_1 { rows, .. }
+            | QMatrix::Q4K { rows, .. }
+            | QMatrix::Q5K { rows, .. }
+            | QMatrix::Q6K { rows, .. } => *rows,
         }
     }
     pub fn cols(&self) -> usize {
         match self {
-            QMatrix::Q8_0 { cols, .. } | QMatrix::Q4_1 { cols, .. } => *cols,
+            QMatrix::Q8_0 { cols, .. }
+            | QMatrix::Q4_1 { cols, .. }
+            | QMatrix::Q5_0 { cols, .. }
+            | QMatrix::Q5_1 { cols, .. }
+            | QMatrix::Q4K { cols, .. }
+            | QMatrix::Q5K { cols, .. }
+            | QMatrix::Q6K { cols, .. } => *cols,
         }
     }
     pub fn format(&self) -> &'static str {
         match self {
             QMatrix::Q8_0 { .. } => "q8_0",
             QMatrix::Q4_1 { .. } => "q4_1",
+            QMatrix::Q5_0 { .. } => "q5_0",
+            QMatrix::Q5_1 { .. } => "q5_1",
+            QMatrix::Q4K { .. } => "q4_K",
+            QMatrix::Q5K { .. } => "q5_K",
+            QMatrix::Q6K { .. } => "q6_K",
+        }
+    }
+
+    /// Whether products with this matrix need Q8_K activations.
+    pub fn needs_q8k(&self) -> bool {
+        matches!(
+            self,
+            QMatrix::Q4K { .. } | QMatrix::Q5K { .. } | QMatrix::Q6K { .. }
+        )
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            QMatrix::Q8_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q4_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q5_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q5_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q4K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q5K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
+            QMatrix::Q6K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
         }
     }
 
@@ -175,28 +272,75 @@ impl QMatrix {
                     }
                 }
             }
+            QMatrix::Q5_0 { cols, blocks, .. } => {
+                let nb = cols / QK;
+                quant_q5_0::dequant(&blocks[r * nb..(r + 1) * nb], out);
+            }
+            QMatrix::Q5_1 { cols, blocks, .. } => {
+                let nb = cols / QK;
+                quant_q5_1::dequant(&blocks[r * nb..(r + 1) * nb], out);
+            }
+            QMatrix::Q4K { cols, blocks, .. } => {
+                let nb = cols / QK_K;
+                quant_k::dequant_q4k(&blocks[r * nb..(r + 1) * nb], out);
+            }
+            QMatrix::Q5K { cols, blocks, .. } => {
+                let nb = cols / QK_K;
+                quant_k::dequant_q5k(&blocks[r * nb..(r + 1) * nb], out);
+            }
+            QMatrix::Q6K { cols, blocks, .. } => {
+                let nb = cols / QK_K;
+                quant_k::dequant_q6k(&blocks[r * nb..(r + 1) * nb], out);
+            }
         }
     }
 
     /// `out[t * rows + r] = W[r] · x[t]` for every token `t` of the quantised
-    /// activations `xq` (`n_tok × cols/32` blocks), rows split over the pool.
-    pub fn matmul(&self, pool: &ThreadPool, xq: &[BlockQ8_1], n_tok: usize, out: &mut [f32]) {
+    /// activations `xq` (`n_tok × cols/32` Q8_1 blocks, or for K-quants
+    /// `n_tok × cols/256` Q8_K blocks), rows split over the pool.
+    pub fn matmul(&self, pool: &ThreadPool, xq: Acts<'_>, n_tok: usize, out: &mut [f32]) {
         let rows = self.rows();
-        let nb = self.cols() / QK;
-        assert_eq!(xq.len(), n_tok * nb, "activation blocks");
+        let nb = if self.needs_q8k() {
+            assert_eq!(
+                xq.q8k.len(),
+                n_tok * self.cols() / QK_K,
+                "Q8_K activation blocks"
+            );
+            self.cols() / QK_K
+        } else {
+            assert_eq!(xq.q8.len(), n_tok * self.cols() / QK, "activation blocks");
+            self.cols() / QK
+        };
         assert_eq!(out.len(), n_tok * rows, "output length");
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let k = kernels();
+        let fused = quant_k::tiled_fused();
+        let tiled = |t: usize| xq.tiled.get(t).copied().unwrap_or(false);
         pool.run(&|i, n| {
             let range = split_range(rows, i, n, 16);
             let out_ptr = &out_ptr;
             // Tiles of rows keep a slice of the weights in L1/L2 while every
             // token's activations stream past it.
             let mut r0 = range.start;
+            // Several tokens: a Q5_0 tile is expanded once to the equal Q8_0
+            // blocks (same products, same order: see `quant_q5_0`) instead of
+            // once per token.
+            let mut expanded: Vec<BlockQ8_0> = Vec::new();
             while r0 < range.end {
                 let r1 = (r0 + 64).min(range.end);
+                if let (QMatrix::Q5_0 { blocks, .. }, true) = (self, n_tok > 1) {
+                    expanded.clear();
+                    expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(|b| BlockQ8_0 {
+                        d: b.d,
+                        qs: quant_q5_0::values(b),
+                    }));
+                }
                 for t in 0..n_tok {
-                    let a = &xq[t * nb..(t + 1) * nb];
+                    let (a, ak) = if self.needs_q8k() {
+                        (&[][..], &xq.q8k[t * nb..(t + 1) * nb])
+                    } else {
+                        (&xq.q8[t * nb..(t + 1) * nb], &[][..])
+                    };
                     // SAFETY: threads write disjoint row ranges of each token's
                     // output row (`split_range` partitions `0..rows`), and
                     // `out` outlives `pool.run`, which returns only after all
@@ -207,6 +351,21 @@ impl QMatrix {
                     match self {
                         QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q5_0 { .. } if n_tok > 1 => (k.q8_0)(&expanded, a, dst),
+                        QMatrix::Q5_0 { blocks, .. } => (k.q5_0)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q5_1 { blocks, .. } => (k.q5_1)(&blocks[r0 * nb..r1 * nb], a, dst),
+                        QMatrix::Q4K { blocks, .. } if tiled(t) => {
+                            (k.q4k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
+                        }
+                        QMatrix::Q5K { blocks, .. } if tiled(t) => {
+                            (k.q5k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
+                        }
+                        QMatrix::Q6K { blocks, .. } if tiled(t) => {
+                            (k.q6k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
+                        }
+                        QMatrix::Q4K { blocks, .. } => (k.q4k)(&blocks[r0 * nb..r1 * nb], ak, dst),
+                        QMatrix::Q5K { blocks, .. } => (k.q5k)(&blocks[r0 * nb..r1 * nb], ak, dst),
+                        QMatrix::Q6K { blocks, .. } => (k.q6k)(&blocks[r0 * nb..r1 * nb], ak, dst),
                     }
                 }
                 r0 = r1;
@@ -244,7 +403,18 @@ struct Kernels {
     name: &'static str,
     q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
     q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
+    q5_0: fn(&[BlockQ5_0], &[BlockQ8_1], &mut [f32]),
+    q5_1: fn(&[BlockQ5_1], &[BlockQ8_1], &mut [f32]),
+    q4k: fn(&[BlockQ4K], &[BlockQ8K], &mut [f32]),
+    q5k: fn(&[BlockQ5K], &[BlockQ8K], &mut [f32]),
+    q6k: fn(&[BlockQ6K], &[BlockQ8K], &mut [f32]),
+    q4k_t: TiledFn<BlockQ4K>,
+    q5k_t: TiledFn<BlockQ5K>,
+    q6k_t: TiledFn<BlockQ6K>,
 }
+
+/// A tiled-order K-quant kernel (`fused`: see `quant_k::tiled_fused`).
+type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32], bool);
 
 fn kernels() -> &'static Kernels {
     static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
@@ -259,6 +429,14 @@ fn kernels() -> &'static Kernels {
                     name: "avx2",
                     q8_0: avx2::rows_q8_0_safe,
                     q4_1: avx2::rows_q4_1_safe,
+                    q5_0: quant_q5_0::avx2::rows_safe,
+                    q5_1: quant_q5_1::avx2::rows_safe,
+                    q4k: crate::quant_k_avx2::rows_q4k_safe,
+                    q5k: crate::quant_k_avx2::rows_q5k_safe,
+                    q6k: crate::quant_k_avx2::rows_q6k_safe,
+                    q4k_t: crate::quant_k_avx2::tiled_rows_q4k_safe,
+                    q5k_t: crate::quant_k_avx2::tiled_rows_q5k_safe,
+                    q6k_t: crate::quant_k_avx2::tiled_rows_q6k_safe,
                 };
             }
         }
@@ -266,6 +444,14 @@ fn kernels() -> &'static Kernels {
             name: "scalar",
             q8_0: scalar::rows_q8_0,
             q4_1: scalar::rows_q4_1,
+            q5_0: quant_q5_0::scalar::rows,
+            q5_1: quant_q5_1::scalar::rows,
+            q4k: quant_k::scalar::rows_q4k,
+            q5k: quant_k::scalar::rows_q5k,
+            q6k: quant_k::scalar::rows_q6k,
+            q4k_t: quant_k::scalar::tiled_rows_q4k,
+            q5k_t: quant_k::scalar::tiled_rows_q5k,
+            q6k_t: quant_k::scalar::tiled_rows_q6k,
         }
     })
 }
@@ -547,7 +733,7 @@ mod tests {
         let pool = ThreadPool::new(2);
         for m in [&q8, &q4] {
             let mut out = vec![0f32; rows];
-            m.matmul(&pool, &xq, 1, &mut out);
+            m.matmul(&pool, Acts::q8(&xq), 1, &mut out);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 let reference = match m {
@@ -557,6 +743,7 @@ mod tests {
                     QMatrix::Q4_1 { blocks, .. } => {
                         scalar::dot_q4_1(&blocks[r * 3..r * 3 + 3], &xq)
                     }
+                    _ => unreachable!(),
                 };
                 // The SIMD kernels and the scalar reference do the same float
                 // operations in the same order: equal bits.

@@ -8,7 +8,7 @@
 
 use crate::error::ModelError;
 use crate::gguf::{Config, GgufFile};
-use crate::quant::{BlockQ4_1, BlockQ8_0, QMatrix};
+use crate::quant::QMatrix;
 
 /// One transformer block.
 #[derive(Debug)]
@@ -35,28 +35,25 @@ pub enum Fused {
 
 impl Fused {
     fn new(parts: Vec<QMatrix>) -> Self {
-        let cols = parts[0].cols();
-        let all_q8 = parts.iter().all(|m| matches!(m, QMatrix::Q8_0 { .. }));
-        let all_q41 = parts.iter().all(|m| matches!(m, QMatrix::Q4_1 { .. }));
-        let rows: usize = parts.iter().map(|m| m.rows()).sum();
-        if all_q8 {
-            let mut blocks: Vec<BlockQ8_0> = Vec::new();
-            for m in parts {
-                if let QMatrix::Q8_0 { blocks: b, .. } = m {
-                    blocks.extend(b);
-                }
-            }
-            Fused::One(QMatrix::Q8_0 { rows, cols, blocks })
-        } else if all_q41 {
-            let mut blocks: Vec<BlockQ4_1> = Vec::new();
-            for m in parts {
-                if let QMatrix::Q4_1 { blocks: b, .. } = m {
-                    blocks.extend(b);
-                }
-            }
-            Fused::One(QMatrix::Q4_1 { rows, cols, blocks })
-        } else {
-            Fused::Many(parts)
+        match QMatrix::concat(parts) {
+            Ok(m) => Fused::One(m),
+            Err(parts) => Fused::Many(parts),
+        }
+    }
+
+    /// Whether any part needs Q8_K activations.
+    pub fn needs_q8k(&self) -> bool {
+        match self {
+            Fused::One(m) => m.needs_q8k(),
+            Fused::Many(v) => v.iter().any(|m| m.needs_q8k()),
+        }
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Fused::One(m) => m.nbytes(),
+            Fused::Many(v) => v.iter().map(|m| m.nbytes()).sum(),
         }
     }
 
@@ -81,6 +78,38 @@ pub struct Weights {
 impl Weights {
     pub fn output(&self) -> &QMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+
+    /// Bytes the weight matrices take in memory (norms and biases left out).
+    pub fn nbytes(&self) -> usize {
+        self.tok_embd.nbytes()
+            + self.output.as_ref().map_or(0, |m| m.nbytes())
+            + self
+                .layers
+                .iter()
+                .map(|l| l.wqkv.nbytes() + l.wo.nbytes() + l.wgu.nbytes() + l.w_down.nbytes())
+                .sum::<usize>()
+    }
+
+    /// Every matrix's name and format, e.g. for a load log.
+    pub fn formats(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        let mut add = |q: &QMatrix| *m.entry(q.format()).or_insert(0) += 1;
+        add(&self.tok_embd);
+        if let Some(o) = &self.output {
+            add(o);
+        }
+        for l in &self.layers {
+            for f in [&l.wqkv, &l.wgu] {
+                match f {
+                    Fused::One(q) => add(q),
+                    Fused::Many(v) => v.iter().for_each(&mut add),
+                }
+            }
+            add(&l.wo);
+            add(&l.w_down);
+        }
+        m
     }
 
     /// Loads every tensor the config needs; missing or misshapen tensors are

@@ -35,9 +35,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 MODEL = os.environ.get("SAMPLERD_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
-def load(vocab_only=False, n_threads=2, n_ctx=2048):
+def load(vocab_only=False, n_threads=2, n_ctx=2048, model=None):
     return llama_cpp.Llama(
-        MODEL, vocab_only=vocab_only, n_threads=n_threads, n_threads_batch=n_threads, n_ctx=n_ctx,
+        model or MODEL, vocab_only=vocab_only, n_threads=n_threads, n_threads_batch=n_threads, n_ctx=n_ctx,
         logits_all=False, verbose=False, flash_attn=False,
     )
 
@@ -51,9 +51,17 @@ def is_eog(llm, t):
     return bool(C.llama_vocab_is_eog(llm._model.vocab, t))
 
 
-def greedy(llm, prompt_ids, n):
+def log_softmax_at(logits, i):
+    """log softmax(logits)[i] in float64 (as `model_probe greedy` reports it)."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    return float(x[i] - m - np.log(np.exp(x - m).sum()))
+
+
+def greedy(llm, prompt_ids, n, logprobs=None):
     """Greedy (argmax, first on ties) continuation; stops after an EOG token.
-    Returns (tokens, first-step logits)."""
+    Returns (tokens, first-step logits); with a list as `logprobs`, appends
+    each chosen token's log-probability to it."""
     llm.reset()
     llm.eval(prompt_ids)
     out, first = [], None
@@ -62,11 +70,26 @@ def greedy(llm, prompt_ids, n):
         if first is None:
             first = lg
         t = int(np.argmax(lg))
+        if logprobs is not None:
+            logprobs.append(log_softmax_at(lg, t))
         out.append(t)
         if is_eog(llm, t) or len(out) == n:
             break
         llm.eval([t])
     return out, first
+
+
+def requantize(src, dst, ftype=None):
+    """Writes `src` requantised by llama.cpp's own quantiser (default
+    Q4_K_M, `allow_requantize`) to `dst`; raises on failure."""
+    import ctypes
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M if ftype is None else ftype
+    p.allow_requantize = True
+    p.nthread = 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}) returned {rc}")
 
 
 def probe(*args, stdin=""):

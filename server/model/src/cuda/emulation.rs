@@ -164,10 +164,11 @@ fn write_mm(dir: &Path, r: &mut Lcg) {
         let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).expect("q4_1 matrix");
         for m in [&q8, &q4] {
             let mut out = vec![0f32; n * rows];
-            m.matmul(&pool, &xq, n, &mut out);
+            m.matmul(&pool, crate::quant::Acts::q8(&xq), n, &mut out);
             let (is_q4, blocks) = match m {
                 QMatrix::Q8_0 { blocks, .. } => (0, bytes(blocks)),
                 QMatrix::Q4_1 { blocks, .. } => (1, bytes(blocks)),
+                _ => unreachable!("only Q8_0 and Q4_1 cases"),
             };
             f.put(&[
                 is_q4,

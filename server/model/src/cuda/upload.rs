@@ -67,9 +67,13 @@ fn upload_matrix(
     m: &QMatrix,
     what: &str,
 ) -> Result<DevMatrix, ModelError> {
+    // The device kernels know Q8_0 and Q4_1 only: K-quant matrices go up
+    // requantised to Q8_0 (as the CPU loader did before it kept them).
+    let m = &*m.to_q8_0_if_k();
     let (bytes, q4_1) = match m {
         QMatrix::Q8_0 { blocks, .. } => (block_bytes::<BlockQ8_0>(blocks), false),
         QMatrix::Q4_1 { blocks, .. } => (block_bytes::<BlockQ4_1>(blocks), true),
+        _ => unreachable!("to_q8_0_if_k leaves no K-quant"),
     };
     let data = stream
         .clone_htod(bytes)

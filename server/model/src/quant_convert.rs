@@ -1,0 +1,195 @@
+//! [`QMatrix`] constructors from the GGUF block formats beyond Q8_0/Q4_1
+//! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and the conversion
+//! to Q8_0 for consumers with Q8_0/Q4_1 kernels only.
+
+use crate::quant::{BlockQ8_0, QK, QMatrix};
+use crate::quant_k::{self, QK_K};
+use crate::quant_q5_0;
+use half::f16;
+
+fn f16_le(b: &[u8]) -> f32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// The K-quant types kept natively.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuant {
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl KQuant {
+    /// Bytes of one stored 256-value block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            KQuant::Q4K => quant_k::Q4K_BYTES,
+            KQuant::Q5K => quant_k::Q5K_BYTES,
+            KQuant::Q6K => quant_k::Q6K_BYTES,
+        }
+    }
+}
+
+impl QMatrix {
+    /// The matrix as Q8_0 or Q4_1, for consumers that have kernels for
+    /// those two only (the CUDA backend): Q8_0 and Q4_1 as they are, Q5_0 as
+    /// the exactly equal Q8_0 blocks, Q5_1 and the K-quants requantised to
+    /// Q8_0 (as the CPU loader did before it kept them).
+    pub fn to_q8_0_if_k(&self) -> std::borrow::Cow<'_, QMatrix> {
+        match self {
+            QMatrix::Q8_0 { .. } | QMatrix::Q4_1 { .. } => return std::borrow::Cow::Borrowed(self),
+            QMatrix::Q5_0 { rows, cols, blocks } => {
+                let blocks = blocks
+                    .iter()
+                    .map(|b| BlockQ8_0 {
+                        d: b.d,
+                        qs: quant_q5_0::values(b),
+                    })
+                    .collect();
+                return std::borrow::Cow::Owned(QMatrix::Q8_0 {
+                    rows: *rows,
+                    cols: *cols,
+                    blocks,
+                });
+            }
+            _ => {}
+        }
+        let (rows, cols) = (self.rows(), self.cols());
+        let mut f = vec![0f32; rows * cols];
+        for (r, row) in f.chunks_exact_mut(cols).enumerate() {
+            self.dequant_row(r, row);
+        }
+        std::borrow::Cow::Owned(QMatrix::q8_0_from_f32(rows, cols, &f).expect("whole blocks"))
+    }
+
+    /// From raw GGUF K-quant bytes (`ggml_type` Q4_K / Q5_K / Q6_K, by the
+    /// block size in bytes); `None` when the row length is not a multiple of
+    /// 256 or the data is not `rows × cols` values.
+    pub fn from_k_bytes(kind: KQuant, rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK_K;
+        if !cols.is_multiple_of(QK_K) || raw.len() != nb * kind.block_bytes() {
+            return None;
+        }
+        Some(match kind {
+            KQuant::Q4K => QMatrix::Q4K {
+                rows,
+                cols,
+                blocks: quant_k::q4k_from_bytes(raw)?,
+            },
+            KQuant::Q5K => QMatrix::Q5K {
+                rows,
+                cols,
+                blocks: quant_k::q5k_from_bytes(raw)?,
+            },
+            KQuant::Q6K => QMatrix::Q6K {
+                rows,
+                cols,
+                blocks: quant_k::q6k_from_bytes(raw)?,
+            },
+        })
+    }
+
+    /// From raw GGUF Q5_0 bytes (22 bytes per block), kept natively.
+    pub fn from_q5_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK;
+        if !cols.is_multiple_of(QK) || raw.len() != nb * quant_q5_0::Q5_0_BYTES {
+            return None;
+        }
+        Some(QMatrix::Q5_0 {
+            rows,
+            cols,
+            blocks: quant_q5_0::from_bytes(raw)?,
+        })
+    }
+
+    /// From raw GGUF Q5_1 bytes (24 bytes per block), kept natively.
+    pub fn from_q5_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        let nb = rows * cols / QK;
+        if !cols.is_multiple_of(QK) || raw.len() != nb * crate::quant_q5_1::Q5_1_BYTES {
+            return None;
+        }
+        Some(QMatrix::Q5_1 {
+            rows,
+            cols,
+            blocks: crate::quant_q5_1::from_bytes(raw)?,
+        })
+    }
+
+    /// Concatenates the rows of matrices of one format and row length
+    /// (fused q/k/v, gate/up); the parts back when they differ.
+    pub fn concat(parts: Vec<QMatrix>) -> Result<QMatrix, Vec<QMatrix>> {
+        let same = parts.windows(2).all(|w| {
+            std::mem::discriminant(&w[0]) == std::mem::discriminant(&w[1])
+                && w[0].cols() == w[1].cols()
+        });
+        if parts.is_empty() || !same {
+            return Err(parts);
+        }
+        let rows = parts.iter().map(|m| m.rows()).sum();
+        let cols = parts[0].cols();
+        macro_rules! cat {
+            ($v:ident) => {{
+                let mut all = Vec::new();
+                for m in parts {
+                    if let QMatrix::$v { blocks, .. } = m {
+                        all.extend(blocks);
+                    }
+                }
+                QMatrix::$v {
+                    rows,
+                    cols,
+                    blocks: all,
+                }
+            }};
+        }
+        Ok(match &parts[0] {
+            QMatrix::Q8_0 { .. } => cat!(Q8_0),
+            QMatrix::Q4_1 { .. } => cat!(Q4_1),
+            QMatrix::Q5_0 { .. } => cat!(Q5_0),
+            QMatrix::Q5_1 { .. } => cat!(Q5_1),
+            QMatrix::Q4K { .. } => cat!(Q4K),
+            QMatrix::Q5K { .. } => cat!(Q5K),
+            QMatrix::Q6K { .. } => cat!(Q6K),
+        })
+    }
+
+    /// From raw GGUF Q4_0 (18 bytes per block: f16 d, 16 × u8; `x = d·(q − 8)`)
+    /// or Q5_0 (22 bytes: f16 d, u32 qh, 16 × u8; `x = d·(q − 16)`) bytes, as
+    /// the exactly equal Q8_0 blocks (see the module comment).
+    pub fn q8_0_from_q4_0_or_q5_0(
+        five: bool,
+        rows: usize,
+        cols: usize,
+        raw: &[u8],
+    ) -> Option<Self> {
+        let nb = rows * cols / QK;
+        let bytes = if five { 22 } else { 18 };
+        if !cols.is_multiple_of(QK) || raw.len() != nb * bytes {
+            return None;
+        }
+        let blocks = raw
+            .chunks_exact(bytes)
+            .map(|c| {
+                let mut qs = [0i8; QK];
+                let (qh, nib) = if five {
+                    (u32::from_le_bytes([c[2], c[3], c[4], c[5]]), &c[6..22])
+                } else {
+                    (0, &c[2..18])
+                };
+                for j in 0..QK / 2 {
+                    let (lo, hi) = ((nib[j] & 0x0F) as i32, (nib[j] >> 4) as i32);
+                    if five {
+                        // ggml's dequantize_row_q5_0: bit j / j + 16 of qh is bit 4.
+                        qs[j] = ((lo | ((((qh >> j) & 1) as i32) << 4)) - 16) as i8;
+                        qs[j + 16] = ((hi | ((((qh >> (j + 16)) & 1) as i32) << 4)) - 16) as i8;
+                    } else {
+                        qs[j] = (lo - 8) as i8;
+                        qs[j + 16] = (hi - 8) as i8;
+                    }
+                }
+                BlockQ8_0 { d: f16_le(c), qs }
+            })
+            .collect();
+        Some(QMatrix::Q8_0 { rows, cols, blocks })
+    }
+}
