@@ -122,7 +122,7 @@ impl Batch {
     ) -> Result<v1::SampleBatchResponse, Status> {
         let open: HashSet<u64> = self.sequences.keys().copied().collect();
         let plan = valid::stream_message(&self.state, &msg, &open)?;
-        for id in &plan.leave {
+        for id in &msg.leave {
             self.sequences.remove(id);
             self.charges.remove(id);
         }

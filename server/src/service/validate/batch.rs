@@ -168,27 +168,36 @@ pub fn row<'a>(
     logits: &'a RowLogits<'_>,
 ) -> Result<ValidStart<'a>, RequestError> {
     let r = &req.rows[i];
-    let fields = Fields {
-        logits: logits
-            .input(state.limits.max_vocab)
-            .map_err(|e| e.in_row(i))?,
+    start_row(state, i, logits, |logits| Fields {
+        logits,
         previous_tokens: &r.previous_tokens,
         params: r.params.as_ref().or(req.params.as_ref()),
         step: r.step,
         n_probs: req.n_probs,
         post_sampling_probs: req.post_sampling_probs,
         constraint_tokens: &r.constraint_tokens,
-    };
-    start(state, fields).map_err(|e| e.in_row(i))
+    })
+}
+
+/// `Sample`'s checks over row `i`'s fields (`fields` given its logits),
+/// every error naming the row.
+fn start_row<'a>(
+    state: &AppState,
+    i: usize,
+    logits: &'a RowLogits<'_>,
+    fields: impl FnOnce(LogitsInput<'a>) -> Fields<'a>,
+) -> Result<ValidStart<'a>, RequestError> {
+    let input = logits
+        .input(state.limits.max_vocab)
+        .map_err(|e| e.in_row(i))?;
+    start(state, fields(input)).map_err(|e| e.in_row(i))
 }
 
 /// What a `SampleBatchStream` message asks, checked against the open
-/// sequences: which rows join (new ids) and which continue, and which ids
-/// leave first.
+/// sequences: which rows join (new ids) and which continue (the ids in
+/// its `leave` are checked open and leave first).
 pub struct ValidBatchMessage {
     pub dtype: Dtype,
-    /// The ids that leave before the rows run.
-    pub leave: Vec<u64>,
     /// For each row, whether it joins (its id is not open).
     pub joins: Vec<bool>,
 }
@@ -272,11 +281,7 @@ pub fn stream_message<S: std::hash::BuildHasher>(
             ),
         ));
     }
-    Ok(ValidBatchMessage {
-        dtype,
-        leave: msg.leave.clone(),
-        joins,
-    })
+    Ok(ValidBatchMessage { dtype, joins })
 }
 
 /// Joining row `i` of a stream message: `Sample`'s checks over the row
@@ -288,18 +293,15 @@ pub fn stream_join<'a>(
     logits: &'a RowLogits<'_>,
 ) -> Result<ValidStart<'a>, RequestError> {
     let r = &msg.rows[i];
-    let fields = Fields {
-        logits: logits
-            .input(state.limits.max_vocab)
-            .map_err(|e| e.in_row(i))?,
+    start_row(state, i, logits, |logits| Fields {
+        logits,
         previous_tokens: &r.previous_tokens,
         params: r.params.as_ref().or(msg.params.as_ref()),
         step: r.first_step,
         n_probs: msg.n_probs,
         post_sampling_probs: msg.post_sampling_probs,
         constraint_tokens: &[],
-    };
-    start(state, fields).map_err(|e| e.in_row(i))
+    })
 }
 
 /// Continuing row `i` of a stream message for a sequence of `n_vocab`
