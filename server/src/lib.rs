@@ -15,7 +15,7 @@
 //!   ([`service::validate`]), the sampling pool every step runs on
 //!   ([`service::step_pool`]), one module per RPC.
 //! - [`generate`] — the model host behind `Generate`: the decode loop, the
-//!   batching decode engine and the [`generate::Generator`] seam.
+//!   batching decode engine and the [`generate::generator::Generator`] seam.
 
 pub mod app;
 pub mod generate;

@@ -139,6 +139,12 @@ pub fn watch_this_thread(activity: Arc<Activity>) {
     WATCHED.with(|w| *w.borrow_mut() = Some(activity));
 }
 
+/// Stops recording plugin calls on this thread (a runtime thread that ran
+/// one step inline goes back to other work).
+pub fn unwatch_this_thread() {
+    WATCHED.with(|w| *w.borrow_mut() = None);
+}
+
 /// Records that this thread is about to call into `stage` (the chain does
 /// this before every plugin call; other work on a watched thread, such as
 /// tokenizing a prompt, names itself the same way).

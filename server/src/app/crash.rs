@@ -44,7 +44,7 @@ const LINE_MAX: usize = 512;
 /// Longest stage or library name written (longer ones are cut).
 const NAME_MAX: usize = 160;
 
-/// Installs the handler for every signal in [`SIGNALS`] (once, at start-up,
+/// Installs the handler for every signal in `SIGNALS` (once, at start-up,
 /// before any plugin is loaded).
 pub fn install() -> std::io::Result<()> {
     for &(signal, _) in &SIGNALS {

@@ -20,7 +20,7 @@ pub const FIELD_LOGITS: &str = "logits";
 pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
 
 /// The logits of one step, in whichever encoding the request used: the
-/// step's own [`Logits`](samplerd_sampling::step::Logits), plus the request
+/// step's own [`Logits`], plus the request
 /// field they came from.
 #[derive(Clone, Copy, Debug)]
 pub struct LogitsInput<'a> {

@@ -1,10 +1,11 @@
 //! The `samplerd.v1.Sampler` service: shared state ([`AppState`]), the
 //! configured defaults ([`Defaults`]) and one module per RPC
 //! (`sample`, `stream`, `batch`, `batch_stream`, `generate`, `stages`). Every sampling step, and
-//! every other call into plugin code (chain builds included), runs on the
-//! sampling pool ([`crate::service::step_pool`]) under its watchdog, never on the
-//! async runtime: whatever a stage does, health checks, /metrics and the
-//! other RPCs keep answering.
+//! every other call into plugin code (chain builds included), runs through
+//! [`crate::service::step_pool`] under its watchdog — inline on a runtime
+//! thread that has handed its other work on, or on the sampling pool —
+//! never on a runtime worker: whatever a stage does, health checks,
+//! /metrics and the other RPCs keep answering.
 
 pub mod batch;
 pub mod batch_stream;

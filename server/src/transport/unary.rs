@@ -15,7 +15,7 @@
 //! is over that method's limit, naming the limit and its configuration key;
 //! the rest of the body is never read. Otherwise the frames read to find
 //! the prefix are replayed in front of the rest, and the body is watched
-//! ([`OneMessage`]): a second message, or none at all, ends it with
+//! (`OneMessage`): a second message, or none at all, ends it with
 //! UNIMPLEMENTED, which tonic passes on as the call's status (it reads a
 //! unary body to its end before calling the handler).
 

@@ -1,11 +1,21 @@
-//! The sampling pool: every sampling step (and every other call into
-//! plugin code, and prompt tokenization) runs on these threads, never on
-//! the async runtime, under a per-step watchdog.
+//! The step runner: every sampling step (and every other call into plugin
+//! code, and prompt tokenization) runs off the async runtime's workers,
+//! under a per-step watchdog — inline on a runtime thread that has first
+//! handed its other work to another runtime thread (`inline.rs`), or on
+//! this module's pool of threads.
 //!
-//! Why: a stage is third-party code. Run inline on a runtime worker, one
-//! that never returns froze the whole process (health, liveness, /metrics,
+//! Why: a stage is third-party code. Run on a runtime worker, one that
+//! never returned froze the whole process (health, liveness, /metrics,
 //! every RPC, SIGTERM), and even a legal 0.9 s step of core stages held
 //! health probes up for as long. Here the runtime only waits on a reply.
+//!
+//! Where a step runs: [`StepPool::run`] (async callers) runs it inline
+//! while fewer than `threads` steps are inline — its logits are still in
+//! that thread's cache and no thread is woken for it — else it queues for
+//! the pool, as do [`StepPool::run_blocking`] and [`StepPool::run_many`].
+//! Either way the caller keeps the timer, so the watchdog below covers
+//! both; a written-off inline thread is one the runtime has already
+//! replaced.
 //!
 //! The watchdog: a step still running after `limits.max_step_ms` fails its
 //! request with `DEADLINE_EXCEEDED` naming the stage it is in (from
@@ -24,7 +34,7 @@
 //! worker becomes free within `limits.max_step_ms` the request fails with
 //! `UNAVAILABLE` and never runs.
 //!
-//! Hand-off cost: one idle worker at a time spins for up to [`SPIN`]
+//! Hand-off cost on the pool: one idle worker at a time spins for up to [`SPIN`]
 //! before it sleeps, so under load (and for a client that sends its next
 //! step right away) no thread is woken per step, and waiting costs at most
 //! one core for that long.
@@ -120,6 +130,9 @@ struct Shared {
     stuck: AtomicUsize,
     /// Steps running now (stuck ones included).
     running: AtomicUsize,
+    /// Steps running inline on runtime threads, written-off ones excluded
+    /// (at most `threads`).
+    inline: AtomicUsize,
 }
 
 /// The pool (cheap to clone). When the last clone drops, idle threads
@@ -204,6 +217,7 @@ impl StepPool {
             live: AtomicUsize::new(0),
             stuck: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            inline: AtomicUsize::new(0),
         });
         for _ in 0..threads {
             spawn_worker(&shared)?;
@@ -219,6 +233,7 @@ impl StepPool {
     /// than `max_stuck` threads are lost at once).
     pub fn healthy(&self) -> bool {
         self.shared.live.load(Ordering::Acquire) >= self.shared.threads
+            && self.shared.stuck.load(Ordering::Acquire) <= self.shared.config.max_stuck
     }
 
     /// Threads lost to steps that have not returned.
@@ -231,8 +246,22 @@ impl StepPool {
         self.shared.running.load(Ordering::Acquire)
     }
 
-    /// Runs `f` on the pool and waits for it (async callers).
+    /// Runs `f` on a sampling thread and waits for it (async callers):
+    /// inline on this runtime thread when an inline slot is free
+    /// (see the module doc), else on the pool.
     pub async fn run<F, R>(&self, f: F) -> Result<R, StepFailure>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        if self.take_inline_slot() {
+            return self.run_inline(f).await;
+        }
+        self.run_queued(f).await
+    }
+
+    /// Runs `f` on a pool thread and waits for it.
+    async fn run_queued<F, R>(&self, f: F) -> Result<R, StepFailure>
     where
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
@@ -400,14 +429,27 @@ impl StepPool {
             }
             *lost = true;
         }
-        let stuck = shared.stuck.fetch_add(1, Ordering::AcqRel) + 1;
+        let stuck = self.count_lost(stage);
         shared.live.fetch_sub(1, Ordering::AcqRel);
+        let replaced = stuck <= shared.config.max_stuck && spawn_worker(shared).is_ok();
+        self.report_lost(stage, stuck, replaced);
+    }
+
+    /// Counts one more lost thread (in `stage`): the lost-thread count now.
+    fn count_lost(&self, stage: &str) -> usize {
+        let stuck = self.shared.stuck.fetch_add(1, Ordering::AcqRel) + 1;
         metrics::counter!(STUCK_STEPS_METRIC, "stage" => stage.to_string()).increment(1);
         metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
-        let replaced = stuck <= shared.config.max_stuck && spawn_worker(shared).is_ok();
+        stuck
+    }
+
+    /// Logs a write-off, and the pool turning unhealthy when `replaced`
+    /// is false.
+    fn report_lost(&self, stage: &str, stuck: usize, replaced: bool) {
+        let config = &self.shared.config;
         tracing::error!(
             stage,
-            budget_ms = shared.config.max_step.as_millis() as u64,
+            budget_ms = config.max_step.as_millis() as u64,
             lost_threads = stuck,
             replaced,
             "a sampling step overran limits.max_step_ms: its thread is written off"
@@ -415,7 +457,7 @@ impl StepPool {
         if !replaced {
             tracing::error!(
                 lost_threads = stuck,
-                max = shared.config.max_stuck,
+                max = config.max_stuck,
                 "more sampling threads lost than limits.max_stuck_workers: readiness is NOT_SERVING"
             );
         }
@@ -523,103 +565,6 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("panicked")
 }
 
+mod inline;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pool(threads: usize, max_step_ms: u64, max_stuck: usize) -> StepPool {
-        StepPool::start(StepPoolConfig {
-            threads,
-            max_step: Duration::from_millis(max_step_ms),
-            max_stuck,
-        })
-        .unwrap()
-    }
-
-    /// A step that blocks until `release` is sent to (or dropped).
-    fn blocker() -> (mpsc::Sender<()>, impl FnOnce() -> u32 + Send + 'static) {
-        let (release, wait) = mpsc::channel::<()>();
-        (release, move || {
-            let _ = wait.recv();
-            1
-        })
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn runs_steps_and_turns_panics_into_internal() {
-        let p = pool(2, 2_000, 1);
-        assert_eq!(p.run(|| 41 + 1).await.unwrap(), 42);
-        let e = p.run(|| -> u32 { panic!("boom") }).await.unwrap_err();
-        assert_eq!(e, StepFailure::Panicked("boom".into()));
-        assert_eq!(e.failure().reason(), crate::status::Reason::StepPanicked);
-        assert_eq!(Status::from(e).code(), tonic::Code::Internal);
-        // The panic cost no thread.
-        assert_eq!(p.run_blocking(|| 7).unwrap(), 7);
-        assert!(p.healthy());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stuck_step_is_written_off_and_replaced() {
-        let p = pool(1, 100, 1);
-        let (release, stuck) = blocker();
-        let e = p.run(stuck).await.unwrap_err();
-        assert!(matches!(e, StepFailure::Stuck { .. }), "{e:?}");
-        assert_eq!(Status::from(e).code(), tonic::Code::DeadlineExceeded);
-        assert_eq!(p.stuck(), 1);
-        // The replacement serves the next step although the first thread
-        // is still blocked.
-        assert_eq!(p.run(|| 5).await.unwrap(), 5);
-        assert!(p.healthy());
-        drop(release);
-        // The lost thread comes back and, the pool being full, exits.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while p.stuck() != 0 {
-            assert!(Instant::now() < deadline, "the lost thread never returned");
-            std::thread::yield_now();
-        }
-        assert!(p.healthy());
-    }
-
-    #[test]
-    fn dropping_the_pool_ends_its_threads() {
-        let p = pool(2, 1_000, 1);
-        assert_eq!(p.clone().run_blocking(|| 1).unwrap(), 1);
-        let shared = Arc::downgrade(&p.shared);
-        drop(p);
-        // Each worker holds the shared state until it exits.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while shared.upgrade().is_some() {
-            assert!(Instant::now() < deadline, "the pool's threads did not exit");
-            std::thread::yield_now();
-        }
-    }
-
-    #[test]
-    fn past_the_bound_the_pool_is_unhealthy_until_a_thread_returns() {
-        let p = pool(1, 50, 0);
-        let (release, stuck) = blocker();
-        assert!(matches!(
-            p.run_blocking(stuck),
-            Err(StepFailure::Stuck { .. })
-        ));
-        assert!(!p.healthy(), "no replacement past max_stuck");
-        // Nothing serves the queue: the next step gives up while queued.
-        let none = p.run_blocking(|| 1).unwrap_err();
-        assert!(matches!(none, StepFailure::NoWorker { .. }), "{none:?}");
-        let status = Status::from(none);
-        assert_eq!(status.code(), tonic::Code::Unavailable);
-        let reason = {
-            use tonic_types::StatusExt as _;
-            status.get_details_error_info().map(|i| i.reason)
-        };
-        assert_eq!(reason.as_deref(), Some("SAMPLERD_NO_SAMPLING_THREAD"));
-        drop(release);
-        // The lost thread rejoins (the pool is short of one) and serves.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !p.healthy() {
-            assert!(Instant::now() < deadline, "the lost thread never rejoined");
-            std::thread::yield_now();
-        }
-        assert_eq!(p.run_blocking(|| 3).unwrap(), 3);
-    }
-}
+mod tests;
