@@ -44,6 +44,34 @@ async fn h2_connection(addr: std::net::SocketAddr) -> tokio::task::JoinHandle<()
     })
 }
 
+/// Opens an HTTP/2 connection by hand (preface and empty SETTINGS, no
+/// request) and returns the frames the server sends until it closes it
+/// (type, payload), or `None` if it is still open after `bound`.
+async fn frames_until_closed(
+    addr: std::net::SocketAddr,
+    bound: Duration,
+) -> Option<Vec<(u8, Vec<u8>)>> {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    // A reset after the close also ends the read.
+    let _ = tokio::time::timeout(bound, tcp.read_to_end(&mut bytes))
+        .await
+        .ok()?;
+    let mut frames = Vec::new();
+    let mut rest = &bytes[..];
+    while rest.len() >= 9 {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        let end = (9 + len).min(rest.len());
+        frames.push((rest[3], rest[9..end].to_vec()));
+        rest = &rest[end..];
+    }
+    Some(frames)
+}
+
 async fn client_for(addr: std::net::SocketAddr) -> SamplerClient<Channel> {
     let ch = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -71,12 +99,18 @@ async fn a_connection_that_sends_nothing_is_closed_at_the_handshake_deadline() {
 async fn an_idle_connection_is_closed_but_a_quiet_stream_is_not() {
     let s = start_tuned(|c| c.limits.idle_connection_timeout_secs = 1).await;
     // No RPC at all: closed after about a second.
-    let idle = h2_connection(s.addr()).await;
     let t0 = Instant::now();
-    tokio::time::timeout(CLOSE_BOUND, idle)
+    let frames = frames_until_closed(s.addr(), CLOSE_BOUND)
         .await
-        .expect("the idle connection is closed")
-        .unwrap();
+        .expect("the idle connection is closed");
+    // With a GOAWAY(NO_ERROR) first, so a client opens a new connection
+    // for its next call instead of finding this one broken.
+    const GOAWAY: u8 = 0x7;
+    let goaway = frames.iter().find(|(kind, _)| *kind == GOAWAY);
+    assert!(
+        goaway.is_some_and(|(_, p)| p.len() == 8 && p[4..] == [0, 0, 0, 0]),
+        "closed without a GOAWAY(NO_ERROR): frames {frames:?}"
+    );
     assert!(
         t0.elapsed() >= Duration::from_millis(900),
         "{:?}",

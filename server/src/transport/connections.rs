@@ -23,6 +23,8 @@
 //!   not count as activity. The close happens only while nothing is left
 //!   to read, so a request already received is never cut; one that arrives
 //!   at that very moment fails as on any dropped connection (UNAVAILABLE).
+//!   The close is announced by an HTTP/2 GOAWAY(NO_ERROR), so clients
+//!   reconnect for their next call instead of seeing a broken connection.
 //!
 //! Dead peers are found by HTTP/2 keepalive pings
 //! (`limits.keepalive_interval_secs`, `limits.keepalive_timeout_secs`),
@@ -50,6 +52,14 @@ use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// The HTTP/2 client preface: what a connection must send in time.
 const PREFACE_BYTES: u64 = 24;
+/// What an idle connection gets before it is closed: an HTTP/2 GOAWAY
+/// frame (length 8, type 0x7, no flags, stream 0) with NO_ERROR, so a
+/// gRPC client opens a new connection for its next call instead of
+/// finding this one broken. Last-stream-id 2^31-1: nothing is in flight,
+/// so "every stream may have been processed" is true and retries nothing.
+const GOAWAY_NO_ERROR: [u8; 17] = [
+    0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0,
+];
 /// Accept-error backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -124,6 +134,10 @@ pub struct Conn {
     policy: ConnectionPolicy,
     read_total: u64,
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// The last write took all it was given (hyper's buffered frames, in
+    /// one vectored write), so no frame is half written and, on a
+    /// connection idle for `idle_timeout`, a frame of our own may go in.
+    at_frame_boundary: bool,
 }
 
 impl Connected for Conn {
@@ -182,6 +196,11 @@ impl AsyncRead for Conn {
             }
             Poll::Pending => match this.expired(cx) {
                 Some(why) => {
+                    if this.read_total >= PREFACE_BYTES && this.at_frame_boundary {
+                        // Best effort: the send buffer of an idle
+                        // connection is empty, so 17 bytes fit.
+                        let _ = this.tcp.try_write(&GOAWAY_NO_ERROR);
+                    }
                     tracing::debug!(why, "closing connection");
                     Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)))
                 }
@@ -197,7 +216,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
+        let r = Pin::new(&mut self.tcp).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.at_frame_boundary = n == buf.len();
+        }
+        r
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -213,7 +236,11 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.at_frame_boundary = n == bufs.iter().map(|b| b.len()).sum::<usize>();
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -306,6 +333,7 @@ async fn accept_loop(
             policy,
             read_total: 0,
             timer: Box::pin(tokio::time::sleep(policy.handshake_timeout)),
+            at_frame_boundary: true,
         };
         if tx.send(Ok(conn)).await.is_err() {
             return; // the server stopped
