@@ -1,6 +1,7 @@
-//! A step run inline ([`StepPool::run`]): on the runtime thread that decoded the request,
-//! after that thread has handed its other work to another runtime thread
-//! (`tokio::task::block_in_place`), under the pool's watchdog.
+//! A step run inline ([`StepPool::run`]): on the runtime thread that
+//! decoded the request, after that thread has handed its other work to
+//! another runtime thread (`tokio::task::block_in_place`), under the
+//! pool's watchdog.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use samplerd_sampling::activity::{self, Activity};
 
-use super::{LOST_WORKERS_METRIC, StepFailure, StepPool, lock, panic_text};
+use super::{StepFailure, StepPool, lock, panic_text, stage_of};
 
 /// Where an inline step is, shared by its task and the watchdog.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -51,8 +52,9 @@ impl StepPool {
     /// Why: the request's logits were just read into this thread's cache,
     /// and no other thread has to be woken or spun for the step. The pool's
     /// hand-off (a second thread reading the cold 600 KB; two spinners on a
-    /// 2-core machine) cost ~0.15× the transport floor per 151,936-logit
-    /// `Sample` and ~12 % of the `SampleStream` rate. The step runs in its
+    /// 2-core machine) cost ~0.07× the transport floor per 151,936-logit
+    /// `Sample` and ~6 % of the `SampleStream` rate more than this path
+    /// (docs/PERFORMANCE.md, "gRPC round trips"). The step runs in its
     /// own task, so the caller keeps its timer: a step that never returns
     /// holds one written-off thread, never the runtime.
     pub(super) async fn run_inline<F, R>(&self, f: F) -> Result<R, StepFailure>
@@ -77,8 +79,7 @@ impl StepPool {
                 activity::unwatch_this_thread();
                 let mut phase = lock(&watched.phase);
                 if *phase == InlinePhase::Lost {
-                    let stuck = shared.stuck.fetch_sub(1, Ordering::AcqRel) - 1;
-                    metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
+                    shared.count_returned();
                     tracing::warn!("a written-off sampling step returned");
                 } else {
                     *phase = InlinePhase::Returned;
@@ -91,10 +92,7 @@ impl StepPool {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(StepFailure::Panicked(e.to_string())),
             Err(_) => {
-                let stage = step_state
-                    .activity
-                    .current()
-                    .map_or_else(|| "(between stages)".to_string(), |s| s.to_string());
+                let stage = stage_of(&step_state.activity);
                 let returned = {
                     let mut phase = lock(&step_state.phase);
                     let returned = *phase == InlinePhase::Returned;

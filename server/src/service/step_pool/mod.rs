@@ -403,10 +403,7 @@ impl StepPool {
             Phase::Running(worker) => {
                 let worker = Arc::clone(worker);
                 drop(phase);
-                let stage = worker
-                    .activity
-                    .current()
-                    .map_or_else(|| "(between stages)".to_string(), |s| s.to_string());
+                let stage = stage_of(&worker.activity);
                 self.write_off(&worker, &stage);
                 Err(StepFailure::Stuck { stage, budget_ms })
             }
@@ -505,8 +502,7 @@ fn work(shared: &Shared, worker: Arc<Worker>) {
         let mut lost = lock(&worker.lost);
         if *lost {
             // Back from a step the watchdog gave up on.
-            let stuck = shared.stuck.fetch_sub(1, Ordering::AcqRel) - 1;
-            metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
+            shared.count_returned();
             let short = shared
                 .live
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -553,6 +549,21 @@ fn next_job(shared: &Shared) -> Option<(Job, Arc<Ticket>)> {
             return None;
         }
         q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// The stage a step is in, for the watchdog's error and metric.
+fn stage_of(activity: &Activity) -> String {
+    activity
+        .current()
+        .map_or_else(|| "(between stages)".to_string(), |s| s.to_string())
+}
+
+impl Shared {
+    /// A written-off step returned: one lost thread fewer.
+    fn count_returned(&self) {
+        let stuck = self.stuck.fetch_sub(1, Ordering::AcqRel) - 1;
+        metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
     }
 }
 
