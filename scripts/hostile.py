@@ -36,8 +36,8 @@ VOCAB = 262_144
 
 
 def load_stub_generator():
-    path = os.path.join(ROOT, "tests", "python", "test_client.py")
-    spec = importlib.util.spec_from_file_location("samplerd_test_client", path)
+    path = os.path.join(ROOT, "tests", "python", "harness.py")
+    spec = importlib.util.spec_from_file_location("samplerd_test_harness", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.generate_stubs

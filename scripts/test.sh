@@ -47,23 +47,25 @@ step "cargo test"
 cargo test --release --workspace
 step "fuzzing (cargo fuzz, 40 s per target)"; scripts/ci/fuzz.sh
 
-failed=0
-run_py() {
-  step "$*"
-  if ! "$PY" "$@"; then failed=$((failed + 1)); fi
+# Every suite runs even when one fails; the last lines name the failed
+# ones, so the tail of a CI log says what to rerun.
+failed=()
+suite() { # NAME COMMAND...: runs one script suite, noting it when it fails
+  local name=$1; shift
+  step "$name"
+  if ! "$@"; then failed+=("$name"); fi
 }
 for t in tests/parity/*.py server/model/tests/*_parity.py tests/python/test_*.py; do
-  [ -f "$t" ] && run_py "$t"
+  [ -f "$t" ] && suite "$t" "$PY" "$t"
 done
 for t in tests/grpcurl/*.sh; do
-  [ -f "$t" ] || continue
-  step "$t"
-  if ! PATH="$SAMPLERD_VENV/bin:$PATH" bash "$t"; then failed=$((failed + 1)); fi
+  [ -f "$t" ] && suite "$t" env PATH="$SAMPLERD_VENV/bin:$PATH" bash "$t"
 done
-step "Kubernetes manifests and Dockerfile (scripts/ci/k8s.sh)"; scripts/ci/k8s.sh || failed=$((failed + 1))
-step "client kits: Python, Node.js, Go (scripts/ci/clients.sh)"; scripts/ci/clients.sh || failed=$((failed + 1))
-if [ "$failed" -ne 0 ]; then
-  echo "scripts/test.sh: $failed script test suite(s) failed"
+suite "Kubernetes manifests and Dockerfile (scripts/ci/k8s.sh)" scripts/ci/k8s.sh
+suite "client kits: Python, Node.js, Go (scripts/ci/clients.sh)" scripts/ci/clients.sh
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "scripts/test.sh: ${#failed[@]} script test suite(s) failed:"
+  printf '  FAILED %s\n' "${failed[@]}"
   exit 1
 fi
 echo "scripts/test.sh: all tests passed"

@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use samplerd_sampling::{
-    Chain, ChainSpec, ParamValue, SampleError, SamplingParams, StageSpec, TokenBuffer,
+    Chain, ChainSpec, DEFAULT_ORDER, ParamValue, SampleError, SamplingParams, StageSpec,
+    TokenBuffer,
 };
 
 /// Most logits per input (the vocabulary is bounded by the input anyway).
@@ -125,21 +126,10 @@ fn typed(u: &mut Unstructured<'_>) -> Result<SamplingParams> {
             .push((u32::from(u.arbitrary::<u16>()?), float(u)?));
     }
     if u.arbitrary()? {
-        let names = [
-            "penalties",
-            "logit_bias",
-            "top_n_sigma",
-            "top_k",
-            "typical_p",
-            "top_p",
-            "min_p",
-            "xtc",
-            "temperature",
-            "temp",
-            "dist",
-            "greedy",
-            "nope",
-        ];
+        // Every default stage, the aliases and draws an order may name, and
+        // one unknown name.
+        let extra = ["temp", "dist", "greedy", "nope"];
+        let names: Vec<&str> = DEFAULT_ORDER.iter().chain(&extra).copied().collect();
         let n = u.int_in_range(0u8..=8)?;
         for _ in 0..n {
             p.order.push((*u.choose(&names)?).to_string());

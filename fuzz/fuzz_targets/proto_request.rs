@@ -1,8 +1,10 @@
 //! Fuzzes request decoding and validation: arbitrary bytes decoded with
-//! prost as a `SampleRequest` or a `GenerateRequest` (the first byte picks
-//! which), then the server's own path — `service::sample::sample_blocking`
-//! (limits, logits encodings, parameters → chain, the chain itself) and, for
-//! Generate, `service::validate::generate` (limits, prompt or chat messages,
+//! prost as a `SampleRequest`, a `GenerateRequest` or a `SampleBatchRequest`
+//! (the first byte picks which), then the server's own path —
+//! `service::sample::sample_blocking` (limits, logits encodings, parameters
+//! → chain, the chain itself), `service::batch::sample_batch_blocking` (the
+//! batch limits, f32/f16/bf16 rows, each row's own or the shared
+//! parameters) and, for Generate, `service::validate::generate` (limits, prompt or chat messages,
 //! parameters → chain) plus `ModelHost::prompt_tokens` (template, tokenizer,
 //! token budget) when `SAMPLERD_MODEL` names a model.
 //!
@@ -57,7 +59,21 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let state = samplerd_fuzz::app_state();
-    if kind & 1 == 0 {
+    if kind % 3 == 2 {
+        let Ok(req) = v1::SampleBatchRequest::decode(bytes) else {
+            return;
+        };
+        match samplerd::service::batch::sample_batch_blocking(state, &req) {
+            Ok(rows) => {
+                assert_eq!(rows.len(), req.rows.len());
+                for r in rows {
+                    assert!(r.probability > 0.0 && r.probability <= 1.0);
+                    assert!(r.probs.len() <= req.n_probs as usize);
+                }
+            }
+            Err(e) => check_refusal(e),
+        }
+    } else if kind % 3 == 0 {
         let Ok(req) = v1::SampleRequest::decode(bytes) else {
             return;
         };

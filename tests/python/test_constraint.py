@@ -13,24 +13,20 @@ scripts/setup-python.sh) and the model (scripts/fetch-model.sh).
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import traceback
 
 import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-RPC_TIMEOUT_S = 120.0
+sys.path.insert(0, HERE)
+from harness import ROOT, Checks, free_port, generate_stubs, wait_serving  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("samplerd_test_client", os.path.join(HERE, "test_client.py"))
-client = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(client)
+RPC_TIMEOUT_S = 120.0
 
 SCHEMAS = {
     "person": {
@@ -90,11 +86,11 @@ def main():
     import grpc
 
     tmp = tempfile.TemporaryDirectory(prefix="samplerd-constraint-")
-    client.generate_stubs(tmp.name)
+    generate_stubs(tmp.name)
     from samplerd.v1 import sampler_pb2 as pb, sampler_pb2_grpc as pbg
     from samplerd_health import health_pb2, health_pb2_grpc
 
-    port = client.free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAMPLERD_")}
     proc = subprocess.Popen(
         [os.path.abspath(args.server_bin), "serve", "--listen", f"127.0.0.1:{port}", "--model", os.path.abspath(args.model)],
@@ -103,10 +99,10 @@ def main():
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    passed, failed = 0, 0
+    checks = Checks()
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        client.wait_serving(channel, health_pb2, health_pb2_grpc, proc)
+        wait_serving(channel, health_pb2, health_pb2_grpc, proc)
         stub = pbg.SamplerStub(channel)
 
         def generate(constraint, seed, prompt, must_stop=True):
@@ -177,19 +173,13 @@ def main():
         tests.append(("invalid schema", t_invalid_schema))
 
         for name, fn in tests:
-            try:
-                fn()
-                passed += 1
-                print(f"ok   {name}")
-            except Exception:
-                failed += 1
-                print(f"FAIL {name}")
-                traceback.print_exc()
+            checks.run(name, fn)
+    except Exception:
+        checks.fail()
     finally:
         proc.kill()
         proc.wait()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return checks.exit_code()
 
 
 if __name__ == "__main__":

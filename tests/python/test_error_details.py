@@ -35,10 +35,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_client import ROOT, free_port, generate_stubs, wait_serving  # noqa: E402
+from harness import ROOT, Checks, free_port, generate_stubs, wait_serving  # noqa: E402
 
 RPC_TIMEOUT_S = 20.0
 DOMAIN = "samplerd.v1"
@@ -194,19 +193,9 @@ def main():
         raise AssertionError(f"expected {reason}, the call succeeded")
 
     seen = set()
-    passed, failed = 0, 0
+    checks = Checks()
+    check = checks.run
     servers = []
-
-    def check(name, fn):
-        nonlocal passed, failed
-        try:
-            fn()
-            passed += 1
-            print(f"ok   {name}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}")
-            traceback.print_exc()
 
     logits = [((i * 37) % 17) / 4.0 for i in range(VOCAB)]
     raw = struct.pack(f"<{VOCAB}f", *logits)
@@ -397,12 +386,11 @@ max_step_ms = 300
             seen.add("SAMPLERD_NO_SAMPLING_THREAD")
         check("samplerd_step_stuck_and_no_sampling_thread", t_stuck_then_no_thread)
     except Exception:
-        failed += 1
-        traceback.print_exc()
+        checks.fail()
     finally:
         for s in servers:
             err = s.stop()
-            if failed:
+            if checks.failed:
                 sys.stderr.write(err[-3000:])
         tmp.cleanup()
     print(f"reasons seen: {len(seen)}: {', '.join(sorted(seen))}")
@@ -413,11 +401,10 @@ max_step_ms = 300
         documented = set(re.findall(r"^\| `?(SAMPLERD_[A-Z_]+)`? \|", f.read(), re.M))
     want = documented - {"SAMPLERD_STEP_PANICKED", "SAMPLERD_MODEL_LOADING", "SAMPLERD_INTERNAL"}
     if len(documented) != 22 or seen != want:
-        failed += 1
+        checks.failed += 1
         print(f"FAIL reasons: documented {len(documented)}, missing here: {sorted(want - seen)}, "
               f"undocumented: {sorted(seen - documented)}")
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 and passed > 0 else 1
+    return checks.exit_code()
 
 
 if __name__ == "__main__":

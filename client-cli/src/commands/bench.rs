@@ -38,6 +38,26 @@ pub(super) struct WorkerStats {
     pub first_error: Option<String>,
 }
 
+impl WorkerStats {
+    /// Counts one request that took `us` microseconds: its tokens, or its
+    /// error. Says whether it succeeded (a stream worker reopens after an
+    /// error).
+    pub fn record(&mut self, us: u64, result: Result<u64, tonic::Status>) -> bool {
+        match result {
+            Ok(tokens) => {
+                self.latencies_us.push(us);
+                self.tokens += tokens;
+                true
+            }
+            Err(s) => {
+                self.errors += 1;
+                self.first_error.get_or_insert_with(|| status_line(&s));
+                false
+            }
+        }
+    }
+}
+
 /// The final numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
@@ -188,17 +208,7 @@ async fn worker(
                 .await
                 .map(|_| 1),
         };
-        let us = t0.elapsed().as_micros() as u64;
-        match result {
-            Ok(tokens) => {
-                stats.latencies_us.push(us);
-                stats.tokens += tokens;
-            }
-            Err(s) => {
-                stats.errors += 1;
-                stats.first_error.get_or_insert_with(|| status_line(&s));
-            }
-        }
+        stats.record(t0.elapsed().as_micros() as u64, result);
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     stats
@@ -229,17 +239,8 @@ async fn stream_worker(
             ..Default::default()
         };
         let result = stream_step(&mut open, msg, |rx| client.sample_stream(rx)).await;
-        let us = t0.elapsed().as_micros() as u64;
-        match result {
-            Ok(_) => {
-                stats.latencies_us.push(us);
-                stats.tokens += 1;
-            }
-            Err(s) => {
-                open = None;
-                stats.errors += 1;
-                stats.first_error.get_or_insert_with(|| status_line(&s));
-            }
+        if !stats.record(t0.elapsed().as_micros() as u64, result.map(|_| 1)) {
+            open = None;
         }
         shared.done.fetch_add(1, Ordering::Relaxed);
     }

@@ -20,7 +20,6 @@ use tonic::codegen::Bytes;
 use super::bench::{OpenStream, Shared, WorkerStats, random_logits, stream_step};
 use crate::cli::{BenchArgs, BenchRpc, WireDtype};
 use crate::connect::Sampler;
-use crate::output::status_line;
 
 /// `logits` (random f32 LE bytes) in the wire dtype.
 fn encode(f32le: &[u8], dtype: WireDtype) -> Bytes {
@@ -109,17 +108,9 @@ pub(super) async fn worker(
                 .await
                 .map(|r| r.into_inner()),
         };
-        let us = t0.elapsed().as_micros() as u64;
-        match result {
-            Ok(resp) => {
-                stats.latencies_us.push(us);
-                stats.tokens += resp.rows.len() as u64;
-            }
-            Err(s) => {
-                open = None;
-                stats.errors += 1;
-                stats.first_error.get_or_insert_with(|| status_line(&s));
-            }
+        let tokens = result.map(|resp| resp.rows.len() as u64);
+        if !stats.record(t0.elapsed().as_micros() as u64, tokens) {
+            open = None;
         }
         shared.done.fetch_add(1, Ordering::Relaxed);
     }

@@ -3,6 +3,19 @@
 
 use std::path::PathBuf;
 
+/// An error and its sources on one line, `outer: cause: root`: libloading
+/// puts dlerror's text in the source, rustls the reason a key was refused.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
 /// A plugin library could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

@@ -53,19 +53,6 @@ unsafe fn static_str(p: *const c_char) -> Option<&'static str> {
     unsafe { CStr::from_ptr(p) }.to_str().ok()
 }
 
-/// An error and its sources as one line (libloading puts dlerror's text in
-/// the source).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
-}
-
 /// Whether `p` is non-NULL and aligned for a `T`: the least the host
 /// checks before reading through a pointer a plugin handed it.
 fn readable<T>(p: *const T) -> bool {
@@ -91,7 +78,7 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
     std::mem::forget(lib.file);
     let lib = opened.map_err(|e| LoadError::Open {
         path: path.to_owned(),
-        reason: error_chain(&e),
+        reason: crate::error::error_chain(&e),
     })?;
     // SAFETY: the symbol, when present, has the documented entry signature.
     let entry: PluginEntryFn = match unsafe { lib.get::<PluginEntryFn>(SD_PLUGIN_ENTRY_SYMBOL) } {

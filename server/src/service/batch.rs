@@ -58,6 +58,19 @@ fn row_blocking(
     result.map_err(|e| e.in_row(i))
 }
 
+/// The whole batch on this thread, row after row: [`handle`]'s checks
+/// and steps without the pool (public for the protobuf fuzz target,
+/// `fuzz/fuzz_targets/proto_request.rs`).
+pub fn sample_batch_blocking(
+    state: &AppState,
+    req: &v1::SampleBatchRequest,
+) -> Result<Vec<v1::SampleResponse>, RequestError> {
+    let dtype = valid::batch(state, req)?;
+    (0..req.rows.len())
+        .map(|i| row_blocking(state, req, dtype, i))
+        .collect()
+}
+
 /// The `SampleBatch` RPC.
 pub async fn handle(
     state: Arc<AppState>,

@@ -22,7 +22,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use samplerd_api::code_name;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tonic::Code;
+use tonic::codegen::Bytes;
+use tonic::{Code, Status};
 
 pub use samplerd_sampling::chain::{PLUGIN_ERRORS_METRIC, STAGE_DURATION_METRIC};
 
@@ -372,78 +373,69 @@ impl Drop for Observation {
     }
 }
 
-/// A response body that reports its grpc-status trailer (or its premature
-/// drop) to the request's [`Observation`].
-struct ObservedBody {
-    inner: tonic::body::Body,
-    obs: Observation,
+/// What a [`Watched`] body does with each poll of the body it wraps.
+trait FrameWatch: Unpin + Send + 'static {
+    fn saw(&mut self, polled: &Poll<Option<Result<http_body::Frame<Bytes>, Status>>>);
 }
 
-impl http_body::Body for ObservedBody {
-    type Data = <tonic::body::Body as http_body::Body>::Data;
-    type Error = <tonic::body::Body as http_body::Body>::Error;
+/// A tonic body passed through unchanged, each poll shown to `watch`.
+struct Watched<W> {
+    inner: tonic::body::Body,
+    watch: W,
+}
+
+impl<W: FrameWatch> http_body::Body for Watched<W> {
+    type Data = Bytes;
+    type Error = Status;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
         let this = &mut *self; // both fields are Unpin
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
+        this.watch.saw(&polled);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body reports its grpc-status trailer (or its premature drop)
+/// to the request's [`Observation`].
+impl FrameWatch for Observation {
+    fn saw(&mut self, polled: &Poll<Option<Result<http_body::Frame<Bytes>, Status>>>) {
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(code) = frame.trailers_ref().and_then(grpc_code) {
-                    this.obs.finish(code);
+                    self.finish(code);
                 }
             }
-            Poll::Ready(Some(Err(_))) => this.obs.finish(Code::Internal),
+            Poll::Ready(Some(Err(_))) => self.finish(Code::Internal),
             // A body that ends without a status trailer was a trailers-only
             // response (already recorded) — or is dropped as CANCELLED.
             Poll::Ready(None) | Poll::Pending => {}
         }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
-/// A request body that flags the client's HTTP/2 reset of the stream (the
-/// error tonic's body carries then has the remote `h2::Error` as its
-/// source).
-struct ResetWatch {
-    inner: tonic::body::Body,
-    reset: Arc<AtomicBool>,
-}
+/// A request body flags the client's HTTP/2 reset of the stream (the error
+/// tonic's body carries then has the remote `h2::Error` as its source).
+struct ResetFlag(Arc<AtomicBool>);
 
-impl http_body::Body for ResetWatch {
-    type Data = <tonic::body::Body as http_body::Body>::Data;
-    type Error = <tonic::body::Body as http_body::Body>::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self; // both fields are Unpin
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Err(e))) = &polled
+impl FrameWatch for ResetFlag {
+    fn saw(&mut self, polled: &Poll<Option<Result<http_body::Frame<Bytes>, Status>>>) {
+        if let Poll::Ready(Some(Err(e))) = polled
             && is_remote_reset(e)
         {
-            this.reset.store(true, Ordering::Release);
+            self.0.store(true, Ordering::Release);
         }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -506,14 +498,19 @@ where
         };
         let mut obs = Observation::new(rpc, in_flight);
         let reset = Arc::clone(&obs.reset);
-        let req = req.map(|body| tonic::body::Body::new(ResetWatch { inner: body, reset }));
+        let req = req.map(|body| {
+            tonic::body::Body::new(Watched {
+                inner: body,
+                watch: ResetFlag(reset),
+            })
+        });
         Box::pin(async move {
             let resp = inner.call(req).await?;
             if let Some(code) = grpc_code(resp.headers()) {
                 obs.finish(code);
             }
             let (parts, inner) = resp.into_parts();
-            let body = tonic::body::Body::new(ObservedBody { inner, obs });
+            let body = tonic::body::Body::new(Watched { inner, watch: obs });
             Ok(http::Response::from_parts(parts, body))
         })
     }

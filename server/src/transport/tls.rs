@@ -151,7 +151,7 @@ pub fn secured_builder(
         let tls = tls.timeout(Duration::from_millis(config.limits.handshake_timeout_ms));
         builder = builder
             .tls_config(tls)
-            .map_err(|e| TlsError::Build(error_chain(&e)))?;
+            .map_err(|e| TlsError::Build(samplerd_sampling::error::error_chain(&e)))?;
         tracing::info!(mutual = config.tls.client_ca_file.is_some(), "TLS on");
     } else if !config.listen.ip().is_loopback() {
         tracing::warn!(
@@ -178,19 +178,6 @@ pub fn secured_builder(
         builder,
         crate::transport::middleware::WrapLayer(crate::transport::auth::Authenticate::new(tokens)),
     ))
-}
-
-/// An error and its sources on one line (rustls puts the reason a key was
-/// rejected in the source).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
 }
 
 /// Reads `path` and checks it holds a PEM block with one of `labels`.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use samplerd_sampling::activity::{self, Activity};
 
-use super::{StepFailure, StepPool, lock, panic_text, stage_of};
+use super::{Shared, StepFailure, StepPool, lock, panic_text, stage_of};
 
 /// Where an inline step is, shared by its task and the watchdog.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -28,8 +28,9 @@ struct InlineStep {
 
 impl StepPool {
     /// Whether this step may run inline: on a multi-threaded runtime, with
-    /// fewer than `threads` steps already inline (so inline steps use no
-    /// more cores than the pool would), and the slot taken if so.
+    /// fewer steps already inline than the pool has live threads (so inline
+    /// steps use no more cores than the pool would, and none once every
+    /// thread is lost), and the slot taken if so.
     pub(super) fn take_inline_slot(&self) -> bool {
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
@@ -38,7 +39,7 @@ impl StepPool {
                 .shared
                 .inline
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < self.shared.threads).then_some(n + 1)
+                    (n < self.shared.live.load(Ordering::Acquire)).then_some(n + 1)
                 })
                 .is_ok()
     }
@@ -80,7 +81,8 @@ impl StepPool {
                 let mut phase = lock(&watched.phase);
                 if *phase == InlinePhase::Lost {
                     shared.count_returned();
-                    tracing::warn!("a written-off sampling step returned");
+                    let rejoined = rejoin(&shared);
+                    tracing::warn!(rejoined, "a written-off sampling step returned");
                 } else {
                     *phase = InlinePhase::Returned;
                     shared.inline.fetch_sub(1, Ordering::AcqRel);
@@ -117,10 +119,44 @@ impl StepPool {
     }
 
     /// An inline step overran: its thread is written off (the runtime
-    /// already works on without it) and its slot goes to the next step.
+    /// already works on without it) and its slot goes to the next step —
+    /// while at most `max_stuck` threads are lost. Past that it counts as
+    /// a lost pool thread that is not replaced: one pool thread retires,
+    /// so the pool (and the inline slots, which follow its live threads)
+    /// shrink exactly as they would had the step run on the pool.
     fn write_off_inline(&self, stage: &str) {
+        let shared = &self.shared;
         let stuck = self.count_lost(stage);
-        self.shared.inline.fetch_sub(1, Ordering::AcqRel);
-        self.report_lost(stage, stuck, stuck <= self.shared.config.max_stuck);
+        shared.inline.fetch_sub(1, Ordering::AcqRel);
+        let replaced = stuck <= shared.config.max_stuck;
+        if !replaced
+            && shared
+                .live
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            shared.retire.fetch_add(1, Ordering::AcqRel);
+            let _queue = lock(&shared.queue);
+            shared.wake.notify_all();
+        }
+        self.report_lost(stage, stuck, replaced);
     }
+}
+
+/// A written-off inline step came back: the pool gets a thread back if it
+/// is short of one (a retirement not yet taken is called off, else a new
+/// thread starts), as a returning pool thread rejoins. Whether it did.
+fn rejoin(shared: &Arc<Shared>) -> bool {
+    let short = shared
+        .live
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < shared.threads).then_some(n + 1)
+        })
+        .is_ok();
+    if short && !shared.take_retirement() {
+        // `spawn_worker` counts the thread itself.
+        shared.live.fetch_sub(1, Ordering::AcqRel);
+        return super::spawn_worker(shared).is_ok();
+    }
+    short
 }

@@ -10,12 +10,13 @@
 //! health probes up for as long. Here the runtime only waits on a reply.
 //!
 //! Where a step runs: [`StepPool::run`] (async callers) runs it inline
-//! while fewer than `threads` steps are inline — its logits are still in
-//! that thread's cache and no thread is woken for it — else it queues for
-//! the pool, as do [`StepPool::run_blocking`] and [`StepPool::run_many`].
-//! Either way the caller keeps the timer, so the watchdog below covers
-//! both; a written-off inline thread is one the runtime has already
-//! replaced.
+//! while fewer steps are inline than the pool has live threads — its
+//! logits are still in that thread's cache and no thread is woken for it
+//! — else it queues for the pool, as do [`StepPool::run_blocking`] and
+//! [`StepPool::run_many`]. Either way the caller keeps the timer, so the
+//! watchdog below covers both; a written-off inline thread is one the
+//! runtime has already replaced, and past the bound below it retires a
+//! pool thread, so inline or not, lost threads shrink the pool alike.
 //!
 //! The watchdog: a step still running after `limits.max_step_ms` fails its
 //! request with `DEADLINE_EXCEEDED` naming the stage it is in (from
@@ -131,8 +132,12 @@ struct Shared {
     /// Steps running now (stuck ones included).
     running: AtomicUsize,
     /// Steps running inline on runtime threads, written-off ones excluded
-    /// (at most `threads`).
+    /// (at most `live`).
     inline: AtomicUsize,
+    /// Pool threads still to leave: an inline step written off past
+    /// `max_stuck` takes a pool thread's place for good (`live` already
+    /// counts it gone), as a lost pool thread that is not replaced does.
+    retire: AtomicUsize,
 }
 
 /// The pool (cheap to clone). When the last clone drops, idle threads
@@ -218,6 +223,7 @@ impl StepPool {
             stuck: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             inline: AtomicUsize::new(0),
+            retire: AtomicUsize::new(0),
         });
         for _ in 0..threads {
             spawn_worker(&shared)?;
@@ -518,7 +524,8 @@ fn work(shared: &Shared, worker: Arc<Worker>) {
     }
 }
 
-/// The next job (`None` once the pool is closed and nothing is queued).
+/// The next job (`None` once the pool is closed and nothing is queued, or
+/// this thread is to retire).
 /// One idle worker at a time spins briefly for it (so a step that follows
 /// soon wakes no thread, and at most one core is spent waiting); the
 /// others, and the spinner after [`SPIN`], sleep until one is queued.
@@ -536,6 +543,9 @@ fn next_job(shared: &Shared) -> Option<(Job, Arc<Ticket>)> {
     }
     let mut q = lock(&shared.queue);
     loop {
+        if shared.take_retirement() {
+            return None;
+        }
         if let Some(entry) = q.jobs.pop_front() {
             shared.queued.fetch_sub(1, Ordering::SeqCst);
             // A submitter that saw the spinner did not wake anyone: pass
@@ -564,6 +574,13 @@ impl Shared {
     fn count_returned(&self) {
         let stuck = self.stuck.fetch_sub(1, Ordering::AcqRel) - 1;
         metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
+    }
+
+    /// Whether the calling pool thread is to leave (and it is counted out).
+    fn take_retirement(&self) -> bool {
+        self.retire
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
     }
 }
 

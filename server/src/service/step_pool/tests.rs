@@ -54,11 +54,22 @@ async fn a_stuck_step_is_written_off_and_replaced() {
     ));
     assert_eq!(p.stuck(), 2);
     assert!(!p.healthy(), "two lost threads are past max_stuck = 1");
-    assert_eq!(p.run(|| 6).await.unwrap(), 6, "the runtime works on");
+    // Not replaced: as on the pool, nothing is left to run a step (inline
+    // slots follow the pool's live threads), so the next one gives up.
+    let none = p.run(|| 6).await.unwrap_err();
+    assert!(matches!(none, StepFailure::NoWorker { .. }), "{none:?}");
     drop((release, release_too));
     // The lost threads come back and the pool is whole again.
-    wait_for("the lost threads never returned", || p.stuck() == 0);
-    assert!(p.healthy());
+    wait_for("the lost threads never returned", || {
+        p.stuck() == 0 && p.healthy()
+    });
+    assert_eq!(p.run(|| 7).await.unwrap(), 7);
+    let on_pool = p.run_blocking(thread_name).unwrap();
+    assert_eq!(
+        on_pool.as_deref(),
+        Some("samplerd-step"),
+        "a pool thread again"
+    );
 }
 
 /// Waits (bounded: 5 s, then fails with `what`) until `done` holds. Not
