@@ -1,19 +1,23 @@
 //! The `constraint` stage through the C ABI: config_new once, then per
 //! token one `apply` on a dense view plus one `accept`, for a JSON-schema
-//! constraint over SmolLM2's real 49,152-token vocabulary and over that
-//! vocabulary extended to 151,936 tokens (Qwen's size; no Qwen vocabulary
-//! is available offline, see `gguf_vocab::extend`). Also: what the token-
-//! environment cache saves per config_new.
+//! constraint over SmolLM2's real 49,152-token vocabulary, over Qwen's real
+//! vocabulary at Qwen2's 151,936 logits (`qwen_vocab`), and over SmolLM2's
+//! extended to 151,936 with pair merges (`gguf_vocab::extend`: needs no
+//! second download). Also: what the token-environment cache saves per
+//! config_new.
 //!
-//! The vocabulary is read from `SAMPLERD_MODEL` or else
+//! SmolLM2's vocabulary is read from `SAMPLERD_MODEL` or else
 //! `models/SmolLM2-135M-Instruct.Q4_1.gguf` (`scripts/fetch-model.sh`
 //! fetches it); without it the benchmark prints why and measures nothing.
+//! Qwen's is read from `SAMPLERD_QWEN_VOCAB` or else `models/qwen.tiktoken`
+//! (`scripts/fetch-qwen-vocab.sh`); without it that group is skipped.
 //!
 //! cargo bench -p samplerd-constraint-stage --bench mask
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 mod gguf_vocab;
+mod qwen_vocab;
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -136,8 +140,24 @@ fn benches(c: &mut Criterion) {
     let v49 = TestVocab::new(real.clone());
     bench_vocab(c, "49152", &v49);
     drop(v49);
+    let qwen_path = std::env::var_os("SAMPLERD_QWEN_VOCAB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/qwen.tiktoken")
+        });
+    match qwen_vocab::read(&qwen_path) {
+        Ok(qwen) => {
+            let v = TestVocab::new(qwen);
+            bench_vocab(c, "151936-qwen", &v);
+        }
+        Err(e) => eprintln!(
+            "constraint bench: Qwen group skipped: no vocabulary at {} ({e}); run \
+             scripts/fetch-qwen-vocab.sh or set SAMPLERD_QWEN_VOCAB",
+            qwen_path.display()
+        ),
+    }
     let v152 = TestVocab::new(gguf_vocab::extend(real, 151_936));
-    bench_vocab(c, "151936", &v152);
+    bench_vocab(c, "151936-pairs", &v152);
 }
 
 criterion_group!(mask, benches);

@@ -205,12 +205,53 @@ fn candidate_view_drops_disallowed_candidates_keeping_order_and_sortedness() {
             SdCandidate { id: a, logit: 1.0 }
         ]
     );
-    // dense view: the disallowed logits become -inf, the others are kept
+    // dense view, few tokens allowed: a candidate list of them in id
+    // order (not sorted by logit), their logits as they were
     let logits: Vec<f32> = (0..v.len()).map(|i| i as f32).collect();
     buf.load_dense(&logits);
     st.apply(&mut buf).unwrap();
-    assert_eq!(buf.survivors(), vec![a, b]);
-    assert_eq!(buf.dense[a as usize], a as f32);
+    assert_eq!(buf.raw.view, SD_VIEW_CANDIDATES);
+    assert_eq!(buf.raw.sorted, 0);
+    let (lo, hi) = (a.min(b), a.max(b));
+    assert_eq!(
+        &buf.cand[..buf.raw.size],
+        &[
+            SdCandidate {
+                id: lo,
+                logit: lo as f32
+            },
+            SdCandidate {
+                id: hi,
+                logit: hi as f32
+            }
+        ]
+    );
+}
+
+#[test]
+fn dense_view_stays_dense_when_most_tokens_are_allowed() {
+    let v = TestVocab::tiny();
+    // Any text without a quote: nearly every token is allowed.
+    let cfg = config(&[P::Str("regex", "[^\"]*")], Some(&v)).unwrap();
+    let mut st = cfg.state();
+    let mut buf = Buffer::new(v.len());
+    let logits: Vec<f32> = (0..v.len()).map(|i| i as f32 - 100.0).collect();
+    buf.load_dense(&logits);
+    st.apply(&mut buf).unwrap();
+    assert_eq!(buf.raw.view, SD_VIEW_DENSE);
+    let kept = buf.survivors();
+    assert!(
+        kept.len() * 8 > v.len(),
+        "{} of {} kept",
+        kept.len(),
+        v.len()
+    );
+    let quote = v.id(b"\"}");
+    assert!(!kept.contains(&quote), "a token with a quote survived");
+    assert_eq!(buf.dense[quote as usize], f32::NEG_INFINITY);
+    for id in kept {
+        assert_eq!(buf.dense[id as usize], logits[id as usize]);
+    }
 }
 
 #[test]
