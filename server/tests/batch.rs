@@ -250,6 +250,29 @@ fn message(
     }
 }
 
+/// Opens a SampleBatchStream with `msgs` already queued; the request
+/// stream stays open until the returned sender is dropped.
+async fn open_batch_stream(
+    s: &TestServer,
+    msgs: Vec<v1::SampleBatchStreamRequest>,
+) -> (
+    tokio::sync::mpsc::Sender<v1::SampleBatchStreamRequest>,
+    tonic::Streaming<v1::SampleBatchResponse>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(msgs.len().max(1));
+    for m in msgs {
+        tx.send(m).await.unwrap();
+    }
+    let responses = s
+        .client
+        .clone()
+        .sample_batch_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("opens")
+        .into_inner();
+    (tx, responses)
+}
+
 /// The logits of sequence `id` at its step `t`.
 fn seq_logits(id: u64, t: u64) -> Vec<f32> {
     logits(VOCAB, id * 1_000 + t)
@@ -257,7 +280,7 @@ fn seq_logits(id: u64, t: u64) -> Vec<f32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_stream_sequences_are_their_own_sample_streams() {
-    let mut s = start().await;
+    let s = start().await;
     let dtype = v1::LogitsDtype::Bf16le;
     // Sequences 10 and 11 join at message 0 (11 with its own parameters
     // and window), 12 joins at message 2; 10 leaves before message 3.
@@ -280,17 +303,8 @@ async fn batch_stream_sequences_are_their_own_sample_streams() {
         message(vec![step(12, 1), step(11, 3)], vec![10], dtype),
         message(vec![], vec![11, 12], dtype),
     ];
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    for m in &plan {
-        tx.send(m.clone()).await.unwrap();
-    }
+    let (tx, mut responses) = open_batch_stream(&s, plan.clone()).await;
     drop(tx);
-    let mut responses = s
-        .client
-        .sample_batch_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("opens")
-        .into_inner();
     let mut by_seq: std::collections::BTreeMap<u64, Vec<v1::SampleResponse>> = Default::default();
     for (k, m) in plan.iter().enumerate() {
         let r = next_message(&mut responses, WAIT).await;
@@ -330,7 +344,7 @@ async fn batch_stream_sequences_are_their_own_sample_streams() {
 
 #[tokio::test]
 async fn bad_batch_stream_messages_end_the_stream_naming_the_row() {
-    let mut s = start_tuned(|c| c.limits.max_batch_rows = 3).await;
+    let s = start_tuned(|c| c.limits.max_batch_rows = 3).await;
     let row = |id: u64| v1::BatchStreamRow {
         sequence_id: id,
         logits: f32le(&logits(16, id)).into(),
@@ -406,16 +420,8 @@ async fn bad_batch_stream_messages_end_the_stream_naming_the_row() {
     ];
     for (before, bad, text, reason) in cases {
         let n_before = before.len();
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        for m in before.into_iter().chain([bad]) {
-            tx.send(m).await.unwrap();
-        }
-        let mut responses = s
-            .client
-            .sample_batch_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("opens")
-            .into_inner();
+        let (tx, mut responses) =
+            open_batch_stream(&s, before.into_iter().chain([bad]).collect()).await;
         for _ in 0..n_before {
             next_message(&mut responses, WAIT).await;
         }

@@ -37,13 +37,19 @@ fn config() -> samplerd::app::config::Config {
     c
 }
 
-async fn server(with_model: bool) -> TestServer {
-    let host = if with_model {
-        shared_host().map(|h| h as Arc<dyn Generator>)
-    } else {
-        None
+/// A server without a model host (Sample and SampleStream only).
+async fn server() -> TestServer {
+    start_serving(config(), None).await
+}
+
+/// A server with the shared model host for Generate, or None (saying the
+/// test is skipped) when there is no model.
+async fn model_server() -> Option<TestServer> {
+    let Some(host) = shared_host() else {
+        eprintln!("skipped: no model (scripts/fetch-model.sh, SAMPLERD_MODEL)");
+        return None;
     };
-    start_serving(config(), host).await
+    Some(start_serving(config(), Some(host as Arc<dyn Generator>)).await)
 }
 
 fn constrained(kind: v1::constraint::Kind, seed: u64) -> v1::SamplingParams {
@@ -72,11 +78,9 @@ const PERSON: &str = r#"{"type":"object","properties":{"name":{"type":"string","
 /// a JSON object of that schema; the same seed gives the same bytes.
 #[tokio::test]
 async fn generate_holds_the_output_to_a_json_schema() {
-    if shared_host().is_none() {
-        eprintln!("skipped: no model (scripts/fetch-model.sh, SAMPLERD_MODEL)");
+    let Some(s) = model_server().await else {
         return;
-    }
-    let s = server(true).await;
+    };
     let req = || {
         chat(
             "Describe a person as JSON.",
@@ -104,12 +108,10 @@ async fn generate_holds_the_output_to_a_json_schema() {
 /// with stop strings and n_probs alongside.
 #[tokio::test]
 async fn generate_holds_the_output_to_regexes_choices_and_grammars() {
-    if shared_host().is_none() {
-        eprintln!("skipped: no model (scripts/fetch-model.sh, SAMPLERD_MODEL)");
-        return;
-    }
     use v1::constraint::Kind;
-    let s = server(true).await;
+    let Some(s) = model_server().await else {
+        return;
+    };
     type Matches = Box<dyn Fn(&str) -> bool>;
     let cases: Vec<(Kind, Matches)> = vec![
         (
@@ -167,7 +169,7 @@ async fn sample_and_sample_stream_follow_the_grammar_over_a_named_vocabulary() {
     };
     let vocab = samplerd_model::read_vocabulary(&model).expect("vocabulary");
     let n = vocab.len();
-    let s = server(false).await;
+    let s = server().await;
     let params = v1::SamplingParams {
         vocabulary: "smollm2".into(),
         ..constrained(v1::constraint::Kind::Regex("(cat|dog)s?".into()), 3)
@@ -218,22 +220,17 @@ async fn sample_and_sample_stream_follow_the_grammar_over_a_named_vocabulary() {
         .iter()
         .position(|t| t.bytes == b"x")
         .expect("a token for x") as u32;
-    let err = s
-        .client
-        .clone()
-        .sample(v1::SampleRequest {
+    s.assert_sample_refused(
+        v1::SampleRequest {
             logits_f32le: to_bytes(&logits(n, 1)).into(),
             params: Some(params.clone()),
             constraint_tokens: vec![bad],
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_status(
-        &err,
+        },
         Code::InvalidArgument,
         &["constraint_tokens", "not allowed"],
-    );
+    )
+    .await;
 }
 
 /// Bad constraints are INVALID_ARGUMENT naming the field, the value's
@@ -242,7 +239,7 @@ async fn sample_and_sample_stream_follow_the_grammar_over_a_named_vocabulary() {
 async fn bad_constraints_are_refused_naming_the_field() {
     use v1::constraint::Kind;
     let have_vocab = model_path().is_some();
-    let s = server(false).await;
+    let s = server().await;
     let n = if have_vocab {
         samplerd_model::read_vocabulary(&model_path().unwrap())
             .unwrap()
@@ -251,19 +248,12 @@ async fn bad_constraints_are_refused_naming_the_field() {
         16
     };
     let call = |params: v1::SamplingParams, tokens: Vec<u32>| {
-        let mut client = s.client.clone();
-        let l = logits(n, 5);
-        async move {
-            client
-                .sample(v1::SampleRequest {
-                    logits: l,
-                    params: Some(params),
-                    constraint_tokens: tokens,
-                    ..Default::default()
-                })
-                .await
-                .unwrap_err()
-        }
+        s.sample_err(v1::SampleRequest {
+            logits: logits(n, 5),
+            params: Some(params),
+            constraint_tokens: tokens,
+            ..Default::default()
+        })
     };
     let named = |kind: Kind| v1::SamplingParams {
         vocabulary: "smollm2".into(),

@@ -189,22 +189,20 @@ async fn logit_bias_changes_the_greedy_choice() {
 /// silently; samplerd says which one).
 #[tokio::test]
 async fn token_maps_are_bounded_by_the_vocabulary() {
-    let mut s = start().await;
+    let s = start().await;
     let l = logits(100, 5);
     let inv = Code::InvalidArgument;
     let bias = |entries: HashMap<u32, f32>| v1::SamplingParams {
         logit_bias: entries,
         ..Default::default()
     };
-    expect_err(
-        &mut s,
+    s.assert_sample_refused(
         req_params(&l, bias(HashMap::from([(3, 1.0), (100, 1.0)]))),
         inv,
         &["params.logit_bias", "token id 100", "vocabulary of 100"],
     )
     .await;
-    expect_err(
-        &mut s,
+    s.assert_sample_refused(
         req_params(&l, bias((0..101).map(|i| (i, 1.0)).collect())),
         inv,
         &[
@@ -231,8 +229,7 @@ async fn token_maps_are_bounded_by_the_vocabulary() {
         ],
         ..Default::default()
     };
-    expect_err(
-        &mut s,
+    s.assert_sample_refused(
         req_params(&l, chain),
         inv,
         &["params.chain[0].params[\"bias\"]", "token id 250"],
@@ -241,8 +238,7 @@ async fn token_maps_are_bounded_by_the_vocabulary() {
     // A bias that bans every token leaves nothing to sample: the
     // request's doing, as all -inf logits are (INVALID_ARGUMENT, not
     // INTERNAL).
-    expect_err(
-        &mut s,
+    s.assert_sample_refused(
         req_params(&l, bias((0..100).map(|i| (i, f32::NEG_INFINITY)).collect())),
         inv,
         &["params", "every token is masked"],
@@ -357,12 +353,6 @@ async fn generate_without_model_is_failed_precondition() {
     s.stop().await;
 }
 
-async fn expect_err(s: &mut TestServer, req: v1::SampleRequest, code: Code, needles: &[&str]) {
-    let err = s.client.sample(req).await.expect_err("request must fail");
-    assert_status(&err, code, needles);
-    s.assert_serving().await;
-}
-
 #[tokio::test]
 async fn bad_inputs_name_field_and_value() {
     let mut s = start().await;
@@ -374,33 +364,26 @@ async fn bad_inputs_name_field_and_value() {
         logits_f32le: to_bytes(&l).into(),
         ..Default::default()
     };
-    expect_err(&mut s, both, inv, &["logits", "both"]).await;
-    expect_err(
-        &mut s,
-        v1::SampleRequest::default(),
-        inv,
-        &["logits", "neither"],
-    )
-    .await;
+    s.assert_sample_refused(both, inv, &["logits", "both"])
+        .await;
+    s.assert_sample_refused(v1::SampleRequest::default(), inv, &["logits", "neither"])
+        .await;
     // Bytes not a multiple of 4.
     let odd = v1::SampleRequest {
         logits_f32le: vec![0u8; 10].into(),
         ..Default::default()
     };
-    expect_err(&mut s, odd, inv, &["logits_f32le", "10"]).await;
+    s.assert_sample_refused(odd, inv, &["logits_f32le", "10"])
+        .await;
     // NaN and +inf, naming the index.
     let mut bad = l.clone();
     bad[17] = f32::NAN;
-    expect_err(&mut s, req_floats(&bad), inv, &["logits", "[17]", "NaN"]).await;
+    s.assert_sample_refused(req_floats(&bad), inv, &["logits", "[17]", "NaN"])
+        .await;
     let mut bad = l.clone();
     bad[42] = f32::INFINITY;
-    expect_err(
-        &mut s,
-        req_bytes(&bad),
-        inv,
-        &["logits_f32le", "[42]", "inf"],
-    )
-    .await;
+    s.assert_sample_refused(req_bytes(&bad), inv, &["logits_f32le", "[42]", "inf"])
+        .await;
     // Parameter ranges.
     for (p, field, value) in [
         (
@@ -456,7 +439,8 @@ async fn bad_inputs_name_field_and_value() {
             "got 1.1",
         ),
     ] {
-        expect_err(&mut s, req_params(&l, p), inv, &[field, value]).await;
+        s.assert_sample_refused(req_params(&l, p), inv, &[field, value])
+            .await;
     }
     // No-op values llama.cpp accepts are accepted.
     let off = v1::SamplingParams {
@@ -484,7 +468,8 @@ async fn bad_inputs_name_field_and_value() {
             chain,
             ..Default::default()
         };
-        expect_err(&mut s, req_params(&l, p), inv, needles).await;
+        s.assert_sample_refused(req_params(&l, p), inv, needles)
+            .await;
     }
     // Still serving real requests.
     let ok = s.sample_ok(req_floats(&l)).await;
@@ -523,18 +508,10 @@ async fn vocabulary_and_message_limits() {
     })
     .await;
     // Over the vocabulary limit (but under the message limit).
-    let err = s
-        .client
-        .sample(req_bytes(&logits(1001, 9)))
-        .await
-        .unwrap_err();
+    let err = s.sample_err(req_bytes(&logits(1001, 9))).await;
     assert_status(&err, Code::InvalidArgument, &["1001", "max_vocab"]);
     // Over the message limit: RESOURCE_EXHAUSTED.
-    let err = s
-        .client
-        .sample(req_bytes(&logits(8000, 9)))
-        .await
-        .unwrap_err();
+    let err = s.sample_err(req_bytes(&logits(8000, 9))).await;
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     // Same on a stream.
     let msg = v1::SampleStreamRequest {
@@ -557,13 +534,14 @@ async fn vocabulary_and_message_limits() {
 
 #[tokio::test]
 async fn plugin_failure_is_internal_naming_the_stage() {
-    let mut s = start_tuned(|c| c.plugins.files.push(test_plugin())).await;
+    let s = start_tuned(|c| c.plugins.files.push(test_plugin())).await;
     let l = logits(100, 10);
     let p = v1::SamplingParams {
         chain: vec![number_stage("test_panic", &[]), number_stage("greedy", &[])],
         ..Default::default()
     };
-    expect_err(&mut s, req_params(&l, p), Code::Internal, &["test_panic"]).await;
+    s.assert_sample_refused(req_params(&l, p), Code::Internal, &["test_panic"])
+        .await;
     let ok = s.sample_ok(req_floats(&l)).await;
     assert!(ok.token_id < 100);
     s.stop().await;

@@ -190,29 +190,22 @@ async fn dry_breakers_without_a_model_are_refused_naming_the_reason() {
         dry_multiplier: Some(0.8),
         ..Default::default()
     };
-    let err = s
-        .client
-        .clone()
-        .sample(v1::SampleRequest {
+    s.assert_sample_refused(
+        v1::SampleRequest {
             logits: ln(&PROBS),
             params: Some(p),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_status(
-        &err,
+        },
         Code::InvalidArgument,
         &[
             "params.dry_sequence_breakers",
             "refused by stage `dry`",
             "without a model vocabulary",
         ],
-    );
-    let err = s
-        .client
-        .clone()
-        .sample(v1::SampleRequest {
+    )
+    .await;
+    s.assert_sample_refused(
+        v1::SampleRequest {
             logits: ln(&PROBS),
             params: Some(v1::SamplingParams {
                 dry_multiplier: Some(0.8),
@@ -221,14 +214,10 @@ async fn dry_breakers_without_a_model_are_refused_naming_the_reason() {
                 ..Default::default()
             }),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_status(
-        &err,
+        },
         Code::InvalidArgument,
         &["params.dry_penalty_last_n", "got -5"],
-    );
-    s.assert_serving().await;
+    )
+    .await;
     s.stop().await;
 }

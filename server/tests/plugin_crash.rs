@@ -62,38 +62,37 @@ async fn crash(how: &str) -> (i32, String) {
     )
 }
 
-/// The report of a crash in `test_crash` while serving the first request
-/// (the server numbers requests from 1).
-fn expected(signal: &str) -> String {
-    format!(
-        "samplerd: fatal signal {signal} in plugin stage `test_crash` (library libcrash_stage.so) while serving request 1"
-    )
+/// Crashes a server through `test_crash(how)` and asserts that it died by
+/// `signal` after reporting it by `name` on stderr, as a crash in
+/// `test_crash` while serving the first request (the server numbers
+/// requests from 1).
+async fn assert_crash_reported(how: &str, signal: i32, name: &str) {
+    let (got, line) = crash(how).await;
+    assert_eq!(got, signal, "{how}");
+    assert_eq!(
+        line,
+        format!(
+            "samplerd: fatal signal {name} in plugin stage `test_crash` (library libcrash_stage.so) while serving request 1"
+        )
+    );
 }
 
 #[tokio::test]
 async fn a_null_write_is_reported_and_the_process_dies_by_sigsegv() {
-    let (signal, line) = crash("segv").await;
-    assert_eq!(signal, libc::SIGSEGV);
-    assert_eq!(line, expected("SIGSEGV"));
+    assert_crash_reported("segv", libc::SIGSEGV, "SIGSEGV").await;
 }
 
 #[tokio::test]
 async fn abort_is_reported_and_the_process_dies_by_sigabrt() {
-    let (signal, line) = crash("abort").await;
-    assert_eq!(signal, libc::SIGABRT);
-    assert_eq!(line, expected("SIGABRT"));
+    assert_crash_reported("abort", libc::SIGABRT, "SIGABRT").await;
 }
 
 #[tokio::test]
 async fn a_stack_overflow_is_reported_from_the_alternate_stack() {
-    let (signal, line) = crash("stack").await;
-    assert_eq!(signal, libc::SIGSEGV);
-    assert_eq!(line, expected("SIGSEGV"));
+    assert_crash_reported("stack", libc::SIGSEGV, "SIGSEGV").await;
 }
 
 #[tokio::test]
 async fn a_trap_is_reported_and_the_process_dies_by_sigill() {
-    let (signal, line) = crash("ill").await;
-    assert_eq!(signal, libc::SIGILL);
-    assert_eq!(line, expected("SIGILL"));
+    assert_crash_reported("ill", libc::SIGILL, "SIGILL").await;
 }

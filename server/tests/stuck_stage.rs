@@ -23,6 +23,7 @@ use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_client::SamplerClient;
 use tonic::Code;
+use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
 
@@ -122,6 +123,24 @@ async fn wait_running(s: &TestServer, n: usize) {
     .unwrap_or_else(|_| panic!("{n} steps never started ({} running)", steps.running()));
 }
 
+/// A Sample in flight in the background.
+type PendingSample =
+    tokio::task::JoinHandle<Result<tonic::Response<v1::SampleResponse>, tonic::Status>>;
+
+/// Sends `req` on a clone of `client` in the background.
+fn spawn_sample(client: &SamplerClient<Channel>, req: v1::SampleRequest) -> PendingSample {
+    let mut client = client.clone();
+    tokio::spawn(async move { client.sample(req).await })
+}
+
+/// The answer to a background Sample, which must come within WAIT.
+async fn answer(h: PendingSample) -> Result<tonic::Response<v1::SampleResponse>, tonic::Status> {
+    tokio::time::timeout(WAIT, h)
+        .await
+        .expect("the request ends in time")
+        .expect("the request task does not panic")
+}
+
 /// Waits (bounded) until `f` holds, polling every 10 ms.
 async fn wait_until(what: &str, f: impl Fn() -> bool) {
     tokio::time::timeout(WAIT, async {
@@ -148,13 +167,8 @@ fn assert_names_stage(e: &tonic::Status, stage: &str) {
 async fn a_sleeping_stage_fails_its_request_and_nothing_else_waits() {
     let dir = tempfile::tempdir().unwrap();
     let s = start_with(config(dir.path())).await;
-    let mut client = s.client.clone();
     let t0 = Instant::now();
-    let stuck = tokio::spawn(async move {
-        client
-            .sample(sample(stuck_chain("test_sleep", 30e3), 1))
-            .await
-    });
+    let stuck = spawn_sample(&s.client, sample(stuck_chain("test_sleep", 30e3), 1));
     wait_running(&s, 1).await;
 
     assert_health_is_prompt(&s).await;
@@ -175,11 +189,7 @@ async fn a_sleeping_stage_fails_its_request_and_nothing_else_waits() {
         .into_inner();
     assert!(stages.stages.iter().any(|st| st.name == "test_sleep"));
 
-    let e = tokio::time::timeout(WAIT, stuck)
-        .await
-        .expect("the stuck request ends")
-        .unwrap()
-        .expect_err("the stuck request fails");
+    let e = answer(stuck).await.expect_err("the stuck request fails");
     assert_names_stage(&e, "test_sleep");
     assert!(t0.elapsed() >= MAX_STEP, "failed after {:?}", t0.elapsed());
     // Its thread is written off and replaced: the pool is whole.
@@ -240,21 +250,10 @@ async fn past_max_stuck_workers_readiness_fails_and_liveness_does_not() {
     c.limits.max_stuck_workers = 1;
     let s = start_with(c).await;
     let stuck: Vec<_> = (0..2)
-        .map(|i| {
-            let mut client = s.client.clone();
-            tokio::spawn(async move {
-                client
-                    .sample(sample(stuck_chain("test_sleep", 4e3), i))
-                    .await
-            })
-        })
+        .map(|i| spawn_sample(&s.client, sample(stuck_chain("test_sleep", 4e3), i)))
         .collect();
     for h in stuck {
-        let e = tokio::time::timeout(WAIT, h)
-            .await
-            .expect("ends")
-            .unwrap()
-            .expect_err("fails");
+        let e = answer(h).await.expect_err("fails");
         assert_names_stage(&e, "test_sleep");
     }
     let state = s.state();
@@ -311,18 +310,12 @@ async fn a_heavy_legal_step_does_not_delay_health() {
     };
     let mut overlapped = 0;
     for _ in 0..5 {
-        let mut client = s.client.clone();
-        let req = heavy.clone();
-        let h = tokio::spawn(async move { client.sample(req).await });
+        let h = spawn_sample(&s.client, heavy.clone());
         wait_running(&s, 1).await;
         assert_health_is_prompt(&s).await;
         // Only a check made while the step still ran says anything.
         overlapped += usize::from(s.state().steps.running() >= 1);
-        tokio::time::timeout(WAIT, h)
-            .await
-            .expect("heavy step ends")
-            .unwrap()
-            .expect("heavy step succeeds");
+        answer(h).await.expect("heavy step succeeds");
         if overlapped > 0 {
             break;
         }
@@ -457,22 +450,16 @@ async fn sigterm_exits_within_the_grace_period_with_a_stuck_stage() {
         "{metrics}"
     );
     // A second stuck request in flight at SIGTERM.
-    let mut second = client.clone();
-    let in_flight = tokio::spawn(async move {
-        second
-            .sample(sample(stuck_chain("test_sleep", 60e3), 2))
-            .await
-    });
+    let in_flight = spawn_sample(&client, sample(stuck_chain("test_sleep", 60e3), 2));
     let t0 = Instant::now();
     p.terminate();
     let status = p.wait_exit(Duration::from_secs(5 + 10));
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(t0.elapsed() < Duration::from_secs(5 + 10));
-    let r = tokio::time::timeout(WAIT, in_flight)
+    let code = answer(in_flight)
         .await
-        .expect("ends")
-        .unwrap();
-    let code = r.expect_err("no answer from a stuck stage").code();
+        .expect_err("no answer from a stuck stage")
+        .code();
     assert!(
         matches!(
             code,

@@ -4,7 +4,7 @@ mod common;
 
 use std::ffi::CStr;
 
-use common::{Buffer, P, TestVocab, config, stage};
+use common::{Buffer, P, TestVocab, config, stage, tiny_config};
 use samplerd_plugin_sdk::abi::*;
 
 fn err(params: &[P<'_>]) -> String {
@@ -65,8 +65,7 @@ fn descriptor_names_the_stage_its_flags_and_params() {
 
 #[test]
 fn regex_masks_to_the_next_bytes_and_allows_stopping_only_at_the_end() {
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Str("regex", "ab+c")], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", "ab+c")]);
     let mut st = cfg.state();
     let (a, b, c, ab, abc) = (
         v.id(b"a"),
@@ -89,8 +88,7 @@ fn regex_masks_to_the_next_bytes_and_allows_stopping_only_at_the_end() {
 
 #[test]
 fn an_accepting_grammar_that_may_go_on_allows_text_and_stop() {
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Str("regex", "a+")], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", "a+")]);
     let mut st = cfg.state();
     st.accept(v.id(b"a")).unwrap();
     let mut want = vec![v.id(b"a")];
@@ -100,8 +98,7 @@ fn an_accepting_grammar_that_may_go_on_allows_text_and_stop() {
 
 #[test]
 fn a_refused_token_is_named_with_its_escaped_bytes_and_leaves_the_state_usable() {
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Str("regex", "ab")], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", "ab")]);
     let mut st = cfg.state();
     let nl = v.id(b"\n");
     assert_eq!(
@@ -128,9 +125,8 @@ fn a_refused_token_is_named_with_its_escaped_bytes_and_leaves_the_state_usable()
 
 #[test]
 fn json_schema_constrains_to_the_schema() {
-    let v = TestVocab::tiny();
     let schema = r#"{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}"#;
-    let cfg = config(&[P::Str("json_schema", schema)], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("json_schema", schema)]);
     let mut st = cfg.state();
     assert!(!st.allowed(v.len()).unwrap().contains(&v.id(b"[")));
     st.accept(v.id(b"{\"")).unwrap();
@@ -145,8 +141,7 @@ fn json_schema_constrains_to_the_schema() {
 
 #[test]
 fn json_object_allows_any_object_only() {
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Num("json_object", 1.0)], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Num("json_object", 1.0)]);
     let mut st = cfg.state();
     assert!(st.accept(v.id(b"[")).is_err());
     feed(&mut st, &v, "{\"x\":[1,\"y\",null]}");
@@ -155,12 +150,7 @@ fn json_object_allows_any_object_only() {
 
 #[test]
 fn choice_allows_exactly_one_of_the_strings() {
-    let v = TestVocab::tiny();
-    let cfg = config(
-        &[P::List("choice", &["yes", "no", "maybe \"so\""])],
-        Some(&v),
-    )
-    .unwrap();
+    let (v, cfg) = tiny_config(&[P::List("choice", &["yes", "no", "maybe \"so\""])]);
     let mut st = cfg.state();
     let first = st.allowed(v.len()).unwrap();
     for t in ["yes", "no", "maybe", "y", "n", "m"] {
@@ -177,9 +167,8 @@ fn choice_allows_exactly_one_of_the_strings() {
 
 #[test]
 fn lark_grammar_with_rules_and_terminals() {
-    let v = TestVocab::tiny();
     let lark = "start: pair (\",\" pair)*\npair: KEY \"=\" VALUE\nKEY: /[a-z]+/\nVALUE: /[0-9]+/";
-    let cfg = config(&[P::Str("lark", lark)], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("lark", lark)]);
     let mut st = cfg.state();
     feed(&mut st, &v, "ab=12,c=3");
     assert!(st.accept(v.id(b"=")).is_err());
@@ -188,8 +177,7 @@ fn lark_grammar_with_rules_and_terminals() {
 
 #[test]
 fn candidate_view_drops_disallowed_candidates_keeping_order_and_sortedness() {
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Str("regex", "[ab]c")], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", "[ab]c")]);
     let mut st = cfg.state();
     let mut buf = Buffer::new(v.len());
     let (a, b, c, ab) = (v.id(b"a"), v.id(b"b"), v.id(b"c"), v.id(b"ab"));
@@ -256,8 +244,7 @@ fn dense_view_stays_dense_when_most_tokens_are_allowed() {
 
 #[test]
 fn clones_are_independent_and_reset_restarts() {
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Str("regex", "(ab|ac)d")], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", "(ab|ac)d")]);
     let mut st = cfg.state();
     st.accept(v.id(b"a")).unwrap();
     let mut fork = st.fork();
@@ -379,8 +366,7 @@ fn refusals_about_the_vocabulary() {
         "constraint: needs a vocabulary with an end-of-generation token (SD_TOKEN_EOG), \
          and this one of 2 tokens has none, so a constrained generation could never stop"
     );
-    let v = TestVocab::tiny();
-    let cfg = config(&[P::Str("regex", "a")], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", "a")]);
     let mut st = cfg.state();
     assert_eq!(
         st.accept(v.len() as u32).unwrap_err(),

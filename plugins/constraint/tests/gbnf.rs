@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{P, State, TestVocab, config};
+use common::{P, State, TestVocab, tiny_config};
 
 fn feed(st: &mut State<'_>, v: &TestVocab, text: &str) -> Result<(), String> {
     text.bytes().try_for_each(|b| st.accept(v.id(&[b])))
@@ -15,12 +15,7 @@ fn may_stop(st: &mut State<'_>, v: &TestVocab) -> bool {
 
 #[test]
 fn json_gbnf_accepts_json_and_refuses_what_it_is_not() {
-    let v = TestVocab::tiny();
-    let cfg = config(
-        &[P::Str("gbnf", include_str!("grammars/json.gbnf"))],
-        Some(&v),
-    )
-    .unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("gbnf", include_str!("grammars/json.gbnf"))]);
     let mut st = cfg.state();
     feed(
         &mut st,
@@ -50,12 +45,7 @@ fn json_gbnf_accepts_json_and_refuses_what_it_is_not() {
 /// (its greedy `NUM` terminal ate the "\n"): here lines end and stop.
 #[test]
 fn arithmetic_gbnf_lines_end() {
-    let v = TestVocab::tiny();
-    let cfg = config(
-        &[P::Str("gbnf", include_str!("grammars/arithmetic.gbnf"))],
-        Some(&v),
-    )
-    .unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("gbnf", include_str!("grammars/arithmetic.gbnf"))]);
     let mut st = cfg.state();
     feed(&mut st, &v, "x=12\n").unwrap();
     assert!(may_stop(&mut st, &v));
@@ -70,9 +60,8 @@ fn arithmetic_gbnf_lines_end() {
 /// `\U` escapes (the Python converter's output for them does not compile).
 #[test]
 fn unicode_escapes_compile_and_match() {
-    let v = TestVocab::tiny();
     let g = "root ::= [\\U00000080-\\U0010FFFF] \"\\u0021\"";
-    let cfg = config(&[P::Str("gbnf", g)], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("gbnf", g)]);
     let mut st = cfg.state();
     st.accept(v.id("é".as_bytes())).unwrap();
     assert!(st.accept(v.id(b"a")).is_err());

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{P, TestVocab, config};
+use common::{P, TestVocab, config, tiny_config};
 
 /// Generous bound for a debug-free build on a loaded 2-core machine; the
 /// measured times are printed (`--nocapture`) and far below it.
@@ -69,13 +69,12 @@ fn a_large_schema_under_the_size_limit_compiles_or_is_refused_within_bounds() {
 
 #[test]
 fn max_fuel_bounds_the_lexer_work_of_building_a_grammar() {
-    let v = TestVocab::tiny();
     // A regex whose automaton has 2^k states (the k-th last byte is "a").
     let rx = "[ab]*a[ab]{16}";
     // llguidance builds the automaton lazily, so this compiles; each step
     // then runs under llguidance's per-step lexer budget: 300 steps of
     // "a"/"b" either pass or fail with a lexer-budget error, in bounded time.
-    let cfg = config(&[P::Str("regex", rx)], Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(&[P::Str("regex", rx)]);
     let mut st = cfg.state();
     let r: Result<(), String> = timed("300 steps of [ab]*a[ab]{16}", || {
         for i in 0..300u64 {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{P, TestVocab, config, walk};
+use common::{P, tiny_config, walk};
 use proptest::prelude::*;
 
 const MAX_STEPS: usize = 120;
@@ -22,8 +22,7 @@ fn json(t: &str) -> Option<serde_json::Value> {
 }
 
 fn walks(params: &[P<'_>], seed: u64, check: impl Fn(&str)) {
-    let v = TestVocab::tiny();
-    let cfg = config(params, Some(&v)).unwrap();
+    let (v, cfg) = tiny_config(params);
     let w = walk(&cfg, &v, seed, MAX_STEPS, 0.3);
     if w.ended {
         let text = String::from_utf8(w.text).expect("UTF-8 output");

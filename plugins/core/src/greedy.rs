@@ -51,25 +51,17 @@ pub fn argmax_candidates(c: &[SdCandidate]) -> Option<usize> {
     pos
 }
 
-impl Stage for Greedy {
+impl StatelessStage for Greedy {
     const NAME: &'static CStr = c"greedy";
     const DESCRIPTION: &'static CStr = c"selects the token with the highest logit";
     const PARAMS: &'static [SdParamSpec] = &[];
     const FLAGS: u32 = SD_STAGE_SELECTS | SD_STAGE_DENSE_OK;
-    type State = ();
 
     fn new(_: &Params<'_>, _: Option<&Vocab<'_>>) -> Result<Self, String> {
         Ok(Greedy)
     }
 
-    fn new_state(&self) {}
-
-    fn apply(
-        &self,
-        _: &mut (),
-        tokens: &mut Tokens<'_>,
-        _: &mut HostRng<'_>,
-    ) -> Result<(), String> {
+    fn apply(&self, tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
         // llama.cpp's temperature 0 leaves only the maximum (the others at
         // -inf, post-chain probability 1): switch to the candidate view
         // holding just the winner.

@@ -17,7 +17,7 @@ pub struct LogitBias {
     bias: Vec<(u32, f32)>,
 }
 
-impl Stage for LogitBias {
+impl StatelessStage for LogitBias {
     const NAME: &'static CStr = c"logit_bias";
     const DESCRIPTION: &'static CStr =
         c"adds a bias to the logits of the given tokens (-inf bans a token)";
@@ -28,7 +28,6 @@ impl Stage for LogitBias {
         0.0,
     )];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;
-    type State = ();
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
         let map = params.token_map("bias").unwrap_or(&[]);
@@ -46,14 +45,7 @@ impl Stage for LogitBias {
         Ok(LogitBias { bias })
     }
 
-    fn new_state(&self) {}
-
-    fn apply(
-        &self,
-        _: &mut (),
-        tokens: &mut Tokens<'_>,
-        _: &mut HostRng<'_>,
-    ) -> Result<(), String> {
+    fn apply(&self, tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
         if self.bias.is_empty() {
             return Ok(());
         }

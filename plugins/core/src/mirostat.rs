@@ -83,38 +83,53 @@ fn draw_and_update(
     tokens.select(st.cands[idx].id);
 }
 
-fn tau_eta(params: &Params<'_>, stage: &str) -> Result<(f32, f32), String> {
-    let tau = util::number_in(params, stage, "tau", "finite and >= 0", |v| {
-        v.is_finite() && v >= 0.0
-    })?;
-    let eta = util::number_in(params, stage, "eta", "finite and >= 0", |v| {
-        v.is_finite() && v >= 0.0
-    })?;
-    Ok((tau as f32, eta as f32))
+/// What tells the two versions apart: their name and extra parameters, and
+/// how many of the sorted candidates the draw keeps. The target `tau`, the
+/// learning rate `eta`, μ and the draw are [`MirostatStage`]'s, written once.
+pub trait Version: Sized + Send + Sync + 'static {
+    const NAME: &'static CStr;
+    /// The stage name, for error messages.
+    const STAGE: &'static str;
+    const DESCRIPTION: &'static CStr;
+    const PARAMS: &'static [SdParamSpec];
+
+    fn new(params: &Params<'_>) -> Result<Self, String>;
+
+    /// How many of the sorted candidates (their probabilities in `st.probs`,
+    /// at least one) the draw keeps, given μ.
+    fn keep(&self, st: &MirostatState, n_vocab: usize) -> usize;
 }
 
-pub struct Mirostat {
+const TAU: SdParamSpec = number_param(c"tau", c"target surprise (bits)", 5.0);
+const ETA: SdParamSpec = number_param(c"eta", c"learning rate of mu", 0.1);
+
+/// A mirostat stage of version `V`; see [`Mirostat`] and [`MirostatV2`].
+pub struct MirostatStage<V> {
     tau: f32,
     eta: f32,
-    m: usize,
+    version: V,
 }
 
-impl Stage for Mirostat {
-    const NAME: &'static CStr = c"mirostat";
-    const DESCRIPTION: &'static CStr =
-        c"Mirostat 1.0: adaptive top-k targeting surprise tau, then draws";
-    const PARAMS: &'static [SdParamSpec] = &[
-        number_param(c"tau", c"target surprise (bits)", 5.0),
-        number_param(c"eta", c"learning rate of mu", 0.1),
-        number_param(c"m", c"tokens used to estimate the Zipf exponent", 100.0),
-    ];
+/// Mirostat 1.0.
+pub type Mirostat = MirostatStage<V1>;
+/// Mirostat 2.0.
+pub type MirostatV2 = MirostatStage<V2>;
+
+impl<V: Version> Stage for MirostatStage<V> {
+    const NAME: &'static CStr = V::NAME;
+    const DESCRIPTION: &'static CStr = V::DESCRIPTION;
+    const PARAMS: &'static [SdParamSpec] = V::PARAMS;
     const FLAGS: u32 = SD_STAGE_SELECTS | SD_STAGE_DENSE_OK;
     type State = MirostatState;
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        let (tau, eta) = tau_eta(params, "mirostat")?;
-        let m = util::integer(params, "mirostat", "m", 1, u32::MAX as i64)? as usize;
-        Ok(Mirostat { tau, eta, m })
+        let tau = util::non_negative(params, V::STAGE, "tau")?;
+        let eta = util::non_negative(params, V::STAGE, "eta")?;
+        Ok(MirostatStage {
+            tau: tau as f32,
+            eta: eta as f32,
+            version: V::new(params)?,
+        })
     }
 
     fn new_state(&self) -> MirostatState {
@@ -130,7 +145,36 @@ impl Stage for Mirostat {
         tokens: &mut Tokens<'_>,
         rng: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        sorted_softmax(tokens, st).map_err(|e| format!("mirostat: {e}"))?;
+        sorted_softmax(tokens, st).map_err(|e| format!("{}: {e}", V::STAGE))?;
+        let n = self.version.keep(st, tokens.n_vocab());
+        draw_and_update(st, n, self.tau, self.eta, tokens, rng);
+        Ok(())
+    }
+}
+
+/// Version 1: estimates the Zipf exponent from the top `m` tokens and keeps
+/// the top k it implies.
+pub struct V1 {
+    m: usize,
+}
+
+impl Version for V1 {
+    const NAME: &'static CStr = c"mirostat";
+    const STAGE: &'static str = "mirostat";
+    const DESCRIPTION: &'static CStr =
+        c"Mirostat 1.0: adaptive top-k targeting surprise tau, then draws";
+    const PARAMS: &'static [SdParamSpec] = &[
+        TAU,
+        ETA,
+        number_param(c"m", c"tokens used to estimate the Zipf exponent", 100.0),
+    ];
+
+    fn new(params: &Params<'_>) -> Result<Self, String> {
+        let m = util::integer(params, Self::STAGE, "m", 1, u32::MAX as i64)? as usize;
+        Ok(V1 { m })
+    }
+
+    fn keep(&self, st: &MirostatState, n_vocab: usize) -> usize {
         let size = st.cands.len();
         let p = &st.probs;
         let (mut sum_ti_bi, mut sum_ti_sq) = (0.0f32, 0.0f32);
@@ -142,58 +186,33 @@ impl Stage for Mirostat {
         }
         let s_hat = sum_ti_bi / sum_ti_sq;
         let eps = s_hat - 1.0;
-        let n_vocab = tokens.n_vocab() as f32;
+        let n_vocab = n_vocab as f32;
         let k = ((eps * 2f32.powf(st.mu)) / (1.0 - n_vocab.powf(-eps))).powf(1.0 / s_hat);
         // `as` saturates (NaN -> 0), then at least 1, at most the list
-        let k = (k as i64).max(1).min(size as i64) as usize;
-        draw_and_update(st, k, self.tau, self.eta, tokens, rng);
-        Ok(())
+        (k as i64).max(1).min(size as i64) as usize
     }
 }
 
-pub struct MirostatV2 {
-    tau: f32,
-    eta: f32,
-}
+/// Version 2: keeps the tokens whose surprise is <= μ (at least one).
+pub struct V2;
 
-impl Stage for MirostatV2 {
+impl Version for V2 {
     const NAME: &'static CStr = c"mirostat_v2";
+    const STAGE: &'static str = "mirostat_v2";
     const DESCRIPTION: &'static CStr =
         c"Mirostat 2.0: keeps tokens with surprise <= mu, draws, adapts mu towards tau";
-    const PARAMS: &'static [SdParamSpec] = &[
-        number_param(c"tau", c"target surprise (bits)", 5.0),
-        number_param(c"eta", c"learning rate of mu", 0.1),
-    ];
-    const FLAGS: u32 = SD_STAGE_SELECTS | SD_STAGE_DENSE_OK;
-    type State = MirostatState;
+    const PARAMS: &'static [SdParamSpec] = &[TAU, ETA];
 
-    fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        let (tau, eta) = tau_eta(params, "mirostat_v2")?;
-        Ok(MirostatV2 { tau, eta })
+    fn new(_params: &Params<'_>) -> Result<Self, String> {
+        Ok(V2)
     }
 
-    fn new_state(&self) -> MirostatState {
-        MirostatState {
-            mu: 2.0 * self.tau,
-            ..Default::default()
-        }
-    }
-
-    fn apply(
-        &self,
-        st: &mut MirostatState,
-        tokens: &mut Tokens<'_>,
-        rng: &mut HostRng<'_>,
-    ) -> Result<(), String> {
-        sorted_softmax(tokens, st).map_err(|e| format!("mirostat_v2: {e}"))?;
+    fn keep(&self, st: &MirostatState, _n_vocab: usize) -> usize {
         let mu = st.mu;
-        let n = st
-            .probs
+        st.probs
             .iter()
             .position(|&p| -p.log2() > mu)
             .unwrap_or(st.probs.len())
-            .max(1);
-        draw_and_update(st, n, self.tau, self.eta, tokens, rng);
-        Ok(())
+            .max(1)
     }
 }

@@ -173,12 +173,8 @@ impl Stage for Penalties {
         let repeat = util::number_in(params, S, "repeat_penalty", "finite and > 0", |v| {
             v.is_finite() && v > 0.0
         })?;
-        let frequency = util::number_in(params, S, "frequency_penalty", "finite and >= 0", |v| {
-            v.is_finite() && v >= 0.0
-        })?;
-        let presence = util::number_in(params, S, "presence_penalty", "finite and >= 0", |v| {
-            v.is_finite() && v >= 0.0
-        })?;
+        let frequency = util::non_negative(params, S, "frequency_penalty")?;
+        let presence = util::non_negative(params, S, "presence_penalty")?;
         Ok(Penalties {
             window: if last_n < 0 {
                 MAX_WINDOW

@@ -136,15 +136,9 @@ impl Stage for Temperature {
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
         const S: &str = "temperature";
-        let t = util::number_in(params, S, "t", "finite and >= 0", |v| {
-            v.is_finite() && v >= 0.0
-        })?;
-        let range = util::number_in(params, S, "dynatemp_range", "finite and >= 0", |v| {
-            v.is_finite() && v >= 0.0
-        })?;
-        let exponent = util::number_in(params, S, "dynatemp_exponent", "finite and >= 0", |v| {
-            v.is_finite() && v >= 0.0
-        })?;
+        let t = util::non_negative(params, S, "t")?;
+        let range = util::non_negative(params, S, "dynatemp_range")?;
+        let exponent = util::non_negative(params, S, "dynatemp_exponent")?;
         Ok(Temperature {
             t: t as f32,
             range: range as f32,

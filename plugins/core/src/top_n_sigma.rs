@@ -95,7 +95,7 @@ fn stats(values: impl Iterator<Item = f32> + Clone) -> Option<(f32, f64)> {
     Some((max, (acc / count as f64).sqrt()))
 }
 
-impl Stage for TopNSigma {
+impl StatelessStage for TopNSigma {
     const NAME: &'static CStr = c"top_n_sigma";
     const DESCRIPTION: &'static CStr =
         c"keeps logits within n standard deviations of the max (n <= 0: off)";
@@ -105,21 +105,13 @@ impl Stage for TopNSigma {
         -1.0,
     )];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;
-    type State = ();
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
         let n = util::number_in(params, "top_n_sigma", "n", "finite", f64::is_finite)?;
         Ok(TopNSigma { n: n as f32 })
     }
 
-    fn new_state(&self) {}
-
-    fn apply(
-        &self,
-        _: &mut (),
-        tokens: &mut Tokens<'_>,
-        _: &mut HostRng<'_>,
-    ) -> Result<(), String> {
+    fn apply(&self, tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
         if self.n <= 0.0 || tokens.len() <= 1 {
             return Ok(());
         }

@@ -41,9 +41,7 @@ impl Stage for TypicalP {
     type State = TypicalState;
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        let p = util::number_in(params, "typical_p", "p", "in [0, 1]", |v| {
-            (0.0..=1.0).contains(&v)
-        })?;
+        let p = util::unit_interval(params, "typical_p", "p")?;
         let min_keep = util::min_keep(params, "typical_p")?;
         Ok(TypicalP {
             p: p as f32,

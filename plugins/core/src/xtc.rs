@@ -45,9 +45,8 @@ impl Stage for Xtc {
     type State = XtcState;
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
-        let in01 = |v: f64| (0.0..=1.0).contains(&v);
-        let probability = util::number_in(params, "xtc", "probability", "in [0, 1]", in01)?;
-        let threshold = util::number_in(params, "xtc", "threshold", "in [0, 1]", in01)?;
+        let probability = util::unit_interval(params, "xtc", "probability")?;
+        let threshold = util::unit_interval(params, "xtc", "threshold")?;
         let min_keep = util::min_keep(params, "xtc")?;
         Ok(Xtc {
             probability: probability as f32,

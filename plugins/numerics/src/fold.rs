@@ -22,25 +22,45 @@ pub fn fmax(a: f32, b: f32) -> f32 {
 #[inline(always)]
 pub fn chunk_max(c: &[f32; CHUNK]) -> f32 {
     use std::arch::x86_64::*;
-    let p = c.as_ptr();
-    // SAFETY: SSE2 is part of the x86_64 baseline; every load reads 4
-    // floats at offsets 0..64 of a 64-float array.
+    // SAFETY: SSE2 is part of the x86_64 baseline.
+    let [a0, a1, a2, a3] = lanes4_sse2(c, |a, b| unsafe { _mm_max_ps(a, b) });
+    // SAFETY: as above.
     unsafe {
-        let mut a0 = _mm_loadu_ps(p);
-        let mut a1 = _mm_loadu_ps(p.add(4));
-        let mut a2 = _mm_loadu_ps(p.add(8));
-        let mut a3 = _mm_loadu_ps(p.add(12));
-        for r in 1..CHUNK / 16 {
-            let q = p.add(r * 16);
-            a0 = _mm_max_ps(a0, _mm_loadu_ps(q));
-            a1 = _mm_max_ps(a1, _mm_loadu_ps(q.add(4)));
-            a2 = _mm_max_ps(a2, _mm_loadu_ps(q.add(8)));
-            a3 = _mm_max_ps(a3, _mm_loadu_ps(q.add(12)));
-        }
         let m = _mm_max_ps(_mm_max_ps(a0, a1), _mm_max_ps(a2, a3));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let m = _mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m));
         _mm_cvtss_f32(m)
+    }
+}
+
+/// The lane-wise half of the SSE2 chunk folds ([`chunk_max`], [`sum_chunk`]):
+/// four 4-float accumulators start from floats 0..16 of the chunk and `op`
+/// folds every further 16 into them, in order (so the bits are fixed).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn lanes4_sse2(
+    c: &[f32; CHUNK],
+    op: impl Fn(std::arch::x86_64::__m128, std::arch::x86_64::__m128) -> std::arch::x86_64::__m128,
+) -> [std::arch::x86_64::__m128; 4] {
+    use std::arch::x86_64::*;
+    let p = c.as_ptr();
+    // SAFETY: SSE2 is part of the x86_64 baseline; every load reads 4
+    // floats at offsets 0..64 of a 64-float array.
+    unsafe {
+        let mut a = [
+            _mm_loadu_ps(p),
+            _mm_loadu_ps(p.add(4)),
+            _mm_loadu_ps(p.add(8)),
+            _mm_loadu_ps(p.add(12)),
+        ];
+        for r in 1..CHUNK / 16 {
+            let q = p.add(r * 16);
+            a[0] = op(a[0], _mm_loadu_ps(q));
+            a[1] = op(a[1], _mm_loadu_ps(q.add(4)));
+            a[2] = op(a[2], _mm_loadu_ps(q.add(8)));
+            a[3] = op(a[3], _mm_loadu_ps(q.add(12)));
+        }
+        a
     }
 }
 
@@ -111,20 +131,10 @@ pub fn chunk_maxima(x: &[f32], out: &mut Vec<f32>) -> f32 {
 #[inline(always)]
 pub fn sum_chunk(c: &[f32; CHUNK]) -> f32 {
     use std::arch::x86_64::*;
-    let p = c.as_ptr();
-    // SAFETY: SSE2 is baseline; loads stay within the 64-float array.
+    // SAFETY: SSE2 is part of the x86_64 baseline.
+    let [a0, a1, a2, a3] = lanes4_sse2(c, |a, b| unsafe { _mm_add_ps(a, b) });
+    // SAFETY: as above.
     unsafe {
-        let mut a0 = _mm_loadu_ps(p);
-        let mut a1 = _mm_loadu_ps(p.add(4));
-        let mut a2 = _mm_loadu_ps(p.add(8));
-        let mut a3 = _mm_loadu_ps(p.add(12));
-        for r in 1..CHUNK / 16 {
-            let q = p.add(r * 16);
-            a0 = _mm_add_ps(a0, _mm_loadu_ps(q));
-            a1 = _mm_add_ps(a1, _mm_loadu_ps(q.add(4)));
-            a2 = _mm_add_ps(a2, _mm_loadu_ps(q.add(8)));
-            a3 = _mm_add_ps(a3, _mm_loadu_ps(q.add(12)));
-        }
         // lanes l: (a0+a2)[l] + (a1+a3)[l], then lanes (0+2) + (1+3)
         let m = _mm_add_ps(_mm_add_ps(a0, a2), _mm_add_ps(a1, a3));
         let h = _mm_add_ps(m, _mm_movehl_ps(m, m)); // [0+2, 1+3, ..]

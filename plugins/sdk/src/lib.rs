@@ -6,6 +6,7 @@
 //! use samplerd_plugin_sdk::prelude::*;
 //! struct Greedy;
 //! impl Stage for Greedy { /* NAME, PARAMS, FLAGS, new, apply ... */ }
+//! // (or `impl StatelessStage for Greedy`: no per-sequence state to declare)
 //! samplerd_plugin_sdk::export_plugin!(name: c"mine", version: c"0.1.0", stages: [Greedy]);
 //! ```
 //!
@@ -17,7 +18,9 @@ pub mod export;
 pub mod stage;
 pub mod testing;
 
-pub use stage::{HostRng, Params, Stage, Tokens, ViewKind, Vocab, number_param, param_spec};
+pub use stage::{
+    HostRng, Params, Stage, StatelessStage, Tokens, ViewKind, Vocab, number_param, param_spec,
+};
 
 /// Everything a stage implementation usually needs.
 pub mod prelude {
@@ -27,6 +30,6 @@ pub mod prelude {
         SD_TOKEN_CONTROL, SD_TOKEN_EOG, SdCandidate, SdParamSpec, SdTokenValue,
     };
     pub use crate::stage::{
-        HostRng, Params, Stage, Tokens, ViewKind, Vocab, number_param, param_spec,
+        HostRng, Params, Stage, StatelessStage, Tokens, ViewKind, Vocab, number_param, param_spec,
     };
 }

@@ -45,6 +45,49 @@ pub trait Stage: Sized + Send + Sync + 'static {
     ) -> Result<(), String>;
 }
 
+/// A stage that keeps no per-sequence state (`greedy`, `logit_bias`, ...):
+/// implement this instead of [`Stage`] and the blanket impl below makes it
+/// one, with `State = ()`, a no-op `accept` and nothing to spell out for
+/// the state it does not have.
+pub trait StatelessStage: Sized + Send + Sync + 'static {
+    /// As [`Stage::NAME`].
+    const NAME: &'static CStr;
+    /// As [`Stage::DESCRIPTION`].
+    const DESCRIPTION: &'static CStr;
+    /// As [`Stage::PARAMS`].
+    const PARAMS: &'static [SdParamSpec];
+    /// As [`Stage::FLAGS`].
+    const FLAGS: u32;
+
+    /// As [`Stage::new`].
+    fn new(params: &Params<'_>, vocab: Option<&Vocab<'_>>) -> Result<Self, String>;
+    /// As [`Stage::apply`], without a state.
+    fn apply(&self, tokens: &mut Tokens<'_>, rng: &mut HostRng<'_>) -> Result<(), String>;
+}
+
+impl<S: StatelessStage> Stage for S {
+    const NAME: &'static CStr = S::NAME;
+    const DESCRIPTION: &'static CStr = S::DESCRIPTION;
+    const PARAMS: &'static [SdParamSpec] = S::PARAMS;
+    const FLAGS: u32 = S::FLAGS;
+    type State = ();
+
+    fn new(params: &Params<'_>, vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
+        S::new(params, vocab)
+    }
+
+    fn new_state(&self) {}
+
+    fn apply(
+        &self,
+        _: &mut (),
+        tokens: &mut Tokens<'_>,
+        rng: &mut HostRng<'_>,
+    ) -> Result<(), String> {
+        StatelessStage::apply(self, tokens, rng)
+    }
+}
+
 /// Builds a parameter spec in a `const` context.
 pub const fn param_spec(
     kind: u32,

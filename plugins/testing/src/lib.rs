@@ -25,28 +25,20 @@ pub trait Misbehaviour: Default + Send + Sync + 'static {
     fn misbehave(&self, tokens: &mut Tokens<'_>);
 }
 
-/// A [`Misbehaviour`] as a stage.
+/// A [`Misbehaviour`] as a stage (a stateless one).
 pub struct Fixture<M>(M);
 
-impl<M: Misbehaviour> Stage for Fixture<M> {
+impl<M: Misbehaviour> StatelessStage for Fixture<M> {
     const NAME: &'static CStr = M::NAME;
     const DESCRIPTION: &'static CStr = M::DESCRIPTION;
     const PARAMS: &'static [SdParamSpec] = M::PARAMS;
     const FLAGS: u32 = M::FLAGS;
-    type State = ();
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
         Ok(Fixture(M::new(params)))
     }
 
-    fn new_state(&self) {}
-
-    fn apply(
-        &self,
-        _: &mut (),
-        tokens: &mut Tokens<'_>,
-        _: &mut HostRng<'_>,
-    ) -> Result<(), String> {
+    fn apply(&self, tokens: &mut Tokens<'_>, _: &mut HostRng<'_>) -> Result<(), String> {
         self.0.misbehave(tokens);
         Ok(())
     }

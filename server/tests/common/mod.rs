@@ -123,6 +123,26 @@ impl TestServer {
             .into_inner()
     }
 
+    /// One Sample call that must fail: its status.
+    pub async fn sample_err(&self, req: samplerd_api::v1::SampleRequest) -> tonic::Status {
+        let mut client = self.client.clone();
+        client.sample(req).await.expect_err("Sample must fail")
+    }
+
+    /// One Sample call that must fail with `code` and a message naming
+    /// every one of `needles` (as [`assert_status`] checks), after which
+    /// the server still answers SERVING.
+    pub async fn assert_sample_refused(
+        &self,
+        req: samplerd_api::v1::SampleRequest,
+        code: tonic::Code,
+        needles: &[&str],
+    ) {
+        let err = self.sample_err(req).await;
+        assert_status(&err, code, needles);
+        self.assert_serving().await;
+    }
+
     pub fn addr(&self) -> std::net::SocketAddr {
         self.server.as_ref().unwrap().addr
     }

@@ -155,6 +155,13 @@ pub fn config(params: &[P<'_>], vocab: Option<&TestVocab>) -> Result<Config, Str
     }
 }
 
+/// The tiny vocabulary and a config over it, which must build.
+pub fn tiny_config(params: &[P<'_>]) -> (TestVocab, Config) {
+    let v = TestVocab::tiny();
+    let cfg = config(params, Some(&v)).unwrap_or_else(|e| panic!("config_new: {e}"));
+    (v, cfg)
+}
+
 impl Drop for Config {
     fn drop(&mut self) {
         // SAFETY: made by this stage's config_new; its states are gone

@@ -9,19 +9,14 @@ use samplerd_core_stages::{
 use samplerd_plugin_sdk::Stage;
 use samplerd_plugin_sdk::testing::{OwnedParams, OwnedTokens, TestRng};
 
+#[path = "../../tests/common/normal.rs"]
+mod normal;
+
 pub const N: usize = 151_936;
 
+/// N(0, 3) logits, the same on every run.
 pub fn logits() -> Vec<f32> {
-    let mut s = 0x1234_5678_9abc_def1u64;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..N)
-        .map(|_| ((0..12).map(|_| next()).sum::<f64>() - 6.0) as f32 * 3.0)
-        .collect()
+    normal::from_state(N, 3.0, 0x1234_5678_9abc_def1)
 }
 
 pub fn p(nums: &[(&str, f64)]) -> OwnedParams {

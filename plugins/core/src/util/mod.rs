@@ -15,7 +15,7 @@ pub use candidates::{desc, max_logit, softmax_into, sort_candidates, to_candidat
 pub use exp::{exp_consts, exp_f32, exp_shifted, exp_shifted_candidates};
 pub use fold::{candidates_max, chunk_max, chunk_maxima, max_scan, sum_chunk};
 pub use masks::{ge_mask, indices_at_least, sign_mask, sum_at_least};
-pub use params::{integer, min_keep, number, number_in};
+pub use params::{integer, min_keep, non_negative, number, number_in, unit_interval};
 
 /// Scan granularity of the dense helpers: 64 floats = 4 cache lines.
 pub use samplerd_numerics::fold::CHUNK;

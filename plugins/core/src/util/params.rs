@@ -41,6 +41,21 @@ pub fn number_in(
     Ok(v)
 }
 
+/// A numeric parameter that must be finite and >= 0 (a rate, a penalty,
+/// a temperature).
+pub fn non_negative(params: &Params<'_>, stage: &str, name: &str) -> Result<f64, String> {
+    number_in(params, stage, name, "finite and >= 0", |v| {
+        v.is_finite() && v >= 0.0
+    })
+}
+
+/// A numeric parameter in [0, 1] (a probability).
+pub fn unit_interval(params: &Params<'_>, stage: &str, name: &str) -> Result<f64, String> {
+    number_in(params, stage, name, "in [0, 1]", |v| {
+        (0.0..=1.0).contains(&v)
+    })
+}
+
 /// An integer parameter in `[lo, hi]`.
 pub fn integer(
     params: &Params<'_>,

@@ -1,6 +1,8 @@
 //! Shared helpers of the stage tests.
 #![allow(dead_code)]
 
+mod normal;
+
 use samplerd_core_stages::penalties::Penalties;
 use samplerd_plugin_sdk::Stage;
 pub use samplerd_plugin_sdk::testing::{OwnedParams, OwnedTokens, TestRng, apply, apply_once};
@@ -91,19 +93,7 @@ pub fn softmax(logits: &[f32]) -> Vec<f64> {
 
 /// Deterministic pseudo-normal logits (sum of uniforms), scaled by `sd`.
 pub fn normal_logits(n: usize, sd: f32, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let z: f64 = (0..12).map(|_| next()).sum::<f64>() - 6.0;
-            (z as f32) * sd
-        })
-        .collect()
+    normal::from_state(n, sd, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
 }
 
 /// Reference nucleus: sort descending (ties lower id), f32 cumsum of f64
