@@ -10,7 +10,7 @@
 //! `models/SmolLM2-135M-Instruct.Q4_1.gguf` (`scripts/fetch-model.sh`
 //! fetches it); without it the benchmark prints why and measures nothing.
 //! Qwen's is read from `SAMPLERD_QWEN_VOCAB` or else `models/qwen.tiktoken`
-//! (`scripts/fetch-qwen-vocab.sh`); without it that group is skipped.
+//! (`scripts/fetch-model.sh qwen-vocab`); without it that group is skipped.
 //!
 //! cargo bench -p samplerd-constraint-stage --bench mask
 
@@ -152,7 +152,7 @@ fn benches(c: &mut Criterion) {
         }
         Err(e) => eprintln!(
             "constraint bench: Qwen group skipped: no vocabulary at {} ({e}); run \
-             scripts/fetch-qwen-vocab.sh or set SAMPLERD_QWEN_VOCAB",
+             scripts/fetch-model.sh qwen-vocab or set SAMPLERD_QWEN_VOCAB",
             qwen_path.display()
         ),
     }

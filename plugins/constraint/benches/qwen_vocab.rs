@@ -1,5 +1,5 @@
 //! Qwen's real BPE vocabulary, laid out as Qwen2's 151,936 logits: the
-//! 151,643 BPE tokens of `qwen.tiktoken` (`scripts/fetch-qwen-vocab.sh`;
+//! 151,643 BPE tokens of `qwen.tiktoken` (`scripts/fetch-model.sh qwen-vocab`;
 //! each line a token's bytes in base64 and its id), Qwen2.5's 22 added
 //! tokens, and unused padding up to the logits width. `<|endoftext|>` and
 //! `<|im_end|>` end generation, as llama.cpp's loader marks them for Qwen2.
