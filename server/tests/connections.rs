@@ -1,7 +1,8 @@
 //! What a client can hold without sending requests: a connection that
 //! never sends the HTTP/2 preface is closed at `limits.handshake_timeout_ms`,
 //! one with no RPC in flight at `limits.idle_connection_timeout_secs` (but
-//! not one whose stream is merely quiet), and past `limits.max_connections`
+//! not one whose stream is merely quiet; a tonic client's next call then
+//! simply reconnects), and past `limits.max_connections`
 //! new connections are refused while the others keep serving. Every wait is
 //! bounded.
 
@@ -136,6 +137,55 @@ async fn an_idle_connection_is_closed_but_a_quiet_stream_is_not() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     tx.send(step()).await.unwrap();
     next_message(&mut responses, HEALTH_TIMEOUT).await;
+    s.assert_serving().await;
+}
+
+/// A loopback TCP proxy to `upstream`: its address, and a receiver that
+/// gets one message each time a proxied connection has closed both ways
+/// (so a test can wait for the server's close instead of sleeping).
+async fn close_watching_proxy(
+    upstream: std::net::SocketAddr,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (closed, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                let mut server = TcpStream::connect(upstream).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                let _ = closed.send(());
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn a_tonic_client_s_next_call_after_an_idle_close_succeeds() {
+    let s = start_tuned(|c| c.limits.idle_connection_timeout_secs = 1).await;
+    let (proxy, mut closed) = close_watching_proxy(s.addr()).await;
+    let mut client = client_for(proxy).await;
+    let request = || v1::SampleRequest {
+        logits: logits(64, 3),
+        ..Default::default()
+    };
+    client.sample(request()).await.expect("the first call");
+    // The server closes the connection once it has been idle a second.
+    tokio::time::timeout(CLOSE_BOUND, closed.recv())
+        .await
+        .expect("the idle connection is closed within the bound")
+        .expect("the proxy runs");
+    // The GOAWAY told the channel the connection is done: it connects
+    // again for the next call instead of failing it.
+    client
+        .sample(request())
+        .await
+        .expect("the call after the idle close");
     s.assert_serving().await;
 }
 
