@@ -40,6 +40,8 @@ mod quant_k_tests;
 pub mod quant_q5_0;
 pub mod quant_q5_1;
 pub mod streamer;
+#[cfg(test)]
+mod test_rng;
 pub mod tokenizer;
 pub mod vocab_file;
 pub mod weights;

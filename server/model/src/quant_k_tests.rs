@@ -6,27 +6,9 @@
 use crate::pool::ThreadPool;
 use crate::quant::{Acts, KQuant, QMatrix};
 use crate::quant_k::{self, BlockQ8K, QK_K, quantize_q8_k};
+use crate::test_rng::Lcg;
 use candle_core::quantized::GgmlDType;
 use half::f16;
-
-struct Lcg(u64);
-
-impl Lcg {
-    fn u32(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 32) as u32
-    }
-    fn byte(&mut self) -> u8 {
-        self.u32() as u8
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-}
 
 /// `n` random blocks of `kind` as GGUF bytes (scales of realistic size).
 fn random_raw(kind: KQuant, n: usize, r: &mut Lcg) -> Vec<u8> {
