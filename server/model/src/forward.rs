@@ -443,17 +443,15 @@ impl CpuBackend {
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd)
                     };
-                    crate::ggml::attention_head(
-                        q,
-                        &kf[..n_pos * hd],
-                        &vf[..n_pos * hd],
+                    let head = crate::ggml::Head {
+                        q16: q,
+                        kf: &kf[..n_pos * hd],
+                        vf: &vf[..n_pos * hd],
                         n_pos,
                         scale,
-                        view.decode,
-                        scores,
-                        acc,
-                        o,
-                    );
+                        decode: view.decode,
+                    };
+                    crate::ggml::attention_head(&head, scores, acc, o);
                 }
             }
         });

@@ -75,17 +75,15 @@ fn write_attention(dir: &Path, r: &mut Lcg) {
                     .iter()
                     .map(|&x| f16::from_f32(x).to_f32())
                     .collect();
-                ggml::attention_head(
-                    &q,
-                    &kf,
-                    &vf,
+                let head = ggml::Head {
+                    q16: &q,
+                    kf: &kf,
+                    vf: &vf,
                     n_pos,
                     scale,
                     decode,
-                    &mut scores,
-                    &mut acc,
-                    &mut out[h * hd..(h + 1) * hd],
-                );
+                };
+                ggml::attention_head(&head, &mut scores, &mut acc, &mut out[h * hd..(h + 1) * hd]);
             }
             f.put(&[decode as i32, n_pos as i32, nh as i32, hd as i32]);
             f.put(&qkv);
