@@ -31,6 +31,8 @@ pub mod ggml;
 pub mod gguf;
 pub mod pool;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_avx2;
 mod quant_convert;
 pub mod quant_k;
 #[cfg(target_arch = "x86_64")]
