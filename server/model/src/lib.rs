@@ -39,6 +39,7 @@ pub mod quant_k;
 mod quant_k_avx2;
 #[cfg(test)]
 mod quant_k_tests;
+mod quant_kernels;
 pub mod quant_q5_0;
 pub mod quant_q5_1;
 pub mod streamer;

@@ -4,8 +4,9 @@
 //! Q8_K quantisation follows `quantize_row_q8_K_ref`.
 
 use crate::pool::ThreadPool;
-use crate::quant::{Acts, KQuant, Kernels, QMatrix};
+use crate::quant::{Acts, KQuant, QMatrix};
 use crate::quant_k::{self, BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant_kernels::Kernels;
 use crate::test_rng::Lcg;
 use candle_core::quantized::GgmlDType;
 use half::f16;
