@@ -52,9 +52,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         tokens: &[u32],
         logits: &mut [&mut [f32]],
     ) -> Result<(), ModelError> {
-        check_batch_shape(states.len(), tokens.len(), logits.len())?;
-        for ((st, &tok), l) in states.iter_mut().zip(tokens).zip(logits.iter_mut()) {
-            self.forward(&mut **st, std::slice::from_ref(&tok), l)?;
+        for (st, tok, l) in batch_rows(states, tokens, logits)? {
+            self.forward(st, std::slice::from_ref(tok), l)?;
         }
         Ok(())
     }
@@ -68,6 +67,70 @@ pub fn check_batch_shape(states: usize, tokens: usize, logits: usize) -> Result<
     if tokens != states || logits != states {
         return Err(ModelError::Backend(format!(
             "a batch of {states} sequences got {tokens} tokens and {logits} logits buffers"
+        )));
+    }
+    Ok(())
+}
+
+/// A batch's sequences with their token and logits buffer, once
+/// [`check_batch_shape`] has passed.
+pub fn batch_rows<'b>(
+    states: &'b mut [&mut dyn SequenceState],
+    tokens: &'b [u32],
+    logits: &'b mut [&mut [f32]],
+) -> Result<impl Iterator<Item = (&'b mut dyn SequenceState, &'b u32, &'b mut [f32])>, ModelError> {
+    check_batch_shape(states.len(), tokens.len(), logits.len())?;
+    Ok(states
+        .iter_mut()
+        .zip(tokens)
+        .zip(logits.iter_mut())
+        .map(|((st, tok), l)| (&mut **st, tok, &mut **l)))
+}
+
+/// `state` as a backend's own state type `T` (`backend` names the backend
+/// in the error when another one created the state).
+pub fn downcast_state<'a, T: SequenceState>(
+    state: &'a mut dyn SequenceState,
+    backend: &str,
+) -> Result<&'a mut T, ModelError> {
+    state.as_any_mut().downcast_mut::<T>().ok_or_else(|| {
+        ModelError::Backend(format!(
+            "sequence state was not created by the {backend} backend"
+        ))
+    })
+}
+
+/// The input checks every backend makes before a forward pass (the same
+/// errors): some tokens, room for them in a cache of `capacity` positions
+/// after `position`, and ids inside the vocabulary.
+pub fn check_tokens(
+    position: usize,
+    capacity: usize,
+    tokens: &[u32],
+    n_vocab: usize,
+) -> Result<(), ModelError> {
+    let n = tokens.len();
+    if n == 0 {
+        return Err(ModelError::EmptyInput);
+    }
+    if position + n > capacity {
+        return Err(ModelError::ContextFull {
+            position,
+            n_tokens: n,
+            capacity,
+        });
+    }
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ModelError::TokenOutOfRange { id, n_vocab });
+    }
+    Ok(())
+}
+
+/// A logits buffer holds one value per vocabulary entry.
+pub fn check_logits(len: usize, n_vocab: usize) -> Result<(), ModelError> {
+    if len != n_vocab {
+        return Err(ModelError::Backend(format!(
+            "logits buffer has {len} entries, vocabulary {n_vocab}"
         )));
     }
     Ok(())

@@ -12,7 +12,9 @@
 //! attention probabilities rounded to f16 for the f16 products, f64 sums in
 //! RMSNorm and softmax.
 
-use crate::backend::{Backend, SequenceState, check_batch_shape};
+use crate::backend::{
+    Backend, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
+};
 use crate::error::ModelError;
 use crate::gguf::Config;
 use crate::pool::{ThreadPool, split_range};
@@ -196,33 +198,9 @@ impl CpuBackend {
         tokens: &[u32],
         logits: &[f32],
     ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if cache.pos + n > cache.capacity {
-            return Err(ModelError::ContextFull {
-                position: cache.pos,
-                n_tokens: n,
-                capacity: cache.capacity,
-            });
-        }
-        for &t in tokens {
-            if t as usize >= c.n_vocab {
-                return Err(ModelError::TokenOutOfRange {
-                    id: t,
-                    n_vocab: c.n_vocab,
-                });
-            }
-        }
-        if logits.len() != c.n_vocab {
-            return Err(ModelError::Backend(format!(
-                "logits buffer has {} entries, vocabulary {}",
-                logits.len(),
-                c.n_vocab
-            )));
-        }
+        let n_vocab = self.config.n_vocab;
+        check_tokens(cache.pos, cache.capacity, tokens, n_vocab)?;
+        check_logits(logits.len(), n_vocab)?;
         Ok(())
     }
 
@@ -443,17 +421,15 @@ impl CpuBackend {
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd)
                     };
-                    crate::ggml::attention_head(
-                        q,
-                        &kf[..n_pos * hd],
-                        &vf[..n_pos * hd],
+                    let head = crate::ggml::Head {
+                        q16: q,
+                        kf: &kf[..n_pos * hd],
+                        vf: &vf[..n_pos * hd],
                         n_pos,
                         scale,
-                        view.decode,
-                        scores,
-                        acc,
-                        o,
-                    );
+                        decode: view.decode,
+                    };
+                    crate::ggml::attention_head(&head, scores, acc, o);
                 }
             }
         });
@@ -556,12 +532,7 @@ pub(crate) fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
 }
 
 fn cpu_state(state: &mut dyn SequenceState) -> Result<&mut CpuState, ModelError> {
-    state
-        .as_any_mut()
-        .downcast_mut::<CpuState>()
-        .ok_or_else(|| {
-            ModelError::Backend("sequence state was not created by the CPU backend".into())
-        })
+    downcast_state(state, "CPU")
 }
 
 impl Backend for CpuBackend {
@@ -610,10 +581,9 @@ impl Backend for CpuBackend {
         tokens: &[u32],
         logits: &mut [&mut [f32]],
     ) -> Result<(), ModelError> {
-        check_batch_shape(states.len(), tokens.len(), logits.len())?;
         let mut segs = Vec::with_capacity(states.len());
-        for ((st, tok), l) in states.iter_mut().zip(tokens).zip(logits.iter_mut()) {
-            let cache = &mut cpu_state(&mut **st)?.cache;
+        for (st, tok, l) in batch_rows(states, tokens, logits)? {
+            let cache = &mut cpu_state(st)?.cache;
             let tokens = std::slice::from_ref(tok);
             self.check_segment(cache, tokens, l)?;
             segs.push(Segment {

@@ -98,30 +98,22 @@ fn expf_lane(x: f32, fl: Flavor) -> f32 {
     let b = (-n).mul_add(f(LN2_LO), (-n).mul_add(f(LN2_HI), x));
     let u = b * b;
     let p = f(C5).mul_add(b, f(C4)).mul_add(u, f(C3).mul_add(b, f(C2)));
+    // Out of range (both flavours): overflow, underflow or NaN.
+    if n.abs() > 192.0 || n.is_nan() {
+        return if x > 0.0 {
+            f32::INFINITY
+        } else if x.is_nan() {
+            x
+        } else {
+            0.0
+        };
+    }
     match fl {
         Flavor::Avx512 => {
-            if n.abs() > 192.0 || n.is_nan() {
-                return if x > 0.0 {
-                    f32::INFINITY
-                } else if x.is_nan() {
-                    x
-                } else {
-                    0.0
-                };
-            }
             let j = p.mul_add(u, f(C1).mul_add(b, 1.0));
             scale2(j, n)
         }
         Flavor::Avx2 => {
-            if n.abs() > 192.0 || n.is_nan() {
-                return if x > 0.0 {
-                    f32::INFINITY
-                } else if x.is_nan() {
-                    x
-                } else {
-                    0.0
-                };
-            }
             let j = p.mul_add(u, f(C1) * b);
             if n.abs() > 126.0 {
                 return ((j as f64 + 1.0) * pow2(n)) as f32;
@@ -181,11 +173,33 @@ fn reduce16(v: &[f32; 16]) -> f32 {
 }
 
 /// Horizontal sum of 8 lanes: `hi128 + lo128`, then `(v0+v2) + (v1+v3)`
-/// (ggml's `hsum_float_8` / tinyBLAS `hsum`).
+/// (ggml's `hsum_float_8` / tinyBLAS `hsum`; also the weight products' final
+/// sum, `quant`).
 #[inline(always)]
-fn reduce8(v: &[f32; 16]) -> f32 {
+pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
     let t = [v[4] + v[0], v[5] + v[1], v[6] + v[2], v[7] + v[3]];
     (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// [`hsum8`] of the first 8 of 16 lanes.
+#[inline(always)]
+fn reduce8(v: &[f32; 16]) -> f32 {
+    hsum8(v.first_chunk().expect("16 lanes"))
+}
+
+/// One attention head's inputs (see [`attention_head`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Head<'a> {
+    /// The query already rounded to f16 (`hd` values).
+    pub q16: &'a [f32],
+    /// `n_pos × hd` f32 copies of the f16 cache.
+    pub kf: &'a [f32],
+    pub vf: &'a [f32],
+    pub n_pos: usize,
+    pub scale: f32,
+    /// A one-token batch (llama.cpp then uses `ggml_vec_dot_f16` instead of
+    /// tinyBLAS, a different summation order).
+    pub decode: bool,
 }
 
 /// One attention head over `n_pos` cached positions, as llama.cpp's
@@ -193,62 +207,34 @@ fn reduce8(v: &[f32; 16]) -> f32 {
 /// order), `softmax(kq * scale)` with ggml's expf and per-vector sums in
 /// f64, probabilities rounded to f16, then `V·p16` in the same lane order.
 ///
-/// `q16`: the query already rounded to f16 (`hd` values); `kf`, `vf`:
-/// `n_pos × hd` f32 copies of the f16 cache; `decode`: a one-token batch
-/// (llama.cpp then uses `ggml_vec_dot_f16` instead of tinyBLAS, a different
-/// summation order); `scores`: scratch (≥ n_pos rounded up to 16); `acc`:
-/// scratch (≥ 64·hd); `out`: `hd` values.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_head(
-    q16: &[f32],
-    kf: &[f32],
-    vf: &[f32],
-    n_pos: usize,
-    scale: f32,
-    decode: bool,
-    scores: &mut [f32],
-    acc: &mut [f32],
-    out: &mut [f32],
-) {
+/// `scores`: scratch (≥ n_pos rounded up to 16); `acc`: scratch (≥ 64·hd);
+/// `out`: `hd` values.
+pub fn attention_head(h: &Head<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
-        unsafe { attention_fma(q16, kf, vf, n_pos, scale, decode, scores, acc, out) };
+        unsafe { attention_fma(h, scores, acc, out) };
         return;
     }
-    attention_body(q16, kf, vf, n_pos, scale, decode, scores, acc, out)
+    attention_body(h, scores, acc, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attention_fma(
-    q16: &[f32],
-    kf: &[f32],
-    vf: &[f32],
-    n_pos: usize,
-    scale: f32,
-    decode: bool,
-    scores: &mut [f32],
-    acc: &mut [f32],
-    out: &mut [f32],
-) {
-    attention_body(q16, kf, vf, n_pos, scale, decode, scores, acc, out)
+unsafe fn attention_fma(h: &Head<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    attention_body(h, scores, acc, out)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attention_body(
-    q16: &[f32],
-    kf: &[f32],
-    vf: &[f32],
-    n_pos: usize,
-    scale: f32,
-    decode: bool,
-    scores: &mut [f32],
-    acc: &mut [f32],
-    out: &mut [f32],
-) {
+fn attention_body(h: &Head<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    let Head {
+        q16,
+        kf,
+        vf,
+        n_pos,
+        scale,
+        decode,
+    } = *h;
     let fl = flavor();
     let w = if fl == Flavor::Avx512 { 16 } else { 8 };
     let hd = q16.len();
@@ -283,19 +269,9 @@ fn attention_body(
                 lanes[e] = v;
             }
         }
-        let s = if w == 16 {
-            reduce16(&lanes)
-        } else {
-            // ggml_vec_soft_max_f32's AVX2 path: hi+lo, then movehl, then movehdup.
-            let t = [
-                lanes[4] + lanes[0],
-                lanes[5] + lanes[1],
-                lanes[6] + lanes[2],
-                lanes[7] + lanes[3],
-            ];
-            (t[0] + t[2]) + (t[1] + t[3])
-        };
-        sum += s as f64;
+        // (ggml_vec_soft_max_f32's AVX2 path: hi+lo, then movehl, then
+        // movehdup, hsum_float_8's order.)
+        sum += reduce(&lanes) as f64;
         p += w;
     }
     let inv = (1.0 / sum) as f32;
@@ -427,7 +403,15 @@ mod tests {
         let v: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.07).sin()).collect();
         let (mut sc, mut acc, mut out) = (vec![0f32; 48], vec![0f32; 64 * hd], vec![0f32; hd]);
         for decode in [false, true] {
-            attention_head(&q, &k, &v, n, 0.125, decode, &mut sc, &mut acc, &mut out);
+            let h = Head {
+                q16: &q,
+                kf: &k,
+                vf: &v,
+                n_pos: n,
+                scale: 0.125,
+                decode,
+            };
+            attention_head(&h, &mut sc, &mut acc, &mut out);
             let s: Vec<f32> = (0..n)
                 .map(|p| (0..hd).map(|d| q[d] * k[p * hd + d]).sum::<f32>() * 0.125)
                 .collect();

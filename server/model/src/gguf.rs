@@ -427,27 +427,15 @@ impl GgufFile {
             return Err(self.tensor_err(name, format!("row length {cols} is not a multiple of 32")));
         }
         let dtype = self.info(name)?.ggml_dtype;
-        let m = match dtype {
-            GgmlDType::Q8_0 => {
-                let (_, _, raw) = self.raw(name)?;
-                QMatrix::from_q8_0_bytes(rows, cols, &raw)
-            }
-            GgmlDType::Q4_1 => {
-                let (_, _, raw) = self.raw(name)?;
-                QMatrix::from_q4_1_bytes(rows, cols, &raw)
-            }
-            GgmlDType::Q5_0 => {
-                let (_, _, raw) = self.raw(name)?;
-                QMatrix::from_q5_0_bytes(rows, cols, &raw)
-            }
-            GgmlDType::Q5_1 => {
-                let (_, _, raw) = self.raw(name)?;
-                QMatrix::from_q5_1_bytes(rows, cols, &raw)
-            }
-            GgmlDType::Q4_0 => {
-                let (_, _, raw) = self.raw(name)?;
-                QMatrix::q8_0_from_q4_0_or_q5_0(false, rows, cols, &raw)
-            }
+        // The formats read from their stored blocks, by constructor; the
+        // others through f32.
+        type FromBytes = fn(usize, usize, &[u8]) -> Option<QMatrix>;
+        let from_bytes: Option<FromBytes> = match dtype {
+            GgmlDType::Q8_0 => Some(QMatrix::from_q8_0_bytes),
+            GgmlDType::Q4_1 => Some(QMatrix::from_q4_1_bytes),
+            GgmlDType::Q5_0 => Some(QMatrix::from_q5_0_bytes),
+            GgmlDType::Q5_1 => Some(QMatrix::from_q5_1_bytes),
+            GgmlDType::Q4_0 => Some(|r, c, raw| QMatrix::q8_0_from_q4_0_or_q5_0(false, r, c, raw)),
             GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K => {
                 if !cols.is_multiple_of(crate::quant_k::QK_K) {
                     return Err(self.tensor_err(
@@ -455,15 +443,20 @@ impl GgufFile {
                         format!("{dtype:?} row length {cols} is not a multiple of 256"),
                     ));
                 }
-                let kind = match dtype {
-                    GgmlDType::Q4K => KQuant::Q4K,
-                    GgmlDType::Q5K => KQuant::Q5K,
-                    _ => KQuant::Q6K,
-                };
-                let (_, _, raw) = self.raw(name)?;
-                QMatrix::from_k_bytes(kind, rows, cols, &raw)
+                Some(match dtype {
+                    GgmlDType::Q4K => |r, c, raw| QMatrix::from_k_bytes(KQuant::Q4K, r, c, raw),
+                    GgmlDType::Q5K => |r, c, raw| QMatrix::from_k_bytes(KQuant::Q5K, r, c, raw),
+                    _ => |r, c, raw| QMatrix::from_k_bytes(KQuant::Q6K, r, c, raw),
+                })
             }
-            _ => {
+            _ => None,
+        };
+        let m = match from_bytes {
+            Some(from_bytes) => {
+                let (_, _, raw) = self.raw(name)?;
+                from_bytes(rows, cols, &raw)
+            }
+            None => {
                 let v = self.f32_values(name)?;
                 QMatrix::q8_0_from_f32(rows, cols, &v)
             }

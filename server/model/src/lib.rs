@@ -31,15 +31,20 @@ pub mod ggml;
 pub mod gguf;
 pub mod pool;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_avx2;
 mod quant_convert;
 pub mod quant_k;
 #[cfg(target_arch = "x86_64")]
 mod quant_k_avx2;
 #[cfg(test)]
 mod quant_k_tests;
+mod quant_kernels;
 pub mod quant_q5_0;
 pub mod quant_q5_1;
 pub mod streamer;
+#[cfg(test)]
+mod test_rng;
 pub mod tokenizer;
 pub mod vocab_file;
 pub mod weights;

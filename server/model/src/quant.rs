@@ -15,15 +15,18 @@
 //! dot products are the ones ggml's `ggml_vec_dot_*` compute, in the same
 //! order.
 //!
-//! Kernels: AVX2+FMA chosen at run time (`samplerd_numerics::features`), with a
-//! portable scalar fallback (forced with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows over the
-//! [`ThreadPool`].
+//! Kernels (`quant_kernels`): AVX2+FMA chosen at run time
+//! (`samplerd_numerics::features`), with a portable scalar fallback (forced
+//! with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows
+//! over the [`ThreadPool`].
 
 use crate::pool::{ThreadPool, split_range};
 pub use crate::quant_convert::KQuant;
 use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::quant_kernels::kernels;
+pub use crate::quant_kernels::{kernel_name, scalar};
 use crate::quant_q5_0::{self, BlockQ5_0};
-use crate::quant_q5_1::{self, BlockQ5_1};
+use crate::quant_q5_1::BlockQ5_1;
 use half::f16;
 
 /// Values per quantisation block.
@@ -121,32 +124,154 @@ impl<'a> Acts<'a> {
     }
 }
 
-fn f16_le(b: &[u8]) -> f32 {
+/// An f16 stored little-endian at the start of `b`, widened (exact).
+pub(crate) fn f16_le(b: &[u8]) -> f32 {
     f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
 
-impl QMatrix {
-    pub fn rows(&self) -> usize {
-        match self {
-            QMatrix::Q8_0 { rows, .. }
-            | QMatrix::Q4_1 { rows, .. }
-            | QMatrix::Q5_0 { rows, .. }
-            | QMatrix::Q5_1 { rows, .. }
-            | QMatrix::Q4K { rows, .. }
-            | QMatrix::Q5K { rows, .. }
-            | QMatrix::Q6K { rows, .. } => *rows,
+/// The `M` bytes of `c` from `at`.
+#[inline(always)]
+pub(crate) fn bytes_at<const M: usize>(c: &[u8], at: usize) -> [u8; M] {
+    c[at..at + M].try_into().expect("inside the block")
+}
+
+/// Blocks of `N` stored bytes each, decoded by `f`, or `None` when `raw`
+/// ends in a partial block.
+pub(crate) fn blocks_from_bytes<T, const N: usize>(
+    raw: &[u8],
+    f: impl Fn(&[u8; N]) -> T,
+) -> Option<Vec<T>> {
+    let (blocks, rest) = raw.as_chunks::<N>();
+    rest.is_empty().then(|| blocks.iter().map(f).collect())
+}
+
+/// Whether `raw` holds exactly `rows × cols` values in blocks of `values`
+/// values and `bytes` bytes, with whole blocks per row.
+pub(crate) fn whole_rows(
+    rows: usize,
+    cols: usize,
+    values: usize,
+    bytes: usize,
+    raw: &[u8],
+) -> bool {
+    cols.is_multiple_of(values) && raw.len() == rows * cols / values * bytes
+}
+
+/// Calls `$e` with `$b` bound to the matrix's blocks, whatever their format.
+macro_rules! with_blocks {
+    ($m:expr, $b:ident => $e:expr) => {
+        match $m {
+            QMatrix::Q8_0 { blocks: $b, .. } => $e,
+            QMatrix::Q4_1 { blocks: $b, .. } => $e,
+            QMatrix::Q5_0 { blocks: $b, .. } => $e,
+            QMatrix::Q5_1 { blocks: $b, .. } => $e,
+            QMatrix::Q4K { blocks: $b, .. } => $e,
+            QMatrix::Q5K { blocks: $b, .. } => $e,
+            QMatrix::Q6K { blocks: $b, .. } => $e,
+        }
+    };
+}
+
+/// A weight block format: how many values a block holds, and ggml's
+/// `dequantize_row_*` for it.
+pub trait WeightBlock: Sized {
+    const VALUES: usize;
+    fn dequant(blocks: &[Self], out: &mut [f32]);
+}
+
+/// A 32-value weight format against Q8_1 activations, as ggml's
+/// `ggml_vec_dot_*_q8_{0,1}` compute it: eight int32 lanes of four products
+/// of the block's integer values with the activation quants, one
+/// `fma(d·d8, lanes, acc)` per block, `hsum_float_8`, then (when `MIN`) the
+/// minimum term `Σ m·s`. `m·s` is exact (two f16 values), so ggml's
+/// multiply-and-add and its fma (Q5_1, as GCC contracts it) give the same
+/// bits; both are summed as `summs + m·s` here. The AVX2 kernels add the
+/// lanes' SIMD form (`quant_avx2`); [`scalar::dot`] is the portable
+/// reference. Dequantised (ggml's `dequantize_row_*`) as `d·q (+ m)`.
+pub trait Block32: Copy {
+    /// Whether the format has a minimum (`x = d·q + m`).
+    const MIN: bool;
+    fn d(&self) -> f32;
+    /// The minimum (0 without one).
+    fn m(&self) -> f32;
+    /// The 32 integer values `q` (Q8_0's own quants; the other formats' 4 or
+    /// 5 bits fit an `i8` too).
+    fn values(&self) -> [i8; QK];
+}
+
+impl<B: Block32> WeightBlock for B {
+    const VALUES: usize = QK;
+    fn dequant(blocks: &[Self], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            for (x, q) in o.iter_mut().zip(b.values()) {
+                *x = if B::MIN {
+                    b.d() * q as f32 + b.m()
+                } else {
+                    b.d() * q as f32
+                };
+            }
         }
     }
-    pub fn cols(&self) -> usize {
-        match self {
-            QMatrix::Q8_0 { cols, .. }
-            | QMatrix::Q4_1 { cols, .. }
-            | QMatrix::Q5_0 { cols, .. }
-            | QMatrix::Q5_1 { cols, .. }
-            | QMatrix::Q4K { cols, .. }
-            | QMatrix::Q5K { cols, .. }
-            | QMatrix::Q6K { cols, .. } => *cols,
+}
+
+/// [`Block32`] for a block type with fields `d` (and `m` when `min`), its
+/// integer values given by `values`.
+macro_rules! block32 {
+    ($t:ty, min: $min:tt, values: $values:expr) => {
+        impl Block32 for $t {
+            const MIN: bool = $min;
+            #[inline(always)]
+            fn d(&self) -> f32 {
+                self.d
+            }
+            #[inline(always)]
+            fn m(&self) -> f32 {
+                block32!(@m self, $min)
+            }
+            #[inline(always)]
+            fn values(&self) -> [i8; QK] {
+                $values(self)
+            }
         }
+    };
+    (@m $b:ident, true) => {
+        $b.m
+    };
+    (@m $b:ident, false) => {
+        0.0
+    };
+}
+
+block32!(BlockQ8_0, min: false, values: |b: &BlockQ8_0| b.qs);
+block32!(BlockQ4_1, min: true, values: |b: &BlockQ4_1| {
+    let mut v = [0i8; QK];
+    for j in 0..QK / 2 {
+        v[j] = (b.qs[j] & 0x0F) as i8;
+        v[j + QK / 2] = (b.qs[j] >> 4) as i8;
+    }
+    v
+});
+block32!(BlockQ5_0, min: false, values: crate::quant_q5_0::values);
+block32!(BlockQ5_1, min: true, values: |b| crate::quant_q5_1::values(b).map(|q| q as i8));
+
+impl QMatrix {
+    /// `(rows, cols)`.
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            QMatrix::Q8_0 { rows, cols, .. }
+            | QMatrix::Q4_1 { rows, cols, .. }
+            | QMatrix::Q5_0 { rows, cols, .. }
+            | QMatrix::Q5_1 { rows, cols, .. }
+            | QMatrix::Q4K { rows, cols, .. }
+            | QMatrix::Q5K { rows, cols, .. }
+            | QMatrix::Q6K { rows, cols, .. } => (*rows, *cols),
+        }
+    }
+    pub fn rows(&self) -> usize {
+        self.dims().0
+    }
+    pub fn cols(&self) -> usize {
+        self.dims().1
     }
     pub fn format(&self) -> &'static str {
         match self {
@@ -170,54 +295,31 @@ impl QMatrix {
 
     /// Bytes the weights take in memory.
     pub fn nbytes(&self) -> usize {
-        match self {
-            QMatrix::Q8_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-            QMatrix::Q4_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-            QMatrix::Q5_0 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-            QMatrix::Q5_1 { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-            QMatrix::Q4K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-            QMatrix::Q5K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-            QMatrix::Q6K { blocks, .. } => std::mem::size_of_val(&blocks[..]),
-        }
+        with_blocks!(self, b => std::mem::size_of_val(&b[..]))
     }
 
     /// From raw GGUF Q8_0 bytes (34 bytes per block: f16 d, 32 × i8).
     pub fn from_q8_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        let nb = rows * cols / QK;
-        if !cols.is_multiple_of(QK) || raw.len() != nb * 34 {
+        if !whole_rows(rows, cols, QK, 34, raw) {
             return None;
         }
-        let blocks = raw
-            .chunks_exact(34)
-            .map(|c| {
-                let mut qs = [0i8; QK];
-                for (q, &b) in qs.iter_mut().zip(&c[2..]) {
-                    *q = b as i8;
-                }
-                BlockQ8_0 { d: f16_le(c), qs }
-            })
-            .collect();
+        let blocks = blocks_from_bytes(raw, |c: &[u8; 34]| BlockQ8_0 {
+            d: f16_le(c),
+            qs: std::array::from_fn(|i| c[2 + i] as i8),
+        })?;
         Some(QMatrix::Q8_0 { rows, cols, blocks })
     }
 
     /// From raw GGUF Q4_1 bytes (20 bytes per block: f16 d, f16 m, 16 × u8).
     pub fn from_q4_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        let nb = rows * cols / QK;
-        if !cols.is_multiple_of(QK) || raw.len() != nb * 20 {
+        if !whole_rows(rows, cols, QK, 20, raw) {
             return None;
         }
-        let blocks = raw
-            .chunks_exact(20)
-            .map(|c| {
-                let mut qs = [0u8; QK / 2];
-                qs.copy_from_slice(&c[4..20]);
-                BlockQ4_1 {
-                    d: f16_le(c),
-                    m: f16_le(&c[2..]),
-                    qs,
-                }
-            })
-            .collect();
+        let blocks = blocks_from_bytes(raw, |c: &[u8; 20]| BlockQ4_1 {
+            d: f16_le(c),
+            m: f16_le(&c[2..]),
+            qs: bytes_at(c, 4),
+        })?;
         Some(QMatrix::Q4_1 { rows, cols, blocks })
     }
 
@@ -248,51 +350,11 @@ impl QMatrix {
 
     /// Dequantises row `r` into `out` (`cols` values): the embedding lookup.
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        match self {
-            QMatrix::Q8_0 { cols, blocks, .. } => {
-                let nb = cols / QK;
-                for (b, o) in blocks[r * nb..(r + 1) * nb]
-                    .iter()
-                    .zip(out.chunks_exact_mut(QK))
-                {
-                    for (x, &q) in o.iter_mut().zip(&b.qs) {
-                        *x = b.d * q as f32;
-                    }
-                }
-            }
-            QMatrix::Q4_1 { cols, blocks, .. } => {
-                let nb = cols / QK;
-                for (b, o) in blocks[r * nb..(r + 1) * nb]
-                    .iter()
-                    .zip(out.chunks_exact_mut(QK))
-                {
-                    for j in 0..QK / 2 {
-                        o[j] = b.d * (b.qs[j] & 0x0F) as f32 + b.m;
-                        o[j + QK / 2] = b.d * (b.qs[j] >> 4) as f32 + b.m;
-                    }
-                }
-            }
-            QMatrix::Q5_0 { cols, blocks, .. } => {
-                let nb = cols / QK;
-                quant_q5_0::dequant(&blocks[r * nb..(r + 1) * nb], out);
-            }
-            QMatrix::Q5_1 { cols, blocks, .. } => {
-                let nb = cols / QK;
-                quant_q5_1::dequant(&blocks[r * nb..(r + 1) * nb], out);
-            }
-            QMatrix::Q4K { cols, blocks, .. } => {
-                let nb = cols / QK_K;
-                quant_k::dequant_q4k(&blocks[r * nb..(r + 1) * nb], out);
-            }
-            QMatrix::Q5K { cols, blocks, .. } => {
-                let nb = cols / QK_K;
-                quant_k::dequant_q5k(&blocks[r * nb..(r + 1) * nb], out);
-            }
-            QMatrix::Q6K { cols, blocks, .. } => {
-                let nb = cols / QK_K;
-                quant_k::dequant_q6k(&blocks[r * nb..(r + 1) * nb], out);
-            }
+        fn row<B: WeightBlock>(blocks: &[B], cols: usize, r: usize, out: &mut [f32]) {
+            let nb = cols / B::VALUES;
+            B::dequant(&blocks[r * nb..(r + 1) * nb], out);
         }
+        with_blocks!(self, b => row(b, self.cols(), r, out))
     }
 
     /// `out[t * rows + r] = W[r] · x[t]` for every token `t` of the quantised
@@ -349,23 +411,8 @@ impl QMatrix {
                         std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), r1 - r0)
                     };
                     match self {
-                        QMatrix::Q8_0 { blocks, .. } => (k.q8_0)(&blocks[r0 * nb..r1 * nb], a, dst),
-                        QMatrix::Q4_1 { blocks, .. } => (k.q4_1)(&blocks[r0 * nb..r1 * nb], a, dst),
                         QMatrix::Q5_0 { .. } if n_tok > 1 => (k.q8_0)(&expanded, a, dst),
-                        QMatrix::Q5_0 { blocks, .. } => (k.q5_0)(&blocks[r0 * nb..r1 * nb], a, dst),
-                        QMatrix::Q5_1 { blocks, .. } => (k.q5_1)(&blocks[r0 * nb..r1 * nb], a, dst),
-                        QMatrix::Q4K { blocks, .. } if tiled(t) => {
-                            (k.q4k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
-                        }
-                        QMatrix::Q5K { blocks, .. } if tiled(t) => {
-                            (k.q5k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
-                        }
-                        QMatrix::Q6K { blocks, .. } if tiled(t) => {
-                            (k.q6k_t)(&blocks[r0 * nb..r1 * nb], ak, dst, fused)
-                        }
-                        QMatrix::Q4K { blocks, .. } => (k.q4k)(&blocks[r0 * nb..r1 * nb], ak, dst),
-                        QMatrix::Q5K { blocks, .. } => (k.q5k)(&blocks[r0 * nb..r1 * nb], ak, dst),
-                        QMatrix::Q6K { blocks, .. } => (k.q6k)(&blocks[r0 * nb..r1 * nb], ak, dst),
+                        _ => k.tile(self, r0..r1, a, ak, tiled(t).then_some(fused), dst),
                     }
                 }
                 r0 = r1;
@@ -399,324 +446,17 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
     }
 }
 
-struct Kernels {
-    name: &'static str,
-    q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
-    q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
-    q5_0: fn(&[BlockQ5_0], &[BlockQ8_1], &mut [f32]),
-    q5_1: fn(&[BlockQ5_1], &[BlockQ8_1], &mut [f32]),
-    q4k: fn(&[BlockQ4K], &[BlockQ8K], &mut [f32]),
-    q5k: fn(&[BlockQ5K], &[BlockQ8K], &mut [f32]),
-    q6k: fn(&[BlockQ6K], &[BlockQ8K], &mut [f32]),
-    q4k_t: TiledFn<BlockQ4K>,
-    q5k_t: TiledFn<BlockQ5K>,
-    q6k_t: TiledFn<BlockQ6K>,
-}
-
-/// A tiled-order K-quant kernel (`fused`: see `quant_k::tiled_fused`).
-type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32], bool);
-
-fn kernels() -> &'static Kernels {
-    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
-    K.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::env::var_os("SAMPLERD_MODEL_SCALAR").is_none()
-                && samplerd_numerics::features().avx2()
-                && samplerd_numerics::features().fma()
-            {
-                return Kernels {
-                    name: "avx2",
-                    q8_0: avx2::rows_q8_0_safe,
-                    q4_1: avx2::rows_q4_1_safe,
-                    q5_0: quant_q5_0::avx2::rows_safe,
-                    q5_1: quant_q5_1::avx2::rows_safe,
-                    q4k: crate::quant_k_avx2::rows_q4k_safe,
-                    q5k: crate::quant_k_avx2::rows_q5k_safe,
-                    q6k: crate::quant_k_avx2::rows_q6k_safe,
-                    q4k_t: crate::quant_k_avx2::tiled_rows_q4k_safe,
-                    q5k_t: crate::quant_k_avx2::tiled_rows_q5k_safe,
-                    q6k_t: crate::quant_k_avx2::tiled_rows_q6k_safe,
-                };
-            }
-        }
-        Kernels {
-            name: "scalar",
-            q8_0: scalar::rows_q8_0,
-            q4_1: scalar::rows_q4_1,
-            q5_0: quant_q5_0::scalar::rows,
-            q5_1: quant_q5_1::scalar::rows,
-            q4k: quant_k::scalar::rows_q4k,
-            q5k: quant_k::scalar::rows_q5k,
-            q6k: quant_k::scalar::rows_q6k,
-            q4k_t: quant_k::scalar::tiled_rows_q4k,
-            q5k_t: quant_k::scalar::tiled_rows_q5k,
-            q6k_t: quant_k::scalar::tiled_rows_q6k,
-        }
-    })
-}
-
-/// Which kernel family is in use ("avx2" or "scalar").
-pub fn kernel_name() -> &'static str {
-    kernels().name
-}
-
-/// Portable kernels (also the reference the AVX2 ones are tested against).
-pub mod scalar {
-    use super::*;
-
-    // Same arithmetic as the AVX2 kernels, lane by lane: eight int32 lanes
-    // of four products each, one fma per lane and block, `hsum_float_8`.
-
-    #[inline(always)]
-    fn hsum8(acc: &[f32; 8]) -> f32 {
-        let t = [
-            acc[0] + acc[4],
-            acc[1] + acc[5],
-            acc[2] + acc[6],
-            acc[3] + acc[7],
-        ];
-        (t[0] + t[2]) + (t[1] + t[3])
-    }
-
-    pub fn dot_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1]) -> f32 {
-        let mut acc = [0f32; 8];
-        for (w, a) in w.iter().zip(a) {
-            let d = w.d * a.d;
-            for (l, acc) in acc.iter_mut().enumerate() {
-                let s: i32 = (4 * l..4 * l + 4)
-                    .map(|j| w.qs[j] as i32 * a.qs[j] as i32)
-                    .sum();
-                *acc = d.mul_add(s as f32, *acc);
-            }
-        }
-        hsum8(&acc)
-    }
-
-    pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
-        let mut acc = [0f32; 8];
-        let mut summs = 0f32;
-        for (w, a) in w.iter().zip(a) {
-            summs += w.m * a.s;
-            let d = w.d * a.d;
-            for (l, acc) in acc.iter_mut().enumerate() {
-                let s: i32 = (4 * l..4 * l + 4)
-                    .map(|j| {
-                        let q = if j < QK / 2 {
-                            w.qs[j] & 0x0F
-                        } else {
-                            w.qs[j - QK / 2] >> 4
-                        };
-                        q as i32 * a.qs[j] as i32
-                    })
-                    .sum();
-                *acc = d.mul_add(s as f32, *acc);
-            }
-        }
-        hsum8(&acc) + summs
-    }
-
-    pub fn rows_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
-        let nb = a.len();
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
-            *o = dot_q8_0(row, a);
-        }
-    }
-
-    pub fn rows_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
-        let nb = a.len();
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
-            *o = dot_q4_1(row, a);
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::*;
-    use std::arch::x86_64::*;
-
-    pub fn rows_q8_0_safe(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
-        // SAFETY: this function is only installed in `kernels()` after
-        // `samplerd_numerics::features()` reported AVX2 and FMA.
-        unsafe { rows_q8_0(w, a, out) }
-    }
-
-    pub fn rows_q4_1_safe(w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
-        // SAFETY: as for `rows_q8_0_safe`.
-        unsafe { rows_q4_1(w, a, out) }
-    }
-
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        // SAFETY: callers run with avx2 enabled (target_feature functions).
-        unsafe {
-            let lo = _mm256_castps256_ps128(v);
-            let hi = _mm256_extractf128_ps(v, 1);
-            let s = _mm_add_ps(lo, hi);
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            _mm_cvtss_f32(s)
-        }
-    }
-
-    /// One Q8_0 block product (llama.cpp's `mul_sum_i8_pairs_float`).
-    #[inline(always)]
-    unsafe fn q8_block(w: &BlockQ8_0, qy: __m256i, ones: __m256i) -> __m256 {
-        // SAFETY: callers run with avx2 enabled; the 32-byte load is `w.qs`.
-        unsafe {
-            let qx = _mm256_loadu_si256(w.qs.as_ptr() as *const __m256i);
-            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones))
-        }
-    }
-
-    /// One Q4_1 block product (llama.cpp's `mul_sum_us8_pairs_float`).
-    #[inline(always)]
-    unsafe fn q41_block(w: &BlockQ4_1, qy: __m256i, ones: __m256i, low: __m256i) -> __m256 {
-        // SAFETY: callers run with avx2 enabled; the 16-byte load is `w.qs`.
-        unsafe {
-            let b = _mm_loadu_si128(w.qs.as_ptr() as *const __m128i);
-            let qx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low);
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones))
-        }
-    }
-
-    // Both kernels keep llama.cpp's per-row order exactly (one accumulator
-    // per row, blocks in order, `hsum_float_8`, then + the min term) and
-    // run four rows at once so the four fma chains overlap.
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_1], out: &mut [f32]) {
-        let nb = a.len();
-        assert!(w.len() >= out.len() * nb);
-        let ones = _mm256_set1_epi16(1);
-        let mut r = 0;
-        while r + 4 <= out.len() {
-            let rows = [
-                &w[r * nb..],
-                &w[(r + 1) * nb..],
-                &w[(r + 2) * nb..],
-                &w[(r + 3) * nb..],
-            ];
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for i in 0..nb {
-                // SAFETY: `i < nb`; every row slice has at least `nb` blocks.
-                unsafe {
-                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
-                    for k in 0..4 {
-                        let b = &rows[k][i];
-                        acc[k] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(b.d * a[i].d),
-                            q8_block(b, qy, ones),
-                            acc[k],
-                        );
-                    }
-                }
-            }
-            for k in 0..4 {
-                // SAFETY: avx2 is enabled in this function.
-                out[r + k] = unsafe { hsum(acc[k]) };
-            }
-            r += 4;
-        }
-        while r < out.len() {
-            let row = &w[r * nb..(r + 1) * nb];
-            let mut acc = _mm256_setzero_ps();
-            for i in 0..nb {
-                // SAFETY: `i < nb`.
-                unsafe {
-                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
-                    acc = _mm256_fmadd_ps(
-                        _mm256_set1_ps(row[i].d * a[i].d),
-                        q8_block(&row[i], qy, ones),
-                        acc,
-                    );
-                }
-            }
-            // SAFETY: avx2 is enabled in this function.
-            out[r] = unsafe { hsum(acc) };
-            r += 1;
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1], out: &mut [f32]) {
-        let nb = a.len();
-        assert!(w.len() >= out.len() * nb);
-        let ones = _mm256_set1_epi16(1);
-        let low = _mm256_set1_epi8(0x0F);
-        let mut r = 0;
-        while r + 4 <= out.len() {
-            let rows = [
-                &w[r * nb..],
-                &w[(r + 1) * nb..],
-                &w[(r + 2) * nb..],
-                &w[(r + 3) * nb..],
-            ];
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut summs = [0f32; 4];
-            for i in 0..nb {
-                // SAFETY: `i < nb`; every row slice has at least `nb` blocks.
-                unsafe {
-                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
-                    for k in 0..4 {
-                        let b = &rows[k][i];
-                        summs[k] += b.m * a[i].s;
-                        acc[k] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(b.d * a[i].d),
-                            q41_block(b, qy, ones, low),
-                            acc[k],
-                        );
-                    }
-                }
-            }
-            for k in 0..4 {
-                // SAFETY: avx2 is enabled in this function.
-                out[r + k] = unsafe { hsum(acc[k]) } + summs[k];
-            }
-            r += 4;
-        }
-        while r < out.len() {
-            let row = &w[r * nb..(r + 1) * nb];
-            let mut acc = _mm256_setzero_ps();
-            let mut summs = 0f32;
-            for i in 0..nb {
-                // SAFETY: `i < nb`.
-                unsafe {
-                    let qy = _mm256_loadu_si256(a[i].qs.as_ptr() as *const __m256i);
-                    summs += row[i].m * a[i].s;
-                    acc = _mm256_fmadd_ps(
-                        _mm256_set1_ps(row[i].d * a[i].d),
-                        q41_block(&row[i], qy, ones, low),
-                        acc,
-                    );
-                }
-            }
-            // SAFETY: avx2 is enabled in this function.
-            out[r] = unsafe { hsum(acc) } + summs;
-            r += 1;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-    }
+    use crate::test_rng::Lcg;
 
     #[test]
     fn kernels_match_scalar_and_f32() {
         let (rows, cols) = (37, 96);
-        let mut seed = 7;
-        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
-        let x: Vec<f32> = (0..cols).map(|_| lcg(&mut seed) * 3.0).collect();
+        let mut seed = Lcg(7);
+        let w: Vec<f32> = (0..rows * cols).map(|_| seed.f31()).collect();
+        let x: Vec<f32> = (0..cols).map(|_| seed.f31() * 3.0).collect();
         let mut xq = vec![BlockQ8_1::default(); cols / QK];
         quantize_q8_1(&x, &mut xq);
         let q8 = QMatrix::q8_0_from_f32(rows, cols, &w).unwrap();
@@ -726,7 +466,7 @@ mod tests {
             raw.extend_from_slice(&f16::from_f32(0.1).to_le_bytes());
             raw.extend_from_slice(&f16::from_f32(-0.75).to_le_bytes());
             for _ in 0..16 {
-                raw.push(((lcg(&mut seed) + 1.0) * 127.0) as u8);
+                raw.push(((seed.f31() + 1.0) * 127.0) as u8);
             }
         }
         let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).unwrap();
@@ -737,12 +477,8 @@ mod tests {
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 let reference = match m {
-                    QMatrix::Q8_0 { blocks, .. } => {
-                        scalar::dot_q8_0(&blocks[r * 3..r * 3 + 3], &xq)
-                    }
-                    QMatrix::Q4_1 { blocks, .. } => {
-                        scalar::dot_q4_1(&blocks[r * 3..r * 3 + 3], &xq)
-                    }
+                    QMatrix::Q8_0 { blocks, .. } => scalar::dot(&blocks[r * 3..r * 3 + 3], &xq),
+                    QMatrix::Q4_1 { blocks, .. } => scalar::dot(&blocks[r * 3..r * 3 + 3], &xq),
                     _ => unreachable!(),
                 };
                 // The SIMD kernels and the scalar reference do the same float

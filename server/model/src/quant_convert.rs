@@ -2,14 +2,9 @@
 //! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and the conversion
 //! to Q8_0 for consumers with Q8_0/Q4_1 kernels only.
 
-use crate::quant::{BlockQ8_0, QK, QMatrix};
+use crate::quant::{BlockQ8_0, QK, QMatrix, blocks_from_bytes, f16_le, whole_rows};
 use crate::quant_k::{self, QK_K};
 use crate::quant_q5_0;
-use half::f16;
-
-fn f16_le(b: &[u8]) -> f32 {
-    f16::from_le_bytes([b[0], b[1]]).to_f32()
-}
 
 /// The K-quant types kept natively.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,8 +61,7 @@ impl QMatrix {
     /// block size in bytes); `None` when the row length is not a multiple of
     /// 256 or the data is not `rows × cols` values.
     pub fn from_k_bytes(kind: KQuant, rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        let nb = rows * cols / QK_K;
-        if !cols.is_multiple_of(QK_K) || raw.len() != nb * kind.block_bytes() {
+        if !whole_rows(rows, cols, QK_K, kind.block_bytes(), raw) {
             return None;
         }
         Some(match kind {
@@ -91,8 +85,7 @@ impl QMatrix {
 
     /// From raw GGUF Q5_0 bytes (22 bytes per block), kept natively.
     pub fn from_q5_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        let nb = rows * cols / QK;
-        if !cols.is_multiple_of(QK) || raw.len() != nb * quant_q5_0::Q5_0_BYTES {
+        if !whole_rows(rows, cols, QK, quant_q5_0::Q5_0_BYTES, raw) {
             return None;
         }
         Some(QMatrix::Q5_0 {
@@ -104,8 +97,7 @@ impl QMatrix {
 
     /// From raw GGUF Q5_1 bytes (24 bytes per block), kept natively.
     pub fn from_q5_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        let nb = rows * cols / QK;
-        if !cols.is_multiple_of(QK) || raw.len() != nb * crate::quant_q5_1::Q5_1_BYTES {
+        if !whole_rows(rows, cols, QK, crate::quant_q5_1::Q5_1_BYTES, raw) {
             return None;
         }
         Some(QMatrix::Q5_1 {
@@ -162,34 +154,21 @@ impl QMatrix {
         cols: usize,
         raw: &[u8],
     ) -> Option<Self> {
-        let nb = rows * cols / QK;
-        let bytes = if five { 22 } else { 18 };
-        if !cols.is_multiple_of(QK) || raw.len() != nb * bytes {
+        if five {
+            // ggml's dequantize_row_q5_0 values (`quant_q5_0::values`).
+            return Self::from_q5_0_bytes(rows, cols, raw).map(|m| m.to_q8_0_if_k().into_owned());
+        }
+        if !whole_rows(rows, cols, QK, 18, raw) {
             return None;
         }
-        let blocks = raw
-            .chunks_exact(bytes)
-            .map(|c| {
-                let mut qs = [0i8; QK];
-                let (qh, nib) = if five {
-                    (u32::from_le_bytes([c[2], c[3], c[4], c[5]]), &c[6..22])
-                } else {
-                    (0, &c[2..18])
-                };
-                for j in 0..QK / 2 {
-                    let (lo, hi) = ((nib[j] & 0x0F) as i32, (nib[j] >> 4) as i32);
-                    if five {
-                        // ggml's dequantize_row_q5_0: bit j / j + 16 of qh is bit 4.
-                        qs[j] = ((lo | ((((qh >> j) & 1) as i32) << 4)) - 16) as i8;
-                        qs[j + 16] = ((hi | ((((qh >> (j + 16)) & 1) as i32) << 4)) - 16) as i8;
-                    } else {
-                        qs[j] = (lo - 8) as i8;
-                        qs[j + 16] = (hi - 8) as i8;
-                    }
-                }
-                BlockQ8_0 { d: f16_le(c), qs }
-            })
-            .collect();
+        let blocks = blocks_from_bytes(raw, |c: &[u8; 18]| BlockQ8_0 {
+            d: f16_le(c),
+            qs: std::array::from_fn(|j| {
+                let b = c[2 + j % (QK / 2)];
+                let q = if j < QK / 2 { b & 0x0F } else { b >> 4 };
+                q as i8 - 8
+            }),
+        })?;
         Some(QMatrix::Q8_0 { rows, cols, blocks })
     }
 }

@@ -35,7 +35,7 @@
 //! Q4_K/Q5_K block is 8 bytes larger than ggml's and a Q6_K block 2; the
 //! quants stay as stored.
 
-use half::f16;
+use crate::quant::{WeightBlock, blocks_from_bytes, bytes_at, f16_le};
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
@@ -100,10 +100,6 @@ impl Default for BlockQ8K {
     }
 }
 
-fn f16_le(b: &[u8]) -> f32 {
-    f16::from_le_bytes([b[0], b[1]]).to_f32()
-}
-
 /// ggml's `get_scale_min_k4` for all eight sub-blocks.
 fn scale_min_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
@@ -119,6 +115,13 @@ fn scale_min_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
+/// The 16 bytes that open a stored Q4_K / Q5_K block: `d`, `dmin` and the
+/// packed sub-block scales and minimums, unpacked.
+fn k4_head(c: &[u8]) -> (f32, f32, [u8; 8], [u8; 8]) {
+    let (sc, m) = scale_min_k4(&c[4..16]);
+    (f16_le(c), f16_le(&c[2..]), sc, m)
+}
+
 /// Byte sizes of one stored block (ggml's `block_q4_K` etc.).
 pub const Q4K_BYTES: usize = 144;
 pub const Q5K_BYTES: usize = 176;
@@ -127,78 +130,41 @@ pub const Q6K_BYTES: usize = 210;
 /// Q4_K blocks from raw GGUF bytes, or `None` when the length is not a
 /// whole number of blocks.
 pub fn q4k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ4K>> {
-    if !raw.len().is_multiple_of(Q4K_BYTES) {
-        return None;
-    }
-    Some(
-        raw.chunks_exact(Q4K_BYTES)
-            .map(|c| {
-                let (sc, m) = scale_min_k4(&c[4..16]);
-                let mut qs = [0u8; QK_K / 2];
-                qs.copy_from_slice(&c[16..144]);
-                BlockQ4K {
-                    d: f16_le(c),
-                    dmin: f16_le(&c[2..]),
-                    sc,
-                    m,
-                    qs,
-                }
-            })
-            .collect(),
-    )
+    blocks_from_bytes(raw, |c: &[u8; Q4K_BYTES]| {
+        let (d, dmin, sc, m) = k4_head(c);
+        BlockQ4K {
+            d,
+            dmin,
+            sc,
+            m,
+            qs: bytes_at(c, 16),
+        }
+    })
 }
 
 /// Q5_K blocks from raw GGUF bytes (`d`, `dmin`, `scales[12]`, `qh[32]`, `qs[128]`).
 pub fn q5k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ5K>> {
-    if !raw.len().is_multiple_of(Q5K_BYTES) {
-        return None;
-    }
-    Some(
-        raw.chunks_exact(Q5K_BYTES)
-            .map(|c| {
-                let (sc, m) = scale_min_k4(&c[4..16]);
-                let mut qh = [0u8; QK_K / 8];
-                qh.copy_from_slice(&c[16..48]);
-                let mut qs = [0u8; QK_K / 2];
-                qs.copy_from_slice(&c[48..176]);
-                BlockQ5K {
-                    d: f16_le(c),
-                    dmin: f16_le(&c[2..]),
-                    sc,
-                    m,
-                    qh,
-                    qs,
-                }
-            })
-            .collect(),
-    )
+    blocks_from_bytes(raw, |c: &[u8; Q5K_BYTES]| {
+        let (d, dmin, sc, m) = k4_head(c);
+        BlockQ5K {
+            d,
+            dmin,
+            sc,
+            m,
+            qh: bytes_at(c, 16),
+            qs: bytes_at(c, 48),
+        }
+    })
 }
 
 /// Q6_K blocks from raw GGUF bytes (`ql[128]`, `qh[64]`, `scales[16]`, `d`).
 pub fn q6k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ6K>> {
-    if !raw.len().is_multiple_of(Q6K_BYTES) {
-        return None;
-    }
-    Some(
-        raw.chunks_exact(Q6K_BYTES)
-            .map(|c| {
-                let mut ql = [0u8; QK_K / 2];
-                ql.copy_from_slice(&c[..128]);
-                let mut qh = [0u8; QK_K / 4];
-                qh.copy_from_slice(&c[128..192]);
-                let mut scales = [0i8; QK_K / 16];
-                for (s, &b) in scales.iter_mut().zip(&c[192..208]) {
-                    *s = b as i8;
-                }
-                BlockQ6K {
-                    d: f16_le(&c[208..]),
-                    ql,
-                    qh,
-                    scales,
-                }
-            })
-            .collect(),
-    )
+    blocks_from_bytes(raw, |c: &[u8; Q6K_BYTES]| BlockQ6K {
+        d: f16_le(&c[208..]),
+        ql: bytes_at(c, 0),
+        qh: bytes_at(c, 128),
+        scales: bytes_at::<16>(c, 192).map(|b| b as i8),
+    })
 }
 
 /// The 5-bit value `v` (0..256) of a Q5_K block.
@@ -228,40 +194,49 @@ fn q6(b: &BlockQ6K, v: usize) -> u8 {
 }
 
 /// ggml's `dequantize_row_q4_K` (the embedding lookup).
-pub fn dequant_q4k(blocks: &[BlockQ4K], out: &mut [f32]) {
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        for s in 0..8 {
-            let (d, m) = (b.d * b.sc[s] as f32, b.dmin * b.m[s] as f32);
-            let (j, h) = (s / 2, s % 2);
-            for l in 0..32 {
-                let q = if h == 0 {
-                    b.qs[32 * j + l] & 0xF
-                } else {
-                    b.qs[32 * j + l] >> 4
-                };
-                o[32 * s + l] = d * q as f32 - m;
+impl WeightBlock for BlockQ4K {
+    const VALUES: usize = QK_K;
+    fn dequant(blocks: &[Self], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            for s in 0..8 {
+                let (d, m) = (b.d * b.sc[s] as f32, b.dmin * b.m[s] as f32);
+                let (j, h) = (s / 2, s % 2);
+                for l in 0..32 {
+                    let q = if h == 0 {
+                        b.qs[32 * j + l] & 0xF
+                    } else {
+                        b.qs[32 * j + l] >> 4
+                    };
+                    o[32 * s + l] = d * q as f32 - m;
+                }
             }
         }
     }
 }
 
 /// ggml's `dequantize_row_q5_K`.
-pub fn dequant_q5k(blocks: &[BlockQ5K], out: &mut [f32]) {
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        for s in 0..8 {
-            let (d, m) = (b.d * b.sc[s] as f32, b.dmin * b.m[s] as f32);
-            for l in 0..32 {
-                o[32 * s + l] = d * q5(b, 32 * s + l) as f32 - m;
+impl WeightBlock for BlockQ5K {
+    const VALUES: usize = QK_K;
+    fn dequant(blocks: &[Self], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            for s in 0..8 {
+                let (d, m) = (b.d * b.sc[s] as f32, b.dmin * b.m[s] as f32);
+                for l in 0..32 {
+                    o[32 * s + l] = d * q5(b, 32 * s + l) as f32 - m;
+                }
             }
         }
     }
 }
 
 /// ggml's `dequantize_row_q6_K` (`d * sc * q`, left to right).
-pub fn dequant_q6k(blocks: &[BlockQ6K], out: &mut [f32]) {
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-        for (v, x) in o.iter_mut().enumerate() {
-            *x = b.d * b.scales[v / 16] as f32 * (q6(b, v) as i32 - 32) as f32;
+impl WeightBlock for BlockQ6K {
+    const VALUES: usize = QK_K;
+    fn dequant(blocks: &[Self], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            for (v, x) in o.iter_mut().enumerate() {
+                *x = b.d * b.scales[v / 16] as f32 * (q6(b, v) as i32 - 32) as f32;
+            }
         }
     }
 }
@@ -331,17 +306,7 @@ pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
 /// operations in the same order.
 pub mod scalar {
     use super::*;
-
-    #[inline(always)]
-    pub(crate) fn hsum8(acc: &[f32; 8]) -> f32 {
-        let t = [
-            acc[0] + acc[4],
-            acc[1] + acc[5],
-            acc[2] + acc[6],
-            acc[3] + acc[7],
-        ];
-        (t[0] + t[2]) + (t[1] + t[3])
-    }
+    use crate::ggml::hsum8;
 
     /// `madd(mins, hadd(bsums))`: per pair of sub-blocks,
     /// `m[2k]·Σ32 + m[2k+1]·Σ32` (ggml adds the 16-value sums in i16; they
@@ -508,41 +473,5 @@ pub mod scalar {
             let s1 = q6k_lanes(w, a).iter().sum();
             tiled_step(s1, 0, w.d, 0.0, a.d, acc, fused)
         })
-    }
-
-    pub fn rows_q4k(w: &[BlockQ4K], a: &[BlockQ8K], out: &mut [f32]) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = dot_q4k(row, a);
-        }
-    }
-
-    pub fn rows_q5k(w: &[BlockQ5K], a: &[BlockQ8K], out: &mut [f32]) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = dot_q5k(row, a);
-        }
-    }
-
-    pub fn rows_q6k(w: &[BlockQ6K], a: &[BlockQ8K], out: &mut [f32]) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = dot_q6k(row, a);
-        }
-    }
-
-    pub fn tiled_rows_q4k(w: &[BlockQ4K], a: &[BlockQ8K], out: &mut [f32], fused: bool) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = tiled_q4k(row, a, fused);
-        }
-    }
-
-    pub fn tiled_rows_q5k(w: &[BlockQ5K], a: &[BlockQ8K], out: &mut [f32], fused: bool) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = tiled_q5k(row, a, fused);
-        }
-    }
-
-    pub fn tiled_rows_q6k(w: &[BlockQ6K], a: &[BlockQ8K], out: &mut [f32], fused: bool) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = tiled_q6k(row, a, fused);
-        }
     }
 }

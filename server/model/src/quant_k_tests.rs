@@ -6,27 +6,10 @@
 use crate::pool::ThreadPool;
 use crate::quant::{Acts, KQuant, QMatrix};
 use crate::quant_k::{self, BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant_kernels::Kernels;
+use crate::test_rng::Lcg;
 use candle_core::quantized::GgmlDType;
 use half::f16;
-
-struct Lcg(u64);
-
-impl Lcg {
-    fn u32(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 32) as u32
-    }
-    fn byte(&mut self) -> u8 {
-        self.u32() as u8
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-}
 
 /// `n` random blocks of `kind` as GGUF bytes (scales of realistic size).
 fn random_raw(kind: KQuant, n: usize, r: &mut Lcg) -> Vec<u8> {
@@ -71,59 +54,67 @@ fn candle_dequant(dtype: GgmlDType, raw: &[u8], rows: usize, cols: usize) -> Vec
     .expect("candle dequantises")
 }
 
-fn scalar_rows(m: &QMatrix, a: &[BlockQ8K], out: &mut [f32]) {
-    match m {
-        QMatrix::Q4K { blocks, .. } => quant_k::scalar::rows_q4k(blocks, a, out),
-        QMatrix::Q5K { blocks, .. } => quant_k::scalar::rows_q5k(blocks, a, out),
-        QMatrix::Q6K { blocks, .. } => quant_k::scalar::rows_q6k(blocks, a, out),
-        _ => unreachable!(),
-    }
-}
-
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn scalar_tiled(m: &QMatrix, a: &[BlockQ8K], out: &mut [f32], fused: bool) {
-    use quant_k::scalar as s;
-    match m {
-        QMatrix::Q4K { blocks, .. } => s::tiled_rows_q4k(blocks, a, out, fused),
-        QMatrix::Q5K { blocks, .. } => s::tiled_rows_q5k(blocks, a, out, fused),
-        QMatrix::Q6K { blocks, .. } => s::tiled_rows_q6k(blocks, a, out, fused),
-        _ => unreachable!(),
+/// `m` times one token's Q8_K activations with kernel family `k`
+/// (`tiled`: `Some(fused)` for the tiled order).
+fn k_rows(k: &Kernels, m: &QMatrix, a: &[BlockQ8K], tiled: Option<bool>) -> Vec<f32> {
+    let mut out = vec![0f32; m.rows()];
+    k.tile(m, 0..m.rows(), &[], a, tiled, &mut out);
+    out
+}
+
+/// `m` times one token's Q8_K activations through the matmul dispatch
+/// (whichever kernels this CPU uses; `tiled` as [`Acts::tiled`]).
+fn k_matmul(pool: &ThreadPool, m: &QMatrix, a: &[BlockQ8K], tiled: &[bool]) -> Vec<f32> {
+    let mut out = vec![0f32; m.rows()];
+    let acts = Acts {
+        q8: &[],
+        q8k: a,
+        tiled,
+    };
+    m.matmul(pool, acts, 1, &mut out);
+    out
+}
+
+/// `m` times one token's Q8_1 activations with kernel family `k`.
+fn q8_rows(k: &Kernels, m: &QMatrix, a: &[crate::quant::BlockQ8_1]) -> Vec<f32> {
+    let mut out = vec![0f32; m.rows()];
+    k.tile(m, 0..m.rows(), a, &[], None, &mut out);
+    out
+}
+
+/// Asserts that `m`'s dequantised rows equal `theirs` (row-major) within
+/// `tol` relative.
+fn assert_rows_close(m: &QMatrix, theirs: &[f32], tol: f32, what: &str) {
+    let cols = m.cols();
+    let mut ours = vec![0f32; cols];
+    for i in 0..m.rows() {
+        m.dequant_row(i, &mut ours);
+        for (j, (a, b)) in ours.iter().zip(&theirs[i * cols..]).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * (1.0 + b.abs()),
+                "{what} row {i} value {j}: {a} vs candle {b}"
+            );
+        }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn avx2_tiled(m: &QMatrix, a: &[BlockQ8K], out: &mut [f32], fused: bool) -> bool {
-    let f = samplerd_numerics::features();
-    if !(f.avx2() && f.fma()) {
-        return false;
+/// Asserts that `want[i]` is the f32 product of `m`'s dequantised row `i`
+/// with `x` within `rel` of the sum of the products' magnitudes (plus `abs`).
+fn assert_near_f32(m: &QMatrix, x: &[f32], want: &[f32], rel: f32, abs: f32, what: &str) {
+    let mut row = vec![0f32; m.cols()];
+    for (i, w) in want.iter().enumerate() {
+        m.dequant_row(i, &mut row);
+        let exact: f32 = row.iter().zip(x).map(|(a, b)| a * b).sum();
+        let mag: f32 = row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+        assert!(
+            (w - exact).abs() <= rel * mag + abs,
+            "{what} row {i}: {w} vs {exact} (Σ|·| {mag})"
+        );
     }
-    use crate::quant_k_avx2 as k;
-    match m {
-        QMatrix::Q4K { blocks, .. } => k::tiled_rows_q4k_safe(blocks, a, out, fused),
-        QMatrix::Q5K { blocks, .. } => k::tiled_rows_q5k_safe(blocks, a, out, fused),
-        QMatrix::Q6K { blocks, .. } => k::tiled_rows_q6k_safe(blocks, a, out, fused),
-        _ => unreachable!(),
-    }
-    true
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_rows(m: &QMatrix, a: &[BlockQ8K], out: &mut [f32]) -> bool {
-    let f = samplerd_numerics::features();
-    if !(f.avx2() && f.fma()) {
-        return false;
-    }
-    use crate::quant_k_avx2 as k;
-    match m {
-        QMatrix::Q4K { blocks, .. } => k::rows_q4k_safe(blocks, a, out),
-        QMatrix::Q5K { blocks, .. } => k::rows_q5k_safe(blocks, a, out),
-        QMatrix::Q6K { blocks, .. } => k::rows_q6k_safe(blocks, a, out),
-        _ => unreachable!(),
-    }
-    true
 }
 
 #[test]
@@ -142,47 +133,29 @@ fn simd_equals_scalar_and_f32() {
             }
             let mut xq = vec![BlockQ8K::default(); cols / QK_K];
             quantize_q8_k(&x, &mut xq);
-            let mut want = vec![0f32; rows];
-            scalar_rows(&m, &xq, &mut want);
-            #[cfg(target_arch = "x86_64")]
-            {
-                let mut got = vec![0f32; rows];
-                if avx2_rows(&m, &xq, &mut got) {
-                    for i in 0..rows {
-                        assert_eq!(
-                            got[i].to_bits(),
-                            want[i].to_bits(),
-                            "{kind:?} trial {trial} row {i}: avx2 {} scalar {}",
-                            got[i],
-                            want[i]
-                        );
-                    }
+            let want = k_rows(&Kernels::scalar(), &m, &xq, None);
+            if let Some(avx2) = Kernels::avx2() {
+                let got = k_rows(&avx2, &m, &xq, None);
+                for i in 0..rows {
+                    assert_eq!(
+                        got[i].to_bits(),
+                        want[i].to_bits(),
+                        "{kind:?} trial {trial} row {i}: avx2 {} scalar {}",
+                        got[i],
+                        want[i]
+                    );
                 }
             }
             // The tiled order: AVX2 equals scalar for both epilogues, and the
             // dispatch follows `Acts::tiled`.
             for fused in [true, false] {
-                let mut want_t = vec![0f32; rows];
-                scalar_tiled(&m, &xq, &mut want_t, fused);
-                #[cfg(target_arch = "x86_64")]
-                {
-                    let mut got = vec![0f32; rows];
-                    if avx2_tiled(&m, &xq, &mut got, fused) {
-                        assert_eq!(bits(&got), bits(&want_t), "{kind:?} tiled fused={fused}");
-                    }
+                let want_t = k_rows(&Kernels::scalar(), &m, &xq, Some(fused));
+                if let Some(avx2) = Kernels::avx2() {
+                    let got = k_rows(&avx2, &m, &xq, Some(fused));
+                    assert_eq!(bits(&got), bits(&want_t), "{kind:?} tiled fused={fused}");
                 }
                 if fused == quant_k::tiled_fused() {
-                    let mut via = vec![0f32; rows];
-                    m.matmul(
-                        &pool,
-                        Acts {
-                            q8: &[],
-                            q8k: &xq,
-                            tiled: &[true],
-                        },
-                        1,
-                        &mut via,
-                    );
+                    let via = k_matmul(&pool, &m, &xq, &[true]);
                     assert_eq!(bits(&via), bits(&want_t), "{kind:?} tiled matmul");
                 }
                 for (a, b) in want_t.iter().zip(&want) {
@@ -193,33 +166,10 @@ fn simd_equals_scalar_and_f32() {
                 }
             }
             // Through the matmul dispatch (whichever kernel this CPU uses).
-            let mut via = vec![0f32; rows];
-            m.matmul(
-                &pool,
-                Acts {
-                    q8: &[],
-                    q8k: &xq,
-                    tiled: &[],
-                },
-                1,
-                &mut via,
-            );
-            assert_eq!(
-                via.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{kind:?} matmul"
-            );
+            let via = k_matmul(&pool, &m, &xq, &[]);
+            assert_eq!(bits(&via), bits(&want), "{kind:?} matmul");
             // Close to the f32 product of the dequantised weights.
-            let mut row = vec![0f32; cols];
-            for (i, w) in want.iter().enumerate() {
-                m.dequant_row(i, &mut row);
-                let exact: f32 = row.iter().zip(&x).map(|(a, b)| a * b).sum();
-                let mag: f32 = row.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
-                assert!(
-                    (w - exact).abs() <= 0.02 * mag + 1e-6,
-                    "{kind:?} row {i}: {w} vs {exact} (Σ|·| {mag})"
-                );
-            }
+            assert_near_f32(&m, &x, &want, 0.02, 1e-6, &format!("{kind:?}"));
         }
     }
 }
@@ -232,16 +182,7 @@ fn layouts_decode_like_candle() {
         let raw = random_raw(kind, rows * cols / QK_K, &mut r);
         let m = QMatrix::from_k_bytes(kind, rows, cols, &raw).unwrap();
         let theirs = candle_dequant(ggml_dtype(kind), &raw, rows, cols);
-        let mut ours = vec![0f32; cols];
-        for i in 0..rows {
-            m.dequant_row(i, &mut ours);
-            for (j, (a, b)) in ours.iter().zip(&theirs[i * cols..]).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
-                    "{kind:?} row {i} value {j}: {a} vs candle {b}"
-                );
-            }
-        }
+        assert_rows_close(&m, &theirs, 1e-6, &format!("{kind:?}"));
     }
     // Wrong lengths and row lengths are refused.
     assert!(QMatrix::from_k_bytes(KQuant::Q4K, 1, QK_K, &[0u8; 143]).is_none());
@@ -289,14 +230,17 @@ fn q4_0_and_q5_0_become_equal_q8_0() {
             n.matmul(&pool, Acts::q8(&xq2), 2, &mut b2);
             assert_eq!(bits(&b2[..rows]), bits(&a), "q5_0, 2 tokens");
             assert_eq!(bits(&b2[rows..]), bits(&a), "q5_0, 2 tokens");
-            if let QMatrix::Q5_0 { blocks, .. } = &n {
-                crate::quant_q5_0::scalar::rows(blocks, &xq, &mut b);
-                assert_eq!(bits(&a), bits(&b), "scalar q5_0 vs q8_0");
-                #[cfg(target_arch = "x86_64")]
-                if samplerd_numerics::features().avx2() && samplerd_numerics::features().fma() {
-                    crate::quant_q5_0::avx2::rows_safe(blocks, &xq, &mut b);
-                    assert_eq!(bits(&a), bits(&b), "avx2 q5_0 vs q8_0");
-                }
+            assert_eq!(
+                bits(&a),
+                bits(&q8_rows(&Kernels::scalar(), &n, &xq)),
+                "scalar q5_0 vs q8_0"
+            );
+            if let Some(avx2) = Kernels::avx2() {
+                assert_eq!(
+                    bits(&a),
+                    bits(&q8_rows(&avx2, &n, &xq)),
+                    "avx2 q5_0 vs q8_0"
+                );
             }
             assert!(matches!(n.to_q8_0_if_k().as_ref(), QMatrix::Q8_0 { .. }));
         }
@@ -349,36 +293,20 @@ fn q5_1_kernels_agree() {
     }
     let m = QMatrix::from_q5_1_bytes(rows, cols, &raw).unwrap();
     let theirs = candle_dequant(GgmlDType::Q5_1, &raw, rows, cols);
-    let mut ours = vec![0f32; cols];
-    for i in 0..rows {
-        m.dequant_row(i, &mut ours);
-        for (a, b) in ours.iter().zip(&theirs[i * cols..]) {
-            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs candle {b}");
-        }
-    }
+    assert_rows_close(&m, &theirs, 1e-6, "q5_1");
     let x: Vec<f32> = (0..cols).map(|_| r.f() * 4.0).collect();
     let mut xq = vec![crate::quant::BlockQ8_1::default(); cols / 32];
     crate::quant::quantize_q8_1(&x, &mut xq);
-    let QMatrix::Q5_1 { blocks, .. } = &m else {
-        unreachable!()
-    };
-    let mut want = vec![0f32; rows];
-    crate::quant_q5_1::scalar::rows(blocks, &xq, &mut want);
+    let want = q8_rows(&Kernels::scalar(), &m, &xq);
     let mut got = vec![0f32; rows];
     m.matmul(&ThreadPool::new(2), Acts::q8(&xq), 1, &mut got);
     assert_eq!(bits(&got), bits(&want), "matmul vs scalar");
-    #[cfg(target_arch = "x86_64")]
-    if samplerd_numerics::features().avx2() && samplerd_numerics::features().fma() {
-        crate::quant_q5_1::avx2::rows_safe(blocks, &xq, &mut got);
-        assert_eq!(bits(&got), bits(&want), "avx2 vs scalar");
-    }
-    for (i, w) in want.iter().enumerate() {
-        m.dequant_row(i, &mut ours);
-        let exact: f32 = ours.iter().zip(&x).map(|(a, b)| a * b).sum();
-        let mag: f32 = ours.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
-        assert!(
-            (w - exact).abs() <= 0.03 * mag + 1e-3,
-            "row {i}: {w} vs {exact} (Σ|·| {mag})"
+    if let Some(avx2) = Kernels::avx2() {
+        assert_eq!(
+            bits(&q8_rows(&avx2, &m, &xq)),
+            bits(&want),
+            "avx2 vs scalar"
         );
     }
+    assert_near_f32(&m, &x, &want, 0.03, 1e-3, "q5_1");
 }

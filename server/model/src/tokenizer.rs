@@ -228,28 +228,8 @@ impl Tokenizer {
                 ByteLevel::new(false, false, true).into(),
             ])
             .into(),
-            "qwen2" => Sequence::new(vec![
-                Split::new(
-                    SplitPattern::Regex(QWEN2_REGEX.into()),
-                    SplitDelimiterBehavior::Isolated,
-                    false,
-                )
-                .map_err(|e| ModelError::Tokenizer(format!("qwen2 regex: {e}")))?
-                .into(),
-                ByteLevel::new(false, false, false).into(),
-            ])
-            .into(),
-            _ => Sequence::new(vec![
-                Split::new(
-                    SplitPattern::Regex(GPT2_REGEX.into()),
-                    SplitDelimiterBehavior::Isolated,
-                    false,
-                )
-                .map_err(|e| ModelError::Tokenizer(format!("gpt2 regex: {e}")))?
-                .into(),
-                ByteLevel::new(false, false, false).into(),
-            ])
-            .into(),
+            "qwen2" => regex_byte_level("qwen2", QWEN2_REGEX)?,
+            _ => regex_byte_level("gpt2", GPT2_REGEX)?,
         };
         let mut plain = tokenizers::Tokenizer::new(bpe);
         plain.with_pre_tokenizer(Some(pre_tok));
@@ -437,6 +417,23 @@ impl Tokenizer {
     pub fn vocabulary(&self) -> &[TokenInfo] {
         &self.vocab
     }
+}
+
+/// A pre-tokenizer splitting on `regex` (isolated matches), then GPT-2's
+/// byte-level mapping without its own splitting; `name` names the regex in
+/// the error.
+fn regex_byte_level(name: &str, regex: &str) -> Result<PreTokenizerWrapper, ModelError> {
+    let split = Split::new(
+        SplitPattern::Regex(regex.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| ModelError::Tokenizer(format!("{name} regex: {e}")))?;
+    Ok(Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, false, false).into(),
+    ])
+    .into())
 }
 
 fn parse_byte_token(t: &str) -> Option<u8> {

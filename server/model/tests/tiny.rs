@@ -42,25 +42,20 @@ fn vocab() -> Vec<String> {
     v
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+// The unit tests' generator (the methods this file does not use are dead code here).
+#[allow(dead_code)]
+#[path = "../src/test_rng.rs"]
+mod test_rng;
+use test_rng::Lcg;
 
-fn matrix(rng: &mut Rng, rows: usize, cols: usize, scale: f32, dtype: GgmlDType) -> QTensor {
-    let v: Vec<f32> = (0..rows * cols).map(|_| rng.next() * scale).collect();
+fn matrix(rng: &mut Lcg, rows: usize, cols: usize, scale: f32, dtype: GgmlDType) -> QTensor {
+    let v: Vec<f32> = (0..rows * cols).map(|_| rng.f() * scale).collect();
     let t = Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap();
     QTensor::quantize(&t, dtype).unwrap()
 }
 
-fn vector(rng: &mut Rng, n: usize, base: f32, scale: f32) -> QTensor {
-    let v: Vec<f32> = (0..n).map(|_| base + rng.next() * scale).collect();
+fn vector(rng: &mut Lcg, n: usize, base: f32, scale: f32) -> QTensor {
+    let v: Vec<f32> = (0..n).map(|_| base + rng.f() * scale).collect();
     QTensor::quantize(
         &Tensor::from_vec(v, n, &Device::Cpu).unwrap(),
         GgmlDType::F32,
@@ -103,7 +98,7 @@ fn write_tiny(path: &Path, arch: &str) {
 
 fn write_model(path: &Path, arch: &str, fm: &Formats) {
     let ff = fm.ff;
-    let mut rng = Rng(42);
+    let mut rng = Lcg(42);
     let toks = vocab();
     let n_vocab = toks.len();
     let mut tensors: Vec<(String, QTensor)> = Vec::new();

@@ -21,7 +21,7 @@ use cudarc::driver::{CudaContext, CudaSlice};
 
 use super::kernels::{self, Kernels};
 use super::upload::{DevWeights, rope_table, upload_f32, upload_weights};
-use crate::backend::{Backend, SequenceState};
+use crate::backend::{Backend, SequenceState, batch_rows, check_logits, downcast_state};
 use crate::error::ModelError;
 use crate::gguf::Config;
 use crate::weights::Weights;
@@ -170,12 +170,7 @@ impl CudaBackend {
 }
 
 fn downcast(state: &mut dyn SequenceState) -> Result<&mut CudaState, ModelError> {
-    state
-        .as_any_mut()
-        .downcast_mut::<CudaState>()
-        .ok_or_else(|| {
-            ModelError::Backend("sequence state was not created by the CUDA backend".into())
-        })
+    downcast_state(state, "CUDA")
 }
 
 impl Backend for CudaBackend {
@@ -194,13 +189,7 @@ impl Backend for CudaBackend {
         logits: &mut [f32],
     ) -> Result<(), ModelError> {
         let st = downcast(state)?;
-        if logits.len() != self.config.n_vocab {
-            return Err(ModelError::Backend(format!(
-                "logits buffer has {} entries, vocabulary {}",
-                logits.len(),
-                self.config.n_vocab
-            )));
-        }
+        check_logits(logits.len(), self.config.n_vocab)?;
         self.forward_device(st, tokens)?;
         self.copy_logits(st, logits)
     }
@@ -213,17 +202,9 @@ impl Backend for CudaBackend {
         tokens: &[u32],
         logits: &mut [&mut [f32]],
     ) -> Result<(), ModelError> {
-        crate::backend::check_batch_shape(states.len(), tokens.len(), logits.len())?;
-        for (st, &tok) in states.iter_mut().zip(tokens) {
-            let st = downcast(&mut **st)?;
-            self.check_input(st, &[tok])?;
-        }
-        if let Some(l) = logits.iter().find(|l| l.len() != self.config.n_vocab) {
-            return Err(ModelError::Backend(format!(
-                "logits buffer has {} entries, vocabulary {}",
-                l.len(),
-                self.config.n_vocab
-            )));
+        for (st, tok, l) in batch_rows(states, tokens, logits)? {
+            self.check_input(downcast(st)?, std::slice::from_ref(tok))?;
+            check_logits(l.len(), self.config.n_vocab)?;
         }
         for (st, &tok) in states.iter_mut().zip(tokens) {
             self.forward_device(downcast(&mut **st)?, &[tok])?;

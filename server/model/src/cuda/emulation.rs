@@ -20,23 +20,11 @@ use half::f16;
 use crate::ggml::{self, Flavor};
 use crate::pool::ThreadPool;
 use crate::quant::{BlockQ8_1, QK, QMatrix, quantize_q8_1};
+use crate::test_rng::Lcg;
 
 const PRELUDE: &str = include_str!("emu/prelude.h");
 const HARNESS: &str = include_str!("emu/harness.cpp");
 const KERNELS: &str = include_str!("kernels.cu");
-
-struct Lcg(u64);
-
-impl Lcg {
-    /// Uniform in [-1, 1).
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-    }
-}
 
 fn bytes<T>(v: &[T]) -> &[u8] {
     // SAFETY: only used on slices of f32 / i32 / u16 / u8 and the
@@ -69,12 +57,12 @@ fn write_attention(dir: &Path, r: &mut Lcg) {
     f.put(&[(positions.len() * 2) as i32]);
     for decode in [true, false] {
         for &n_pos in &positions {
-            let qkv: Vec<f32> = (0..(nh + 2) * hd).map(|_| r.next() * 4.0).collect();
+            let qkv: Vec<f32> = (0..(nh + 2) * hd).map(|_| r.f31() * 4.0).collect();
             let k: Vec<u16> = (0..n_pos * hd)
-                .map(|_| f16::from_f32(r.next() * 3.0).to_bits())
+                .map(|_| f16::from_f32(r.f31() * 3.0).to_bits())
                 .collect();
             let v: Vec<u16> = (0..n_pos * hd)
-                .map(|_| f16::from_f32(r.next() * 2.0).to_bits())
+                .map(|_| f16::from_f32(r.f31() * 2.0).to_bits())
                 .collect();
             let kf: Vec<f32> = k.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
             let vf: Vec<f32> = v.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
@@ -87,17 +75,15 @@ fn write_attention(dir: &Path, r: &mut Lcg) {
                     .iter()
                     .map(|&x| f16::from_f32(x).to_f32())
                     .collect();
-                ggml::attention_head(
-                    &q,
-                    &kf,
-                    &vf,
+                let head = ggml::Head {
+                    q16: &q,
+                    kf: &kf,
+                    vf: &vf,
                     n_pos,
                     scale,
                     decode,
-                    &mut scores,
-                    &mut acc,
-                    &mut out[h * hd..(h + 1) * hd],
-                );
+                };
+                ggml::attention_head(&head, &mut scores, &mut acc, &mut out[h * hd..(h + 1) * hd]);
             }
             f.put(&[decode as i32, n_pos as i32, nh as i32, hd as i32]);
             f.put(&qkv);
@@ -111,10 +97,10 @@ fn write_attention(dir: &Path, r: &mut Lcg) {
 
 fn write_norm(dir: &Path, r: &mut Lcg) {
     let (rows, d, eps) = (3usize, 576usize, 1e-5f32);
-    let mut x: Vec<f32> = (0..rows * d).map(|_| r.next() * 5.0).collect();
+    let mut x: Vec<f32> = (0..rows * d).map(|_| r.f31() * 5.0).collect();
     x[7] = 300.0; // an outlier channel, as real residual streams have
-    let add: Vec<f32> = (0..rows * d).map(|_| r.next()).collect();
-    let w: Vec<f32> = (0..d).map(|_| r.next() * 2.0).collect();
+    let add: Vec<f32> = (0..rows * d).map(|_| r.f31()).collect();
+    let w: Vec<f32> = (0..d).map(|_| r.f31() * 2.0).collect();
     let summed: Vec<f32> = x.iter().zip(&add).map(|(a, b)| a + b).collect();
     let mut normed = vec![0f32; rows * d];
     crate::forward::rms_norm(&summed, &w, eps, &mut normed);
@@ -130,7 +116,7 @@ fn write_norm(dir: &Path, r: &mut Lcg) {
 
 fn write_swiglu(dir: &Path, r: &mut Lcg) {
     let (n, n_ff) = (2usize, 1536usize);
-    let gu: Vec<f32> = (0..n * 2 * n_ff).map(|_| r.next() * 12.0).collect();
+    let gu: Vec<f32> = (0..n * 2 * n_ff).map(|_| r.f31() * 12.0).collect();
     let mut act = vec![0f32; n * n_ff];
     for t in 0..n {
         let (g, u) = gu[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at(n_ff);
@@ -151,15 +137,15 @@ fn write_mm(dir: &Path, r: &mut Lcg) {
     let mut f = Out::create(dir, "mm.bin");
     f.put(&[(shapes.len() * 2) as i32]);
     for &(rows, cols) in &shapes {
-        let x: Vec<f32> = (0..n * cols).map(|_| r.next() * 3.0).collect();
+        let x: Vec<f32> = (0..n * cols).map(|_| r.f31() * 3.0).collect();
         let xq = quantized(&x);
-        let wf: Vec<f32> = (0..rows * cols).map(|_| r.next()).collect();
+        let wf: Vec<f32> = (0..rows * cols).map(|_| r.f31()).collect();
         let q8 = QMatrix::q8_0_from_f32(rows, cols, &wf).expect("q8_0 matrix");
         let mut raw = Vec::new();
         for _ in 0..rows * cols / QK {
-            raw.extend_from_slice(&f16::from_f32(r.next() * 0.1).to_le_bytes());
-            raw.extend_from_slice(&f16::from_f32(r.next() * 0.5).to_le_bytes());
-            raw.extend((0..16).map(|_| ((r.next() + 1.0) * 127.0) as u8));
+            raw.extend_from_slice(&f16::from_f32(r.f31() * 0.1).to_le_bytes());
+            raw.extend_from_slice(&f16::from_f32(r.f31() * 0.5).to_le_bytes());
+            raw.extend((0..16).map(|_| ((r.f31() + 1.0) * 127.0) as u8));
         }
         let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).expect("q4_1 matrix");
         for m in [&q8, &q4] {
@@ -187,9 +173,9 @@ fn write_mm(dir: &Path, r: &mut Lcg) {
 fn write_rope(dir: &Path, r: &mut Lcg) {
     let (nh, nkv, hd, pos, cap) = (3usize, 1usize, 64usize, 9usize, 16usize);
     let pairs = hd / 2;
-    let qkv: Vec<f32> = (0..(nh + 2 * nkv) * hd).map(|_| r.next() * 2.0).collect();
+    let qkv: Vec<f32> = (0..(nh + 2 * nkv) * hd).map(|_| r.f31() * 2.0).collect();
     // Any cos/sin values do: the kernel reads the table the host computed.
-    let table: Vec<f32> = (0..(pos + 1) * pairs * 2).map(|_| r.next()).collect();
+    let table: Vec<f32> = (0..(pos + 1) * pairs * 2).map(|_| r.f31()).collect();
     let row: Vec<(f32, f32)> = table[pos * pairs * 2..]
         .chunks_exact(2)
         .map(|c| (c[0], c[1]))

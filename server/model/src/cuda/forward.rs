@@ -11,35 +11,20 @@ use cudarc::driver::sys;
 
 use super::backend::{CudaBackend, err};
 use super::state::{CudaState, DecodeGraph};
+use crate::backend::check_tokens;
 use crate::error::ModelError;
 
 impl CudaBackend {
     /// Checks the input like the CPU backend does (same errors).
     pub(super) fn check_input(&self, st: &CudaState, tokens: &[u32]) -> Result<(), ModelError> {
-        let c = &self.config;
+        check_tokens(st.pos, st.capacity, tokens, self.config.n_vocab)?;
         let n = tokens.len();
-        if n == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if st.pos + n > st.capacity {
-            return Err(ModelError::ContextFull {
-                position: st.pos,
-                n_tokens: n,
-                capacity: st.capacity,
-            });
-        }
         if st.pos + n > self.rope_positions {
             return Err(ModelError::Backend(format!(
                 "cuda: position {} is beyond the model's training context {}",
                 st.pos + n,
                 self.rope_positions
             )));
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                id: t,
-                n_vocab: c.n_vocab,
-            });
         }
         Ok(())
     }

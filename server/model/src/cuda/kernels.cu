@@ -274,49 +274,51 @@ extern "C" __global__ void mmw_q4_1(const bq4_1* __restrict__ w, const bq8_1* __
 
 // The first kernels' layout (eight threads per row, each running its lane's
 // chain over every block): same results, kept for comparison
-// (SAMPLERD_CUDA_MM=lanes). 128 threads = 16 rows per block.
-extern "C" __global__ void mm_q8_0(const bq8_0* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
-                                   int out_stride, int out_off) {
+// (SAMPLERD_CUDA_MM=lanes). 128 threads = 16 rows per block. Per format:
+// lane l's integer sum of four products, and whether there is a minimum
+// term (Q4_1's `m * s`, summed in block order).
+__device__ __forceinline__ int lane_dot(const bq8_0* w, const bq8_1* a, int l) {
+    return __dp4a(load_i32(w->qs + 4 * l), load_i32(a->qs + 4 * l), 0);
+}
+__device__ __forceinline__ int lane_dot(const bq4_1* w, const bq8_1* a, int l) {
+    const int packed = load_i32(w->qs + 4 * (l & 3));
+    const int q = l < 4 ? (packed & 0x0F0F0F0F) : ((packed >> 4) & 0x0F0F0F0F);
+    return __dp4a(q, load_i32(a->qs + 4 * l), 0);
+}
+template <class B> struct has_min { static constexpr bool value = false; };
+template <> struct has_min<bq4_1> { static constexpr bool value = true; };
+
+template <class B>
+__device__ __forceinline__ void mm_lanes(const B* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
+                                         int out_stride, int out_off) {
     const int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
     const int l = threadIdx.x % 8;
     // Out-of-range groups compute a copy of the last row (and discard it)
     // so every lane of the warp takes part in the shuffles.
     const bool valid = r < rows;
-    const bq8_0* row = w + (size_t)(valid ? r : rows - 1) * nb;
-    for (int t = 0; t < n_tok; ++t) {
-        const bq8_1* a = x + (size_t)t * nb;
-        float acc = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-            const float d = __fmul_rn(row[b].d, a[b].d);
-            const int s = __dp4a(load_i32(row[b].qs + 4 * l), load_i32(a[b].qs + 4 * l), 0);
-            acc = fmaf(d, (float)s, acc);
-        }
-        const float v = hsum8_group(acc);
-        if (valid && l == 0) out[(size_t)t * out_stride + out_off + r] = v;
-    }
-}
-
-extern "C" __global__ void mm_q4_1(const bq4_1* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
-                                   int out_stride, int out_off) {
-    const int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
-    const int l = threadIdx.x % 8;
-    const bool valid = r < rows;
-    const bq4_1* row = w + (size_t)(valid ? r : rows - 1) * nb;
+    const B* row = w + (size_t)(valid ? r : rows - 1) * nb;
     for (int t = 0; t < n_tok; ++t) {
         const bq8_1* a = x + (size_t)t * nb;
         float acc = 0.0f;
         float summs = 0.0f;
         for (int b = 0; b < nb; ++b) {
-            summs = __fadd_rn(summs, __fmul_rn(row[b].m, a[b].s));
+            if constexpr (has_min<B>::value) summs = __fadd_rn(summs, __fmul_rn(row[b].m, a[b].s));
             const float d = __fmul_rn(row[b].d, a[b].d);
-            const int packed = load_i32(row[b].qs + 4 * (l & 3));
-            const int q = l < 4 ? (packed & 0x0F0F0F0F) : ((packed >> 4) & 0x0F0F0F0F);
-            const int s = __dp4a(q, load_i32(a[b].qs + 4 * l), 0);
-            acc = fmaf(d, (float)s, acc);
+            acc = fmaf(d, (float)lane_dot(row + b, a + b, l), acc);
         }
         const float v = hsum8_group(acc);
-        if (valid && l == 0) out[(size_t)t * out_stride + out_off + r] = __fadd_rn(v, summs);
+        if (valid && l == 0) out[(size_t)t * out_stride + out_off + r] = has_min<B>::value ? __fadd_rn(v, summs) : v;
     }
+}
+
+extern "C" __global__ void mm_q8_0(const bq8_0* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
+                                   int out_stride, int out_off) {
+    mm_lanes(w, x, out, rows, nb, n_tok, out_stride, out_off);
+}
+
+extern "C" __global__ void mm_q4_1(const bq4_1* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
+                                   int out_stride, int out_off) {
+    mm_lanes(w, x, out, rows, nb, n_tok, out_stride, out_off);
 }
 
 #define MAX_HD 128

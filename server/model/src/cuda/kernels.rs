@@ -149,6 +149,24 @@ pub fn cfg(grid: (u32, u32), block: u32, shared: u32) -> LaunchConfig {
     }
 }
 
+/// An element-wise kernel's shape: one thread per item (`n` items).
+pub fn per_item(n: usize) -> LaunchConfig {
+    cfg(
+        ((n as u32).div_ceil(ELEMENTWISE_THREADS), 1),
+        ELEMENTWISE_THREADS,
+        0,
+    )
+}
+
+/// An element-wise kernel's shape with one warp per item (a 32-value block).
+pub fn per_warp(n: usize) -> LaunchConfig {
+    cfg(
+        ((n as u32).div_ceil(ELEMENTWISE_THREADS / 32), 1),
+        ELEMENTWISE_THREADS,
+        0,
+    )
+}
+
 /// Launches `f` on `stream` with `args`.
 ///
 /// # Safety

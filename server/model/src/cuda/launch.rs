@@ -118,18 +118,13 @@ impl CudaBackend {
     fn quantize(&self, st: &CudaState, x: u64, n_values: usize) -> Result<(), ModelError> {
         let s = &st.stream;
         let blocks = n_values / QK;
-        let warps_per_block = kernels::ELEMENTWISE_THREADS / 32;
         // SAFETY: quantize_q8_1(x, out, n_blocks): x holds n_values floats,
         // the xq scratch n_tok × widest/32 blocks >= n_values/32.
         unsafe {
             kernels::launch(
                 s,
                 &self.kernels.quantize_q8_1,
-                cfg(
-                    ((blocks as u32).div_ceil(warps_per_block), 1),
-                    kernels::ELEMENTWISE_THREADS,
-                    0,
-                ),
+                kernels::per_warp(blocks),
                 &[
                     Arg::Ptr(x),
                     Arg::Ptr(dptr(&st.scratch.xq, s)),
@@ -237,6 +232,17 @@ impl CudaBackend {
         // by the attention kernel itself.
         let fused_quant = hd.is_multiple_of(QK);
         let split = n == 1 && self.opts.split_scores;
+        // The parameters `attn_scores` and `attention` share after their
+        // pointers: layer, cap, n_head, n_kv, hd, scale, w.
+        let head = [
+            Arg::I32(l as i32),
+            Arg::I32(st.capacity as i32),
+            Arg::I32(c.n_head as i32),
+            Arg::I32(c.n_head_kv as i32),
+            Arg::I32(hd as i32),
+            Arg::F32(scale),
+            Arg::I32(self.lanes),
+        ];
         if split {
             let blocks = (st.capacity as u32)
                 .div_ceil(kernels::SCORE_THREADS)
@@ -251,18 +257,15 @@ impl CudaBackend {
                     &self.kernels.attn_scores,
                     cfg((blocks, c.n_head as u32), kernels::SCORE_THREADS, 0),
                     &[
-                        Arg::Ptr(qkv),
-                        Arg::Ptr(kc),
-                        Arg::Ptr(dptr(&st.scores, s)),
-                        Arg::Ptr(pos),
-                        Arg::I32(l as i32),
-                        Arg::I32(st.capacity as i32),
-                        Arg::I32(c.n_head as i32),
-                        Arg::I32(c.n_head_kv as i32),
-                        Arg::I32(hd as i32),
-                        Arg::F32(scale),
-                        Arg::I32(self.lanes),
-                    ],
+                        &[
+                            Arg::Ptr(qkv),
+                            Arg::Ptr(kc),
+                            Arg::Ptr(dptr(&st.scores, s)),
+                            Arg::Ptr(pos),
+                        ][..],
+                        &head,
+                    ]
+                    .concat(),
                 )
             }
             .map_err(ModelError::Backend)?;
@@ -278,24 +281,21 @@ impl CudaBackend {
                 &self.kernels.attention,
                 cfg((n as u32, c.n_head as u32), kernels::ATT_THREADS, 0),
                 &[
-                    Arg::Ptr(qkv),
-                    Arg::Ptr(kc),
-                    Arg::Ptr(vc),
-                    Arg::Ptr(if split { dptr(&st.scores, s) } else { 0 }),
-                    Arg::Ptr(attn),
-                    Arg::Ptr(if fused_quant { xq } else { 0 }),
-                    Arg::Ptr(pos),
-                    Arg::I32(l as i32),
-                    Arg::I32(st.capacity as i32),
-                    Arg::I32(c.n_head as i32),
-                    Arg::I32(c.n_head_kv as i32),
-                    Arg::I32(hd as i32),
-                    Arg::F32(scale),
-                    Arg::I32(self.lanes),
+                    &[
+                        Arg::Ptr(qkv),
+                        Arg::Ptr(kc),
+                        Arg::Ptr(vc),
+                        Arg::Ptr(if split { dptr(&st.scores, s) } else { 0 }),
+                        Arg::Ptr(attn),
+                        Arg::Ptr(if fused_quant { xq } else { 0 }),
+                        Arg::Ptr(pos),
+                    ][..],
+                    &head,
                     // The CPU's one-token steps sum in ggml_vec_dot_f16's
                     // order, longer ones in tinyBLAS's.
-                    Arg::I32((n == 1) as i32),
-                ],
+                    &[Arg::I32((n == 1) as i32)],
+                ]
+                .concat(),
             )
         }
         .map_err(ModelError::Backend)?;
@@ -305,7 +305,7 @@ impl CudaBackend {
         self.mm(st, &lw.wo, xq, proj, n, d, 0)?;
         self.add_norm_quant(st, x, proj, &lw.ffn_norm, n)?;
         self.fused(st, &lw.wgu, xq, gu, n, 2 * c.n_ff)?;
-        let warps = (n * c.n_ff / QK) as u32;
+        let warps = n * c.n_ff / QK;
         // SAFETY: swiglu_quant(gu, out, n, n_ff, w): gu holds n × 2·n_ff
         // floats, the xq scratch n × n_ff / 32 blocks; n_ff % 32 == 0
         // (the down matrix's columns).
@@ -313,11 +313,7 @@ impl CudaBackend {
             kernels::launch(
                 s,
                 &self.kernels.swiglu_quant,
-                cfg(
-                    (warps.div_ceil(kernels::ELEMENTWISE_THREADS / 32), 1),
-                    kernels::ELEMENTWISE_THREADS,
-                    0,
-                ),
+                kernels::per_warp(warps),
                 &[
                     Arg::Ptr(gu),
                     Arg::Ptr(xq),

@@ -118,11 +118,7 @@ impl CudaBackend {
                         kernels::launch(
                             s,
                             &self.kernels.logit_bias,
-                            cfg(
-                                ((runs as u32).div_ceil(kernels::ELEMENTWISE_THREADS), 1),
-                                kernels::ELEMENTWISE_THREADS,
-                                0,
-                            ),
+                            kernels::per_item(runs),
                             &[
                                 Arg::Ptr(work),
                                 Arg::I32(n as i32),
@@ -161,11 +157,7 @@ impl CudaBackend {
                         kernels::launch(
                             s,
                             &self.kernels.penalties,
-                            cfg(
-                                ((ids.len() as u32).div_ceil(kernels::ELEMENTWISE_THREADS), 1),
-                                kernels::ELEMENTWISE_THREADS,
-                                0,
-                            ),
+                            kernels::per_item(ids.len()),
                             &[
                                 Arg::Ptr(work),
                                 Arg::I32(n as i32),
@@ -186,11 +178,7 @@ impl CudaBackend {
                         kernels::launch(
                             s,
                             &self.kernels.scale_temperature,
-                            cfg(
-                                ((n as u32).div_ceil(kernels::ELEMENTWISE_THREADS), 1),
-                                kernels::ELEMENTWISE_THREADS,
-                                0,
-                            ),
+                            kernels::per_item(n),
                             &[Arg::Ptr(work), Arg::I32(n as i32), Arg::F32(t)],
                         )
                     }
