@@ -97,7 +97,7 @@ fn sparse(words: &[u32], n: usize, n_vocab: usize) -> bool {
         .map(|w| w.count_ones() as usize)
         .sum();
     if let Some(&last) = words.get(full)
-        && n % 32 != 0
+        && !n.is_multiple_of(32)
     {
         count += (last & ((1u32 << (n % 32)) - 1)).count_ones() as usize;
     }
