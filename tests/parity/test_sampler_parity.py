@@ -7,11 +7,13 @@ plugin ABI, via the `chain_probe` example) to the same random logits across
 many parameter combinations — vocabularies from 2 to 151,936, every stage
 of the default chain, windows with repeats and out-of-range ids, edge
 values — and compares the surviving candidates and their probabilities
-(relative tolerance 1e-5). The final draw is excluded: llama.cpp draws with
+(relative tolerance 1e-5), then DRY cases over repetitive windows. The
+final draw is excluded: llama.cpp draws with
 mt19937, we with the host's ChaCha stream (documented in docs/SAMPLING.md).
 
 Env: SAMPLERD_CHAIN_PROBE (path to chain_probe), SAMPLERD_PLUGIN (core .so),
-PARITY_CASES (number of random cases, default 400).
+PARITY_CASES (number of random cases, default 400), PARITY_DRY_CASES
+(default 80).
 """
 import ctypes
 import json
@@ -40,6 +42,16 @@ assert TOKEN_DATA.itemsize == ctypes.sizeof(L.llama_token_data)
 # hand-checked cases, including one where last_n cuts the window.
 init_penalties = L.llama_sampler_init_penalties
 
+# DRY: the bundled libllama's llama_sampler_init_dry takes seven arguments
+# (vocab, multiplier, base, allowed_length, penalty_last_n, breakers,
+# n_breakers), as llama-cpp-python binds it; `check_dry_binding` proves it
+# on a hand-checked case. The vocabulary is only read for sequence
+# breakers, and these cases have none (ours: `dry_sequence_breakers =
+# [""]`); breakers are covered by llama.cpp's own test_dry cases in
+# server/tests/llama_cases.rs. penalty_last_n = -1 (llama.cpp: the model's
+# training context, which a null vocabulary does not have) is left out.
+init_dry = L.llama_sampler_init_dry
+
 DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.0, typical_p=1.0,
                 repeat_penalty=1.1, frequency_penalty=0.0, presence_penalty=0.0,
                 repeat_last_n=64, top_n_sigma=-1.0)
@@ -57,6 +69,10 @@ def llama_chain(params, n_vocab, window):
     last_n = p["repeat_last_n"] if p["repeat_last_n"] >= 0 else 65536
     L.llama_sampler_chain_add(chain, init_penalties(
         n_vocab, last_n, p["repeat_penalty"], p["frequency_penalty"], p["presence_penalty"]))
+    if p.get("dry_multiplier", 0.0) != 0.0:
+        L.llama_sampler_chain_add(chain, init_dry(
+            None, p["dry_multiplier"], p["dry_base"], p["dry_allowed_length"],
+            p["dry_penalty_last_n"], None, 0))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_n_sigma(p["top_n_sigma"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(p["top_k"]))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_typical(p["typical_p"], 1))
@@ -105,6 +121,53 @@ def check_penalties_binding():
     assert np.allclose(probs, want, rtol=1e-5), (probs, want)
 
 
+def check_dry_binding():
+    """History 0 1 2 0 1: only token 2 continues a repeat ("0 1" → 2, length
+    2), so with multiplier 1, base 2, allowed_length 1 its logit drops by
+    1·2^(2−1) = 2 and the others keep theirs."""
+    ids, probs = llama_survivors(np.zeros(3, dtype=np.float32),
+                                 {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "repeat_penalty": 1.0,
+                                  "dry_multiplier": 1.0, "dry_base": 2.0, "dry_allowed_length": 1,
+                                  "dry_penalty_last_n": 64}, [0, 1, 2, 0, 1])
+    want = np.exp([0.0, 0.0, -2.0]) / np.exp([0.0, 0.0, -2.0]).sum()
+    assert np.allclose(probs, want, rtol=1e-5), (probs, want)
+
+
+def dry_params(rng, vocab):
+    """A DRY case: DRY on (no sequence breakers) before the default chain's
+    truncations at everyday values, so its penalties reach the result."""
+    p = {"temperature": float(rng.choice([0.8, 1.0, 1.5])),
+         "top_k": int(rng.choice([0, 40, vocab])),
+         "top_p": float(rng.choice([1.0, 0.95])),
+         "min_p": float(rng.choice([0.0, 0.05])),
+         "repeat_penalty": float(rng.choice([1.0, 1.1]))}
+    p["dry_multiplier"] = float(rng.choice([0.25, 0.8, 1.0, 2.0]))
+    p["dry_base"] = float(rng.choice([1.0, 1.1, 1.75, 3.0]))
+    p["dry_allowed_length"] = int(rng.choice([0, 1, 2, 3, 5]))
+    p["dry_penalty_last_n"] = int(rng.choice([1, 16, 64, 64, 512]))
+    p["dry_sequence_breakers"] = [""]
+    for k in ("dry_multiplier", "dry_base", "temperature", "top_p", "min_p", "repeat_penalty"):
+        p[k] = float(np.float32(p[k]))
+    return p
+
+
+def repetitive_window(rng, logits):
+    """20 to ~300 tokens built from a few repeated phrases of the likeliest
+    tokens (so the tokens DRY penalises are ones the chain keeps), with
+    noise: long repeats for DRY to find, some cut short."""
+    top = np.argsort(logits)[-min(len(logits), 24):]
+    phrases = [rng.choice(top, size=int(rng.integers(1, 9))).tolist() for _ in range(4)]
+    window, length = [], int(rng.integers(20, 300))
+    while len(window) < length:
+        if rng.random() < 0.8:
+            window += phrases[int(rng.integers(0, 4))]
+        else:
+            window.append(int(rng.integers(0, len(logits))))
+    if rng.random() < 0.5:
+        window += phrases[0][: int(rng.integers(1, len(phrases[0]) + 1))]
+    return [int(t) for t in window]
+
+
 def random_params(rng, vocab):
     p = {}
     r = rng.random
@@ -130,6 +193,7 @@ def random_params(rng, vocab):
 
 def main():
     check_penalties_binding()
+    check_dry_binding()
     n_cases = int(os.environ.get("PARITY_CASES", "400"))
     rng = np.random.default_rng(20261130)
     vocabs = [2, 3, 10, 100, 1000, 5000, 32000, 49152, 151936]
@@ -193,6 +257,26 @@ def main():
         cases.append({"offset": offset, "vocab": vocab, "params": ep, "window": window})
         chunks.append(logits)
         offset += vocab
+
+    # DRY (llama.cpp's `dry` sampler, between penalties and top_n_sigma),
+    # from its own stream so the cases above stay as they were.
+    dry_rng = np.random.default_rng(20261203)
+    n_dry = int(os.environ.get("PARITY_DRY_CASES", "80"))
+    dry_changed = 0
+    for i in range(n_dry):
+        vocab = int(dry_rng.choice([3, 10, 100, 1000, 32000, 49152, 151936]))
+        logits = dry_rng.normal(0, 3, vocab).astype(np.float32)
+        params, window = dry_params(dry_rng, vocab), repetitive_window(dry_rng, logits)
+        cases.append({"offset": offset, "vocab": vocab, "params": params, "window": window})
+        chunks.append(logits)
+        offset += vocab
+        # The reference must feel DRY, or agreeing with it proves nothing.
+        off = llama_survivors(logits, {**params, "dry_multiplier": 0.0}, window)
+        on = llama_survivors(logits, params, window)
+        if len(on[0]) != len(off[0]) or not np.array_equal(on[0], off[0]) or not np.allclose(on[1], off[1], rtol=RTOL):
+            dry_changed += 1
+    print(f"DRY changes llama.cpp's result in {dry_changed} of {n_dry} DRY cases")
+    assert n_dry == 0 or dry_changed * 4 >= n_dry, "the DRY cases barely exercise DRY"
 
     all_logits = np.concatenate(chunks).astype("<f4")
     with tempfile.TemporaryDirectory() as tmp:
