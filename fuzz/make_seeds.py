@@ -172,6 +172,14 @@ with tempfile.TemporaryDirectory() as tmp:
     sample("chain", logits=[1.0, 0.0, -1.0], params=pb.SamplingParams(chain=[
         pb.StageSpec(name="top_k", params={"k": pb.ParamValue(number=2)}),
         pb.StageSpec(name="dist")]))
+    def batch(name, **kw):
+        put("proto_request", "batch-" + name, b"\x02" + pb.SampleBatchRequest(**kw).SerializeToString())
+
+    batch("f32", rows=[
+        pb.BatchRow(logits=struct.pack("<8f", 0.5, 1.5, -1.0, 2.0, 0.0, 0.25, 3.0, -2.0)),
+        pb.BatchRow(logits=struct.pack("<8f", 1.0, 0.0, 2.5, -0.5, 0.75, 1.25, -1.5, 0.5),
+                    step=3, previous_tokens=[2, 6]),
+    ], n_probs=2)
     generate("prompt", prompt="Hello", max_tokens=4, stop=["\n"], params=pb.SamplingParams(seed=1))
     generate("chat", messages=[pb.ChatMessage(role="user", content="Hi 你好")], max_tokens=2, n_probs=3)
     generate("bad-role", messages=[pb.ChatMessage(role="robot", content="x")])
