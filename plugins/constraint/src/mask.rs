@@ -24,9 +24,10 @@ const SPARSE_FRACTION: usize = 8;
 pub fn apply(allowed: &SimpleVob, tokens: &mut Tokens<'_>) {
     let words = allowed.as_slice();
     let n_mask = allowed.len();
+    // Ids the mask speaks for (any beyond it are not allowed).
+    let n = tokens.n_vocab().min(n_mask);
     match tokens.view() {
-        ViewKind::Dense if sparse(words, tokens.n_vocab().min(n_mask), tokens.n_vocab()) => {
-            let n = tokens.n_vocab().min(n_mask);
+        ViewKind::Dense if sparse(words, n, tokens.n_vocab()) => {
             let (dense, cands) = tokens.dense_and_buffer();
             let mut kept = 0;
             for (i, &w) in words.iter().enumerate() {
