@@ -15,7 +15,10 @@
 //! free of steps (health, /metrics and other RPCs keep a worker; the
 //! tasks queued on the busy one are stolen by it), and a written-off one
 //! keeps its place in that count until it returns, since the runtime does
-//! not replace a worker stuck in a task.
+//! not replace a worker stuck in a task. A free worker is not enough by
+//! itself: tokio may leave it asleep with nobody driving sockets and
+//! timers, so the nudger (`nudge.rs`) wakes one when a step on a worker
+//! runs longer than a few milliseconds.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
@@ -71,12 +74,17 @@ impl StepPool {
             return false;
         }
         let workers = handle.metrics().num_workers();
-        self.shared
+        let placed = self
+            .shared
             .direct
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n + 1 < workers).then_some(n + 1)
             })
-            .is_ok()
+            .is_ok();
+        if placed {
+            super::nudge::Nudger::step_starts(&self.shared, &handle);
+        }
+        placed
     }
 
     /// Runs `f` on this runtime thread — on the worker itself while

@@ -148,6 +148,8 @@ struct Shared {
     /// Of those, the written-off ones: while there is one, no step runs
     /// on a runtime worker itself.
     direct_lost: AtomicUsize,
+    /// Keeps the runtime driven while steps run on its workers.
+    nudger: nudge::Nudger,
 }
 
 /// The pool (cheap to clone). When the last clone drops, idle threads
@@ -166,6 +168,7 @@ impl Drop for Owner {
     fn drop(&mut self) {
         lock(&self.0.queue).closed = true;
         self.0.wake.notify_all();
+        self.0.nudger.close();
     }
 }
 
@@ -236,6 +239,7 @@ impl StepPool {
             retire: AtomicUsize::new(0),
             direct: AtomicUsize::new(0),
             direct_lost: AtomicUsize::new(0),
+            nudger: nudge::Nudger::default(),
         });
         for _ in 0..threads {
             spawn_worker(&shared)?;
@@ -606,5 +610,6 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 mod inline;
+mod nudge;
 #[cfg(test)]
 mod tests;
