@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ahead;
 pub mod gbnf;
 pub mod grammar;
 pub mod mask;

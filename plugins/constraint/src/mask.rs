@@ -16,6 +16,16 @@ use toktrie::SimpleVob;
 /// a JSON string most tokens are allowed and the dense path stays cheaper.
 const SPARSE_FRACTION: usize = 8;
 
+/// In the dense view, a mask word (32 ids) that bans at most this many
+/// has just those logits written, not all 32 selected.
+///
+/// Why: inside a JSON string nearly every word is mixed but bans only the
+/// few tokens that hold a quote, a backslash or a control byte; the
+/// per-lane select still read and wrote all 600 KB of logits at Qwen's
+/// 151,936 (~21 µs of a ~85 µs constrained step, timed around the call),
+/// where writing only the banned ones touches a few cache lines.
+const FEW_BANNED: u32 = 4;
+
 /// Sets every token the mask does not allow to -inf (dense view) — or,
 /// when the mask allows few, switches to a candidate view of the allowed
 /// tokens in id order — or drops it from the candidates, keeping their
@@ -56,6 +66,16 @@ pub fn apply(allowed: &SimpleVob, tokens: &mut Tokens<'_>) {
                 match w {
                     u32::MAX => {}
                     0 => chunk.fill(f32::NEG_INFINITY),
+                    _ if w.count_zeros() <= FEW_BANNED => {
+                        let mut banned = !w;
+                        while banned != 0 {
+                            let bit = banned.trailing_zeros() as usize;
+                            if let Some(l) = chunk.get_mut(bit) {
+                                *l = f32::NEG_INFINITY;
+                            }
+                            banned &= banned - 1;
+                        }
+                    }
                     _ => {
                         // A select per lane, not a branch per bit: the
                         // compiler vectorises it. The branchy loop was ~27%

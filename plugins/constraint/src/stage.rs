@@ -2,12 +2,13 @@
 
 use std::ffi::CStr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use llguidance::Matcher;
 use llguidance::api::{ParserLimits, StopReason};
 use samplerd_plugin_sdk::prelude::*;
-use toktrie::SimpleVob;
 
+use crate::ahead::SeqState;
 use crate::grammar::{self, GrammarError};
 use crate::tokenv::{self, TokenEnv};
 
@@ -19,6 +20,12 @@ use crate::tokenv::{self, TokenEnv};
 pub const DEFAULT_MAX_FUEL: f64 = 1_000_000.0;
 /// `max_fuel` may not exceed this (10× the default).
 pub const MAX_MAX_FUEL: f64 = 10_000_000.0;
+/// Default of `ahead_min_us`. Handing the parser to a mask thread and back
+/// costs ~22 µs on a 2-core VM; a sweep of the threshold there (0, 15, 18,
+/// 21, 25 µs; docs/PERFORMANCE.md, "constraint stage") put 15 where
+/// SmolLM2's 49,152-token masks (mostly cheaper) stay as fast as inline and
+/// Qwen's 151,936 (mostly costlier) go as fast as always ahead.
+pub const DEFAULT_AHEAD_MIN_US: f64 = 15.0;
 
 pub struct Constraint {
     env: Arc<TokenEnv>,
@@ -26,19 +33,19 @@ pub struct Constraint {
     /// Behind a mutex because llguidance's matcher is `Send`, not `Sync`;
     /// the lock is held only for the clone.
     start: Mutex<Matcher>,
+    /// Compute the next mask ahead when the sequence's masks lately cost
+    /// this much.
+    ahead_min: Duration,
 }
 
-/// Per sequence: llguidance's matcher (its Earley parser state).
-///
-/// `Clone` is llguidance's own `Matcher::clone`: the parser state (Earley
-/// rows, consumed bytes, stop state) is copied, so the clone is an
-/// independent sequence; only the lazily built lexer automaton, a cache
-/// that every state of one grammar fills alike, stays shared behind
-/// llguidance's mutex. `deep_clone` would copy that cache too (megabytes
-/// for a large schema) on every fork for no change in behaviour.
-#[derive(Clone)]
-pub struct SeqState {
-    matcher: Matcher,
+fn ahead_min(params: &Params<'_>) -> Result<Duration, String> {
+    let us = params.number("ahead_min_us");
+    if !(0.0..=1e6).contains(&us) {
+        return Err(format!(
+            "constraint: ahead_min_us: must be in [0, 1000000] (microseconds), got {us}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(us / 1e6))
 }
 
 fn fuel(params: &Params<'_>) -> Result<u64, String> {
@@ -88,38 +95,12 @@ fn describe(vocab_bytes: &[u8]) -> String {
 }
 
 impl Constraint {
-    /// The tokens allowed next: the grammar's mask, with every
-    /// end-of-generation token where the grammar may stop (llguidance adds
-    /// them when it is accepting) and only those once it must stop.
-    fn allowed(&self, st: &mut SeqState) -> Result<SimpleVob, String> {
-        if st.matcher.is_stopped() {
-            return self.eog_only(st);
-        }
-        st.matcher
-            .compute_mask()
-            .map_err(|e| format!("constraint: the grammar failed: {e}"))
-    }
-
-    fn eog_only(&self, st: &SeqState) -> Result<SimpleVob, String> {
-        let reason = st.matcher.stop_reason();
-        if !reason.is_ok() {
-            let why = st.matcher.get_error().unwrap_or_else(|| reason.to_string());
-            return Err(format!("constraint: the grammar failed: {why}"));
-        }
-        let mut v = SimpleVob::alloc(self.env.n_vocab);
-        for &t in &self.env.eog {
-            v.allow_token(t);
-        }
-        Ok(v)
-    }
-
     fn is_eog(&self, token: u32) -> bool {
         self.env.eog.binary_search(&token).is_ok()
     }
 
-    fn refuse(&self, st: &SeqState, token: u32) -> String {
-        let bytes = st
-            .matcher
+    fn refuse(&self, matcher: &Matcher, token: u32) -> String {
+        let bytes = matcher
             .tok_env()
             .map(|e| e.tok_trie().token(token).to_vec())
             .unwrap_or_default();
@@ -162,6 +143,12 @@ impl Stage for Constraint {
             c"lexer budget for building the grammar (llguidance initial_lexer_fuel)",
             DEFAULT_MAX_FUEL,
         ),
+        number_param(
+            c"ahead_min_us",
+            c"compute the next mask on a helper thread during the forward pass when the \
+              sequence's masks have lately cost at least this many microseconds (0: always)",
+            DEFAULT_AHEAD_MIN_US,
+        ),
     ];
     // Output-only: the host never replays a prompt or previous_tokens into
     // the grammar, whose state starts where the output starts.
@@ -175,6 +162,7 @@ impl Stage for Constraint {
             );
         };
         let fuel = fuel(params)?;
+        let ahead_min = ahead_min(params)?;
         let source =
             grammar::from_params(params).map_err(|e: GrammarError| format!("constraint: {e}"))?;
         let param = source.param;
@@ -219,12 +207,12 @@ impl Stage for Constraint {
         Ok(Constraint {
             env,
             start: Mutex::new(matcher),
+            ahead_min,
         })
     }
 
     fn new_state(&self) -> SeqState {
-        let matcher = self.start.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        SeqState { matcher }
+        SeqState::new(self.start.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     fn try_accept(&self, st: &mut SeqState, token: u32) -> Result<(), String> {
@@ -234,28 +222,27 @@ impl Stage for Constraint {
                 self.env.n_vocab
             ));
         }
-        if st.matcher.is_stopped() {
-            // Done (or failed): only stopping is allowed.
-            if self.is_eog(token) && st.matcher.stop_reason().is_ok() {
-                return Ok(());
+        st.advance(&self.env, self.ahead_min, |m| {
+            if m.is_stopped() {
+                // Done (or failed): only stopping is allowed.
+                if self.is_eog(token) && m.stop_reason().is_ok() {
+                    return Ok(false);
+                }
+                return Err(self.refuse(m, token));
             }
-            return Err(self.refuse(st, token));
-        }
-        let valid = st
-            .matcher
-            .validate_tokens(&[token])
-            .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
-        let eog_ok = self.is_eog(token)
-            && st
-                .matcher
-                .is_accepting()
+            let valid = m
+                .validate_tokens(&[token])
                 .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
-        if valid == 0 && !eog_ok {
-            return Err(self.refuse(st, token));
-        }
-        st.matcher
-            .consume_token(token)
-            .map_err(|e| format!("constraint: the grammar failed: {e}"))
+            let eog_ok = self.is_eog(token)
+                && m.is_accepting()
+                    .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+            if valid == 0 && !eog_ok {
+                return Err(self.refuse(m, token));
+            }
+            m.consume_token(token)
+                .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+            Ok(true)
+        })
     }
 
     fn apply(
@@ -264,7 +251,7 @@ impl Stage for Constraint {
         tokens: &mut Tokens<'_>,
         _: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        let allowed = self.allowed(st)?;
+        let allowed = st.mask(&self.env)?;
         crate::mask::apply(&allowed, tokens);
         Ok(())
     }

@@ -58,9 +58,11 @@ fn descriptor_names_the_stage_its_flags_and_params() {
         ("json_object", SD_PARAM_NUMBER),
         ("choice", SD_PARAM_STRING_LIST),
         ("max_fuel", SD_PARAM_NUMBER),
+        ("ahead_min_us", SD_PARAM_NUMBER),
     ];
     assert_eq!(params, want.map(|(n, k)| (n.to_string(), k)));
     assert_eq!(spec[6].default_number, 1_000_000.0);
+    assert_eq!(spec[7].default_number, 15.0);
 }
 
 #[test]
@@ -349,6 +351,10 @@ fn refusals_name_the_parameter_and_llguidance_s_reason() {
     assert_eq!(
         err(&[P::Str("regex", "a"), P::Num("max_fuel", 0.0)]),
         "constraint: max_fuel: must be a whole number in [1, 10000000], got 0"
+    );
+    assert_eq!(
+        err(&[P::Str("regex", "a"), P::Num("ahead_min_us", -1.0)]),
+        "constraint: ahead_min_us: must be in [0, 1000000] (microseconds), got -1"
     );
 }
 
