@@ -1,24 +1,7 @@
 //! A step run inline ([`StepPool::run`]): on the runtime thread that
-//! decoded the request, under the pool's watchdog — on the worker itself
-//! while another runtime worker stays free of steps, else after the thread
-//! has handed its other work to another runtime thread
-//! (`tokio::task::block_in_place`).
-//!
-//! Why two ways: `block_in_place` keeps the runtime's worker count whole
-//! whatever the step does, but wakes a thread per step to take the
-//! worker's place — on a 2-core machine that hand-off was the one line
-//! perf showed grown against running steps on the worker
-//! (`finish_task_switch` 4.7 → 6.6 % of samples) and ~0.16× the transport
-//! floor per 151,936-logit `Sample` (docs/PERFORMANCE.md, "gRPC round
-//! trips"). A step run on the worker itself wakes nothing; what it risks
-//! is that worker, so it is done only while at least one other worker is
-//! free of steps (health, /metrics and other RPCs keep a worker; the
-//! tasks queued on the busy one are stolen by it), and a written-off one
-//! keeps its place in that count until it returns, since the runtime does
-//! not replace a worker stuck in a task. A free worker is not enough by
-//! itself: tokio may leave it asleep with nobody driving sockets and
-//! timers, so the nudger (`nudge.rs`) wakes one when a step on a worker
-//! runs longer than a few milliseconds.
+//! decoded the request, after that thread has handed its other work to
+//! another runtime thread (`tokio::task::block_in_place`), under the
+//! pool's watchdog.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
@@ -61,36 +44,9 @@ impl StepPool {
                 .is_ok()
     }
 
-    /// Whether an inline step may run on its runtime worker itself (no
-    /// `block_in_place`): while, with it, fewer such steps hold workers
-    /// than the runtime has — so one worker is always free of steps — and
-    /// none of them has been written off (so a stuck stage costs the
-    /// runtime one worker at most). The place is taken if so.
-    fn take_direct_place(&self) -> bool {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
-        if self.shared.direct_lost.load(Ordering::Acquire) > 0 {
-            return false;
-        }
-        let workers = handle.metrics().num_workers();
-        let placed = self
-            .shared
-            .direct
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n + 1 < workers).then_some(n + 1)
-            })
-            .is_ok();
-        if placed {
-            super::nudge::Nudger::step_starts(&self.shared, &handle);
-        }
-        placed
-    }
-
-    /// Runs `f` on this runtime thread — on the worker itself while
-    /// [`StepPool::take_direct_place`] allows, else after handing its
-    /// other work to another runtime thread (`tokio::task::block_in_place`)
-    /// — under the same watchdog as a pool step. Holds an inline slot (taken by
+    /// Runs `f` on this runtime thread, which first hands its other work to
+    /// another runtime thread (`tokio::task::block_in_place`), under the
+    /// same watchdog as a pool step. Holds an inline slot (taken by
     /// [`StepPool::take_inline_slot`]) until the step returns or is written
     /// off.
     ///
@@ -101,8 +57,7 @@ impl StepPool {
     /// `Sample` and ~6 % of the `SampleStream` rate more than this path
     /// (docs/PERFORMANCE.md, "gRPC round trips"). The step runs in its
     /// own task, so the caller keeps its timer: a step that never returns
-    /// holds one written-off thread (a runtime worker, when it ran on one:
-    /// never the last), never the runtime.
+    /// holds one written-off thread, never the runtime.
     pub(super) async fn run_inline<F, R>(&self, f: F) -> Result<R, StepFailure>
     where
         F: FnOnce() -> R + Send + 'static,
@@ -114,9 +69,8 @@ impl StepPool {
         });
         let watched = Arc::clone(&step_state);
         let shared = Arc::clone(&self.shared);
-        let direct = self.take_direct_place();
         let mut step = tokio::spawn(async move {
-            let body = move || {
+            tokio::task::block_in_place(move || {
                 crate::app::crash::prepare_this_thread();
                 activity::watch_this_thread(Arc::clone(&watched.activity));
                 shared.running.fetch_add(1, Ordering::AcqRel);
@@ -126,9 +80,6 @@ impl StepPool {
                 activity::unwatch_this_thread();
                 let mut phase = lock(&watched.phase);
                 if *phase == InlinePhase::Lost {
-                    if direct {
-                        shared.direct_lost.fetch_sub(1, Ordering::AcqRel);
-                    }
                     shared.count_returned();
                     let rejoined = rejoin(&shared);
                     tracing::warn!(rejoined, "a written-off sampling step returned");
@@ -136,17 +87,8 @@ impl StepPool {
                     *phase = InlinePhase::Returned;
                     shared.inline.fetch_sub(1, Ordering::AcqRel);
                 }
-                drop(phase);
-                if direct {
-                    shared.direct.fetch_sub(1, Ordering::AcqRel);
-                }
                 r
-            };
-            if direct {
-                body()
-            } else {
-                tokio::task::block_in_place(body)
-            }
+            })
         });
         match tokio::time::timeout(self.shared.config.max_step, &mut step).await {
             Ok(Ok(r)) => r,
@@ -158,11 +100,6 @@ impl StepPool {
                     let returned = *phase == InlinePhase::Returned;
                     if !returned {
                         *phase = InlinePhase::Lost;
-                        // Under the phase's lock, so the step's return
-                        // (which takes it) counts it back after this.
-                        if direct {
-                            self.shared.direct_lost.fetch_add(1, Ordering::AcqRel);
-                        }
                     }
                     returned
                 };

@@ -1,14 +1,13 @@
 //! The step runner: every sampling step (and every other call into plugin
-//! code, and prompt tokenization) runs under a per-step watchdog where it
-//! cannot take the async runtime's last worker — inline (`inline.rs`) on
-//! the runtime thread that decoded the request (on the worker itself while
-//! another worker is free of steps, else after handing its other work to
-//! another runtime thread), or on this module's pool of threads.
+//! code, and prompt tokenization) runs off the async runtime's workers,
+//! under a per-step watchdog — inline on a runtime thread that has first
+//! handed its other work to another runtime thread (`inline.rs`), or on
+//! this module's pool of threads.
 //!
-//! Why: a stage is third-party code. Run on any runtime worker, one that
+//! Why: a stage is third-party code. Run on a runtime worker, one that
 //! never returned froze the whole process (health, liveness, /metrics,
 //! every RPC, SIGTERM), and even a legal 0.9 s step of core stages held
-//! health probes up for as long. Here one worker is always free of steps.
+//! health probes up for as long. Here the runtime only waits on a reply.
 //!
 //! Where a step runs: [`StepPool::run`] (async callers) runs it inline
 //! while fewer steps are inline than the pool has live threads — its
@@ -16,8 +15,7 @@
 //! — else it queues for the pool, as do [`StepPool::run_blocking`] and
 //! [`StepPool::run_many`]. Either way the caller keeps the timer, so the
 //! watchdog below covers both; a written-off inline thread is one the
-//! runtime has already replaced (or, for one step at most, a runtime
-//! worker it works on without), and past the bound below it retires a
+//! runtime has already replaced, and past the bound below it retires a
 //! pool thread, so inline or not, lost threads shrink the pool alike.
 //!
 //! The watchdog: a step still running after `limits.max_step_ms` fails its
@@ -140,16 +138,6 @@ struct Shared {
     /// `max_stuck` takes a pool thread's place for good (`live` already
     /// counts it gone), as a lost pool thread that is not replaced does.
     retire: AtomicUsize,
-    /// Inline steps running on a runtime worker itself, without
-    /// `block_in_place` (written-off ones included until they return: the
-    /// runtime does not replace such a worker). Kept below the runtime's
-    /// worker count, so one worker is always free of steps.
-    direct: AtomicUsize,
-    /// Of those, the written-off ones: while there is one, no step runs
-    /// on a runtime worker itself.
-    direct_lost: AtomicUsize,
-    /// Keeps the runtime driven while steps run on its workers.
-    nudger: nudge::Nudger,
 }
 
 /// The pool (cheap to clone). When the last clone drops, idle threads
@@ -168,7 +156,6 @@ impl Drop for Owner {
     fn drop(&mut self) {
         lock(&self.0.queue).closed = true;
         self.0.wake.notify_all();
-        self.0.nudger.close();
     }
 }
 
@@ -237,9 +224,6 @@ impl StepPool {
             running: AtomicUsize::new(0),
             inline: AtomicUsize::new(0),
             retire: AtomicUsize::new(0),
-            direct: AtomicUsize::new(0),
-            direct_lost: AtomicUsize::new(0),
-            nudger: nudge::Nudger::default(),
         });
         for _ in 0..threads {
             spawn_worker(&shared)?;
@@ -610,6 +594,5 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 mod inline;
-mod nudge;
 #[cfg(test)]
 mod tests;

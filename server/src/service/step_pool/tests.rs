@@ -111,69 +111,6 @@ async fn steps_run_inline_while_a_slot_is_free_else_on_the_pool() {
     assert_ne!(inline.as_deref(), Some("samplerd-step"));
 }
 
-/// Two steps held at once on a 2-worker runtime: the first runs on its
-/// worker itself, the second hands its worker off (`block_in_place`), so
-/// the runtime still runs tasks; a written-off one keeps its worker's place
-/// until it returns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_runtime_worker_always_stays_free_of_steps() {
-    let p = pool(2, 200, 2);
-    let direct = || p.shared.direct.load(Ordering::Acquire);
-    let (release_a, wait_a) = blocker();
-    let (release_b, wait_b) = blocker();
-    let a = tokio::spawn({
-        let p = p.clone();
-        async move { p.run(wait_a).await }
-    });
-    wait_for("the first step never started", || p.running() == 1);
-    assert_eq!(direct(), 1, "the first step runs on its worker");
-    let b = tokio::spawn({
-        let p = p.clone();
-        async move { p.run(wait_b).await }
-    });
-    wait_for("the second step never started", || p.running() == 2);
-    assert_eq!(direct(), 1, "the second step handed its worker off");
-    // Both steps hold a thread, yet a task still runs: a worker is free.
-    let task = tokio::time::timeout(Duration::from_secs(5), tokio::spawn(async { 9 }));
-    assert_eq!(task.await.expect("no runtime worker was free").unwrap(), 9);
-    // Both overrun and are written off; the direct one keeps its place.
-    assert!(matches!(a.await.unwrap(), Err(StepFailure::Stuck { .. })));
-    assert!(matches!(b.await.unwrap(), Err(StepFailure::Stuck { .. })));
-    assert_eq!(direct(), 1, "a lost worker is not replaced by the runtime");
-    drop((release_a, release_b));
-    wait_for("the written-off steps never returned", || {
-        p.stuck() == 0 && direct() == 0
-    });
-    assert_eq!(p.run(|| 4).await.unwrap(), 4);
-    assert_eq!(direct(), 0);
-}
-
-/// With a step stuck on a runtime worker, no further step runs on one
-/// (3 workers: there would be room), so a stuck stage costs the runtime
-/// one worker at most.
-#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn after_a_stuck_step_on_a_worker_steps_hand_their_worker_off() {
-    let p = pool(2, 100, 2);
-    let (release, stuck) = blocker();
-    assert!(matches!(p.run(stuck).await, Err(StepFailure::Stuck { .. })));
-    let shared = Arc::clone(&p.shared);
-    let on_workers = p
-        .run(move || shared.direct.load(Ordering::Acquire))
-        .await
-        .unwrap();
-    assert_eq!(on_workers, 1, "only the stuck step holds a worker");
-    drop(release);
-    wait_for("the stuck step never returned", || {
-        p.stuck() == 0 && p.shared.direct.load(Ordering::Acquire) == 0
-    });
-    let shared = Arc::clone(&p.shared);
-    let on_workers = p
-        .run(move || shared.direct.load(Ordering::Acquire))
-        .await
-        .unwrap();
-    assert_eq!(on_workers, 1, "this step runs on its worker again");
-}
-
 #[tokio::test]
 async fn a_single_threaded_runtime_uses_the_pool() {
     let p = pool(1, 2_000, 1);
