@@ -30,6 +30,7 @@ pub mod forward;
 pub mod ggml;
 pub mod gguf;
 pub mod pool;
+pub mod prefix;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod quant_avx2;
@@ -54,6 +55,7 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use cuda::{DeviceRequest, Placement};
 pub use error::ModelError;
 pub use gguf::{Arch, Config};
+pub use prefix::{CachedTokens, StepOrder};
 pub use streamer::Utf8Streamer;
 pub use tokenizer::{TokenInfo, Tokenizer, attr};
 pub use vocab_file::read_vocabulary;
@@ -228,7 +230,15 @@ impl Model {
             states.push(state.as_mut());
             logits.push(l.as_mut_slice());
         }
-        self.backend.forward_batch(&mut states, tokens, &mut logits)
+        let ran = self.backend.forward_batch(&mut states, tokens, &mut logits);
+        drop(states);
+        for (s, t) in sessions.iter_mut().zip(tokens) {
+            match &ran {
+                Ok(()) => s.cached.ran(std::slice::from_ref(t)),
+                Err(_) => s.forget_unbooked(),
+            }
+        }
+        ran
     }
     /// A new sequence with a `capacity`-token KV cache.
     pub fn new_session_with_capacity(&self, capacity: usize) -> Result<Session, ModelError> {
@@ -236,15 +246,17 @@ impl Model {
             backend: Arc::clone(&self.backend),
             state: self.backend.new_state(capacity.max(1))?,
             logits: vec![0.0; self.config.n_vocab],
+            cached: CachedTokens::default(),
         })
     }
 }
 
-/// One sequence: its KV cache and the last logits.
+/// One sequence: its KV cache, the tokens in it and the last logits.
 pub struct Session {
     backend: Arc<dyn Backend>,
     state: Box<dyn SequenceState>,
     logits: Vec<f32>,
+    cached: CachedTokens,
 }
 
 impl std::fmt::Debug for Session {
@@ -259,9 +271,29 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Runs `tokens` (one or many) and returns the last position's logits.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
-        self.backend
-            .forward(self.state.as_mut(), tokens, &mut self.logits)?;
+        let ran = self
+            .backend
+            .forward(self.state.as_mut(), tokens, &mut self.logits);
+        self.record(ran, tokens)?;
         Ok(&self.logits)
+    }
+    /// Books a forward step's tokens, or, when it failed, keeps only the
+    /// positions both the cache and the books know (a backend refuses a
+    /// step before running it, but what a failed step left is not trusted).
+    fn record(&mut self, ran: Result<(), ModelError>, tokens: &[u32]) -> Result<(), ModelError> {
+        match ran {
+            Ok(()) => {
+                self.cached.ran(tokens);
+                Ok(())
+            }
+            Err(e) => {
+                self.forget_unbooked();
+                Err(e)
+            }
+        }
+    }
+    fn forget_unbooked(&mut self) {
+        self.truncate(self.state.position().min(self.cached.tokens().len()));
     }
     /// Runs one token and returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], ModelError> {
@@ -279,8 +311,26 @@ impl Session {
     pub fn capacity(&self) -> usize {
         self.state.capacity()
     }
-    /// Drops cached positions at or after `position` (reuse a shared prefix).
+    /// Drops cached positions at or after `position`.
     pub fn truncate(&mut self, position: usize) {
-        self.state.truncate(position)
+        self.state.truncate(position);
+        self.cached.truncate(position);
+    }
+    /// The tokens in the cache, in order.
+    pub fn cached_tokens(&self) -> &[u32] {
+        self.cached.tokens()
+    }
+    /// How many leading tokens of `prompt` this session's cache can stand
+    /// for, bit for bit as a fresh prefill of `prompt` ([`CachedTokens::reusable`]).
+    pub fn reusable_prefix(&self, prompt: &[u32]) -> usize {
+        self.cached.reusable(prompt)
+    }
+    /// Keeps the reusable prefix of `prompt` (and forgets the rest of the
+    /// cache), so `prefill(&prompt[n..])` with the returned `n` gives the
+    /// logits a fresh session's `prefill(prompt)` gives.
+    pub fn reuse_prefix(&mut self, prompt: &[u32]) -> usize {
+        let n = self.reusable_prefix(prompt);
+        self.truncate(n);
+        n
     }
 }

@@ -125,3 +125,80 @@ fn smollm2_decode_matches_prefill() {
         "decode vs prefill: cosine {cos}, max diff {d}"
     );
 }
+
+/// Bits of a logits vector, for exact comparison.
+fn bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The greedy next token.
+fn argmax(l: &[f32]) -> u32 {
+    l.iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > l[b] { i } else { b }) as u32
+}
+
+/// A session that ran one prompt and generated from it, reused for a
+/// longer prompt sharing it (a chat's next turn), gives a fresh prefill's
+/// logits bit for bit — and so does every decode step after it — whatever
+/// the remainder's length (a short one is lengthened into the fresh
+/// prefill's order).
+#[test]
+fn smollm2_reused_prefix_equals_a_fresh_prefill_bit_for_bit() {
+    let Some(m) = model() else { return };
+    let tk = m.tokenizer();
+    let first = m
+        .render_chat(&[
+            ChatMessage::new("system", "You are a terse assistant."),
+            ChatMessage::new("user", "Name three colours."),
+        ])
+        .unwrap();
+    let first = tk.encode(&first, true, true).unwrap();
+    // The first request: its prompt, then three tokens decoded one by one.
+    let first_request = || {
+        let mut s = m.new_session().unwrap();
+        let mut l = s.prefill(&first).unwrap().to_vec();
+        for _ in 0..3 {
+            l = s.decode(argmax(&l)).unwrap().to_vec();
+        }
+        s
+    };
+    let generated = first_request().cached_tokens()[first.len()..].to_vec();
+    for (extra, reused_all) in [
+        ("", false),
+        (" Three?", false),
+        (" And three animals, three trees and a fruit?", true),
+    ] {
+        let mut prompt = first.clone();
+        prompt.extend(&generated);
+        prompt.extend(tk.encode(extra, false, false).unwrap());
+        let mut reused = first_request();
+        let n = reused.reuse_prefix(&prompt);
+        // Never a decoded position; the whole first prompt when the rest
+        // is long enough to run tiled.
+        assert!(n <= first.len(), "reused {n} of {}", prompt.len());
+        assert_eq!(
+            n == first.len(),
+            reused_all,
+            "reused {n} of {}",
+            prompt.len()
+        );
+        assert!(n > 0);
+        let mut fresh = m.new_session().unwrap();
+        let (mut a, mut b) = (
+            reused.prefill(&prompt[n..]).unwrap().to_vec(),
+            fresh.prefill(&prompt).unwrap().to_vec(),
+        );
+        for step in 0..4 {
+            assert_eq!(
+                bits(&a),
+                bits(&b),
+                "extra {extra:?}, step {step}: logits differ"
+            );
+            let t = argmax(&a);
+            a = reused.decode(t).unwrap().to_vec();
+            b = fresh.decode(t).unwrap().to_vec();
+        }
+        assert_eq!(reused.cached_tokens(), fresh.cached_tokens());
+    }
+}

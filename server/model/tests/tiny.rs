@@ -532,3 +532,45 @@ fn truncated_k_quant_tensor_is_named() {
         assert!(msg.contains(want), "{want:?} missing from {msg}");
     }
 }
+
+/// A prompt's cached prefix stands in for a fresh prefill bit for bit on a
+/// K-quant model too, where a step's order also depends on whether it is
+/// tiled (8+ tokens): the rest is run in the fresh prefill's order.
+#[test]
+fn k_quant_reused_prefix_equals_a_fresh_prefill_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny-k.gguf");
+    write_model(&p, "llama", &K_QUANTS);
+    let m = Model::load(&p, &opts()).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 250).collect();
+    let mut fresh = m.new_session().unwrap();
+    let want: Vec<u32> = fresh
+        .prefill(&prompt)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    // Earlier prompts: shorter ones (some not tiled), one that decoded on.
+    for earlier in [4usize, 9, 20, 35, 39] {
+        let mut s = m.new_session().unwrap();
+        s.prefill(&prompt[..earlier]).unwrap();
+        s.decode(prompt[earlier]).unwrap();
+        let n = s.reuse_prefix(&prompt);
+        let got: Vec<u32> = s
+            .prefill(&prompt[n..])
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(got, want, "earlier prompt of {earlier} tokens, {n} reused");
+        if earlier >= 8 {
+            assert_eq!(
+                n,
+                earlier.min(prompt.len() - 8),
+                "earlier prompt of {earlier}"
+            );
+        } else {
+            assert_eq!(n, 0, "a 4-token step's positions are not a tiled prompt's");
+        }
+    }
+}
