@@ -628,3 +628,78 @@ async fn a_generation_is_held_to_the_memory_budget() {
     assert_eq!(s.state().memory.charged(), 0);
     s.assert_serving().await;
 }
+
+fn message(role: &str, content: &str) -> v1::ChatMessage {
+    v1::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    }
+}
+
+fn conversation(messages: Vec<v1::ChatMessage>, seed: u64) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        messages,
+        max_tokens: Some(16),
+        params: Some(seeded(seed)),
+        ..Default::default()
+    }
+}
+
+fn cached_prompt_tokens(out: &Output) -> (u32, u32) {
+    let u = out.finished.as_ref().unwrap().usage.as_ref().unwrap();
+    (u.cached_prompt_tokens, u.prompt_tokens)
+}
+
+/// The prompt cache: a chat's next turn takes the previous turn's prompt
+/// from the cache, and streams the same tokens and log-probabilities, bit
+/// for bit, as a server without a cache; the same request again reuses
+/// all but the tail that must run in a fresh prefill's order.
+#[tokio::test]
+async fn a_cached_prompt_prefix_gives_the_uncached_answer_bit_for_bit() {
+    let cached = require_model!(host_with(GenerateConfig::default()));
+    let uncached = require_model!(host_with(GenerateConfig {
+        prompt_cache_entries: 0,
+        ..GenerateConfig::default()
+    }));
+    let (a, b) = (server_with(cached).await, server_with(uncached).await);
+    let system = message(
+        "system",
+        "You are a helpful assistant who always answers in full sentences.",
+    );
+    let question = "Name three colours.";
+    let first = generate(
+        &a,
+        conversation(vec![system.clone(), message("user", question)], 7),
+    )
+    .await
+    .unwrap();
+    assert_eq!(cached_prompt_tokens(&first).0, 0, "an empty cache");
+    let next_turn = conversation(
+        vec![
+            system,
+            message("user", question),
+            message("assistant", &first.text()),
+            message("user", "And now three animals, please?"),
+        ],
+        11,
+    );
+    for round in 0..2 {
+        let with = generate(&a, next_turn.clone()).await.unwrap();
+        let without = generate(&b, next_turn.clone()).await.unwrap();
+        assert_eq!(with.tokens, without.tokens, "round {round}");
+        assert_eq!(with.logprob_bits, without.logprob_bits, "round {round}");
+        assert_eq!(with.text(), without.text(), "round {round}");
+        let (reused, prompt) = cached_prompt_tokens(&with);
+        assert!(
+            reused > 0 && reused + 8 <= prompt,
+            "round {round}: {reused} of {prompt} prompt tokens from the cache"
+        );
+        if round == 1 {
+            // The same prompt: everything but the tiled tail.
+            assert_eq!(reused + 8, prompt);
+        }
+        assert_eq!(cached_prompt_tokens(&without).0, 0);
+    }
+    a.stop().await;
+    b.stop().await;
+}

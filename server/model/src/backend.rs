@@ -19,6 +19,9 @@ pub trait SequenceState: Send + Any {
     fn capacity(&self) -> usize;
     /// Forgets every position at or after `position` (for prompt-cache reuse).
     fn truncate(&mut self, position: usize);
+    /// Frees scratch buffers sized by the steps that ran (the cache stays):
+    /// a state kept idle for later reuse holds only its K/V.
+    fn release_scratch(&mut self) {}
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 

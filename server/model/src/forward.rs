@@ -109,6 +109,9 @@ impl SequenceState for CpuState {
     fn truncate(&mut self, position: usize) {
         self.cache.pos = self.cache.pos.min(position);
     }
+    fn release_scratch(&mut self) {
+        self.s = Scratch::default();
+    }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }

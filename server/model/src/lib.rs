@@ -316,6 +316,11 @@ impl Session {
         self.state.truncate(position);
         self.cached.truncate(position);
     }
+    /// Frees the scratch the steps so far sized (the cache stays): for a
+    /// session kept idle for reuse.
+    pub fn release_scratch(&mut self) {
+        self.state.release_scratch();
+    }
     /// The tokens in the cache, in order.
     pub fn cached_tokens(&self) -> &[u32] {
         self.cached.tokens()

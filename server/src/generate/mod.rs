@@ -10,6 +10,7 @@
 
 mod batcher;
 pub mod generator;
+pub mod prompt_cache;
 pub mod stop_filter;
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -25,6 +26,7 @@ use tonic::Status;
 use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
 use crate::service::buffer_pool::BufferPool;
 use crate::service::errors::{InvalidKind, RequestError};
+use crate::service::memory::MemoryBudget;
 use crate::service::step_pool::StepPool;
 use crate::service::validate::{Prompt, ValidGenerate};
 use crate::status::Reason;
@@ -71,6 +73,10 @@ pub struct GenerateConfig {
     /// can batch them; one held up longer (e.g. by a slow client) is stepped
     /// on its own later.
     pub batch_wait_us: u64,
+    /// Finished generations' sessions kept for later prompts that share a
+    /// prefix with them (0: no prompt cache). Each holds its K/V (~23 KiB
+    /// a token for SmolLM2-135M), charged to `limits.memory_budget_bytes`.
+    pub prompt_cache_entries: usize,
 }
 
 impl Default for GenerateConfig {
@@ -89,6 +95,7 @@ impl Default for GenerateConfig {
             max_request_bytes: 4 * 1024 * 1024,
             parse_special_in_content: false,
             batch_wait_us: 2000,
+            prompt_cache_entries: 4,
         }
     }
 }
@@ -176,6 +183,7 @@ pub struct ModelHost {
     batcher: batcher::Batcher,
     /// The model's tokens for sampler stages (built once at load).
     vocab: Arc<Vocabulary>,
+    prompt_cache: prompt_cache::PromptCache,
 }
 
 /// Why the model could not be loaded (names the path).
@@ -232,6 +240,7 @@ impl ModelHost {
         Ok(ModelHost {
             vocab,
             batcher,
+            prompt_cache: prompt_cache::PromptCache::new(&model, config.prompt_cache_entries),
             slots: Slots::new(
                 config.max_concurrent_generations,
                 config.max_queued_generations,
@@ -271,6 +280,7 @@ impl ModelHost {
         request_id: u64,
         steps: &StepPool,
         buffers: &Arc<BufferPool>,
+        memory: &Arc<MemoryBudget>,
         prompt: Vec<u32>,
         sink: &GenerateSink,
     ) -> Result<(), RequestError> {
@@ -301,12 +311,18 @@ impl ModelHost {
         let mut filter = StopFilter::new(&req.stop);
         let mut utf8 = Utf8Streamer::new();
         let prefill_start = Instant::now();
-        let mut session = forward(
-            self.model
-                .new_session()
-                .map_err(|e| RequestError::Internal(e.to_string()))?,
-            prompt.clone(),
-        )?;
+        // The longest prefix a cached session can stand for bit for bit is
+        // not run again.
+        let (session, cached) = match self.prompt_cache.take(&prompt) {
+            Some(found) => found,
+            None => (
+                self.model
+                    .new_session()
+                    .map_err(|e| RequestError::Internal(e.to_string()))?,
+                0,
+            ),
+        };
+        let mut session = forward(session, prompt[cached..].to_vec())?;
         let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
@@ -386,6 +402,7 @@ impl ModelHost {
             usage: Some(v1::Usage {
                 prompt_tokens: prompt.len() as u32,
                 completion_tokens: generated,
+                cached_prompt_tokens: cached as u32,
             }),
             seed: req.seed,
             timings: Some(v1::Timings {
@@ -403,8 +420,10 @@ impl ModelHost {
             }),
             text: rest,
         };
+        self.prompt_cache.put(session, memory);
         tracing::info!(
             prompt_tokens = prompt.len(),
+            cached_prompt_tokens = cached,
             completion_tokens = generated,
             reason = ?reason,
             ms = start.elapsed().as_millis() as u64,
@@ -521,7 +540,9 @@ impl Generator for ModelHost {
                 samplerd_sampling::activity::entering(&TOKENIZER);
                 prompt_tokens(&model, &config, &prompt)
             })??;
-            self.run(&request, request_id, &steps, &buffers, tokens, &sink)
+            self.run(
+                &request, request_id, &steps, &buffers, &memory, tokens, &sink,
+            )
         })();
         if let Err(e) = result {
             let status: Status = e.into();

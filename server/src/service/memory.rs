@@ -72,6 +72,13 @@ impl Drop for Charge {
     }
 }
 
+impl Charge {
+    /// The bytes charged.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 impl MemoryBudget {
     /// A budget of `configured` bytes, or the derived default for 0.
     pub fn new(configured: usize) -> Arc<Self> {

@@ -156,6 +156,7 @@ fn describe() {
         "time taken to load the model"
     );
     describe_gauge!(DRAINING_METRIC, "1 while draining for shutdown");
+    crate::generate::prompt_cache::describe();
 }
 
 /// Binds `metrics.listen`.

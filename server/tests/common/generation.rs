@@ -11,6 +11,8 @@ use super::TestServer;
 #[derive(Debug, Default, PartialEq)]
 pub struct Output {
     pub tokens: Vec<u32>,
+    /// Each token's log-probability, as bits (equal means bit for bit).
+    pub logprob_bits: Vec<u32>,
     pub texts: Vec<String>,
     pub finished: Option<v1::Finished>,
 }
@@ -41,6 +43,7 @@ pub async fn generate(s: &TestServer, req: v1::GenerateRequest) -> Result<Output
                 Event::Token(t) => {
                     assert!(out.finished.is_none(), "token after Finished");
                     out.tokens.push(t.token_id);
+                    out.logprob_bits.push(t.logprob.to_bits());
                     out.texts.push(t.text);
                 }
                 Event::Finished(f) => {
