@@ -442,3 +442,40 @@ fn unused_tensors_and_other_architectures_are_named() {
         "{msg}"
     );
 }
+
+#[test]
+fn batched_decode_of_new_variants_equals_each_sequence_alone() {
+    // The batched step indexes q and the attention output by the query
+    // width and applies the q/k norm and frequency factors per row.
+    let dir = tempfile::tempdir().unwrap();
+    let llama3 = Spec {
+        rope_freqs: Some(vec![1.0, 1.0, 1.3, 2.0, 4.0, 8.0, 8.0, 8.0]),
+        ..llama()
+    };
+    for (name, s) in [("qwen3", qwen3()), ("llama3", llama3)] {
+        let (_, m) = load(&dir, &format!("{name}.gguf"), &s, |_, _| {});
+        let m = m.unwrap();
+        let prompts: [&[u32]; 3] = [&[1, 40, 41], &[5], &[9, 9, 9, 9, 9, 9, 9, 9, 9]];
+        let steps: [[u32; 2]; 3] = [[3, 4], [6, 7], [100, 101]];
+        let mut solo = Vec::new();
+        let mut sessions = Vec::new();
+        for (p, st) in prompts.iter().zip(&steps) {
+            let mut s = m.new_session().unwrap();
+            s.prefill(p).unwrap();
+            solo.push(st.map(|t| s.decode(t).unwrap().to_vec()));
+            let mut b = m.new_session().unwrap();
+            b.prefill(p).unwrap();
+            sessions.push(b);
+        }
+        for k in 0..2 {
+            let mut batch: Vec<&mut _> = sessions.iter_mut().collect();
+            let toks: Vec<u32> = steps.iter().map(|s| s[k]).collect();
+            m.decode_batch(&mut batch, &toks).unwrap();
+            for (i, s) in batch.iter().enumerate() {
+                let want: Vec<u32> = solo[i][k].iter().map(|x| x.to_bits()).collect();
+                let got: Vec<u32> = s.logits().iter().map(|x| x.to_bits()).collect();
+                assert!(want == got, "{name}: sequence {i} step {k} differs");
+            }
+        }
+    }
+}
