@@ -111,25 +111,8 @@ impl CudaBackend {
                 kernels::MAX_HEAD_DIM
             )));
         }
-        // The kernels take the query / attention-output width to be n_embd
-        // and have no per-head q/k norm yet: refuse such models here rather
-        // than compute wrong numbers (the CPU backend runs them).
-        if config.q_dim() != config.n_embd {
-            return Err(ModelError::Backend(format!(
-                "cuda: {} heads x head size {} = {} differs from the embedding length {} \
-                 (attention.key_length); not supported by the CUDA backend yet, use the CPU",
-                config.n_head,
-                config.head_dim,
-                config.q_dim(),
-                config.n_embd
-            )));
-        }
-        if config.qk_norm {
-            return Err(ModelError::Backend(format!(
-                "cuda: the {} architecture's per-head q/k RMSNorm (attn_q_norm, attn_k_norm) \
-                 is not supported by the CUDA backend yet, use the CPU",
-                config.arch.name()
-            )));
+        if let Some(why) = super::unsupported(&config) {
+            return Err(ModelError::Backend(why));
         }
         if !config.n_head.is_multiple_of(config.n_head_kv) {
             return Err(ModelError::Backend(format!(
