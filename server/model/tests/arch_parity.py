@@ -20,7 +20,8 @@ SmolLM2 model, so prompts tokenize identically):
   heads (query width 256 != embedding 128, as Qwen3-0.6B), tied embeddings.
 * mistral: `llama` as Mistral GGUFs are: 4:1 grouped-query attention,
   rope base 1e6, key_length 32 with 8 heads (query width 256, as Mistral
-  Nemo), a separate `output.weight`, and `attention.sliding_window`, which
+  Nemo), a separate `output.weight`, and `attention.sliding_window` (8,
+  shorter than every prompt, so applying it would change the tokens), which
   llama.cpp's llama architecture ignores (so do we).
 
 The reference is computed here, on this machine, never stored.
@@ -77,7 +78,7 @@ VARIANTS = {
     "qwen3": dict(arch="qwen3", n_head=4, n_kv=2, head_dim=64, base=1000000.0, tied=True,
                   qk_norm=True, eps=1e-6, gain=6.0),
     "mistral": dict(arch="llama", n_head=8, n_kv=2, head_dim=32, base=1000000.0, tied=False,
-                    extra={"attention.sliding_window": 4096}),
+                    extra={"attention.sliding_window": 8}),
 }
 
 
