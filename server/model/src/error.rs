@@ -19,7 +19,8 @@ pub enum ModelError {
     #[error("model file {path}: truncated or corrupt: {reason}")]
     Truncated { path: PathBuf, reason: String },
     #[error(
-        "model file {path}: unsupported architecture {arch:?} (supported: llama (also Mistral), qwen2, qwen3)"
+        "model file {path}: unsupported architecture {arch:?} (supported: {})",
+        crate::gguf::Arch::SUPPORTED
     )]
     UnsupportedArchitecture { path: PathBuf, arch: String },
     #[error("model file {path}: metadata key {key}: {problem}")]
