@@ -2,10 +2,10 @@
 //!
 //! Per block: RMSNorm → fused q/k/v product (+ qwen2 biases) → per-head
 //! RMSNorm of q and k (qwen3) → RoPE (adjacent pairs for llama GGUFs, NEOX
-//! halves for qwen2/3; Llama 3.1+ frequency factors, see `rope`) → K/V appended to the
-//! sequence's f16 cache → grouped-query attention over the cache → output
-//! product + residual → RMSNorm → fused gate/up product → SiLU·up → down
-//! product + residual. Then the final RMSNorm and the output (or tied
+//! halves for qwen2/3; Llama 3.1+ frequency factors, see `rope`) → K/V
+//! appended to the sequence's f16 cache → grouped-query attention over the
+//! cache → output product + residual → RMSNorm → fused gate/up product →
+//! SiLU·up → down product + residual. Then the final RMSNorm and the output (or tied
 //! embedding) product for the last position only.
 //!
 //! Numerics follow llama.cpp's CPU path: activations quantised per block to
