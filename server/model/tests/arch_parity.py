@@ -17,7 +17,8 @@ SmolLM2 model, so prompts tokenize identically):
   the factors must differ from llama.cpp's logits, so ignoring them fails.
 * llama-linear-rope: `llama` with `rope.scaling.type` linear, factor 4.
 * qwen3: no biases, per-head q/k RMSNorm, NEOX RoPE, key_length 64 with 4
-  heads (query width 256 != embedding 128, as Qwen3-0.6B), tied embeddings.
+  heads (query width 256 != embedding 128, as Qwen3-0.6B), tied embeddings;
+  and qwen3-hd128: Qwen3's real head size 128, a separate `output.weight`.
 * mistral: `llama` as Mistral GGUFs are: 4:1 grouped-query attention,
   rope base 1e6, key_length 32 with 8 heads (query width 256, as Mistral
   Nemo), a separate `output.weight`, and `attention.sliding_window` (8,
@@ -77,6 +78,9 @@ VARIANTS = {
                               tied=False, extra={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}),
     "qwen3": dict(arch="qwen3", n_head=4, n_kv=2, head_dim=64, base=1000000.0, tied=True,
                   qk_norm=True, eps=1e-6, gain=6.0),
+    # Qwen3's real head size (128) with 4 heads: query width 4x the embedding.
+    "qwen3-hd128": dict(arch="qwen3", n_head=4, n_kv=2, head_dim=128, base=1000000.0, tied=False,
+                        qk_norm=True, eps=1e-6, gain=6.0),
     "mistral": dict(arch="llama", n_head=8, n_kv=2, head_dim=32, base=1000000.0, tied=False,
                     extra={"attention.sliding_window": 8}),
 }
