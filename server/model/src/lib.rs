@@ -110,6 +110,14 @@ impl Model {
     ) -> Result<Arc<Model>, ModelError> {
         let mut g = gguf::GgufFile::open(path)?;
         let config = g.config()?;
+        // A model the CUDA kernels cannot run yet fails before its weights
+        // are read (the backend would refuse it after loading them).
+        if matches!(placement, Placement::Cuda { .. })
+            && cuda::built_with_cuda()
+            && let Some(why) = cuda::unsupported(&config)
+        {
+            return Err(ModelError::Backend(why));
+        }
         let tokenizer = Tokenizer::from_gguf(&g)?;
         if tokenizer.n_vocab() != config.n_vocab {
             return Err(ModelError::Metadata {
