@@ -18,7 +18,10 @@ pub enum ModelError {
     NotGguf { path: PathBuf, reason: String },
     #[error("model file {path}: truncated or corrupt: {reason}")]
     Truncated { path: PathBuf, reason: String },
-    #[error("model file {path}: unsupported architecture {arch:?} (supported: llama, qwen2)")]
+    #[error(
+        "model file {path}: unsupported architecture {arch:?} (supported: {})",
+        crate::gguf::Arch::SUPPORTED
+    )]
     UnsupportedArchitecture { path: PathBuf, arch: String },
     #[error("model file {path}: metadata key {key}: {problem}")]
     Metadata {

@@ -1,10 +1,11 @@
-//! The CPU forward pass (llama / qwen2 decoder blocks).
+//! The CPU forward pass (llama / qwen2 / qwen3 decoder blocks).
 //!
-//! Per block: RMSNorm → fused q/k/v product (+ qwen2 biases) → RoPE (adjacent
-//! pairs for llama GGUFs, NEOX halves for qwen2) → K/V appended to the
-//! sequence's f16 cache → grouped-query attention over the cache → output
-//! product + residual → RMSNorm → fused gate/up product → SiLU·up → down
-//! product + residual. Then the final RMSNorm and the output (or tied
+//! Per block: RMSNorm → fused q/k/v product (+ qwen2 biases) → per-head
+//! RMSNorm of q and k (qwen3) → RoPE (adjacent pairs for llama GGUFs, NEOX
+//! halves for qwen2/3; Llama 3.1+ frequency factors, see `rope`) → K/V
+//! appended to the sequence's f16 cache → grouped-query attention over the
+//! cache → output product + residual → RMSNorm → fused gate/up product →
+//! SiLU·up → down product + residual. Then the final RMSNorm and the output (or tied
 //! embedding) product for the last position only.
 //!
 //! Numerics follow llama.cpp's CPU path: activations quantised per block to
@@ -20,6 +21,7 @@ use crate::gguf::Config;
 use crate::pool::{ThreadPool, split_range};
 use crate::quant::{Acts, BlockQ8_1, QK, QMatrix, quantize_q8_1};
 use crate::quant_k::{BlockQ8K, QK_K, quantize_q8_k};
+use crate::rope::{apply_rope, rope_table};
 use crate::weights::{Fused, Weights};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -167,8 +169,8 @@ impl CpuBackend {
         s.xn.resize(n * d, 0.0);
         s.xq.resize(n * d / QK, BlockQ8_1::default());
         s.qkv.resize(n * qkv, 0.0);
-        s.attn.resize(n * d, 0.0);
-        s.attnq.resize(n * d / QK, BlockQ8_1::default());
+        s.attn.resize(n * c.q_dim(), 0.0);
+        s.attnq.resize(n * c.q_dim() / QK, BlockQ8_1::default());
         s.proj.resize(n * d, 0.0);
         s.gu.resize(n * gu, 0.0);
         s.act.resize(n * c.n_ff, 0.0);
@@ -235,8 +237,8 @@ impl CpuBackend {
             .collect();
         let max_cap = segs.iter().map(|g| g.cache.capacity).max().unwrap_or(1);
         self.ensure_scratch(s, n, max_cap);
-        let (d, hd, dkv) = (c.n_embd, c.head_dim, c.n_head_kv * c.head_dim);
-        let qkv_rows = d + 2 * dkv;
+        let (d, hd, dq, dkv) = (c.n_embd, c.head_dim, c.q_dim(), c.kv_dim());
+        let qkv_rows = dq + 2 * dkv;
         for (t, tok) in segs.iter().flat_map(|g| g.tokens.iter()).enumerate() {
             w.tok_embd
                 .dequant_row(*tok as usize, &mut s.x[t * d..(t + 1) * d]);
@@ -261,8 +263,14 @@ impl CpuBackend {
                         *v += b;
                     }
                 }
-                rope_table(c, p, &mut s.rope);
-                let (q, rest) = row.split_at_mut(d);
+                let (q, rest) = row.split_at_mut(dq);
+                // qwen3: RMSNorm over each head before RoPE (llama.cpp
+                // `src/models/qwen3.cpp`, build_norm on the 3-D q/k views).
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    rms_norm_rows(q, qn, c.rms_eps);
+                    rms_norm_rows(&mut rest[..dkv], kn, c.rms_eps);
+                }
+                rope_table(c, w.rope_freqs.as_deref(), p, &mut s.rope);
                 for h in 0..c.n_head {
                     apply_rope(&mut q[h * hd..(h + 1) * hd], &s.rope, c.rope_neox);
                 }
@@ -297,10 +305,10 @@ impl CpuBackend {
                 &views,
                 &s.qkv[..n * qkv_rows],
                 &s.per_thread,
-                &mut s.attn[..n * d],
+                &mut s.attn[..n * dq],
             );
             let aq = quantize_acts(
-                &s.attn[..n * d],
+                &s.attn[..n * dq],
                 &mut s.attnq,
                 &mut s.attnqk,
                 lw.wo.needs_q8k(),
@@ -388,9 +396,9 @@ impl CpuBackend {
         out: &mut [f32],
     ) {
         let c = &self.config;
-        let (d, hd, n_kv) = (c.n_embd, c.head_dim, c.n_head_kv);
+        let (dq, hd, n_kv) = (c.q_dim(), c.head_dim, c.n_head_kv);
         let rep = c.n_head / n_kv;
-        let qkv_rows = d + 2 * n_kv * hd;
+        let qkv_rows = dq + 2 * n_kv * hd;
         let scale = 1.0 / (hd as f32).sqrt();
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let items = rows.len() * n_kv;
@@ -410,7 +418,7 @@ impl CpuBackend {
                 view.k[base..base + n_pos * hd].convert_to_f32_slice(&mut kf[..n_pos * hd]);
                 view.v[base..base + n_pos * hd].convert_to_f32_slice(&mut vf[..n_pos * hd]);
                 for h in g * rep..(g + 1) * rep {
-                    let mut q = [0f32; 256];
+                    let mut q = [0f32; crate::gguf::MAX_HEAD_DIM];
                     let q = &mut q[..hd];
                     for (a, &b) in q
                         .iter_mut()
@@ -422,7 +430,7 @@ impl CpuBackend {
                     // row t, disjoint from every other item; `out` outlives
                     // the parallel section.
                     let o = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.0.add(t * d + h * hd), hd)
+                        std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + h * hd), hd)
                     };
                     let head = crate::ggml::Head {
                         q16: q,
@@ -509,28 +517,16 @@ pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// cos/sin per rotated pair at position `pos` (llama.cpp's iterative theta).
-fn rope_table(c: &Config, pos: usize, table: &mut [(f32, f32)]) {
-    let theta_scale = c.rope_freq_base.powf(-2.0 / c.rope_dim as f32);
-    let mut theta = pos as f32;
-    for e in table.iter_mut() {
-        *e = (theta.cos(), theta.sin());
-        theta *= theta_scale;
-    }
-}
-
-pub(crate) fn apply_rope(x: &mut [f32], table: &[(f32, f32)], neox: bool) {
-    let half = table.len();
-    for (i, &(cos, sin)) in table.iter().enumerate() {
-        let (a, b) = if neox {
-            (i, i + half)
-        } else {
-            (2 * i, 2 * i + 1)
-        };
-        let (x0, x1) = (x[a], x[b]);
-        // The contraction GCC picks for ggml's rotate_pairs (bit-exact parity).
-        x[a] = x0.mul_add(cos, -(x1 * sin));
-        x[b] = x0.mul_add(sin, x1 * cos);
+/// `x = x / rms(x) * w` in place per row of `w.len()` values, with
+/// [`rms_norm`]'s arithmetic (the per-head q/k norm of qwen3).
+fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / d as f64) as f32 + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = (*v * scale) * g;
+        }
     }
 }
 

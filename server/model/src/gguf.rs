@@ -1,6 +1,7 @@
 //! GGUF loading: the header, metadata and tensor index through candle-core's
 //! `quantized::gguf_file`, hyper-parameters for the supported architectures
-//! (llama, qwen2), and the raw bytes / f32 values of individual tensors.
+//! (llama — which Mistral GGUFs also use —, qwen2, qwen3; see
+//! [`GgufFile::config`]), and the raw bytes / f32 values of individual tensors.
 
 #![forbid(unsafe_code)]
 
@@ -12,52 +13,8 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// Supported model architectures (`general.architecture`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-}
-
-impl Arch {
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-        }
-    }
-}
-
-/// Model hyper-parameters read from `<arch>.*` metadata.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    pub arch: Arch,
-    /// `<arch>.context_length`: the training context.
-    pub n_ctx_train: usize,
-    /// `<arch>.embedding_length`.
-    pub n_embd: usize,
-    /// `<arch>.block_count`.
-    pub n_layer: usize,
-    /// `<arch>.attention.head_count`.
-    pub n_head: usize,
-    /// `<arch>.attention.head_count_kv` (defaults to `n_head`).
-    pub n_head_kv: usize,
-    /// `n_embd / n_head`.
-    pub head_dim: usize,
-    /// `<arch>.feed_forward_length`.
-    pub n_ff: usize,
-    /// `<arch>.rope.freq_base` (default 10000).
-    pub rope_freq_base: f32,
-    /// `<arch>.rope.dimension_count` (default `head_dim`).
-    pub rope_dim: usize,
-    /// NEOX-style rotation (pairs `i`, `i + rope_dim/2`; qwen2) instead of
-    /// adjacent pairs (llama, whose GGUF q/k weights are permuted for it).
-    pub rope_neox: bool,
-    /// `<arch>.attention.layer_norm_rms_epsilon`.
-    pub rms_eps: f32,
-    /// Rows of `token_embd.weight`.
-    pub n_vocab: usize,
-}
+mod hparams;
+pub use hparams::{Arch, Config, MAX_HEAD_DIM};
 
 /// An open GGUF file: parsed header and metadata, plus the file for tensor reads.
 pub struct GgufFile {
@@ -248,82 +205,17 @@ impl GgufFile {
             .ok_or_else(|| self.meta_err(key, "missing"))
     }
 
-    /// The architecture, checked against the supported ones.
-    pub fn arch(&self) -> Result<Arch, ModelError> {
-        let a = self
-            .get_str("general.architecture")?
-            .ok_or_else(|| self.meta_err("general.architecture", "missing"))?;
-        match a {
-            "llama" => Ok(Arch::Llama),
-            "qwen2" => Ok(Arch::Qwen2),
-            other => Err(ModelError::UnsupportedArchitecture {
-                path: self.path.clone(),
-                arch: other.to_string(),
-            }),
-        }
-    }
-
-    /// Reads and validates the hyper-parameters.
-    pub fn config(&self) -> Result<Config, ModelError> {
-        let arch = self.arch()?;
-        let p = arch.name();
-        let k = |s: &str| format!("{p}.{s}");
-        let n_embd = self.require_usize(&k("embedding_length"))?;
-        let n_head = self.require_usize(&k("attention.head_count"))?;
-        let n_head_kv = self
-            .get_usize(&k("attention.head_count_kv"))?
-            .unwrap_or(n_head);
-        if n_head == 0 || n_embd % n_head != 0 {
-            return Err(self.meta_err(
-                &k("attention.head_count"),
-                format!("{n_head} heads do not divide embedding length {n_embd}"),
-            ));
-        }
-        if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(self.meta_err(
-                &k("attention.head_count_kv"),
-                format!("{n_head_kv} KV heads do not divide {n_head} heads"),
-            ));
-        }
-        let head_dim = n_embd / n_head;
-        let rope_dim = self
-            .get_usize(&k("rope.dimension_count"))?
-            .unwrap_or(head_dim);
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(self.meta_err(
-                &k("rope.dimension_count"),
-                format!("{rope_dim} invalid for head size {head_dim}"),
-            ));
-        }
-        let n_vocab = match self.content.tensor_infos.get("token_embd.weight") {
-            Some(t) => t.shape.dims()[0],
-            None => return Err(self.tensor_err("token_embd.weight", "missing")),
-        };
-        Ok(Config {
-            arch,
-            n_ctx_train: self.get_usize(&k("context_length"))?.unwrap_or(2048),
-            n_embd,
-            n_layer: self.require_usize(&k("block_count"))?,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_ff: self.require_usize(&k("feed_forward_length"))?,
-            rope_freq_base: self.get_f32(&k("rope.freq_base"))?.unwrap_or(10000.0),
-            rope_dim,
-            rope_neox: arch == Arch::Qwen2,
-            rms_eps: self
-                .get_f32(&k("attention.layer_norm_rms_epsilon"))?
-                .unwrap_or(1e-5),
-            n_vocab,
-        })
-    }
-
-    fn tensor_err(&self, name: &str, problem: impl Into<String>) -> ModelError {
+    pub(crate) fn tensor_err(&self, name: &str, problem: impl Into<String>) -> ModelError {
         ModelError::Tensor {
             path: self.path.clone(),
             tensor: name.into(),
             problem: problem.into(),
         }
+    }
+
+    /// Every tensor's name, in no particular order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {

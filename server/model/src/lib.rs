@@ -1,4 +1,5 @@
-//! samplerd's model host: loads a GGUF model (llama or qwen2 architecture;
+//! samplerd's model host: loads a GGUF model (llama — also Mistral's GGUFs —,
+//! qwen2 or qwen3 architecture;
 //! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights kept in their block formats,
 //! Q4_0 as the equal Q8_0 blocks, anything else requantised to Q8_0),
 //! builds its tokenizer and chat template from the
@@ -43,6 +44,7 @@ mod quant_k_tests;
 mod quant_kernels;
 pub mod quant_q5_0;
 pub mod quant_q5_1;
+pub mod rope;
 pub mod streamer;
 #[cfg(test)]
 mod test_rng;
@@ -110,6 +112,14 @@ impl Model {
     ) -> Result<Arc<Model>, ModelError> {
         let mut g = gguf::GgufFile::open(path)?;
         let config = g.config()?;
+        // A model the CUDA kernels cannot run yet fails before its weights
+        // are read (the backend would refuse it after loading them).
+        if matches!(placement, Placement::Cuda { .. })
+            && cuda::built_with_cuda()
+            && let Some(why) = cuda::unsupported(&config)
+        {
+            return Err(ModelError::Backend(why));
+        }
         let tokenizer = Tokenizer::from_gguf(&g)?;
         if tokenizer.n_vocab() != config.n_vocab {
             return Err(ModelError::Metadata {

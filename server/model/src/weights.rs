@@ -14,10 +14,14 @@ use crate::quant::QMatrix;
 #[derive(Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    /// Rows: q (`n_embd`), then k and v (`n_head_kv * head_dim` each).
+    /// Rows: q (`n_head * head_dim`), then k and v (`n_head_kv * head_dim`
+    /// each).
     pub wqkv: Fused,
     /// q/k/v biases in the same order (qwen2), or `None`.
     pub bqkv: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights (`head_dim` values) of q and k (qwen3).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
     pub wo: QMatrix,
     pub ffn_norm: Vec<f32>,
     /// Rows: gate (`n_ff`), then up (`n_ff`).
@@ -73,6 +77,9 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// `output.weight`, or `None` when tied to `tok_embd`.
     pub output: Option<QMatrix>,
+    /// `rope_freqs.weight` (Llama 3.1+): one factor per rotated pair that
+    /// divides its RoPE angle, or `None`.
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 impl Weights {
@@ -113,49 +120,133 @@ impl Weights {
     }
 
     /// Loads every tensor the config needs; missing or misshapen tensors are
-    /// errors naming the file and tensor.
+    /// errors naming the file and tensor, and so is a tensor the forward
+    /// pass would not use (an output bias, expert weights, …): computing
+    /// without it would give wrong numbers, and llama.cpp refuses such files
+    /// too (`llama_model_loader::done_getting_tensors`).
     pub fn load(g: &mut GgufFile, c: &Config) -> Result<Self, ModelError> {
-        let d = c.n_embd;
-        let dkv = c.n_head_kv * c.head_dim;
-        let tok_embd = g.matrix("token_embd.weight", c.n_vocab, d)?;
+        let mut used = std::collections::HashSet::new();
+        let w = Self::load_used(g, c, &mut used)?;
+        let mut unused: Vec<&str> = g.tensor_names().filter(|n| !used.contains(*n)).collect();
+        unused.sort_unstable();
+        if let Some(first) = unused.first() {
+            return Err(g.tensor_err(
+                first,
+                format!(
+                    "not used by the {} forward pass ({} unused tensor(s)); refusing \
+                     rather than computing without it",
+                    c.arch.name(),
+                    unused.len()
+                ),
+            ));
+        }
+        Ok(w)
+    }
+
+    fn load_used(
+        g: &mut GgufFile,
+        c: &Config,
+        used: &mut std::collections::HashSet<String>,
+    ) -> Result<Self, ModelError> {
+        let (d, dq, dkv, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+        let mut mat = |g: &mut GgufFile, name: &str, rows: usize, cols: usize| {
+            used.insert(name.to_string());
+            g.matrix(name, rows, cols)
+        };
+        let tok_embd = mat(g, "token_embd.weight", c.n_vocab, d)?;
         let mut layers = Vec::with_capacity(c.n_layer);
+        let mut vectors = Vec::new();
         for l in 0..c.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
-            let wq = g.matrix(&n("attn_q.weight"), d, d)?;
-            let wk = g.matrix(&n("attn_k.weight"), dkv, d)?;
-            let wv = g.matrix(&n("attn_v.weight"), dkv, d)?;
-            let bqkv = if g.has_tensor(&n("attn_q.bias")) {
-                let mut b = g.vector(&n("attn_q.bias"), d)?;
+            let wq = mat(g, &n("attn_q.weight"), dq, d)?;
+            let wk = mat(g, &n("attn_k.weight"), dkv, d)?;
+            let wv = mat(g, &n("attn_v.weight"), dkv, d)?;
+            let wo = mat(g, &n("attn_output.weight"), d, dq)?;
+            let wgu = Fused::new(vec![
+                mat(g, &n("ffn_gate.weight"), c.n_ff, d)?,
+                mat(g, &n("ffn_up.weight"), c.n_ff, d)?,
+            ]);
+            let w_down = mat(g, &n("ffn_down.weight"), d, c.n_ff)?;
+            // Biases are optional for llama and qwen2 (llama.cpp creates
+            // them TENSOR_NOT_REQUIRED); qwen3 has none, so there a bias is
+            // left unused and refused by `load`.
+            let bqkv = if c.arch != crate::gguf::Arch::Qwen3 && g.has_tensor(&n("attn_q.bias")) {
+                let mut b = g.vector(&n("attn_q.bias"), dq)?;
                 b.extend(g.vector(&n("attn_k.bias"), dkv)?);
                 b.extend(g.vector(&n("attn_v.bias"), dkv)?);
+                vectors.extend(["attn_q.bias", "attn_k.bias", "attn_v.bias"].map(n));
                 Some(b)
             } else {
                 None
             };
+            // qwen3: RMSNorm over each head of q and k, before RoPE
+            // (llama.cpp `src/models/qwen3.cpp`, shape {n_embd_head_k}).
+            let (q_norm, k_norm) = if c.qk_norm {
+                vectors.extend(["attn_q_norm.weight", "attn_k_norm.weight"].map(n));
+                (
+                    Some(g.vector(&n("attn_q_norm.weight"), hd)?),
+                    Some(g.vector(&n("attn_k_norm.weight"), hd)?),
+                )
+            } else {
+                (None, None)
+            };
+            vectors.extend(["attn_norm.weight", "ffn_norm.weight"].map(n));
             layers.push(LayerWeights {
                 attn_norm: g.vector(&n("attn_norm.weight"), d)?,
                 wqkv: Fused::new(vec![wq, wk, wv]),
                 bqkv,
-                wo: g.matrix(&n("attn_output.weight"), d, d)?,
+                q_norm,
+                k_norm,
+                wo,
                 ffn_norm: g.vector(&n("ffn_norm.weight"), d)?,
-                wgu: Fused::new(vec![
-                    g.matrix(&n("ffn_gate.weight"), c.n_ff, d)?,
-                    g.matrix(&n("ffn_up.weight"), c.n_ff, d)?,
-                ]),
-                w_down: g.matrix(&n("ffn_down.weight"), d, c.n_ff)?,
+                wgu,
+                w_down,
             });
         }
-        let output_norm = g.vector("output_norm.weight", d)?;
         let output = if g.has_tensor("output.weight") {
-            Some(g.matrix("output.weight", c.n_vocab, d)?)
+            Some(mat(g, "output.weight", c.n_vocab, d)?)
         } else {
             None
         };
+        let output_norm = g.vector("output_norm.weight", d)?;
+        vectors.push("output_norm.weight".into());
+        // Llama 3.1+ frequency factors: llama.cpp loads `rope_freqs.weight`
+        // for the llama architecture only, shape {n_rot/2}
+        // (`src/models/llama.cpp`, LLM_TENSOR_ROPE_FREQS), and passes it to
+        // `ggml_rope_ext` as `freq_factors`.
+        let rope_freqs = if c.arch == crate::gguf::Arch::Llama && g.has_tensor("rope_freqs.weight")
+        {
+            vectors.push("rope_freqs.weight".into());
+            let v = g.f32_values("rope_freqs.weight")?;
+            if v.len() != c.rope_dim / 2 {
+                return Err(g.tensor_err(
+                    "rope_freqs.weight",
+                    format!(
+                        "expected shape [{}] (one factor per rotated pair, rope dimension {} / 2), \
+                         found {} values",
+                        c.rope_dim / 2,
+                        c.rope_dim,
+                        v.len()
+                    ),
+                ));
+            }
+            if let Some(bad) = v.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(g.tensor_err(
+                    "rope_freqs.weight",
+                    format!("factor {bad} is not a positive number"),
+                ));
+            }
+            Some(v)
+        } else {
+            None
+        };
+        used.extend(vectors);
         Ok(Weights {
             tok_embd,
             layers,
             output_norm,
             output,
+            rope_freqs,
         })
     }
 }

@@ -111,6 +111,9 @@ impl CudaBackend {
                 kernels::MAX_HEAD_DIM
             )));
         }
+        if let Some(why) = super::unsupported(&config) {
+            return Err(ModelError::Backend(why));
+        }
         if !config.n_head.is_multiple_of(config.n_head_kv) {
             return Err(ModelError::Backend(format!(
                 "cuda: n_head {} is not a multiple of n_head_kv {}",
@@ -128,7 +131,11 @@ impl CudaBackend {
         let stream = ctx.default_stream();
         let dw = upload_weights(&stream, weights)?;
         let rope_positions = config.n_ctx_train.max(1);
-        let rope = upload_f32(&stream, &rope_table(&config, rope_positions), "rope table")?;
+        let rope = upload_f32(
+            &stream,
+            &rope_table(&config, weights.rope_freqs.as_deref(), rope_positions),
+            "rope table",
+        )?;
         stream
             .synchronize()
             .map_err(|e| err("waiting for the weight upload", e))?;

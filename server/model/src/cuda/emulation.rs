@@ -3,7 +3,7 @@
 //! built-ins (`emu/prelude.h`: a thread per CUDA thread, barriers, shuffles
 //! through shared slots) and run by `emu/harness.cpp` over cases whose
 //! expected results come from the CPU code itself (`ggml::attention_head`,
-//! `ggml::swiglu`, `forward::rms_norm`, `forward::apply_rope`,
+//! `ggml::swiglu`, `forward::rms_norm`, `rope::apply_rope`,
 //! `quantize_q8_1`, `QMatrix::matmul`), in this CPU's ggml flavour. The GPU
 //! must match the CPU exactly (docs/ARCHITECTURE.md, "CUDA", and
 //! docs/perf-log/2026-11-30-cuda.md: last-bit differences change greedy
@@ -183,7 +183,7 @@ fn write_rope(dir: &Path, r: &mut Lcg) {
     for neox in [false, true] {
         let mut want = qkv.clone();
         for h in 0..nh + nkv {
-            crate::forward::apply_rope(&mut want[h * hd..(h + 1) * hd], &row, neox);
+            crate::rope::apply_rope(&mut want[h * hd..(h + 1) * hd], &row, neox);
         }
         let to_f16 =
             |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| f16::from_f32(x).to_bits()).collect() };

@@ -107,18 +107,18 @@ pub(super) fn upload_f32(
         .map_err(|e| err(&format!("uploading {what}"), e))
 }
 
-/// cos/sin per rotated pair for every position, with the CPU path's
-/// iterative theta (so RoPE matches `forward.rs` bit for bit).
-pub(super) fn rope_table(c: &Config, positions: usize) -> Vec<f32> {
+/// cos/sin per rotated pair for every position, from the CPU path's
+/// [`crate::rope::rope_table`] (iterative theta, Llama 3.1+ frequency
+/// factors, linear scaling), so RoPE matches `forward.rs` bit for bit.
+pub(super) fn rope_table(c: &Config, freq_factors: Option<&[f32]>, positions: usize) -> Vec<f32> {
     let pairs = c.rope_dim / 2;
-    let theta_scale = c.rope_freq_base.powf(-2.0 / c.rope_dim as f32);
+    let mut row = vec![(0f32, 0f32); pairs];
     let mut t = Vec::with_capacity(positions * pairs * 2);
     for pos in 0..positions {
-        let mut theta = pos as f32;
-        for _ in 0..pairs {
-            t.push(theta.cos());
-            t.push(theta.sin());
-            theta *= theta_scale;
+        crate::rope::rope_table(c, freq_factors, pos, &mut row);
+        for &(cos, sin) in &row {
+            t.push(cos);
+            t.push(sin);
         }
     }
     t
