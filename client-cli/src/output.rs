@@ -166,6 +166,7 @@ pub fn generate_response_json(r: &v1::GenerateResponse) -> Value {
             "usage": f.usage.as_ref().map(|u| json!({
                 "prompt_tokens": u.prompt_tokens,
                 "completion_tokens": u.completion_tokens,
+                "cached_prompt_tokens": u.cached_prompt_tokens,
             })),
             "seed": f.seed,
             "text": f.text,

@@ -122,6 +122,7 @@ impl Sampler for Mock {
                         usage: Some(Usage {
                             prompt_tokens: 3,
                             completion_tokens: PIECES.len() as u32,
+                            cached_prompt_tokens: 0,
                         }),
                         seed,
                         text: TAIL.into(),

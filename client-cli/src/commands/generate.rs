@@ -141,14 +141,17 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
             }
         }
     };
-    let prompt_tokens = f.usage.as_ref().map_or(0, |u| u.prompt_tokens);
+    let (prompt_tokens, cached) = f
+        .usage
+        .as_ref()
+        .map_or((0, 0), |u| (u.prompt_tokens, u.cached_prompt_tokens));
     if !args.json {
         eprintln!(
             "{}",
             paint_err(
                 Style::Dim,
                 &format!(
-                    "{completion} tokens ({prompt_tokens} prompt) in {elapsed:.2}s, {tps:.1} tokens/s, finish: {}, seed: {}",
+                    "{completion} tokens ({prompt_tokens} prompt, {cached} from the prompt cache) in {elapsed:.2}s, {tps:.1} tokens/s, finish: {}, seed: {}",
                     finish_reason_name(f.finish_reason),
                     f.seed
                 )

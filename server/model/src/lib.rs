@@ -256,7 +256,7 @@ impl Model {
             backend: Arc::clone(&self.backend),
             state: self.backend.new_state(capacity.max(1))?,
             logits: vec![0.0; self.config.n_vocab],
-            cached: CachedTokens::default(),
+            cached: Box::default(),
         })
     }
 }
@@ -266,7 +266,8 @@ pub struct Session {
     backend: Arc<dyn Backend>,
     state: Box<dyn SequenceState>,
     logits: Vec<f32>,
-    cached: CachedTokens,
+    /// Boxed: a session moves between threads by value every step.
+    cached: Box<CachedTokens>,
 }
 
 impl std::fmt::Debug for Session {

@@ -24,11 +24,8 @@ use stop_filter::StopFilter;
 use tonic::Status;
 
 use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
-use crate::service::buffer_pool::BufferPool;
 use crate::service::errors::{InvalidKind, RequestError};
-use crate::service::memory::MemoryBudget;
-use crate::service::step_pool::StepPool;
-use crate::service::validate::{Prompt, ValidGenerate};
+use crate::service::validate::Prompt;
 use crate::status::Reason;
 
 /// Generate settings (config `[generate]`), defaults in one place.
@@ -276,14 +273,18 @@ impl ModelHost {
 
     fn run(
         &self,
-        req: &ValidGenerate,
-        request_id: u64,
-        steps: &StepPool,
-        buffers: &Arc<BufferPool>,
-        memory: &Arc<MemoryBudget>,
+        job: &GenerateJob,
         prompt: Vec<u32>,
         sink: &GenerateSink,
     ) -> Result<(), RequestError> {
+        let GenerateJob {
+            request: req,
+            request_id,
+            steps,
+            buffers,
+            memory,
+        } = job;
+        let request_id = *request_id;
         let start = Instant::now();
         let tok = self.model.tokenizer();
         // Every call into the chain's plugins runs on the sampling pool,
@@ -510,13 +511,6 @@ impl Generator for ModelHost {
     }
 
     fn generate(&self, job: GenerateJob, sink: GenerateSink) {
-        let GenerateJob {
-            request,
-            request_id,
-            steps,
-            buffers,
-            memory,
-        } = job;
         let result = (|| {
             // Admission first: tokenizing is work of the request's size,
             // so it happens inside a generation slot.
@@ -525,14 +519,14 @@ impl Generator for ModelHost {
             };
             // Then the memory it will hold: the tokenizer's peak and the
             // KV cache, for the whole generation.
-            let _charge = memory.charge(
-                self.generation_bytes(&request.prompt),
+            let _charge = job.memory.charge(
+                self.generation_bytes(&job.request.prompt),
                 "this Generate request",
             )?;
             // On the sampling pool, under the step budget, like a step.
             let (model, config) = (Arc::clone(&self.model), self.config.clone());
-            let prompt = request.prompt.clone();
-            let tokens = steps.run_blocking(move || {
+            let prompt = job.request.prompt.clone();
+            let tokens = job.steps.run_blocking(move || {
                 // Named for the watchdog: a prompt that takes longer than
                 // the step budget is reported as what it is.
                 static TOKENIZER: std::sync::LazyLock<Arc<str>> =
@@ -540,9 +534,7 @@ impl Generator for ModelHost {
                 samplerd_sampling::activity::entering(&TOKENIZER);
                 prompt_tokens(&model, &config, &prompt)
             })??;
-            self.run(
-                &request, request_id, &steps, &buffers, &memory, tokens, &sink,
-            )
+            self.run(&job, tokens, &sink)
         })();
         if let Err(e) = result {
             let status: Status = e.into();
