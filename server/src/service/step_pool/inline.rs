@@ -2,6 +2,14 @@
 //! decoded the request, after that thread has handed its other work to
 //! another runtime thread (`tokio::task::block_in_place`), under the
 //! pool's watchdog.
+//!
+//! Why not on the worker itself, which would wake no thread: a worker that
+//! never comes back strands what only it can run — the task in its LIFO
+//! slot and every waker tokio's cooperative budget deferred onto it (a busy
+//! h2 connection's, typically), so connections froze behind a stuck stage.
+//! `block_in_place` wakes those and frees the slot before it hands the
+//! worker's core to another thread (docs/PERFORMANCE.md, "gRPC round
+//! trips").
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
