@@ -169,7 +169,7 @@ async fn run(s: &TestServer, req: Req) -> Vec<Vec<u8>> {
             while let Some(mut m) = st.message().await.expect("Generate succeeds") {
                 if let Some(Event::Finished(f)) = &mut m.event {
                     assert!(f.timings.is_some());
-                    f.timings = None;
+                    without_run_details(f);
                 }
                 out.push(m.encode_to_vec());
             }

@@ -424,7 +424,7 @@ async fn run(s: &TestServer, req: Req) -> Result<Vec<Vec<u8>>, tonic::Status> {
             let mut out = Vec::new();
             while let Some(mut m) = st.message().await? {
                 if let Some(Event::Finished(f)) = &mut m.event {
-                    f.timings = None;
+                    without_run_details(f);
                 }
                 out.push(m.encode_to_vec());
             }

@@ -58,3 +58,14 @@ pub async fn generate(s: &TestServer, req: v1::GenerateRequest) -> Result<Output
     .await
     .expect("Generate finished within the deadline")
 }
+
+/// `f` without what depends on the run rather than the request: the
+/// timings, and how much of the prompt the prompt cache supplied (the
+/// output is the same bits either way), so two runs' messages compare
+/// byte for byte.
+pub fn without_run_details(f: &mut v1::Finished) {
+    f.timings = None;
+    if let Some(u) = &mut f.usage {
+        u.cached_prompt_tokens = 0;
+    }
+}

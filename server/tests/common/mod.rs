@@ -7,7 +7,7 @@ mod generation;
 mod logits;
 // Not every test binary uses them (as with the rest of this module).
 #[allow(unused_imports)]
-pub use generation::{DEADLINE, Output, generate};
+pub use generation::{DEADLINE, Output, generate, without_run_details};
 #[allow(unused_imports)]
 pub use logits::{argmax, logits, to_bytes};
 
