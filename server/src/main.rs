@@ -169,8 +169,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Some(path) => {
                 let started = std::time::Instant::now();
                 let placement = samplerd::generate::generator::resolve_device(cfg.model.device)?;
-                let host =
-                    samplerd::generate::ModelHost::load_on(path, cfg.generate.clone(), &placement)?;
+                let host = samplerd::generate::ModelHost::load_on(
+                    path,
+                    cfg.generate.clone(),
+                    &placement,
+                    cfg.model.numerics,
+                )?;
                 metrics::gauge!(samplerd::transport::metrics::MODEL_LOAD_METRIC)
                     .set(started.elapsed().as_secs_f64());
                 Some(std::sync::Arc::new(host))
@@ -199,10 +203,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 Err(e) => return Err(e.into()),
             }
         }
+        // Listening for SIGTERM/SIGINT from here on (see `shutdown::signal`).
+        let shutdown = samplerd::app::shutdown::signal();
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
             .with_context(|| format!("cannot listen on {} (config `listen`)", cfg.listen))?;
-        server::serve(state, &cfg, listener, samplerd::app::shutdown::signal()).await?;
+        server::serve(state, &cfg, listener, shutdown).await?;
         tracing::info!("samplerd stopped");
         Ok(())
     });

@@ -105,6 +105,18 @@ async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
     assert!(stopped.contains("INFO"), "{stopped}");
 }
 
+/// SIGTERM the moment the server says it serves: the handler is already
+/// installed (a signal before the first poll of the shutdown future must not
+/// take the default action and kill the process undrained).
+#[test]
+fn sigterm_as_soon_as_it_serves_drains_and_exits_0() {
+    let mut p = process::start("[shutdown]\ngrace_period_secs = 5\n");
+    p.terminate();
+    let status = p.wait_exit(EXIT_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    p.wait_log("samplerd stopped", Duration::from_secs(5));
+}
+
 #[tokio::test]
 async fn stream_past_the_grace_period_is_cut_and_process_still_exits_0() {
     let mut p = process::start("[shutdown]\ngrace_period_secs = 1\n");

@@ -163,11 +163,17 @@ impl Process {
     /// Waits (bounded) for a log line whose message is `message`.
     pub fn wait_log(&self, message: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
         loop {
             match self.next_log(deadline) {
                 Some(l) if log_message(&l).as_deref() == Some(message) => return l,
-                Some(_) => {}
-                None => panic!("no log line {message:?} within {timeout:?}"),
+                Some(l) => seen.push(l),
+                None => panic!(
+                    "no log line {message:?} within {timeout:?} (or before stderr closed); \
+                     process state {:?}; the lines read meanwhile:\n{}",
+                    std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())),
+                    seen.join("\n")
+                ),
             }
         }
     }
