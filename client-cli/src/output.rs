@@ -174,6 +174,7 @@ pub fn generate_response_json(r: &v1::GenerateResponse) -> Value {
                 "prefill_ms": t.prefill_ms,
                 "decode_tokens_per_second": t.decode_tokens_per_second,
                 "sampling_us_per_token": t.sampling_us_per_token,
+                "numerics": t.numerics,
             })),
         }}),
         None => json!({}),

@@ -130,6 +130,7 @@ impl Sampler for Mock {
                             prefill_ms: 1.0,
                             decode_tokens_per_second: 123.0,
                             sampling_us_per_token: 10.0,
+                            numerics: "portable (avx2 order)".into(),
                         }),
                     })),
                 }))
@@ -220,6 +221,10 @@ fn generate_streams_text_and_prints_a_summary() {
     assert_eq!(summary.lines().count(), 1, "{summary}");
     assert!(summary.starts_with("5 tokens"), "{summary}");
     assert!(summary.contains("123.0 tokens/s"), "{summary}");
+    assert!(
+        summary.contains("numerics: portable (avx2 order)"),
+        "{summary}"
+    );
     assert!(summary.contains("finish: MAX_TOKENS"), "{summary}");
     assert!(summary.contains("seed: 1"), "{summary}");
 

@@ -147,6 +147,7 @@ fn main() {
         &ModelOptions {
             n_threads: 1,
             n_ctx: 2048,
+            ..Default::default()
         },
     )
     .expect("model");

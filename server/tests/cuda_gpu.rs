@@ -55,6 +55,7 @@ fn both(path: &std::path::Path) -> Both {
     let opts = ModelOptions {
         n_threads: 0,
         n_ctx: 1024,
+        ..Default::default()
     };
     let cpu = Model::load(path, &opts).expect("CPU model loads");
     let mut g = samplerd_model::gguf::GgufFile::open(path).unwrap();
@@ -108,8 +109,8 @@ fn gpu_logits_match_the_cpu_at_every_position() {
     let b = both(&path);
     let n_vocab = b.cpu.n_vocab();
     eprintln!(
-        "GPU-CHECK ggml_flavor={:?} backend={}",
-        samplerd_model::ggml::flavor(),
+        "GPU-CHECK numerics={} backend={}",
+        samplerd_model::Numerics::default().describe(),
         b.gpu.name()
     );
     let mut worst = 0f32;

@@ -111,6 +111,8 @@ async fn greedy_chat_answer_is_sensible_english() {
     ));
     let t = f.timings.as_ref().unwrap();
     assert!(t.decode_tokens_per_second > 0.0 && t.sampling_us_per_token > 0.0);
+    // The default `model.numerics`: the same order on every CPU.
+    assert_eq!(t.numerics, "portable (avx2 order)");
 }
 
 #[tokio::test]

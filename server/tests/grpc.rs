@@ -639,6 +639,48 @@ fn check_config_prints_effective_config_and_chain() {
     assert!(stdout.contains("top_k"), "{stdout}");
 }
 
+/// `model.numerics`: check-config says which arithmetic order the model
+/// will follow, and names the key for a value that is neither order.
+#[test]
+fn check_config_reports_the_model_numerics() {
+    let dir = tempdir_with_core();
+    assert_check_config_fails(
+        &dir,
+        Some("[model]\nnumerics = \"fast\"\n"),
+        &[],
+        &["model.numerics", "fast"],
+    );
+    let Some(model) = model_path() else {
+        eprintln!("SAMPLERD_MODEL is not set: skipping the check-config model report");
+        return;
+    };
+    for (numerics, want) in [
+        (None, "#   portable (avx2 order)"),
+        (Some("native"), "#   native ("),
+    ] {
+        let mut cmd = samplerd_bin();
+        cmd.args(["check-config", "--model"])
+            .arg(&model)
+            .arg("--plugin-dir")
+            .arg(&dir);
+        if let Some(n) = numerics {
+            cmd.env("SAMPLERD_MODEL__NUMERICS", n);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("# model arithmetic (model.numerics)"),
+            "{stdout}"
+        );
+        assert!(stdout.contains(want), "{want:?} in {stdout}");
+    }
+}
+
 /// A directory holding only the core plugin (the profile dir also has
 /// the misbehaving test plugins), fresh per call: tests run in parallel, and copying the
 /// library over one that another test's `check-config` is loading would

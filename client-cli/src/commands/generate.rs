@@ -145,13 +145,19 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
         .usage
         .as_ref()
         .map_or((0, 0), |u| (u.prompt_tokens, u.cached_prompt_tokens));
+    let numerics = f
+        .timings
+        .as_ref()
+        .map(|t| t.numerics.as_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("not reported");
     if !args.json {
         eprintln!(
             "{}",
             paint_err(
                 Style::Dim,
                 &format!(
-                    "{completion} tokens ({prompt_tokens} prompt, {cached} from the prompt cache) in {elapsed:.2}s, {tps:.1} tokens/s, finish: {}, seed: {}",
+                    "{completion} tokens ({prompt_tokens} prompt, {cached} from the prompt cache) in {elapsed:.2}s, {tps:.1} tokens/s, finish: {}, seed: {}, numerics: {numerics}",
                     finish_reason_name(f.finish_reason),
                     f.seed
                 )

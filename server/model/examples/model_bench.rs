@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &ModelOptions {
             n_threads: threads,
             n_ctx: 1024,
+            ..Default::default()
         },
     )?;
     let prompt = model.render_chat(&[ChatMessage::new("user", PROMPT)])?;

@@ -13,7 +13,9 @@
 //!     "rows": [{"raw": hex of one GGUF row, "x": [f32 × N]}…]} → {"dot": [f32 bits…]}
 //!     (one weight row times `x`, quantised as the forward pass does; no model)
 //! ```
-//! Options via env: SAMPLERD_THREADS (default 2).
+//! Options via env: SAMPLERD_THREADS (default 2), SAMPLERD_NUMERICS
+//! (`native`, the default: the order of this machine's llama.cpp build; or
+//! `portable`).
 
 use samplerd_model::{ChatMessage, Model, ModelOptions, Utf8Streamer};
 use serde_json::{Value, json};
@@ -47,11 +49,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
+    // The parity scripts compare with the llama.cpp build on this machine:
+    // its native order unless SAMPLERD_NUMERICS=portable.
+    let numerics = match std::env::var("SAMPLERD_NUMERICS").as_deref() {
+        Ok("portable") => samplerd_model::Numerics::Portable,
+        Ok("native") | Err(_) => samplerd_model::Numerics::Native,
+        Ok(other) => return Err(format!("SAMPLERD_NUMERICS={other:?}: portable or native").into()),
+    };
     let model = Model::load(
         path,
         &ModelOptions {
             n_threads: threads,
             n_ctx: 2048,
+            numerics,
         },
     )?;
     let out = match cmd {
@@ -98,6 +108,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "backend": model.backend_name(),
             "eog": model.tokenizer().eog_ids(),
             "n_ctx": model.n_ctx(),
+            "numerics": model.numerics().describe(),
         }),
         "greedy" => {
             let n: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(32);
@@ -182,6 +193,7 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
             q8: &q8,
             q8k: &q8k,
             tiled: &[],
+            fused: true,
         };
         m.matmul(&pool, acts, 1, &mut out);
         dots.push(out[0].to_bits());

@@ -17,6 +17,7 @@ use crate::backend::{
     Backend, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
 };
 use crate::error::ModelError;
+use crate::ggml::Flavor;
 use crate::gguf::Config;
 use crate::pool::{ThreadPool, split_range};
 use crate::quant::{Acts, BlockQ8_1, QK, QMatrix, quantize_q8_1};
@@ -34,6 +35,8 @@ pub struct CpuBackend {
     pub(crate) config: Config,
     pub(crate) weights: Arc<Weights>,
     pool: ThreadPool,
+    /// Whose arithmetic order (`model.numerics`).
+    flavor: Flavor,
     /// Scratch of batched steps (sized for the largest batch seen).
     batch_scratch: Mutex<Scratch>,
 }
@@ -125,11 +128,12 @@ struct SyncPtr<T>(*mut T);
 unsafe impl<T> Sync for SyncPtr<T> {}
 
 impl CpuBackend {
-    pub fn new(config: Config, weights: Arc<Weights>, n_threads: usize) -> Self {
+    pub fn new(config: Config, weights: Arc<Weights>, n_threads: usize, flavor: Flavor) -> Self {
         CpuBackend {
             config,
             weights,
             pool: ThreadPool::new(n_threads),
+            flavor,
             batch_scratch: Mutex::new(Scratch::default()),
         }
     }
@@ -253,6 +257,7 @@ impl CpuBackend {
                 &mut s.xqk,
                 lw.wqkv.needs_q8k(),
                 &tiled,
+                self.flavor,
             );
             let qkv = &mut s.qkv[..n * qkv_rows];
             self.fused(&lw.wqkv, xq, n, qkv);
@@ -313,6 +318,7 @@ impl CpuBackend {
                 &mut s.attnqk,
                 lw.wo.needs_q8k(),
                 &tiled,
+                self.flavor,
             );
             lw.wo.matmul(&self.pool, aq, n, &mut s.proj[..n * d]);
             for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
@@ -326,12 +332,13 @@ impl CpuBackend {
                 &mut s.xqk,
                 lw.wgu.needs_q8k(),
                 &tiled,
+                self.flavor,
             );
             let gu = &mut s.gu[..n * 2 * c.n_ff];
             self.fused(&lw.wgu, xq, n, gu);
             for t in 0..n {
                 let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
-                crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff]);
+                crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff], self.flavor);
             }
             let actq = quantize_acts(
                 &s.act[..n * c.n_ff],
@@ -339,6 +346,7 @@ impl CpuBackend {
                 &mut s.actqk,
                 lw.w_down.needs_q8k(),
                 &tiled,
+                self.flavor,
             );
             lw.w_down.matmul(&self.pool, actq, n, &mut s.proj[..n * d]);
 
@@ -369,6 +377,7 @@ impl CpuBackend {
             q8: &s.lastq,
             q8k: if out_k { &s.lastqk } else { &[] },
             tiled: &[],
+            fused: true,
         };
         if let [g] = segs {
             w.output().matmul(&self.pool, lastq, 1, g.logits);
@@ -439,6 +448,7 @@ impl CpuBackend {
                         n_pos,
                         scale,
                         decode: view.decode,
+                        flavor: self.flavor,
                     };
                     crate::ggml::attention_head(&head, scores, acc, o);
                 }
@@ -458,6 +468,7 @@ fn quantize_acts<'a>(
     q8k: &'a mut Vec<BlockQ8K>,
     k: bool,
     tiled: &'a [bool],
+    flavor: Flavor,
 ) -> Acts<'a> {
     let q8 = &mut q8[..x.len() / QK];
     quantize_q8_1(x, q8);
@@ -466,7 +477,12 @@ fn quantize_acts<'a>(
     }
     q8k.resize(x.len() / QK_K, BlockQ8K::default());
     quantize_q8_k(x, q8k);
-    Acts { q8, q8k, tiled }
+    Acts {
+        q8,
+        q8k,
+        tiled,
+        fused: flavor.tiled_fused(),
+    }
 }
 
 thread_local! {

@@ -17,15 +17,98 @@
 
 use std::sync::OnceLock;
 
-/// Which ggml build to mirror.
+use serde::{Deserialize, Serialize};
+
+/// Which ggml build's arithmetic order to mirror.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavor {
     Avx512,
     Avx2,
 }
 
-/// The flavour for this CPU (`SAMPLERD_GGML_FLAVOR=avx2|avx512` overrides).
-pub fn flavor() -> Flavor {
+impl Flavor {
+    /// The name `check-config` and the `Finished` timings print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavor::Avx512 => "avx512",
+            Flavor::Avx2 => "avx2",
+        }
+    }
+
+    /// Vector width in f32 lanes.
+    pub fn lanes(self) -> usize {
+        match self {
+            Flavor::Avx512 => 16,
+            Flavor::Avx2 => 8,
+        }
+    }
+
+    /// Whether ggml's tiled K-quant matmul of this build accumulates with one
+    /// fma (its AVX2 microkernel) rather than a multiply and an add (its
+    /// AVX-512 VNNI one, which a native build has when the CPU has AVX-512
+    /// VNNI, VL and DQ).
+    pub fn tiled_fused(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static VNNI: OnceLock<bool> = OnceLock::new();
+            let vnni = *VNNI.get_or_init(|| {
+                std::arch::is_x86_feature_detected!("avx512vnni")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+            });
+            !(self == Flavor::Avx512 && vnni)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            true
+        }
+    }
+}
+
+/// `model.numerics`: whose arithmetic order the forward pass follows.
+///
+/// llama.cpp's AVX2 and AVX-512 builds round differently (vector width in
+/// softmax, SiLU and attention; VNNI in the tiled K-quant matmul), enough
+/// to pick different greedy tokens after a few steps. `Portable` computes
+/// the AVX2 build's order on every CPU (and the CUDA backend follows it), so
+/// a fleet of mixed nodes answers a request with the same bytes; `Native`
+/// mirrors the llama.cpp build native to this CPU (what a side-by-side
+/// comparison with a local llama.cpp needs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Numerics {
+    #[default]
+    Portable,
+    Native,
+}
+
+impl Numerics {
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Portable => "portable",
+            Numerics::Native => "native",
+        }
+    }
+
+    /// The ggml build this setting mirrors on this CPU.
+    pub fn flavor(self) -> Flavor {
+        match self {
+            Numerics::Portable => Flavor::Avx2,
+            Numerics::Native => native_flavor(),
+        }
+    }
+
+    /// "portable (avx2 order)": the setting and the order it ran.
+    pub fn describe(self) -> String {
+        format!("{} ({} order)", self.name(), self.flavor().name())
+    }
+}
+
+/// The flavour of the llama.cpp build native to this CPU: AVX-512 when the
+/// CPU has AVX-512F/DQ (as a native ggml build then uses), else AVX2.
+/// `SAMPLERD_GGML_FLAVOR=avx2|avx512` overrides the detection (to compare
+/// with a llama.cpp built for the other one).
+pub fn native_flavor() -> Flavor {
     static F: OnceLock<Flavor> = OnceLock::new();
     *F.get_or_init(|| match std::env::var("SAMPLERD_GGML_FLAVOR").as_deref() {
         Ok("avx2") => Flavor::Avx2,
@@ -126,26 +209,25 @@ fn expf_lane(x: f32, fl: Flavor) -> f32 {
 
 /// `ggml_vec_swiglu_f32`: `out = silu(g) * u` (vector lanes; the scalar
 /// tail, never hit for multiples of 8/16, uses libm like ggml).
-pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
+pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
     #[cfg(target_arch = "x86_64")]
     if has_fma() {
         // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
-        unsafe { swiglu_fma(g, u, out) };
+        unsafe { swiglu_fma(g, u, out, fl) };
         return;
     }
-    swiglu_body(g, u, out)
+    swiglu_body(g, u, out, fl)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_fma(g: &[f32], u: &[f32], out: &mut [f32]) {
-    swiglu_body(g, u, out)
+unsafe fn swiglu_fma(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
+    swiglu_body(g, u, out, fl)
 }
 
 #[inline(always)]
-fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32]) {
-    let fl = flavor();
-    let w = if fl == Flavor::Avx512 { 16 } else { 8 };
+fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
+    let w = fl.lanes();
     let nv = g.len() / w * w;
     for i in 0..nv {
         let x = g[i];
@@ -200,6 +282,8 @@ pub struct Head<'a> {
     /// A one-token batch (llama.cpp then uses `ggml_vec_dot_f16` instead of
     /// tinyBLAS, a different summation order).
     pub decode: bool,
+    /// Whose lane order (`model.numerics`).
+    pub flavor: Flavor,
 }
 
 /// One attention head over `n_pos` cached positions, as llama.cpp's
@@ -234,9 +318,9 @@ fn attention_body(h: &Head<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [
         n_pos,
         scale,
         decode,
+        flavor: fl,
     } = *h;
-    let fl = flavor();
-    let w = if fl == Flavor::Avx512 { 16 } else { 8 };
+    let w = fl.lanes();
     let hd = q16.len();
     let reduce = |v: &[f32; 16]| if w == 16 { reduce16(v) } else { reduce8(v) };
     // kq: per position, lanes over the head dimension. Prefill (tinyBLAS):
@@ -393,6 +477,18 @@ mod tests {
     }
 
     #[test]
+    fn portable_numerics_is_the_avx2_order_on_every_cpu() {
+        assert_eq!(Numerics::default(), Numerics::Portable);
+        assert_eq!(Numerics::Portable.flavor(), Flavor::Avx2);
+        assert_eq!(Numerics::Native.flavor(), native_flavor());
+        assert!(Flavor::Avx2.tiled_fused(), "AVX2's tiled matmul fuses");
+        assert_eq!(Numerics::Portable.describe(), "portable (avx2 order)");
+        let parsed: Numerics = serde_json::from_str("\"native\"").unwrap();
+        assert_eq!(parsed, Numerics::Native);
+        assert!(serde_json::from_str::<Numerics>("\"fast\"").is_err());
+    }
+
+    #[test]
     fn attention_matches_plain_softmax() {
         let hd = 64;
         let n = 37;
@@ -402,7 +498,10 @@ mod tests {
         let k: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.11).cos()).collect();
         let v: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.07).sin()).collect();
         let (mut sc, mut acc, mut out) = (vec![0f32; 48], vec![0f32; 64 * hd], vec![0f32; hd]);
-        for decode in [false, true] {
+        for (decode, flavor) in [false, true]
+            .into_iter()
+            .flat_map(|d| [(d, Flavor::Avx2), (d, Flavor::Avx512)])
+        {
             let h = Head {
                 q16: &q,
                 kf: &k,
@@ -410,6 +509,7 @@ mod tests {
                 n_pos: n,
                 scale: 0.125,
                 decode,
+                flavor,
             };
             attention_head(&h, &mut sc, &mut acc, &mut out);
             let s: Vec<f32> = (0..n)

@@ -56,6 +56,7 @@ pub use backend::{Backend, SequenceState};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use cuda::{DeviceRequest, Placement};
 pub use error::ModelError;
+pub use ggml::Numerics;
 pub use gguf::{Arch, Config};
 pub use prefix::{CachedTokens, StepOrder};
 pub use streamer::Utf8Streamer;
@@ -73,6 +74,8 @@ pub struct ModelOptions {
     /// Context (KV-cache) size of each session; 0: the model's training
     /// context. Clamped to the training context.
     pub n_ctx: usize,
+    /// Whose arithmetic order the forward pass follows (`model.numerics`).
+    pub numerics: ggml::Numerics,
 }
 
 impl Default for ModelOptions {
@@ -80,6 +83,7 @@ impl Default for ModelOptions {
         ModelOptions {
             n_threads: 0,
             n_ctx: 4096,
+            numerics: ggml::Numerics::default(),
         }
     }
 }
@@ -96,6 +100,7 @@ pub struct Model {
     n_ctx: usize,
     weight_bytes: usize,
     weight_formats: std::collections::BTreeMap<&'static str, usize>,
+    numerics: ggml::Numerics,
 }
 
 impl Model {
@@ -149,7 +154,13 @@ impl Model {
         } else {
             opts.n_ctx.min(config.n_ctx_train)
         };
-        let backend = cuda::new_backend(placement, &config, weights, opts.n_threads)?;
+        let backend = cuda::new_backend(
+            placement,
+            &config,
+            weights,
+            opts.n_threads,
+            opts.numerics.flavor(),
+        )?;
         Ok(Arc::new(Model {
             path: path.to_path_buf(),
             config,
@@ -159,7 +170,13 @@ impl Model {
             n_ctx,
             weight_bytes,
             weight_formats,
+            numerics: opts.numerics,
         }))
+    }
+
+    /// Whose arithmetic order the forward pass follows (`model.numerics`).
+    pub fn numerics(&self) -> ggml::Numerics {
+        self.numerics
     }
 
     /// Bytes the weight matrices take in the CPU loader's formats.

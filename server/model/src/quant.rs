@@ -22,7 +22,7 @@
 
 use crate::pool::{ThreadPool, split_range};
 pub use crate::quant_convert::KQuant;
-use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 use crate::quant_kernels::kernels;
 pub use crate::quant_kernels::{kernel_name, scalar};
 use crate::quant_q5_0::{self, BlockQ5_0};
@@ -111,6 +111,9 @@ pub struct Acts<'a> {
     pub q8: &'a [BlockQ8_1],
     pub q8k: &'a [BlockQ8K],
     pub tiled: &'a [bool],
+    /// Whether the tiled K-quant products accumulate with one fma
+    /// ([`crate::ggml::Flavor::tiled_fused`]).
+    pub fused: bool,
 }
 
 impl<'a> Acts<'a> {
@@ -120,6 +123,7 @@ impl<'a> Acts<'a> {
             q8,
             q8k: &[],
             tiled: &[],
+            fused: true,
         }
     }
 }
@@ -376,7 +380,7 @@ impl QMatrix {
         assert_eq!(out.len(), n_tok * rows, "output length");
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let k = kernels();
-        let fused = quant_k::tiled_fused();
+        let fused = xq.fused;
         let tiled = |t: usize| xq.tiled.get(t).copied().unwrap_or(false);
         pool.run(&|i, n| {
             let range = split_range(rows, i, n, 16);

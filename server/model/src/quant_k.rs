@@ -28,7 +28,8 @@
 //! still depends only on its own sequence's step, never on what else is
 //! batched with it. The tiled float epilogue differs between ggml's AVX2
 //! microkernel (fma) and its AVX-512 VNNI one (multiply, add):
-//! [`tiled_fused`] picks the one a native build on this CPU uses.
+//! [`crate::quant::Acts::fused`] says which, from `model.numerics`
+//! ([`crate::ggml::Flavor::tiled_fused`]).
 //!
 //! The f16 scales are widened to f32 at load (exact) and the 6-bit packed
 //! sub-block scales/minimums of Q4_K/Q5_K unpacked (`get_scale_min_k4`), so a
@@ -239,28 +240,6 @@ impl WeightBlock for BlockQ6K {
             }
         }
     }
-}
-
-/// Whether ggml's tiled K-quant matmul accumulates with one fma (its AVX2
-/// microkernel) rather than a multiply and an add (its AVX-512 VNNI one,
-/// built when the CPU has AVX-512 VNNI, VL and DQ; follows
-/// [`crate::ggml::flavor`], so `SAMPLERD_GGML_FLAVOR=avx2` selects AVX2).
-pub fn tiled_fused() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let vnni = crate::ggml::flavor() == crate::ggml::Flavor::Avx512
-                && std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512dq");
-            !vnni
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            true
-        }
-    })
 }
 
 /// ggml's `nearest_int`: round half to even through the 1.5·2^23 trick.

@@ -312,7 +312,7 @@ unsafe fn hsum_i32_4(v: __m128i) -> i32 {
 // comment).
 
 /// Every row of `w` in the tiled order (`fused`: see
-/// `quant_k::tiled_fused`).
+/// `ggml::Flavor::tiled_fused`).
 pub(crate) fn tiled_safe<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32], fused: bool) {
     // SAFETY: installed in `quant::kernels()` (and called by the tests) only
     // after `samplerd_numerics::features()` reported AVX2 and FMA.

@@ -5,7 +5,7 @@
 
 use crate::pool::ThreadPool;
 use crate::quant::{Acts, KQuant, QMatrix};
-use crate::quant_k::{self, BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant_k::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant_kernels::Kernels;
 use crate::test_rng::Lcg;
 use candle_core::quantized::GgmlDType;
@@ -68,12 +68,19 @@ fn k_rows(k: &Kernels, m: &QMatrix, a: &[BlockQ8K], tiled: Option<bool>) -> Vec<
 
 /// `m` times one token's Q8_K activations through the matmul dispatch
 /// (whichever kernels this CPU uses; `tiled` as [`Acts::tiled`]).
-fn k_matmul(pool: &ThreadPool, m: &QMatrix, a: &[BlockQ8K], tiled: &[bool]) -> Vec<f32> {
+fn k_matmul(
+    pool: &ThreadPool,
+    m: &QMatrix,
+    a: &[BlockQ8K],
+    tiled: &[bool],
+    fused: bool,
+) -> Vec<f32> {
     let mut out = vec![0f32; m.rows()];
     let acts = Acts {
         q8: &[],
         q8k: a,
         tiled,
+        fused,
     };
     m.matmul(pool, acts, 1, &mut out);
     out
@@ -154,10 +161,8 @@ fn simd_equals_scalar_and_f32() {
                     let got = k_rows(&avx2, &m, &xq, Some(fused));
                     assert_eq!(bits(&got), bits(&want_t), "{kind:?} tiled fused={fused}");
                 }
-                if fused == quant_k::tiled_fused() {
-                    let via = k_matmul(&pool, &m, &xq, &[true]);
-                    assert_eq!(bits(&via), bits(&want_t), "{kind:?} tiled matmul");
-                }
+                let via = k_matmul(&pool, &m, &xq, &[true], fused);
+                assert_eq!(bits(&via), bits(&want_t), "{kind:?} tiled matmul");
                 for (a, b) in want_t.iter().zip(&want) {
                     assert!(
                         (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
@@ -166,7 +171,7 @@ fn simd_equals_scalar_and_f32() {
                 }
             }
             // Through the matmul dispatch (whichever kernel this CPU uses).
-            let via = k_matmul(&pool, &m, &xq, &[]);
+            let via = k_matmul(&pool, &m, &xq, &[], true);
             assert_eq!(bits(&via), bits(&want), "{kind:?} matmul");
             // Close to the f32 product of the dequantised weights.
             assert_near_f32(&m, &x, &want, 0.02, 1e-6, &format!("{kind:?}"));

@@ -9,7 +9,7 @@ use crate::quant_q5_0::BlockQ5_0;
 use crate::quant_q5_1::BlockQ5_1;
 
 /// One kernel family: a row-product function per format (`_t`: the
-/// K-quants in ggml's tiled order, see `quant_k::tiled_fused` for `fused`).
+/// K-quants in ggml's tiled order, see `ggml::Flavor::tiled_fused` for `fused`).
 pub(crate) struct Kernels {
     name: &'static str,
     /// (Also the expanded Q5_0 tiles' kernel, `QMatrix::matmul`.)
@@ -25,7 +25,7 @@ pub(crate) struct Kernels {
     q6k_t: TiledFn<BlockQ6K>,
 }
 
-/// A tiled-order K-quant kernel (`fused`: see `quant_k::tiled_fused`).
+/// A tiled-order K-quant kernel (`fused`: see `ggml::Flavor::tiled_fused`).
 type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32], bool);
 
 impl Kernels {

@@ -204,6 +204,7 @@ fn load(
     let opts = ModelOptions {
         n_threads: 2,
         n_ctx: 64,
+        ..Default::default()
     };
     let r = Model::load(&p, &opts);
     (p, r)

@@ -5,11 +5,16 @@
 //! llama-cpp-python venv); here: loading, template, round trips, EOG ids and
 //! cache consistency.
 
-use samplerd_model::{ChatMessage, Model, ModelOptions, Utf8Streamer, attr};
+use samplerd_model::ggml::{Flavor, native_flavor};
+use samplerd_model::{ChatMessage, Model, ModelOptions, Numerics, Utf8Streamer, attr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 fn model() -> Option<Arc<Model>> {
+    model_with(Numerics::default())
+}
+
+fn model_with(numerics: Numerics) -> Option<Arc<Model>> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !p.exists() {
@@ -25,6 +30,7 @@ fn model() -> Option<Arc<Model>> {
             &ModelOptions {
                 n_threads: 2,
                 n_ctx: 512,
+                numerics,
             },
         )
         .expect("loading the real model"),
@@ -200,5 +206,94 @@ fn smollm2_reused_prefix_equals_a_fresh_prefill_bit_for_bit() {
             b = fresh.decode(t).unwrap().to_vec();
         }
         assert_eq!(reused.cached_tokens(), fresh.cached_tokens());
+    }
+}
+
+/// log softmax(logits)[i] in f64 (as the parity scripts compute it).
+fn log_softmax_at(l: &[f32], i: u32) -> f64 {
+    let m = l.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let z: f64 = l.iter().map(|&x| (x as f64 - m).exp()).sum();
+    l[i as usize] as f64 - m - z.ln()
+}
+
+/// `model.numerics = "portable"` computes llama.cpp's AVX2 build's order on
+/// every CPU: greedy tokens equal a stored reference of that build
+/// (`fixtures/portable_reference.json`, 5 prompts × 48 tokens, written by
+/// `write_portable_reference.py`) on any machine, whatever its own
+/// llama.cpp build would answer (`greedy_parity.py` compares `native` with
+/// the live one).
+#[test]
+fn smollm2_portable_numerics_equals_the_stored_llama_cpp_avx2_reference() {
+    let Some(m) = model_with(Numerics::Portable) else {
+        return;
+    };
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/portable_reference.json");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the stored reference"))
+            .expect("reference JSON");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .expect("an id array")
+            .iter()
+            .map(|x| x.as_u64().expect("an id") as u32)
+            .collect()
+    };
+    let cases = r["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 4, "the reference has its prompts");
+    let mut worst = 0f64;
+    for (k, case) in cases.iter().enumerate() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["tokens"]);
+        let want_lp: Vec<f64> = case["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let mut s = m.new_session().unwrap();
+        let mut logits = s.prefill(&prompt).unwrap().to_vec();
+        for (i, &w) in want.iter().enumerate() {
+            let got = argmax(&logits);
+            assert_eq!(
+                got, w,
+                "prompt {k}: token {i} differs from llama.cpp's AVX2 build"
+            );
+            let d = (log_softmax_at(&logits, got) - want_lp[i]).abs();
+            assert!(
+                d <= 1e-3,
+                "prompt {k}: token {i} log-probability off by {d}"
+            );
+            worst = worst.max(d);
+            if i + 1 < want.len() {
+                logits = s.decode(got).unwrap().to_vec();
+            }
+        }
+    }
+    eprintln!(
+        "portable = llama.cpp AVX2 on {} prompts, max |Δlogprob| {worst:.1e}",
+        cases.len()
+    );
+}
+
+/// `native` follows this CPU's llama.cpp build: the same bits as `portable`
+/// where that build is the AVX2 one, other bits where it is AVX-512's.
+#[test]
+fn smollm2_native_numerics_follow_this_cpus_llama_cpp_build() {
+    let (Some(portable), Some(native)) =
+        (model_with(Numerics::Portable), model_with(Numerics::Native))
+    else {
+        return;
+    };
+    assert_eq!(native.numerics(), Numerics::Native);
+    let text = portable
+        .render_chat(&[ChatMessage::new("user", "What is the capital of France?")])
+        .unwrap();
+    let prompt = portable.tokenizer().encode(&text, true, true).unwrap();
+    let a = bits(portable.new_session().unwrap().prefill(&prompt).unwrap());
+    let b = bits(native.new_session().unwrap().prefill(&prompt).unwrap());
+    match native_flavor() {
+        Flavor::Avx2 => assert_eq!(a, b, "native is the AVX2 order on this CPU"),
+        Flavor::Avx512 => assert_ne!(a, b, "native is the AVX-512 order on this CPU"),
     }
 }

@@ -190,6 +190,7 @@ fn opts() -> ModelOptions {
     ModelOptions {
         n_threads: 2,
         n_ctx: 64,
+        ..Default::default()
     }
 }
 

@@ -46,6 +46,19 @@ pub fn check_config(config_file: Option<&Path>, cli: &CliOverrides) -> Result<St
         );
     }
     let _ = writeln!(out, "\n# default chain\n#   {}", defaults.chain.describe());
+    if loaded.config.model.path.is_some() {
+        let numerics = loaded.config.model.numerics;
+        let _ = writeln!(
+            out,
+            "\n# model arithmetic (model.numerics)\n#   {}: {}",
+            numerics.describe(),
+            match numerics {
+                samplerd_model::Numerics::Portable =>
+                    "llama.cpp's AVX2 build's order on every CPU (and on CUDA)",
+                samplerd_model::Numerics::Native => "the llama.cpp build native to this CPU",
+            }
+        );
+    }
     Ok(out)
 }
 

@@ -429,6 +429,11 @@ pub struct ModelConfig {
     /// NVRTC are present, else the CPU), "cuda" (a start-up error without
     /// one) or "cpu".
     pub device: samplerd_model::DeviceRequest,
+    /// Whose arithmetic order the forward pass follows: "portable" (llama.cpp's
+    /// AVX2 build's, on every CPU and on CUDA: every node of a fleet gives a
+    /// request the same tokens) or "native" (the llama.cpp build native to
+    /// this CPU: AVX-512's where the CPU has it).
+    pub numerics: samplerd_model::Numerics,
 }
 
 /// Command-line overrides (the last layer). `None`/empty = not given.

@@ -195,19 +195,27 @@ pub struct ModelLoadError {
 impl ModelHost {
     /// Loads the GGUF at `path` for the CPU backend.
     pub fn load(path: &std::path::Path, config: GenerateConfig) -> Result<Self, ModelLoadError> {
-        Self::load_on(path, config, &samplerd_model::Placement::Cpu)
+        Self::load_on(
+            path,
+            config,
+            &samplerd_model::Placement::Cpu,
+            samplerd_model::Numerics::default(),
+        )
     }
 
     /// Loads the GGUF at `path` for the backend of `placement` (`model.device`
-    /// as resolved by [`crate::generate::generator::resolve_device`]).
+    /// as resolved by [`crate::generate::generator::resolve_device`]),
+    /// computing in the arithmetic order of `numerics` (`model.numerics`).
     pub fn load_on(
         path: &std::path::Path,
         config: GenerateConfig,
         placement: &samplerd_model::Placement,
+        numerics: samplerd_model::Numerics,
     ) -> Result<Self, ModelLoadError> {
         let opts = ModelOptions {
             n_threads: config.n_threads,
             n_ctx: config.n_ctx,
+            numerics,
         };
         let model = Model::load_on(path, &opts, placement).map_err(|source| ModelLoadError {
             path: path.display().to_string(),
@@ -219,6 +227,7 @@ impl ModelHost {
             vocab = model.n_vocab(),
             n_ctx = model.n_ctx(),
             backend = %model.backend_name(),
+            numerics = %model.numerics().describe(),
             "model loaded"
         );
         let batcher = batcher::Batcher::start(
@@ -418,6 +427,7 @@ impl ModelHost {
                 } else {
                     0.0
                 },
+                numerics: self.model.numerics().describe(),
             }),
             text: rest,
         };

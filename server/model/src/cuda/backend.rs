@@ -44,6 +44,8 @@ pub struct CudaOptions {
     /// (`attn_scores`) instead of inside the one-block-per-head attention
     /// kernel (`SAMPLERD_CUDA_ATTN=fused` turns it off; same results).
     pub split_scores: bool,
+    /// Whose lane order the kernels follow (`model.numerics`).
+    pub flavor: crate::ggml::Flavor,
 }
 
 /// The layout of the weight-product kernels; same arithmetic, same bits.
@@ -68,6 +70,7 @@ impl Default for CudaOptions {
                 _ => MmKernel::Warp,
             },
             split_scores: std::env::var("SAMPLERD_CUDA_ATTN").as_deref() != Ok("fused"),
+            flavor: crate::ggml::Numerics::default().flavor(),
         }
     }
 }
@@ -152,10 +155,7 @@ impl CudaBackend {
             rope,
             rope_positions,
             opts,
-            lanes: match crate::ggml::flavor() {
-                crate::ggml::Flavor::Avx512 => 16,
-                crate::ggml::Flavor::Avx2 => 8,
-            },
+            lanes: opts.flavor.lanes() as i32,
         })
     }
 

@@ -49,7 +49,7 @@ fn quantized(x: &[f32]) -> Vec<BlockQ8_1> {
     q
 }
 
-fn write_attention(dir: &Path, r: &mut Lcg) {
+fn write_attention(dir: &Path, r: &mut Lcg, fl: Flavor) {
     let (nh, hd) = (3usize, 64usize);
     // Chunk (256) and vector (8 / 16 / 64) boundaries on both sides.
     let positions = [1usize, 5, 64, 255, 257, 300];
@@ -82,6 +82,7 @@ fn write_attention(dir: &Path, r: &mut Lcg) {
                     n_pos,
                     scale,
                     decode,
+                    flavor: fl,
                 };
                 ggml::attention_head(&head, &mut scores, &mut acc, &mut out[h * hd..(h + 1) * hd]);
             }
@@ -114,13 +115,13 @@ fn write_norm(dir: &Path, r: &mut Lcg) {
     f.put(&quantized(&normed));
 }
 
-fn write_swiglu(dir: &Path, r: &mut Lcg) {
+fn write_swiglu(dir: &Path, r: &mut Lcg, fl: Flavor) {
     let (n, n_ff) = (2usize, 1536usize);
     let gu: Vec<f32> = (0..n * 2 * n_ff).map(|_| r.f31() * 12.0).collect();
     let mut act = vec![0f32; n * n_ff];
     for t in 0..n {
         let (g, u) = gu[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at(n_ff);
-        ggml::swiglu(g, u, &mut act[t * n_ff..(t + 1) * n_ff]);
+        ggml::swiglu(g, u, &mut act[t * n_ff..(t + 1) * n_ff], fl);
     }
     let mut f = Out::create(dir, "swiglu.bin");
     f.put(&[n as i32, n_ff as i32]);
@@ -206,8 +207,16 @@ fn write_rope(dir: &Path, r: &mut Lcg) {
     }
 }
 
+/// Both arithmetic orders (`model.numerics`): `portable` is AVX2's on every
+/// CPU, `native` AVX-512's on AVX-512 CPUs.
 #[test]
 fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
+    for fl in [Flavor::Avx2, Flavor::Avx512] {
+        emulate(fl);
+    }
+}
+
+fn emulate(fl: Flavor) {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     if Command::new(&cxx).arg("--version").output().is_err() {
         eprintln!("NOTICE: no C++ compiler ({cxx}); skipping the CUDA kernel emulation check");
@@ -223,9 +232,9 @@ fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
         std::fs::write(d.join(name), text).expect("emulation sources");
     }
     let mut r = Lcg(12345);
-    write_attention(d, &mut r);
+    write_attention(d, &mut r, fl);
     write_norm(d, &mut r);
-    write_swiglu(d, &mut r);
+    write_swiglu(d, &mut r, fl);
     write_mm(d, &mut r);
     write_rope(d, &mut r);
     let exe = d.join("harness");
@@ -253,13 +262,9 @@ fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
         }
         panic!("the emulated kernels do not compile with {cxx}:\n{err}");
     }
-    let lanes = match ggml::flavor() {
-        Flavor::Avx512 => "16",
-        Flavor::Avx2 => "8",
-    };
     let run = Command::new(&exe)
         .arg(d)
-        .arg(lanes)
+        .arg(fl.lanes().to_string())
         .output()
         .expect("running the emulated kernels");
     let report = String::from_utf8_lossy(&run.stdout);
@@ -267,7 +272,7 @@ fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
     assert!(
         run.status.success(),
         "emulated CUDA kernels differ from the CPU backend ({:?} flavour):\n{report}{}",
-        ggml::flavor(),
+        fl,
         String::from_utf8_lossy(&run.stderr)
     );
 }

@@ -211,12 +211,14 @@ pub(crate) fn new_backend(
     config: &crate::gguf::Config,
     weights: std::sync::Arc<crate::weights::Weights>,
     n_threads: usize,
+    flavor: crate::ggml::Flavor,
 ) -> Result<std::sync::Arc<dyn crate::backend::Backend>, crate::ModelError> {
     match placement {
         Placement::Cpu => Ok(std::sync::Arc::new(crate::forward::CpuBackend::new(
             config.clone(),
             weights,
             n_threads,
+            flavor,
         ))),
         #[cfg(feature = "cuda")]
         Placement::Cuda { ordinal, .. } => Ok(std::sync::Arc::new(CudaBackend::new(
@@ -224,6 +226,7 @@ pub(crate) fn new_backend(
             &weights,
             backend::CudaOptions {
                 ordinal: *ordinal,
+                flavor,
                 ..Default::default()
             },
         )?)),
