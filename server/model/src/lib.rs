@@ -31,6 +31,7 @@ pub mod forward;
 pub mod ggml;
 pub mod gguf;
 pub mod pool;
+pub mod pre_tokenizer;
 pub mod prefix;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]

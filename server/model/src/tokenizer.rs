@@ -2,10 +2,10 @@
 //! with the `tokenizers` crate so that token ids equal llama.cpp's.
 //!
 //! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE, never a prefix
-//! space, merges always applied) with the pre-tokenizer named by
-//! `tokenizer.ggml.pre`: `smollm` (digits split one by one, then the GPT-2
-//! regex), `qwen2` (Qwen2's regex), and the plain GPT-2 regex for anything
-//! else. Control and user-defined tokens (from `tokenizer.ggml.token_type`)
+//! space) with the pre-tokenizer family llama.cpp picks for
+//! `tokenizer.ggml.pre` (`crate::pre_tokenizer`: default, GPT-2, SmolLM,
+//! Qwen2 and Llama 3 — whose whole-word vocabulary hits skip the merges, as
+//! llama.cpp's `ignore_merges`); another name is a load error naming it. Control and user-defined tokens (from `tokenizer.ggml.token_type`)
 //! are registered as added tokens, so `<|im_start|>` written in a raw prompt
 //! is one token when special parsing is on (as llama-server does for prompts).
 //!
@@ -16,13 +16,10 @@
 
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
+use crate::pre_tokenizer::PreTokenizer;
 use candle_core::quantized::gguf_file::Value;
+use tokenizers::AddedToken;
 use tokenizers::models::bpe::{BPE, Vocab};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 /// GGUF token types (`tokenizer.ggml.token_type`).
 pub mod token_type {
@@ -56,10 +53,6 @@ pub struct TokenInfo {
     /// [`attr`] flags.
     pub attrs: u32,
 }
-
-const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Strings llama.cpp treats as end-of-generation when they are tokens.
 const EOG_TEXTS: &[&str] = &[
@@ -204,13 +197,13 @@ impl Tokenizer {
         };
         let bos = id("tokenizer.ggml.bos_token_id")?;
         let eos = id("tokenizer.ggml.eos_token_id")?;
+        let pre_name = gguf.get_str("tokenizer.ggml.pre")?;
+        let family = PreTokenizer::from_gguf(pre_name)
+            .map_err(|e| tok_err(gguf, "tokenizer.ggml.pre", e))?;
+        let pre = pre_name.unwrap_or("default").to_string();
         let add_bos = gguf
             .get_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(false);
-        let pre = gguf
-            .get_str("tokenizer.ggml.pre")?
-            .unwrap_or("default")
-            .to_string();
+            .unwrap_or(family.adds_bos());
 
         // Vocabulary for BPE. Duplicate strings keep their first id (as llama.cpp's map does… last wins there; duplicates are rare).
         let mut vocab = Vocab::default();
@@ -219,18 +212,10 @@ impl Tokenizer {
         }
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
-            .ignore_merges(false)
+            .ignore_merges(family.ignore_merges())
             .build()
             .map_err(|e| ModelError::Tokenizer(format!("building BPE: {e}")))?;
-        let pre_tok: PreTokenizerWrapper = match pre.as_str() {
-            "smollm" => Sequence::new(vec![
-                Digits::new(true).into(),
-                ByteLevel::new(false, false, true).into(),
-            ])
-            .into(),
-            "qwen2" => regex_byte_level("qwen2", QWEN2_REGEX)?,
-            _ => regex_byte_level("gpt2", GPT2_REGEX)?,
-        };
+        let pre_tok = family.build().map_err(ModelError::Tokenizer)?;
         let mut plain = tokenizers::Tokenizer::new(bpe);
         plain.with_pre_tokenizer(Some(pre_tok));
         let mut with_special = plain.clone();
@@ -417,23 +402,6 @@ impl Tokenizer {
     pub fn vocabulary(&self) -> &[TokenInfo] {
         &self.vocab
     }
-}
-
-/// A pre-tokenizer splitting on `regex` (isolated matches), then GPT-2's
-/// byte-level mapping without its own splitting; `name` names the regex in
-/// the error.
-fn regex_byte_level(name: &str, regex: &str) -> Result<PreTokenizerWrapper, ModelError> {
-    let split = Split::new(
-        SplitPattern::Regex(regex.into()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| ModelError::Tokenizer(format!("{name} regex: {e}")))?;
-    Ok(Sequence::new(vec![
-        split.into(),
-        ByteLevel::new(false, false, false).into(),
-    ])
-    .into())
 }
 
 fn parse_byte_token(t: &str) -> Option<u8> {

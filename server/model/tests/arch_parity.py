@@ -86,8 +86,9 @@ VARIANTS = {
 }
 
 
-def write_model(gguf, reader, path, v, seed, with_rope_freqs=True):
-    """Writes variant `v` to `path` with random weights from `seed`."""
+def write_model(gguf, reader, path, v, seed, with_rope_freqs=True, pre=None):
+    """Writes variant `v` to `path` with random weights from `seed`
+    (`pre`: another `tokenizer.ggml.pre` than the shipped model's)."""
     rng = np.random.default_rng(seed)
     arch = v["arch"]
     hd = v["head_dim"] or N_EMBD // v["n_head"]
@@ -116,6 +117,9 @@ def write_model(gguf, reader, path, v, seed, with_rope_freqs=True):
     # The shipped model's tokenizer and chat template.
     for name, field in reader.fields.items():
         if not name.startswith("tokenizer."):
+            continue
+        if name == "tokenizer.ggml.pre" and pre is not None:
+            w.add_string(name, pre)
             continue
         vtype = field.types[0]
         if vtype == gguf.GGUFValueType.ARRAY:

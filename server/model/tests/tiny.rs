@@ -93,10 +93,19 @@ const K_QUANTS: Formats = Formats {
 /// Writes a tiny model; `arch` is written to `general.architecture` (and
 /// used as the metadata prefix); qwen2 gets q/k/v biases.
 fn write_tiny(path: &Path, arch: &str) {
-    write_model(path, arch, &MIXED)
+    write_tiny_pre(path, arch, "smollm")
+}
+
+/// [`write_tiny`] with `tokenizer.ggml.pre = pre`.
+fn write_tiny_pre(path: &Path, arch: &str, pre: &str) {
+    write_model_pre(path, arch, &MIXED, pre)
 }
 
 fn write_model(path: &Path, arch: &str, fm: &Formats) {
+    write_model_pre(path, arch, fm, "smollm")
+}
+
+fn write_model_pre(path: &Path, arch: &str, fm: &Formats, pre: &str) {
     let ff = fm.ff;
     let mut rng = Lcg(42);
     let toks = vocab();
@@ -157,7 +166,7 @@ fn write_model(path: &Path, arch: &str, fm: &Formats) {
             Value::F32(1e-5),
         ),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::String("smollm".into())),
+        ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
         (
             "tokenizer.ggml.tokens".into(),
             Value::Array(toks.iter().map(|t| Value::String(t.clone())).collect()),
@@ -419,6 +428,32 @@ fn unsupported_architecture_is_named() {
         "{e:?}"
     );
     assert!(e.to_string().contains("tiny-gpt2.gguf"), "{e}");
+}
+
+/// A pre-tokenizer llama.cpp does not know is a load error naming the key
+/// and the value (llama.cpp refuses it too); a known family loads.
+#[test]
+fn unknown_pre_tokenizer_is_named_and_known_families_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny-tekken.gguf");
+    write_tiny_pre(&p, "llama", "tekken");
+    let e = Model::load(&p, &opts()).unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.ggml.pre") && e.contains("\"tekken\"") && e.contains("llama-bpe"),
+        "{e}"
+    );
+    for pre in ["llama-bpe", "qwen2", "gpt-2", "default"] {
+        let p = dir.path().join(format!("tiny-{pre}.gguf"));
+        write_tiny_pre(&p, "llama", pre);
+        let m = Model::load(&p, &opts()).unwrap();
+        assert_eq!(m.tokenizer().pre_tokenizer(), pre);
+        assert!(
+            !m.tokenizer()
+                .encode("he t1", false, true)
+                .unwrap()
+                .is_empty()
+        );
+    }
 }
 
 #[test]

@@ -6,6 +6,12 @@ add_bos=False, special=True)`, as llama-server tokenizes prompts).
 Run: $HOME/.cache/samplerd/venv/bin/python server/model/tests/tokenizer_parity.py
 (needs models/SmolLM2-135M-Instruct.Q4_1.gguf; exits 0 with a notice if absent).
 Also checks byte-level decoding: our bytes for each id list == llama.cpp's detokenize.
+
+The other pre-tokenizer families (`tokenizer.ggml.pre`: Llama 3's
+`llama-bpe`, `qwen2`, `gpt-2`, `default`) are checked on tiny models that
+carry the shipped vocabulary and merges under that name (written with the
+`gguf` package, as arch_parity.py writes them): ids only, since their
+decoding is the same byte-level one.
 """
 import json
 import os
@@ -30,6 +36,51 @@ CASES = [
 ]
 
 
+# Where the families differ: digit groups, upper-case contractions,
+# whitespace before newlines, punctuation runs.
+FAMILY_CASES = CASES + [
+    "12345678 and 1,234,567.89", "I'LL SEE YOU'RE THERE, WE'D", "tabs\t\t\nand  \n\n  spaces",
+    "x+=y^2|z~w<=>v", "a   \r\n   b", "$100 for 3 items!!!", "٣٤٥ Arabic-Indic digits",
+]
+
+
+def check_families(shipped):
+    """Ids of the other pre-tokenizer families against llama.cpp's;
+    `shipped`: llama.cpp's ids of FAMILY_CASES under the shipped model's
+    own family (a control: Llama 3's and the default family must split
+    some of them differently, or the check would be blind)."""
+    try:
+        import gguf
+    except ImportError:
+        print("NOTICE: the gguf package is absent (scripts/setup-python.sh installs it); skipping the families")
+        return 0
+    import tempfile
+    import arch_parity as A
+    reader = gguf.GGUFReader(R.MODEL)
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in ["llama-bpe", "qwen2", "gpt-2", "default"]:
+            path = os.path.join(tmp, f"tiny-{pre}.gguf")
+            A.write_model(gguf, reader, path, A.VARIANTS["llama-linear-rope"], 1, pre=pre)
+            llm = R.load(vocab_only=True, model=path)
+            ours = R.probe("tokenize", path, stdin=json.dumps(FAMILY_CASES))["ids"]
+            n_bad, n_differ = 0, 0
+            for text, mine, other in zip(FAMILY_CASES, ours, shipped):
+                ref = llm.tokenize(text.encode(), add_bos=False, special=True)
+                n_differ += ref != other
+                if ref != mine:
+                    n_bad += 1
+                    print(f"MISMATCH [{pre}] {text!r}\n  llama.cpp {ref}\n  ours      {mine}")
+            print(f"tokenizer.ggml.pre = {pre!r}: {len(FAMILY_CASES)} cases, {n_bad} mismatches "
+                  f"({n_differ} split otherwise than the shipped model's family)")
+            bad += n_bad
+            if pre in ("llama-bpe", "default") and n_differ == 0:
+                print(f"FAIL control: {pre!r} splits every case as the shipped family does; the check is blind")
+                bad += 1
+            del llm
+    return bad
+
+
 def main():
     if not os.path.exists(R.MODEL):
         print(f"NOTICE: {R.MODEL} absent (run scripts/fetch-model.sh); skipping")
@@ -50,6 +101,7 @@ def main():
             bad += 1
             print(f"DECODE MISMATCH {text!r}: llama.cpp {want!r} ours {bytes(b)!r}")
     print(f"tokenizer parity: {len(CASES)} cases (ids and decoded bytes), {bad} mismatches")
+    bad += check_families([llm.tokenize(t.encode(), add_bos=False, special=True) for t in FAMILY_CASES])
     return 1 if bad else 0
 
 

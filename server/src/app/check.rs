@@ -89,8 +89,8 @@ fn plugin_error(loaded: &LoadedConfig, e: samplerd_sampling::LoadError) -> Confi
 }
 
 /// Opens what `serve` reads before it serves: TLS files (and their PEM
-/// content), the bearer-token file, and the model's GGUF header (the
-/// weights are not read).
+/// content), the bearer-token file, and the model's GGUF header,
+/// hyper-parameters and tokenizer (the weights are not read).
 fn open_files(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let c = &loaded.config;
     let file_error = |key: &str, message: String| ConfigError::File {
@@ -111,8 +111,14 @@ fn open_files(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             .map_err(|e| file_error("auth.tokens_file", e.to_string()))?;
     }
     if let Some(path) = &c.model.path {
+        // The header, the hyper-parameters and the tokenizer (its
+        // pre-tokenizer family among them): what `serve` reads before the
+        // weights.
         samplerd_model::gguf::GgufFile::open(path)
-            .and_then(|g| g.config())
+            .and_then(|g| {
+                g.config()?;
+                samplerd_model::tokenizer::Tokenizer::from_gguf(&g)
+            })
             .map_err(|e| file_error("model.path", format!("model.path: {e}")))?;
     }
     Ok(())
