@@ -190,10 +190,8 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
         }
         let mut out = [0f32];
         let acts = Acts {
-            q8: &q8,
             q8k: &q8k,
-            tiled: &[],
-            fused: true,
+            ..Acts::q8(&q8)
         };
         m.matmul(&pool, acts, 1, &mut out);
         dots.push(out[0].to_bits());

@@ -239,6 +239,12 @@ impl CpuBackend {
                 std::iter::repeat_n(t, g.tokens.len())
             })
             .collect();
+        // F16 products of a step of 2+ tokens follow tinyBLAS (llama.cpp's
+        // sgemm takes prompt steps only), one-token steps its vector dot.
+        let gemm: Vec<bool> = segs
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g.tokens.len() >= 2, g.tokens.len()))
+            .collect();
         let max_cap = segs.iter().map(|g| g.cache.capacity).max().unwrap_or(1);
         self.ensure_scratch(s, n, max_cap);
         let (d, hd, dq, dkv) = (c.n_embd, c.head_dim, c.q_dim(), c.kv_dim());
@@ -249,6 +255,16 @@ impl CpuBackend {
         }
         let x = &mut s.x[..n * d];
         for (l, lw) in w.layers.iter().enumerate() {
+            // llama.cpp runs the last layer's feed-forward on the output rows
+            // only (`ggml_get_rows(cur, inp_out_ids)` after the attention):
+            // one row per sequence, so its products take the one-row order
+            // (vector dot, never tinyBLAS or the tiled K-quant matmul). The
+            // other rows' results there are never read.
+            let (ffn_tiled, ffn_gemm): (&[bool], &[bool]) = if l + 1 == w.layers.len() {
+                (&[], &[])
+            } else {
+                (&tiled, &gemm)
+            };
             // Attention.
             rms_norm(x, &lw.attn_norm, c.rms_eps, &mut s.xn[..n * d]);
             let xq = quantize_acts(
@@ -257,6 +273,7 @@ impl CpuBackend {
                 &mut s.xqk,
                 lw.wqkv.needs_q8k(),
                 &tiled,
+                &gemm,
                 self.flavor,
             );
             let qkv = &mut s.qkv[..n * qkv_rows];
@@ -318,6 +335,7 @@ impl CpuBackend {
                 &mut s.attnqk,
                 lw.wo.needs_q8k(),
                 &tiled,
+                &gemm,
                 self.flavor,
             );
             lw.wo.matmul(&self.pool, aq, n, &mut s.proj[..n * d]);
@@ -331,7 +349,8 @@ impl CpuBackend {
                 &mut s.xq,
                 &mut s.xqk,
                 lw.wgu.needs_q8k(),
-                &tiled,
+                ffn_tiled,
+                ffn_gemm,
                 self.flavor,
             );
             let gu = &mut s.gu[..n * 2 * c.n_ff];
@@ -345,7 +364,8 @@ impl CpuBackend {
                 &mut s.actq,
                 &mut s.actqk,
                 lw.w_down.needs_q8k(),
-                &tiled,
+                ffn_tiled,
+                ffn_gemm,
                 self.flavor,
             );
             lw.w_down.matmul(&self.pool, actq, n, &mut s.proj[..n * d]);
@@ -366,10 +386,11 @@ impl CpuBackend {
         for (i, g) in segs.iter().enumerate() {
             end += g.tokens.len();
             let last = &x[(end - 1) * d..end * d];
-            rms_norm(last, &w.output_norm, c.rms_eps, &mut s.xn[..d]);
-            quantize_q8_1(&s.xn[..d], &mut s.lastq[i * d / QK..(i + 1) * d / QK]);
+            let xn = &mut s.xn[i * d..(i + 1) * d];
+            rms_norm(last, &w.output_norm, c.rms_eps, xn);
+            quantize_q8_1(xn, &mut s.lastq[i * d / QK..(i + 1) * d / QK]);
             if out_k {
-                quantize_q8_k(&s.xn[..d], &mut s.lastqk[i * d / QK_K..(i + 1) * d / QK_K]);
+                quantize_q8_k(xn, &mut s.lastqk[i * d / QK_K..(i + 1) * d / QK_K]);
             }
         }
         // One output row per sequence: ggml's vector dot, never the tiled path.
@@ -378,6 +399,9 @@ impl CpuBackend {
             q8k: if out_k { &s.lastqk } else { &[] },
             tiled: &[],
             fused: true,
+            x: &s.xn[..n_seg * d],
+            gemm: &[],
+            flavor: self.flavor,
         };
         if let [g] = segs {
             w.output().matmul(&self.pool, lastq, 1, g.logits);
@@ -463,25 +487,31 @@ impl CpuBackend {
 /// multiple of 256 values; the loader checks this).
 /// `tiled`: per row, whether its K-quant products follow ggml's tiled matmul.
 fn quantize_acts<'a>(
-    x: &[f32],
+    x: &'a [f32],
     q8: &'a mut [BlockQ8_1],
     q8k: &'a mut Vec<BlockQ8K>,
     k: bool,
     tiled: &'a [bool],
+    gemm: &'a [bool],
     flavor: Flavor,
 ) -> Acts<'a> {
     let q8 = &mut q8[..x.len() / QK];
     quantize_q8_1(x, q8);
-    if !k {
-        return Acts::q8(q8);
-    }
-    q8k.resize(x.len() / QK_K, BlockQ8K::default());
-    quantize_q8_k(x, q8k);
+    let q8k: &[BlockQ8K] = if k {
+        q8k.resize(x.len() / QK_K, BlockQ8K::default());
+        quantize_q8_k(x, q8k);
+        q8k
+    } else {
+        &[]
+    };
     Acts {
         q8,
         q8k,
         tiled,
         fused: flavor.tiled_fused(),
+        x,
+        gemm,
+        flavor,
     }
 }
 

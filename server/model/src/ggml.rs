@@ -240,6 +240,34 @@ fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
     }
 }
 
+/// One f16 weight row times f16-rounded activations (both widened to f32),
+/// in the order llama.cpp multiplies an F16 matrix: tinyBLAS
+/// (`llamafile_sgemm`, f16 × f16) for a step of 2+ tokens (`gemm`), else
+/// `ggml_vec_dot_f16` (the sgemm path takes prompt steps only).
+pub fn dot_f16(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
+        return unsafe { dot_f16_fma(w, x, gemm, fl) };
+    }
+    dot_f16_body(w, x, gemm, fl)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f16_fma(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
+    dot_f16_body(w, x, gemm, fl)
+}
+
+#[inline(always)]
+fn dot_f16_body(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
+    if gemm {
+        tinyblas_dot(w, x, fl.lanes())
+    } else {
+        vec_dot_f16(w, x, fl.lanes())
+    }
+}
+
 /// Horizontal sum of 16 lanes in GCC's `_mm512_reduce_add_ps` order.
 #[inline(always)]
 fn reduce16(v: &[f32; 16]) -> f32 {

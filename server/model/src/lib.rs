@@ -37,6 +37,7 @@ pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod quant_avx2;
 mod quant_convert;
+pub mod quant_f16;
 pub mod quant_k;
 #[cfg(target_arch = "x86_64")]
 mod quant_k_avx2;

@@ -98,6 +98,11 @@ pub enum QMatrix {
         cols: usize,
         blocks: Vec<BlockQ6K>,
     },
+    F16 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<crate::quant_f16::BlockF16>,
+    },
 }
 
 /// One batch of quantised activations (`n_tok` rows): the Q8_1 blocks every
@@ -114,6 +119,15 @@ pub struct Acts<'a> {
     /// Whether the tiled K-quant products accumulate with one fma
     /// ([`crate::ggml::Flavor::tiled_fused`]).
     pub fused: bool,
+    /// The activations themselves (`n_tok × cols`), for F16 matrices, which
+    /// round them to f16 instead of quantising; empty when no F16 matrix
+    /// consumes them.
+    pub x: &'a [f32],
+    /// Per token, whether its sequence's step has 2+ tokens (F16 products
+    /// then follow tinyBLAS, else `ggml_vec_dot_f16`); empty means none.
+    pub gemm: &'a [bool],
+    /// Whose lane order F16 products follow (`model.numerics`).
+    pub flavor: crate::ggml::Flavor,
 }
 
 impl<'a> Acts<'a> {
@@ -124,6 +138,9 @@ impl<'a> Acts<'a> {
             q8k: &[],
             tiled: &[],
             fused: true,
+            x: &[],
+            gemm: &[],
+            flavor: crate::ggml::Flavor::Avx2,
         }
     }
 }
@@ -172,6 +189,7 @@ macro_rules! with_blocks {
             QMatrix::Q4K { blocks: $b, .. } => $e,
             QMatrix::Q5K { blocks: $b, .. } => $e,
             QMatrix::Q6K { blocks: $b, .. } => $e,
+            QMatrix::F16 { blocks: $b, .. } => $e,
         }
     };
 }
@@ -268,7 +286,8 @@ impl QMatrix {
             | QMatrix::Q5_1 { rows, cols, .. }
             | QMatrix::Q4K { rows, cols, .. }
             | QMatrix::Q5K { rows, cols, .. }
-            | QMatrix::Q6K { rows, cols, .. } => (*rows, *cols),
+            | QMatrix::Q6K { rows, cols, .. }
+            | QMatrix::F16 { rows, cols, .. } => (*rows, *cols),
         }
     }
     pub fn rows(&self) -> usize {
@@ -286,6 +305,7 @@ impl QMatrix {
             QMatrix::Q4K { .. } => "q4_K",
             QMatrix::Q5K { .. } => "q5_K",
             QMatrix::Q6K { .. } => "q6_K",
+            QMatrix::F16 { .. } => "f16",
         }
     }
 
@@ -365,6 +385,9 @@ impl QMatrix {
     /// activations `xq` (`n_tok × cols/32` Q8_1 blocks, or for K-quants
     /// `n_tok × cols/256` Q8_K blocks), rows split over the pool.
     pub fn matmul(&self, pool: &ThreadPool, xq: Acts<'_>, n_tok: usize, out: &mut [f32]) {
+        if let QMatrix::F16 { blocks, .. } = self {
+            return self.matmul_f16(blocks, pool, xq, n_tok, out);
+        }
         let rows = self.rows();
         let nb = if self.needs_q8k() {
             assert_eq!(
@@ -422,6 +445,65 @@ impl QMatrix {
                 r0 = r1;
             }
         });
+    }
+}
+
+impl QMatrix {
+    /// [`QMatrix::matmul`] of an F16 matrix (see `quant_f16`): every row is
+    /// widened once into a scratch row, then dotted with each token's
+    /// f16-rounded activations.
+    fn matmul_f16(
+        &self,
+        blocks: &[crate::quant_f16::BlockF16],
+        pool: &ThreadPool,
+        xq: Acts<'_>,
+        n_tok: usize,
+        out: &mut [f32],
+    ) {
+        let (rows, cols) = self.dims();
+        assert_eq!(
+            xq.x.len(),
+            n_tok * cols,
+            "F16 products need the activations"
+        );
+        assert_eq!(out.len(), n_tok * rows, "output length");
+        let mut x16 = Vec::new();
+        crate::quant_f16::round_acts(xq.x, &mut x16);
+        let gemm = |t: usize| xq.gemm.get(t).copied().unwrap_or(false);
+        let nb = cols / QK;
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        pool.run(&|i, n| {
+            let range = split_range(rows, i, n, 16);
+            let out_ptr = &out_ptr;
+            let mut w = vec![0f32; cols];
+            for r in range {
+                crate::quant_f16::BlockF16::dequant(&blocks[r * nb..(r + 1) * nb], &mut w);
+                for t in 0..n_tok {
+                    let d = crate::ggml::dot_f16(
+                        &w,
+                        &x16[t * cols..(t + 1) * cols],
+                        gemm(t),
+                        xq.flavor,
+                    );
+                    // SAFETY: each thread writes only its own rows `r` of
+                    // every token (`split_range` partitions `0..rows`), and
+                    // `out` outlives `pool.run`; `t * rows + r < out.len()`.
+                    unsafe { *out_ptr.0.add(t * rows + r) = d };
+                }
+            }
+        });
+    }
+
+    /// From raw GGUF F16 bytes (2 bytes per value).
+    pub fn from_f16_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        if !whole_rows(rows, cols, QK, 2 * QK, raw) {
+            return None;
+        }
+        Some(QMatrix::F16 {
+            rows,
+            cols,
+            blocks: crate::quant_f16::blocks_from_bytes(raw)?,
+        })
     }
 }
 

@@ -142,6 +142,7 @@ impl QMatrix {
             QMatrix::Q4K { .. } => cat!(Q4K),
             QMatrix::Q5K { .. } => cat!(Q5K),
             QMatrix::Q6K { .. } => cat!(Q6K),
+            QMatrix::F16 { .. } => cat!(F16),
         })
     }
 

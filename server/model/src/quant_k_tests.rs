@@ -81,6 +81,7 @@ fn k_matmul(
         q8k: a,
         tiled,
         fused,
+        ..Acts::q8(&[])
     };
     m.matmul(pool, acts, 1, &mut out);
     out

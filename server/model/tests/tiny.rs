@@ -540,6 +540,45 @@ fn k_quant_model_loads_and_runs() {
     }
 }
 
+/// F16 weights (the tiny model's attention output) stay f16, not Q8_0;
+/// a prompt step (tinyBLAS order) and one-token steps (vector-dot order)
+/// agree closely, and a batched decode equals each sequence alone bit for
+/// bit (a row's order depends only on its own sequence's step).
+#[test]
+fn f16_weights_are_kept_and_batched_decode_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
+    let f = m.weight_formats();
+    assert_eq!(f.get("f16"), Some(&LAYERS), "{f:?}");
+    let toks: Vec<u32> = vec![1, 40, 41, 42, 100, 7, 9, 250, 33, 12];
+    let mut inc = m.new_session().unwrap();
+    inc.prefill(&toks[..3]).unwrap();
+    for (i, &t) in toks.iter().enumerate().skip(3) {
+        let step = inc.decode(t).unwrap().to_vec();
+        let mut full = m.new_session().unwrap();
+        let d = max_diff(&step, full.prefill(&toks[..=i]).unwrap());
+        assert!(d <= 1e-3, "position {i}: decode vs prefill differ by {d}");
+    }
+    let prompts: [&[u32]; 3] = [&toks[..9], &toks[2..4], &toks[..1]];
+    let (mut alone, mut sessions) = (Vec::new(), Vec::new());
+    for p in prompts {
+        let mut s = m.new_session().unwrap();
+        s.prefill(p).unwrap();
+        let mut t = m.new_session().unwrap();
+        t.prefill(p).unwrap();
+        alone.push(t.decode(77).unwrap().to_vec());
+        sessions.push(s);
+    }
+    let mut refs: Vec<&mut _> = sessions.iter_mut().collect();
+    m.decode_batch(&mut refs, &[77, 77, 77]).unwrap();
+    for (s, a) in sessions.iter().zip(&alone) {
+        assert_eq!(
+            s.logits().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
 /// A K-quant tensor cut short by the end of the file is a load error naming
 /// the tensor, its type and the bytes it needs.
 #[test]

@@ -1,0 +1,91 @@
+//! F16 weight matrices kept as f16 (GGUF type F16), multiplied as llama.cpp
+//! multiplies them: the activations rounded to f16 (its `vec_dot_type` for
+//! F16, round to nearest even as F16C's `vcvtps2ph` does), then per output
+//! either tinyBLAS's f16 × f16 dot (`llamafile_sgemm`, which takes steps of
+//! 2+ tokens only) or `ggml_vec_dot_f16` (one-token steps), in the lane
+//! order of the build `model.numerics` mirrors (`crate::ggml::dot_f16`).
+//! Requantising these weights to Q8_0, as the loader did before, moved
+//! log-probabilities by up to 0.24 against llama.cpp on the same file.
+
+#![forbid(unsafe_code)]
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::quant::{QK, WeightBlock};
+
+/// 32 f16 weights.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockF16 {
+    pub v: [f16; QK],
+}
+
+impl WeightBlock for BlockF16 {
+    const VALUES: usize = QK;
+    fn dequant(blocks: &[Self], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            b.v.convert_to_f32_slice(o);
+        }
+    }
+}
+
+/// Blocks from raw little-endian GGUF F16 bytes (64 bytes per block).
+pub fn blocks_from_bytes(raw: &[u8]) -> Option<Vec<BlockF16>> {
+    crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| BlockF16 {
+        v: std::array::from_fn(|i| f16::from_le_bytes([c[2 * i], c[2 * i + 1]])),
+    })
+}
+
+/// `x` rounded to f16 and widened back (exact), as llama.cpp converts the
+/// activations of an F16 product.
+pub fn round_acts(x: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(x.iter().map(|&v| f16::from_f32(v).to_f32()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ggml::{Flavor, dot_f16};
+
+    /// The two orders are each a plain dot product up to rounding, and
+    /// differ from each other in the last bits (else the choice would not
+    /// matter).
+    #[test]
+    fn both_orders_are_dot_products_and_differ_somewhere() {
+        let mut seed = crate::test_rng::Lcg(3);
+        let cols = 576;
+        let mut differ = 0;
+        for _ in 0..50 {
+            let w: Vec<f32> = (0..cols)
+                .map(|_| f16::from_f32(seed.f31()).to_f32())
+                .collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|_| f16::from_f32(seed.f31() * 4.0).to_f32())
+                .collect();
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                let (g, v) = (dot_f16(&w, &x, true, fl), dot_f16(&w, &x, false, fl));
+                for d in [g, v] {
+                    assert!((d as f64 - exact).abs() < 1e-3, "{d} vs {exact}");
+                }
+                differ += (g.to_bits() != v.to_bits()) as usize;
+            }
+        }
+        assert!(differ > 0, "tinyBLAS and vec_dot orders never differed");
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let vals: Vec<f16> = (0..64)
+            .map(|i| f16::from_f32(i as f32 * 0.25 - 3.0))
+            .collect();
+        let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let blocks = blocks_from_bytes(&raw).unwrap();
+        let mut out = vec![0f32; 64];
+        BlockF16::dequant(&blocks, &mut out);
+        assert_eq!(out[5], 5.0 * 0.25 - 3.0);
+        assert!(blocks_from_bytes(&raw[..63]).is_none());
+    }
+}
