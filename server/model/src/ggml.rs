@@ -268,6 +268,165 @@ fn dot_f16_body(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
     }
 }
 
+/// [`dot_f16`] of one row of an F16 matrix (its f16 blocks, read as they
+/// are) with f16-rounded activations `x`.
+pub fn dot_f16_row(w: &[crate::quant_f16::BlockF16], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() && has_f16c() {
+        // SAFETY: the CPU supports avx2, fma and f16c (checked just above).
+        return unsafe { dot_f16_row_simd(w, x, gemm, fl) };
+    }
+    let mut wf = vec![0f32; w.len() * 32];
+    <crate::quant_f16::BlockF16 as crate::quant::WeightBlock>::dequant(w, &mut wf);
+    dot_f16(&wf, x, gemm, fl)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    static F: OnceLock<bool> = OnceLock::new();
+    *F.get_or_init(|| std::arch::is_x86_feature_detected!("f16c"))
+}
+
+/// The lanes of [`dot_f16_row`] in 8-wide vectors, for `T` activation rows
+/// at once (independent fma chains, so the loop is not bound by the fma
+/// latency of one chain): vector `g` (values `8g..8g+8`) is fma'd into
+/// accumulator `g % V`, so lane `i % 8V` accumulates positions `i`,
+/// `i + 8V`, … in order — the scalar lane order of `tinyblas_dot` (`V` = 1
+/// or 2) and `vec_dot_f16` (4 or 8). Written with intrinsics because the
+/// compiler left the scalar form in 128-bit pieces (F16 decode ran at 0.2x
+/// llama.cpp's speed).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_lanes<const V: usize, const T: usize>(
+    w: &[crate::quant_f16::BlockF16],
+    xs: [&[f32]; T],
+    n_vec: usize,
+) -> [[f32; 64]; T] {
+    use std::arch::x86_64::*;
+    assert!(n_vec <= w.len() * 4, "the row covers the vectors");
+    for x in xs {
+        assert!(n_vec * 8 <= x.len(), "the activations cover the vectors");
+    }
+    let mut acc = [[_mm256_setzero_ps(); V]; T];
+    for g in 0..n_vec {
+        let block = &w[g / 4];
+        // SAFETY: values `g % 4 * 8 .. + 8` of a 32-value block (unaligned).
+        let wv = unsafe {
+            _mm256_cvtph_ps(_mm_loadu_si128(
+                block.v.as_ptr().add(g % 4 * 8) as *const __m128i
+            ))
+        };
+        for t in 0..T {
+            // SAFETY: `8g + 8 <= x.len()` (asserted above); unaligned.
+            let xv = unsafe { _mm256_loadu_ps(xs[t].as_ptr().add(8 * g)) };
+            acc[t][g % V] = _mm256_fmadd_ps(wv, xv, acc[t][g % V]);
+        }
+    }
+    let mut out = [[0f32; 64]; T];
+    for t in 0..T {
+        for (v, a) in acc[t].iter().enumerate() {
+            // SAFETY: `8v + 8 <= 8V <= 64`.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr().add(8 * v), *a) };
+        }
+    }
+    out
+}
+
+/// [`dot_f16_row`] for four activation rows of tinyBLAS steps at once
+/// (tinyBLAS itself runs blocks of rows × tokens): each result equals
+/// `dot_f16_row(w, xs[t], true, fl)` bit for bit.
+pub fn dot_f16_row_x4(w: &[crate::quant_f16::BlockF16], xs: [&[f32]; 4], fl: Flavor) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() && has_f16c() {
+        // SAFETY: the CPU supports avx2, fma and f16c (checked just above).
+        return unsafe { gemm_f16_row_x4_simd(w, xs, fl) };
+    }
+    xs.map(|x| dot_f16_row(w, x, true, fl))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_f16_row_x4_simd(
+    w: &[crate::quant_f16::BlockF16],
+    xs: [&[f32]; 4],
+    fl: Flavor,
+) -> [f32; 4] {
+    let n = xs.iter().fold(w.len() * 32, |n, x| n.min(x.len()));
+    let lanes = fl.lanes();
+    let c = n / lanes * lanes;
+    // SAFETY: avx2, fma and f16c are enabled in this function.
+    let acc = unsafe {
+        if fl == Flavor::Avx512 {
+            f16_lanes::<2, 4>(w, xs, c / 8)
+        } else {
+            f16_lanes::<1, 4>(w, xs, c / 8)
+        }
+    };
+    std::array::from_fn(|t| {
+        let first: &[f32; 16] = acc[t].first_chunk().expect("64 lanes");
+        let mut s = if lanes == 16 {
+            reduce16(first)
+        } else {
+            reduce8(first)
+        };
+        for i in c..n {
+            s += w[i / 32].v[i % 32].to_f32() * xs[t][i];
+        }
+        s
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_row_simd(
+    w: &[crate::quant_f16::BlockF16],
+    x: &[f32],
+    gemm: bool,
+    fl: Flavor,
+) -> f32 {
+    let n = (w.len() * 32).min(x.len());
+    let value = |i: usize| w[i / 32].v[i % 32].to_f32();
+    let wide = fl == Flavor::Avx512;
+    if gemm {
+        let lanes = fl.lanes();
+        let c = n / lanes * lanes;
+        // SAFETY: avx2, fma and f16c are enabled in this function.
+        let [acc] = unsafe {
+            if wide {
+                f16_lanes::<2, 1>(w, [x], c / 8)
+            } else {
+                f16_lanes::<1, 1>(w, [x], c / 8)
+            }
+        };
+        let first: &[f32; 16] = acc.first_chunk().expect("64 lanes");
+        let mut s = if wide {
+            reduce16(first)
+        } else {
+            reduce8(first)
+        };
+        for i in c..n {
+            s += value(i) * x[i];
+        }
+        s
+    } else {
+        let step = 4 * fl.lanes();
+        let np = n / step * step;
+        // SAFETY: as above.
+        let [acc] = unsafe {
+            if wide {
+                f16_lanes::<8, 1>(w, [x], np / 8)
+            } else {
+                f16_lanes::<4, 1>(w, [x], np / 8)
+            }
+        };
+        let mut s = reduce_vec_dot(&acc, fl.lanes());
+        for i in np..n {
+            s += (value(i) * x[i]) as f64;
+        }
+        s as f32
+    }
+}
+
 /// Horizontal sum of 16 lanes in GCC's `_mm512_reduce_add_ps` order.
 #[inline(always)]
 fn reduce16(v: &[f32; 16]) -> f32 {
@@ -421,16 +580,29 @@ fn attention_body(h: &Head<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [
 /// for head sizes that are multiples of `w`) added after.
 #[inline(always)]
 fn tinyblas_dot(a: &[f32], b: &[f32], w: usize) -> f32 {
-    let n = a.len();
-    let mut lanes = [0f32; 16];
-    let mut c = 0;
-    while c + w <= n {
-        for e in 0..w {
-            lanes[e] = a[c + e].mul_add(b[c + e], lanes[e]);
-        }
-        c += w;
+    // A constant lane count lets the compiler keep the lanes in vector
+    // registers (one fma per chunk); a run-time count left this scalar
+    // (F16 weight products ran at 0.2x llama.cpp's speed).
+    if w == 16 {
+        tinyblas_dot_w::<16>(a, b)
+    } else {
+        tinyblas_dot_w::<8>(a, b)
     }
-    let mut s = if w == 16 {
+}
+
+#[inline(always)]
+fn tinyblas_dot_w<const W: usize>(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut lanes = [0f32; 16];
+    let (ca, cb) = (a[..n].chunks_exact(W), b[..n].chunks_exact(W));
+    let c = n / W * W;
+    for (x, y) in ca.zip(cb) {
+        let (x, y): (&[f32; W], &[f32; W]) = (x.try_into().unwrap(), y.try_into().unwrap());
+        for e in 0..W {
+            lanes[e] = x[e].mul_add(y[e], lanes[e]);
+        }
+    }
+    let mut s = if W == 16 {
         reduce16(&lanes)
     } else {
         reduce8(&lanes)
@@ -445,16 +617,23 @@ fn tinyblas_dot(a: &[f32], b: &[f32], w: usize) -> f32 {
 /// four vectors reduced pairwise then horizontally, leftovers in f64.
 #[inline(always)]
 fn vec_dot_f16(a: &[f32], b: &[f32], w: usize) -> f32 {
-    let n = a.len();
-    let step = 4 * w;
-    let np = n / step * step;
+    if w == 16 {
+        vec_dot_f16_w::<64>(a, b, 16)
+    } else {
+        vec_dot_f16_w::<32>(a, b, 8)
+    }
+}
+
+#[inline(always)]
+fn vec_dot_f16_w<const STEP: usize>(a: &[f32], b: &[f32], w: usize) -> f32 {
+    let n = a.len().min(b.len());
+    let np = n / STEP * STEP;
     let mut lanes = [0f32; 64];
-    let mut c = 0;
-    while c < np {
-        for e in 0..step {
-            lanes[e] = a[c + e].mul_add(b[c + e], lanes[e]);
+    for (x, y) in a[..np].chunks_exact(STEP).zip(b[..np].chunks_exact(STEP)) {
+        let (x, y): (&[f32; STEP], &[f32; STEP]) = (x.try_into().unwrap(), y.try_into().unwrap());
+        for e in 0..STEP {
+            lanes[e] = x[e].mul_add(y[e], lanes[e]);
         }
-        c += step;
     }
     let mut s = reduce_vec_dot(&lanes, w);
     for i in np..n {

@@ -449,9 +449,8 @@ impl QMatrix {
 }
 
 impl QMatrix {
-    /// [`QMatrix::matmul`] of an F16 matrix (see `quant_f16`): every row is
-    /// widened once into a scratch row, then dotted with each token's
-    /// f16-rounded activations.
+    /// [`QMatrix::matmul`] of an F16 matrix (see `quant_f16`): every row
+    /// dotted with each token's f16-rounded activations.
     fn matmul_f16(
         &self,
         blocks: &[crate::quant_f16::BlockF16],
@@ -475,20 +474,30 @@ impl QMatrix {
         pool.run(&|i, n| {
             let range = split_range(rows, i, n, 16);
             let out_ptr = &out_ptr;
-            let mut w = vec![0f32; cols];
+            let x = |t: usize| &x16[t * cols..(t + 1) * cols];
             for r in range {
-                crate::quant_f16::BlockF16::dequant(&blocks[r * nb..(r + 1) * nb], &mut w);
-                for t in 0..n_tok {
-                    let d = crate::ggml::dot_f16(
-                        &w,
-                        &x16[t * cols..(t + 1) * cols],
-                        gemm(t),
-                        xq.flavor,
-                    );
-                    // SAFETY: each thread writes only its own rows `r` of
-                    // every token (`split_range` partitions `0..rows`), and
-                    // `out` outlives `pool.run`; `t * rows + r < out.len()`.
-                    unsafe { *out_ptr.0.add(t * rows + r) = d };
+                let w = &blocks[r * nb..(r + 1) * nb];
+                let mut t = 0;
+                while t < n_tok {
+                    // Four tinyBLAS tokens at once (independent fma chains).
+                    let four = t + 4 <= n_tok && (t..t + 4).all(gemm);
+                    let ds: &[f32] = if four {
+                        &crate::ggml::dot_f16_row_x4(
+                            w,
+                            [x(t), x(t + 1), x(t + 2), x(t + 3)],
+                            xq.flavor,
+                        )
+                    } else {
+                        &[crate::ggml::dot_f16_row(w, x(t), gemm(t), xq.flavor)]
+                    };
+                    for (k, &d) in ds.iter().enumerate() {
+                        // SAFETY: each thread writes only its own rows `r`
+                        // of every token (`split_range` partitions
+                        // `0..rows`), and `out` outlives `pool.run`;
+                        // `(t + k) * rows + r < out.len()`.
+                        unsafe { *out_ptr.0.add((t + k) * rows + r) = d };
+                    }
+                    t += ds.len();
                 }
             }
         });

@@ -76,6 +76,39 @@ mod tests {
         assert!(differ > 0, "tinyBLAS and vec_dot orders never differed");
     }
 
+    /// The row kernel (intrinsics where the CPU has them) computes the
+    /// scalar lane order's bits, tails included.
+    #[test]
+    fn row_kernel_equals_the_scalar_order_bit_for_bit() {
+        let mut seed = crate::test_rng::Lcg(9);
+        for cols in [32, 64, 96, 576, 1536] {
+            let w: Vec<BlockF16> = (0..cols / QK)
+                .map(|_| BlockF16 {
+                    v: std::array::from_fn(|_| f16::from_f32(seed.f31())),
+                })
+                .collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|_| f16::from_f32(seed.f31() * 3.0).to_f32())
+                .collect();
+            let mut wf = vec![0f32; cols];
+            BlockF16::dequant(&w, &mut wf);
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                for gemm in [false, true] {
+                    let a = crate::ggml::dot_f16_row(&w, &x, gemm, fl);
+                    let b = dot_f16(&wf, &x, gemm, fl);
+                    assert_eq!(a.to_bits(), b.to_bits(), "cols {cols} {fl:?} gemm {gemm}");
+                }
+                let four = crate::ggml::dot_f16_row_x4(&w, [&x, &wf, &x, &wf], fl);
+                let one = [&x, &wf, &x, &wf].map(|v| crate::ggml::dot_f16_row(&w, v, true, fl));
+                assert_eq!(
+                    four.map(f32::to_bits),
+                    one.map(f32::to_bits),
+                    "x4, cols {cols}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn bytes_round_trip() {
         let vals: Vec<f16> = (0..64)
