@@ -404,8 +404,8 @@ unsafe fn dot_f16_row_simd(
         } else {
             reduce8(first)
         };
-        for i in c..n {
-            s += value(i) * x[i];
+        for (i, xi) in x.iter().enumerate().take(n).skip(c) {
+            s += value(i) * xi;
         }
         s
     } else {
@@ -420,8 +420,8 @@ unsafe fn dot_f16_row_simd(
             }
         };
         let mut s = reduce_vec_dot(&acc, fl.lanes());
-        for i in np..n {
-            s += (value(i) * x[i]) as f64;
+        for (i, xi) in x.iter().enumerate().take(n).skip(np) {
+            s += (value(i) * xi) as f64;
         }
         s as f32
     }
