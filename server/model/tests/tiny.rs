@@ -517,9 +517,13 @@ fn k_quant_model_loads_and_runs() {
         assert!(d <= 1e-3, "position {i}: decode vs prefill differ by {d}");
     }
     // Batched decode equals each sequence alone, bit for bit.
-    let prompts: [&[u32]; 3] = [&toks[..9], &toks[2..5], &toks[..1]];
-    let mut alone = Vec::new();
-    let mut sessions = Vec::new();
+    assert_batched_decode_equals_alone(&m, &[&toks[..9], &toks[2..5], &toks[..1]]);
+}
+
+/// One decode step of token 77 for the sessions of `prompts` batched
+/// together gives each the logits it gets alone, bit for bit.
+fn assert_batched_decode_equals_alone(m: &Model, prompts: &[&[u32]]) {
+    let (mut alone, mut sessions) = (Vec::new(), Vec::new());
     for p in prompts {
         let mut s = m.new_session().unwrap();
         s.prefill(p).unwrap();
@@ -529,13 +533,12 @@ fn k_quant_model_loads_and_runs() {
         sessions.push(s);
     }
     let mut refs: Vec<&mut _> = sessions.iter_mut().collect();
-    m.decode_batch(&mut refs, &[77, 77, 77]).unwrap();
-    for (s, a) in sessions.iter().zip(&alone) {
-        assert!(
-            s.logits()
-                .iter()
-                .zip(a)
-                .all(|(x, y)| x.to_bits() == y.to_bits())
+    m.decode_batch(&mut refs, &vec![77; prompts.len()]).unwrap();
+    for (i, (s, a)) in sessions.iter().zip(&alone).enumerate() {
+        assert_eq!(
+            s.logits().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "sequence {i}"
         );
     }
 }
@@ -559,24 +562,7 @@ fn f16_weights_are_kept_and_batched_decode_is_bit_identical() {
         let d = max_diff(&step, full.prefill(&toks[..=i]).unwrap());
         assert!(d <= 1e-3, "position {i}: decode vs prefill differ by {d}");
     }
-    let prompts: [&[u32]; 3] = [&toks[..9], &toks[2..4], &toks[..1]];
-    let (mut alone, mut sessions) = (Vec::new(), Vec::new());
-    for p in prompts {
-        let mut s = m.new_session().unwrap();
-        s.prefill(p).unwrap();
-        let mut t = m.new_session().unwrap();
-        t.prefill(p).unwrap();
-        alone.push(t.decode(77).unwrap().to_vec());
-        sessions.push(s);
-    }
-    let mut refs: Vec<&mut _> = sessions.iter_mut().collect();
-    m.decode_batch(&mut refs, &[77, 77, 77]).unwrap();
-    for (s, a) in sessions.iter().zip(&alone) {
-        assert_eq!(
-            s.logits().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
-    }
+    assert_batched_decode_equals_alone(&m, &[&toks[..9], &toks[2..4], &toks[..1]]);
 }
 
 /// A K-quant tensor cut short by the end of the file is a load error naming
