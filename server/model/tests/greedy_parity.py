@@ -102,8 +102,9 @@ def known_kquant_divergence(info):
     requantised Q4_K_M and Q5_K_M files diverge after a few tokens, with
     log-probabilities off by up to ~0.18 over the common prefix, although
     every row product equals ggml's bit for bit (kquant_parity.py) and the
-    Q4_1 model stays equal: some other K-quant-model operation of that build
-    is not reproduced yet. Against an AVX2 build (`portable`, on any CPU) the
+    Q4_1 model stays equal: that build's tiled K-quant matmul (its VNNI
+    microkernel, taken for steps of 8+ tokens) is not reproduced yet — steps
+    of 1 to 7 tokens give its logits bit for bit. Against an AVX2 build (`portable`, on any CPU) the
     check is strict. The divergence is printed in full either way
     (docs/PERFORMANCE.md, "Model formats")."""
     return "llama.cpp's AVX-512 build" if "AVX512 = 1" in info else None
