@@ -303,7 +303,7 @@ impl GgufFile {
     }
 
     /// A `rows × cols` weight matrix in a kernel format: Q4_1, Q5_0, Q5_1, Q8_0,
-    /// Q4_K, Q5_K, Q6_K and F16 kept as they are, Q4_0 as the equal Q8_0 blocks,
+    /// Q4_K, Q5_K, Q6_K, F16 and BF16 kept as they are, Q4_0 as the equal Q8_0 blocks,
     /// everything else requantised to Q8_0. A tensor cut short by
     /// the end of the file is a [`ModelError::Truncated`] naming it and the
     /// byte range it needs (see [`Self::raw`]).
@@ -326,6 +326,7 @@ impl GgufFile {
             GgmlDType::Q8_0 => Some(QMatrix::from_q8_0_bytes),
             GgmlDType::Q4_1 => Some(QMatrix::from_q4_1_bytes),
             GgmlDType::F16 => Some(QMatrix::from_f16_bytes),
+            GgmlDType::BF16 => Some(QMatrix::from_bf16_bytes),
             GgmlDType::Q5_0 => Some(QMatrix::from_q5_0_bytes),
             GgmlDType::Q5_1 => Some(QMatrix::from_q5_1_bytes),
             GgmlDType::Q4_0 => Some(|r, c, raw| QMatrix::q8_0_from_q4_0_or_q5_0(false, r, c, raw)),

@@ -103,6 +103,11 @@ pub enum QMatrix {
         cols: usize,
         blocks: Vec<crate::quant_f16::BlockF16>,
     },
+    Bf16 {
+        rows: usize,
+        cols: usize,
+        blocks: Vec<crate::quant_f16::BlockBf16>,
+    },
 }
 
 /// One batch of quantised activations (`n_tok` rows): the Q8_1 blocks every
@@ -190,6 +195,7 @@ macro_rules! with_blocks {
             QMatrix::Q5K { blocks: $b, .. } => $e,
             QMatrix::Q6K { blocks: $b, .. } => $e,
             QMatrix::F16 { blocks: $b, .. } => $e,
+            QMatrix::Bf16 { blocks: $b, .. } => $e,
         }
     };
 }
@@ -287,7 +293,8 @@ impl QMatrix {
             | QMatrix::Q4K { rows, cols, .. }
             | QMatrix::Q5K { rows, cols, .. }
             | QMatrix::Q6K { rows, cols, .. }
-            | QMatrix::F16 { rows, cols, .. } => (*rows, *cols),
+            | QMatrix::F16 { rows, cols, .. }
+            | QMatrix::Bf16 { rows, cols, .. } => (*rows, *cols),
         }
     }
     pub fn rows(&self) -> usize {
@@ -306,6 +313,7 @@ impl QMatrix {
             QMatrix::Q5K { .. } => "q5_K",
             QMatrix::Q6K { .. } => "q6_K",
             QMatrix::F16 { .. } => "f16",
+            QMatrix::Bf16 { .. } => "bf16",
         }
     }
 
@@ -385,8 +393,10 @@ impl QMatrix {
     /// activations `xq` (`n_tok × cols/32` Q8_1 blocks, or for K-quants
     /// `n_tok × cols/256` Q8_K blocks), rows split over the pool.
     pub fn matmul(&self, pool: &ThreadPool, xq: Acts<'_>, n_tok: usize, out: &mut [f32]) {
-        if let QMatrix::F16 { blocks, .. } = self {
-            return self.matmul_f16(blocks, pool, xq, n_tok, out);
+        match self {
+            QMatrix::F16 { blocks, .. } => return self.matmul_half(blocks, pool, xq, n_tok, out),
+            QMatrix::Bf16 { blocks, .. } => return self.matmul_half(blocks, pool, xq, n_tok, out),
+            _ => {}
         }
         let rows = self.rows();
         let nb = if self.needs_q8k() {
@@ -449,11 +459,11 @@ impl QMatrix {
 }
 
 impl QMatrix {
-    /// [`QMatrix::matmul`] of an F16 matrix (see `quant_f16`): every row
-    /// dotted with each token's f16-rounded activations.
-    fn matmul_f16(
+    /// [`QMatrix::matmul`] of an F16 or BF16 matrix (see `quant_f16`):
+    /// every row dotted with each token's activations rounded to its type.
+    fn matmul_half<B: crate::ggml::HalfBlock>(
         &self,
-        blocks: &[crate::quant_f16::BlockF16],
+        blocks: &[B],
         pool: &ThreadPool,
         xq: Acts<'_>,
         n_tok: usize,
@@ -467,7 +477,7 @@ impl QMatrix {
         );
         assert_eq!(out.len(), n_tok * rows, "output length");
         let mut x16 = Vec::new();
-        crate::quant_f16::round_acts(xq.x, &mut x16);
+        crate::quant_f16::round_acts(xq.x, B::BF16, &mut x16);
         let gemm = |t: usize| xq.gemm.get(t).copied().unwrap_or(false);
         let nb = cols / QK;
         let out_ptr = SyncPtr(out.as_mut_ptr());
@@ -482,13 +492,13 @@ impl QMatrix {
                     // Four tinyBLAS tokens at once (independent fma chains).
                     let four = t + 4 <= n_tok && (t..t + 4).all(gemm);
                     let ds: &[f32] = if four {
-                        &crate::ggml::dot_f16_row_x4(
+                        &crate::ggml::dot_half_row_x4(
                             w,
                             [x(t), x(t + 1), x(t + 2), x(t + 3)],
                             xq.flavor,
                         )
                     } else {
-                        &[crate::ggml::dot_f16_row(w, x(t), gemm(t), xq.flavor)]
+                        &[crate::ggml::dot_half_row(w, x(t), gemm(t), xq.flavor)]
                     };
                     for (k, &d) in ds.iter().enumerate() {
                         // SAFETY: each thread writes only its own rows `r`
@@ -501,6 +511,18 @@ impl QMatrix {
                 }
             }
         });
+    }
+
+    /// From raw GGUF BF16 bytes (2 bytes per value).
+    pub fn from_bf16_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
+        if !whole_rows(rows, cols, QK, 2 * QK, raw) {
+            return None;
+        }
+        Some(QMatrix::Bf16 {
+            rows,
+            cols,
+            blocks: crate::quant_f16::bf16_blocks_from_bytes(raw)?,
+        })
     }
 
     /// From raw GGUF F16 bytes (2 bytes per value).

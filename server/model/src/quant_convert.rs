@@ -143,6 +143,7 @@ impl QMatrix {
             QMatrix::Q5K { .. } => cat!(Q5K),
             QMatrix::Q6K { .. } => cat!(Q6K),
             QMatrix::F16 { .. } => cat!(F16),
+            QMatrix::Bf16 { .. } => cat!(Bf16),
         })
     }
 

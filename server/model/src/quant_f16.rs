@@ -1,17 +1,24 @@
-//! F16 weight matrices kept as f16 (GGUF type F16), multiplied as llama.cpp
-//! multiplies them: the activations rounded to f16 (its `vec_dot_type` for
-//! F16, round to nearest even as F16C's `vcvtps2ph` does), then per output
-//! either tinyBLAS's f16 × f16 dot (`llamafile_sgemm`, which takes steps of
-//! 2+ tokens only) or `ggml_vec_dot_f16` (one-token steps), in the lane
-//! order of the build `model.numerics` mirrors (`crate::ggml::dot_f16`).
-//! Requantising these weights to Q8_0, as the loader did before, moved
-//! log-probabilities by up to 0.24 against llama.cpp on the same file.
+//! F16 and BF16 weight matrices kept as stored (GGUF types F16, BF16),
+//! multiplied as llama.cpp multiplies them: the activations rounded to the
+//! weights' type (its `vec_dot_type`, round to nearest even), then per
+//! output either tinyBLAS's dot (`llamafile_sgemm`, which takes steps of 2+
+//! tokens only) or `ggml_vec_dot_f16` / `ggml_vec_dot_bf16` (one-token
+//! steps), in the lane order of the build `model.numerics` mirrors
+//! (`crate::ggml::dot_half_row`). Requantising F16 weights to Q8_0, as the
+//! loader did before, moved log-probabilities by up to 0.24 against
+//! llama.cpp on the same file.
+//!
+//! BF16 has three orders: llama.cpp's AVX2 build (`portable`), its AVX-512F
+//! build, and an AVX-512 build on a CPU with AVX-512 BF16, which multiplies
+//! pairs with `vdpbf16ps` (`crate::ggml::dot_bf16_pairs`, scalar: only
+//! `native` on such CPUs takes it).
 
 #![forbid(unsafe_code)]
 
-use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 
+use crate::ggml::HalfBlock;
 use crate::quant::{QK, WeightBlock};
 
 /// 32 f16 weights.
@@ -30,6 +37,36 @@ impl WeightBlock for BlockF16 {
     }
 }
 
+impl HalfBlock for BlockF16 {
+    const BF16: bool = false;
+    fn bits(&self) -> &[u16; 32] {
+        self.v.reinterpret_cast().try_into().expect("32 values")
+    }
+}
+
+/// 32 bf16 weights.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockBf16 {
+    pub v: [bf16; QK],
+}
+
+impl WeightBlock for BlockBf16 {
+    const VALUES: usize = QK;
+    fn dequant(blocks: &[Self], out: &mut [f32]) {
+        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            b.v.convert_to_f32_slice(o);
+        }
+    }
+}
+
+impl HalfBlock for BlockBf16 {
+    const BF16: bool = true;
+    fn bits(&self) -> &[u16; 32] {
+        self.v.reinterpret_cast().try_into().expect("32 values")
+    }
+}
+
 /// Blocks from raw little-endian GGUF F16 bytes (64 bytes per block).
 pub fn blocks_from_bytes(raw: &[u8]) -> Option<Vec<BlockF16>> {
     crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| BlockF16 {
@@ -37,17 +74,28 @@ pub fn blocks_from_bytes(raw: &[u8]) -> Option<Vec<BlockF16>> {
     })
 }
 
-/// `x` rounded to f16 and widened back (exact), as llama.cpp converts the
-/// activations of an F16 product.
-pub fn round_acts(x: &[f32], out: &mut Vec<f32>) {
+/// Blocks from raw little-endian GGUF BF16 bytes (64 bytes per block).
+pub fn bf16_blocks_from_bytes(raw: &[u8]) -> Option<Vec<BlockBf16>> {
+    crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| BlockBf16 {
+        v: std::array::from_fn(|i| bf16::from_le_bytes([c[2 * i], c[2 * i + 1]])),
+    })
+}
+
+/// `x` rounded to f16 (`to_bf16`: bf16) and widened back (exact), as
+/// llama.cpp converts the activations of an F16 (BF16) product.
+pub fn round_acts(x: &[f32], to_bf16: bool, out: &mut Vec<f32>) {
     out.clear();
-    out.extend(x.iter().map(|&v| f16::from_f32(v).to_f32()));
+    if to_bf16 {
+        out.extend(x.iter().map(|&v| bf16::from_f32(v).to_f32()));
+    } else {
+        out.extend(x.iter().map(|&v| f16::from_f32(v).to_f32()));
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ggml::{Flavor, dot_f16};
+    use crate::ggml::{Flavor, dot_f16, dot_half_row, dot_half_row_x4};
 
     /// The two orders are each a plain dot product up to rounding, and
     /// differ from each other in the last bits (else the choice would not
@@ -94,12 +142,56 @@ mod tests {
             BlockF16::dequant(&w, &mut wf);
             for fl in [Flavor::Avx2, Flavor::Avx512] {
                 for gemm in [false, true] {
-                    let a = crate::ggml::dot_f16_row(&w, &x, gemm, fl);
+                    let a = dot_half_row(&w, &x, gemm, fl);
                     let b = dot_f16(&wf, &x, gemm, fl);
                     assert_eq!(a.to_bits(), b.to_bits(), "cols {cols} {fl:?} gemm {gemm}");
                 }
-                let four = crate::ggml::dot_f16_row_x4(&w, [&x, &wf, &x, &wf], fl);
-                let one = [&x, &wf, &x, &wf].map(|v| crate::ggml::dot_f16_row(&w, v, true, fl));
+                let four = dot_half_row_x4(&w, [&x, &wf, &x, &wf], fl);
+                let one = [&x, &wf, &x, &wf].map(|v| dot_half_row(&w, v, true, fl));
+                assert_eq!(
+                    four.map(f32::to_bits),
+                    one.map(f32::to_bits),
+                    "x4, cols {cols}"
+                );
+            }
+        }
+    }
+
+    /// BF16 rows: the intrinsics equal the scalar lane order (both
+    /// builds' vector-dot reductions, tinyBLAS, the four-token form).
+    #[test]
+    fn bf16_row_kernel_equals_the_scalar_order_bit_for_bit() {
+        let mut seed = crate::test_rng::Lcg(11);
+        for cols in [32, 64, 96, 576, 1536] {
+            let w: Vec<BlockBf16> = (0..cols / QK)
+                .map(|_| BlockBf16 {
+                    v: std::array::from_fn(|_| bf16::from_f32(seed.f31())),
+                })
+                .collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|_| bf16::from_f32(seed.f31() * 3.0).to_f32())
+                .collect();
+            let mut wf = vec![0f32; cols];
+            BlockBf16::dequant(&w, &mut wf);
+            let exact: f64 = wf.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                // AVX-512 on a CPU with AVX-512 BF16: the vdpbf16ps pairs.
+                let pairs = fl == Flavor::Avx512 && crate::ggml::has_avx512_bf16();
+                for gemm in [false, true] {
+                    let a = dot_half_row(&w, &x, gemm, fl);
+                    let b = if pairs {
+                        crate::ggml::dot_bf16_pairs(&w, &x, gemm)
+                    } else {
+                        crate::ggml::dot_half_row_scalar(&w, &x, gemm, fl)
+                    };
+                    assert_eq!(a.to_bits(), b.to_bits(), "cols {cols} {fl:?} gemm {gemm}");
+                    assert!((a as f64 - exact).abs() < 1e-3, "{a} vs {exact}");
+                    // The pair order is a different sum than the lanes'.
+                    let lanes = crate::ggml::dot_half_row_scalar(&w, &x, gemm, fl);
+                    assert!((lanes as f64 - exact).abs() < 1e-3, "{lanes} vs {exact}");
+                }
+                let four = dot_half_row_x4(&w, [&x, &wf, &x, &wf], fl);
+                let one = [&x, &wf, &x, &wf].map(|v| dot_half_row(&w, v, true, fl));
                 assert_eq!(
                     four.map(f32::to_bits),
                     one.map(f32::to_bits),

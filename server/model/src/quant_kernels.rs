@@ -104,7 +104,9 @@ impl Kernels {
             (QMatrix::Q4K { blocks, .. }, Some(f)) => (self.q4k_t)(part(blocks, c, r), ak, dst, f),
             (QMatrix::Q5K { blocks, .. }, Some(f)) => (self.q5k_t)(part(blocks, c, r), ak, dst, f),
             (QMatrix::Q6K { blocks, .. }, Some(f)) => (self.q6k_t)(part(blocks, c, r), ak, dst, f),
-            (QMatrix::F16 { .. }, _) => unreachable!("F16 products run in QMatrix::matmul_f16"),
+            (QMatrix::F16 { .. } | QMatrix::Bf16 { .. }, _) => {
+                unreachable!("F16/BF16 products run in QMatrix::matmul_half")
+            }
         }
     }
 }
