@@ -70,6 +70,8 @@ struct Formats {
     gate_up: GgmlDType,
     down: [GgmlDType; LAYERS],
     ff: usize,
+    /// The attention output projection's format (F16 or BF16: kept).
+    attn_out: GgmlDType,
 }
 
 /// The default tiny model's formats: Q4_1 and Q8_0 kept, F32/F16
@@ -79,6 +81,13 @@ const MIXED: Formats = Formats {
     gate_up: GgmlDType::Q4_1,
     down: [GgmlDType::F32; LAYERS],
     ff: FF,
+    attn_out: GgmlDType::F16,
+};
+
+/// [`MIXED`] with a BF16 attention output projection.
+const MIXED_BF16: Formats = Formats {
+    attn_out: GgmlDType::BF16,
+    ..MIXED
 };
 
 /// A Q4_K_M-like tiny model: Q5_0 fallbacks for the 64-wide rows, Q4_K and
@@ -88,6 +97,7 @@ const K_QUANTS: Formats = Formats {
     gate_up: GgmlDType::Q5_0,
     down: [GgmlDType::Q4K, GgmlDType::Q6K],
     ff: 256,
+    attn_out: GgmlDType::F16,
 };
 
 /// Writes a tiny model; `arch` is written to `general.architecture` (and
@@ -125,7 +135,7 @@ fn write_model_pre(path: &Path, arch: &str, fm: &Formats, pre: &str) {
             ("attn_q.weight", D, D, 0.3, fm.qk),
             ("attn_k.weight", dkv, D, 0.3, fm.qk),
             ("attn_v.weight", dkv, D, 0.3, GgmlDType::Q8_0),
-            ("attn_output.weight", D, D, 0.2, GgmlDType::F16),
+            ("attn_output.weight", D, D, 0.2, fm.attn_out),
         ] {
             tensors.push((n(name), matrix(&mut rng, rows, cols, scale, dtype)));
         }
@@ -543,16 +553,24 @@ fn assert_batched_decode_equals_alone(m: &Model, prompts: &[&[u32]]) {
     }
 }
 
-/// F16 weights (the tiny model's attention output) stay f16, not Q8_0;
-/// a prompt step (tinyBLAS order) and one-token steps (vector-dot order)
-/// agree closely, and a batched decode equals each sequence alone bit for
-/// bit (a row's order depends only on its own sequence's step).
+/// F16 and BF16 weights (the tiny model's attention output) stay as
+/// stored, not Q8_0; a prompt step (tinyBLAS order) and one-token steps
+/// (vector-dot order) agree closely, and a batched decode equals each
+/// sequence alone bit for bit (a row's order depends only on its own
+/// sequence's step).
 #[test]
-fn f16_weights_are_kept_and_batched_decode_is_bit_identical() {
+fn f16_and_bf16_weights_are_kept_and_batched_decode_is_bit_identical() {
     let dir = tempfile::tempdir().unwrap();
-    let m = Model::load(&tiny(&dir, "llama"), &opts()).unwrap();
+    for (fm, format) in [(&MIXED, "f16"), (&MIXED_BF16, "bf16")] {
+        let p = dir.path().join(format!("tiny-{format}.gguf"));
+        write_model(&p, "llama", fm);
+        half_precision_model_runs(&Model::load(&p, &opts()).unwrap(), format);
+    }
+}
+
+fn half_precision_model_runs(m: &Model, format: &str) {
     let f = m.weight_formats();
-    assert_eq!(f.get("f16"), Some(&LAYERS), "{f:?}");
+    assert_eq!(f.get(format), Some(&LAYERS), "{f:?}");
     let toks: Vec<u32> = vec![1, 40, 41, 42, 100, 7, 9, 250, 33, 12];
     let mut inc = m.new_session().unwrap();
     inc.prefill(&toks[..3]).unwrap();
@@ -562,7 +580,7 @@ fn f16_weights_are_kept_and_batched_decode_is_bit_identical() {
         let d = max_diff(&step, full.prefill(&toks[..=i]).unwrap());
         assert!(d <= 1e-3, "position {i}: decode vs prefill differ by {d}");
     }
-    assert_batched_decode_equals_alone(&m, &[&toks[..9], &toks[2..4], &toks[..1]]);
+    assert_batched_decode_equals_alone(m, &[&toks[..9], &toks[2..4], &toks[..1]]);
 }
 
 /// A K-quant tensor cut short by the end of the file is a load error naming
