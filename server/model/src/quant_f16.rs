@@ -21,65 +21,50 @@ use half::{bf16, f16};
 use crate::ggml::HalfBlock;
 use crate::quant::{QK, WeightBlock};
 
-/// 32 f16 weights.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BlockF16 {
-    pub v: [f16; QK],
-}
-
-impl WeightBlock for BlockF16 {
-    const VALUES: usize = QK;
-    fn dequant(blocks: &[Self], out: &mut [f32]) {
-        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            b.v.convert_to_f32_slice(o);
+/// A block type of 32 half-precision weights (`$t`: f16 or bf16), its
+/// dequantisation, its bits for the kernels, and its reading from GGUF bytes.
+macro_rules! half_block {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $bf16:expr, $from_bytes:ident) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct $name {
+            pub v: [$t; QK],
         }
-    }
-}
 
-impl HalfBlock for BlockF16 {
-    const BF16: bool = false;
-    fn bits(&self) -> &[u16; 32] {
-        self.v.reinterpret_cast().try_into().expect("32 values")
-    }
-}
-
-/// 32 bf16 weights.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BlockBf16 {
-    pub v: [bf16; QK],
-}
-
-impl WeightBlock for BlockBf16 {
-    const VALUES: usize = QK;
-    fn dequant(blocks: &[Self], out: &mut [f32]) {
-        for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            b.v.convert_to_f32_slice(o);
+        impl WeightBlock for $name {
+            const VALUES: usize = QK;
+            fn dequant(blocks: &[Self], out: &mut [f32]) {
+                for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+                    b.v.convert_to_f32_slice(o);
+                }
+            }
         }
-    }
+
+        impl HalfBlock for $name {
+            const BF16: bool = $bf16;
+            fn bits(&self) -> &[u16; 32] {
+                self.v.reinterpret_cast().try_into().expect("32 values")
+            }
+        }
+
+        /// Blocks from raw little-endian GGUF bytes (64 bytes per block).
+        pub fn $from_bytes(raw: &[u8]) -> Option<Vec<$name>> {
+            crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| $name {
+                v: std::array::from_fn(|i| <$t>::from_le_bytes([c[2 * i], c[2 * i + 1]])),
+            })
+        }
+    };
 }
 
-impl HalfBlock for BlockBf16 {
-    const BF16: bool = true;
-    fn bits(&self) -> &[u16; 32] {
-        self.v.reinterpret_cast().try_into().expect("32 values")
-    }
-}
-
-/// Blocks from raw little-endian GGUF F16 bytes (64 bytes per block).
-pub fn blocks_from_bytes(raw: &[u8]) -> Option<Vec<BlockF16>> {
-    crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| BlockF16 {
-        v: std::array::from_fn(|i| f16::from_le_bytes([c[2 * i], c[2 * i + 1]])),
-    })
-}
-
-/// Blocks from raw little-endian GGUF BF16 bytes (64 bytes per block).
-pub fn bf16_blocks_from_bytes(raw: &[u8]) -> Option<Vec<BlockBf16>> {
-    crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| BlockBf16 {
-        v: std::array::from_fn(|i| bf16::from_le_bytes([c[2 * i], c[2 * i + 1]])),
-    })
-}
+half_block!(
+    /// 32 f16 weights (GGUF F16).
+    BlockF16, f16, false, blocks_from_bytes
+);
+half_block!(
+    /// 32 bf16 weights (GGUF BF16).
+    BlockBf16, bf16, true, bf16_blocks_from_bytes
+);
 
 /// `x` rounded to f16 (`to_bf16`: bf16) and widened back (exact), as
 /// llama.cpp converts the activations of an F16 (BF16) product.
