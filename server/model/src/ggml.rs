@@ -240,34 +240,6 @@ fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
     }
 }
 
-/// One f16 weight row times f16-rounded activations (both widened to f32),
-/// in the order llama.cpp multiplies an F16 matrix: tinyBLAS
-/// (`llamafile_sgemm`, f16 × f16) for a step of 2+ tokens (`gemm`), else
-/// `ggml_vec_dot_f16` (the sgemm path takes prompt steps only).
-pub fn dot_f16(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: `has_fma()` checked that the CPU supports avx2 and fma.
-        return unsafe { dot_f16_fma(w, x, gemm, fl) };
-    }
-    dot_f16_body(w, x, gemm, fl)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f16_fma(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
-    dot_f16_body(w, x, gemm, fl)
-}
-
-#[inline(always)]
-fn dot_f16_body(w: &[f32], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
-    if gemm {
-        tinyblas_dot(w, x, fl.lanes())
-    } else {
-        vec_dot_f16(w, x, fl.lanes())
-    }
-}
-
 /// One row of a half-precision weight matrix: 32-value blocks of f16
 /// (IEEE, widened by F16C) or bf16 (widened by a shift) values.
 pub trait HalfBlock: Sized + Sync {
@@ -314,7 +286,7 @@ pub fn dot_half_row_x4<B: HalfBlock>(w: &[B], xs: [&[f32]; 4], fl: Flavor) -> [f
     #[cfg(target_arch = "x86_64")]
     if has_fma() && has_f16c() {
         // SAFETY: the CPU supports avx2, fma and f16c (checked just above).
-        return unsafe { gemm_half_row_x4_simd(w, xs, fl) };
+        return unsafe { gemm_half_rows_simd(w, xs, fl) };
     }
     xs.map(|x| dot_half_row_scalar(w, x, true, fl))
 }
@@ -488,18 +460,23 @@ unsafe fn half_lanes<B: HalfBlock, const V: usize, const T: usize>(
     out
 }
 
+/// tinyBLAS row products of `T` activation rows at once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_half_row_x4_simd<B: HalfBlock>(w: &[B], xs: [&[f32]; 4], fl: Flavor) -> [f32; 4] {
+unsafe fn gemm_half_rows_simd<B: HalfBlock, const T: usize>(
+    w: &[B],
+    xs: [&[f32]; T],
+    fl: Flavor,
+) -> [f32; T] {
     let n = xs.iter().fold(w.len() * 32, |n, x| n.min(x.len()));
     let lanes = fl.lanes();
     let c = n / lanes * lanes;
     // SAFETY: avx2, fma and f16c are enabled in this function.
     let acc = unsafe {
         if fl == Flavor::Avx512 {
-            half_lanes::<B, 2, 4>(w, xs, c / 8)
+            half_lanes::<B, 2, T>(w, xs, c / 8)
         } else {
-            half_lanes::<B, 1, 4>(w, xs, c / 8)
+            half_lanes::<B, 1, T>(w, xs, c / 8)
         }
     };
     std::array::from_fn(|t| {
@@ -521,7 +498,7 @@ unsafe fn gemm_half_row_x4_simd<B: HalfBlock>(w: &[B], xs: [&[f32]; 4], fl: Flav
 unsafe fn dot_half_row_simd<B: HalfBlock>(w: &[B], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
     if gemm {
         // SAFETY: avx2, fma and f16c are enabled in this function.
-        let [s] = unsafe { gemm_half_row_x4_simd_one(w, x, fl) };
+        let [s] = unsafe { gemm_half_rows_simd(w, [x], fl) };
         return s;
     }
     let n = (w.len() * 32).min(x.len());
@@ -539,33 +516,6 @@ unsafe fn dot_half_row_simd<B: HalfBlock>(w: &[B], x: &[f32], gemm: bool, fl: Fl
         s += (w[i / 32].value(i % 32) * xi) as f64;
     }
     s as f32
-}
-
-/// One tinyBLAS row product (the one-token form of the four-token one).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_half_row_x4_simd_one<B: HalfBlock>(w: &[B], x: &[f32], fl: Flavor) -> [f32; 1] {
-    let n = (w.len() * 32).min(x.len());
-    let lanes = fl.lanes();
-    let c = n / lanes * lanes;
-    // SAFETY: avx2, fma and f16c are enabled in this function.
-    let [acc] = unsafe {
-        if fl == Flavor::Avx512 {
-            half_lanes::<B, 2, 1>(w, [x], c / 8)
-        } else {
-            half_lanes::<B, 1, 1>(w, [x], c / 8)
-        }
-    };
-    let first: &[f32; 16] = acc.first_chunk().expect("64 lanes");
-    let mut s = if lanes == 16 {
-        reduce16(first)
-    } else {
-        reduce8(first)
-    };
-    for (i, xi) in x.iter().enumerate().take(n).skip(c) {
-        s += w[i / 32].value(i % 32) * xi;
-    }
-    [s]
 }
 
 /// Horizontal sum of 16 lanes in GCC's `_mm512_reduce_add_ps` order.
@@ -721,29 +671,16 @@ fn attention_body(h: &Head<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [
 /// for head sizes that are multiples of `w`) added after.
 #[inline(always)]
 fn tinyblas_dot(a: &[f32], b: &[f32], w: usize) -> f32 {
-    // A constant lane count lets the compiler keep the lanes in vector
-    // registers (one fma per chunk); a run-time count left this scalar
-    // (F16 weight products ran at 0.2x llama.cpp's speed).
-    if w == 16 {
-        tinyblas_dot_w::<16>(a, b)
-    } else {
-        tinyblas_dot_w::<8>(a, b)
-    }
-}
-
-#[inline(always)]
-fn tinyblas_dot_w<const W: usize>(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
+    let n = a.len();
     let mut lanes = [0f32; 16];
-    let (ca, cb) = (a[..n].chunks_exact(W), b[..n].chunks_exact(W));
-    let c = n / W * W;
-    for (x, y) in ca.zip(cb) {
-        let (x, y): (&[f32; W], &[f32; W]) = (x.try_into().unwrap(), y.try_into().unwrap());
-        for e in 0..W {
-            lanes[e] = x[e].mul_add(y[e], lanes[e]);
+    let mut c = 0;
+    while c + w <= n {
+        for e in 0..w {
+            lanes[e] = a[c + e].mul_add(b[c + e], lanes[e]);
         }
+        c += w;
     }
-    let mut s = if W == 16 {
+    let mut s = if w == 16 {
         reduce16(&lanes)
     } else {
         reduce8(&lanes)
@@ -758,23 +695,16 @@ fn tinyblas_dot_w<const W: usize>(a: &[f32], b: &[f32]) -> f32 {
 /// four vectors reduced pairwise then horizontally, leftovers in f64.
 #[inline(always)]
 fn vec_dot_f16(a: &[f32], b: &[f32], w: usize) -> f32 {
-    if w == 16 {
-        vec_dot_f16_w::<64>(a, b, 16)
-    } else {
-        vec_dot_f16_w::<32>(a, b, 8)
-    }
-}
-
-#[inline(always)]
-fn vec_dot_f16_w<const STEP: usize>(a: &[f32], b: &[f32], w: usize) -> f32 {
-    let n = a.len().min(b.len());
-    let np = n / STEP * STEP;
+    let n = a.len();
+    let step = 4 * w;
+    let np = n / step * step;
     let mut lanes = [0f32; 64];
-    for (x, y) in a[..np].chunks_exact(STEP).zip(b[..np].chunks_exact(STEP)) {
-        let (x, y): (&[f32; STEP], &[f32; STEP]) = (x.try_into().unwrap(), y.try_into().unwrap());
-        for e in 0..STEP {
-            lanes[e] = x[e].mul_add(y[e], lanes[e]);
+    let mut c = 0;
+    while c < np {
+        for e in 0..step {
+            lanes[e] = a[c + e].mul_add(b[c + e], lanes[e]);
         }
+        c += step;
     }
     let mut s = reduce_vec_dot(&lanes, w);
     for i in np..n {

@@ -80,7 +80,7 @@ pub fn round_acts(x: &[f32], to_bf16: bool, out: &mut Vec<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ggml::{Flavor, dot_f16, dot_half_row, dot_half_row_x4};
+    use crate::ggml::{Flavor, dot_half_row, dot_half_row_scalar, dot_half_row_x4};
 
     /// The two orders are each a plain dot product up to rounding, and
     /// differ from each other in the last bits (else the choice would not
@@ -91,15 +91,22 @@ mod tests {
         let cols = 576;
         let mut differ = 0;
         for _ in 0..50 {
-            let w: Vec<f32> = (0..cols)
-                .map(|_| f16::from_f32(seed.f31()).to_f32())
+            let w: Vec<BlockF16> = (0..cols / QK)
+                .map(|_| BlockF16 {
+                    v: std::array::from_fn(|_| f16::from_f32(seed.f31())),
+                })
                 .collect();
             let x: Vec<f32> = (0..cols)
                 .map(|_| f16::from_f32(seed.f31() * 4.0).to_f32())
                 .collect();
-            let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let mut wf = vec![0f32; cols];
+            BlockF16::dequant(&w, &mut wf);
+            let exact: f64 = wf.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
             for fl in [Flavor::Avx2, Flavor::Avx512] {
-                let (g, v) = (dot_f16(&w, &x, true, fl), dot_f16(&w, &x, false, fl));
+                let (g, v) = (
+                    dot_half_row_scalar(&w, &x, true, fl),
+                    dot_half_row_scalar(&w, &x, false, fl),
+                );
                 for d in [g, v] {
                     assert!((d as f64 - exact).abs() < 1e-3, "{d} vs {exact}");
                 }
@@ -128,7 +135,7 @@ mod tests {
             for fl in [Flavor::Avx2, Flavor::Avx512] {
                 for gemm in [false, true] {
                     let a = dot_half_row(&w, &x, gemm, fl);
-                    let b = dot_f16(&wf, &x, gemm, fl);
+                    let b = dot_half_row_scalar(&w, &x, gemm, fl);
                     assert_eq!(a.to_bits(), b.to_bits(), "cols {cols} {fl:?} gemm {gemm}");
                 }
                 let four = dot_half_row_x4(&w, [&x, &wf, &x, &wf], fl);
@@ -167,12 +174,12 @@ mod tests {
                     let b = if pairs {
                         crate::ggml::dot_bf16_pairs(&w, &x, gemm)
                     } else {
-                        crate::ggml::dot_half_row_scalar(&w, &x, gemm, fl)
+                        dot_half_row_scalar(&w, &x, gemm, fl)
                     };
                     assert_eq!(a.to_bits(), b.to_bits(), "cols {cols} {fl:?} gemm {gemm}");
                     assert!((a as f64 - exact).abs() < 1e-3, "{a} vs {exact}");
                     // The pair order is a different sum than the lanes'.
-                    let lanes = crate::ggml::dot_half_row_scalar(&w, &x, gemm, fl);
+                    let lanes = dot_half_row_scalar(&w, &x, gemm, fl);
                     assert!((lanes as f64 - exact).abs() < 1e-3, "{lanes} vs {exact}");
                 }
                 let four = dot_half_row_x4(&w, [&x, &wf, &x, &wf], fl);
