@@ -49,7 +49,7 @@ pub fn chat_tokens(
         .map(|(i, m)| ChatMessage::new(m.role.clone(), marker(i)))
         .collect();
     let rendered = template.render(&marked)?;
-    let mut tokens = Vec::new();
+    let mut parts: Vec<(&str, bool)> = Vec::with_capacity(2 * messages.len() + 1);
     let mut rest = rendered.as_str();
     for (i, m) in messages.iter().enumerate() {
         let mark = marker(i);
@@ -60,11 +60,11 @@ pub fn chat_tokens(
                  generate.parse_special_in_content = true to accept it as special tokens)"
             )));
         };
-        tokens.extend(tokenizer.encode(markup, i == 0 && tokenizer.add_bos(), true)?);
-        tokens.extend(tokenizer.encode(&m.content, false, false)?);
+        parts.push((markup, true));
+        parts.push((&m.content, false));
         rest = after;
     }
-    // The markup after the last content (BOS, if any, went with the first).
-    tokens.extend(tokenizer.encode(rest, false, true)?);
-    Ok(tokens)
+    // The markup after the last content.
+    parts.push((rest, true));
+    tokenizer.encode_parts(&parts, tokenizer.add_bos())
 }

@@ -47,6 +47,7 @@ mod quant_kernels;
 pub mod quant_q5_0;
 pub mod quant_q5_1;
 pub mod rope;
+mod spm;
 pub mod streamer;
 #[cfg(test)]
 mod test_rng;

@@ -1,22 +1,32 @@
 //! The tokenizer, built from the GGUF metadata itself (`tokenizer.ggml.*`)
 //! with the `tokenizers` crate so that token ids equal llama.cpp's.
 //!
-//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE, never a prefix
-//! space) with the pre-tokenizer family llama.cpp picks for
-//! `tokenizer.ggml.pre` (`crate::pre_tokenizer`: default, GPT-2, SmolLM,
-//! Qwen2 and Llama 3 — whose whole-word vocabulary hits skip the merges, as
-//! llama.cpp's `ignore_merges`); another name is a load error naming it. Control and user-defined tokens (from `tokenizer.ggml.token_type`)
-//! are registered as added tokens, so `<|im_start|>` written in a raw prompt
-//! is one token when special parsing is on (as llama-server does for prompts).
+//! Supported (`tokenizer.ggml.model`):
+//! - `"gpt2"`: byte-level BPE (never a prefix space) with the pre-tokenizer
+//!   family llama.cpp picks for `tokenizer.ggml.pre` (`crate::pre_tokenizer`:
+//!   default, GPT-2, SmolLM, Qwen2 and Llama 3 — whose whole-word vocabulary
+//!   hits skip the merges, as llama.cpp's `ignore_merges`); another name is
+//!   a load error naming it. Control and user-defined tokens (from
+//!   `tokenizer.ggml.token_type`) are registered as added tokens, so
+//!   `<|im_start|>` written in a raw prompt is one token when special
+//!   parsing is on (as llama-server does for prompts).
+//! - `"llama"`: SentencePiece-style merges by `tokenizer.ggml.scores` with
+//!   byte fallback, as llama.cpp runs them (`crate::spm`): Llama 1 and 2,
+//!   Mistral v0.1–v0.3.
 //!
-//! Decoding is byte-level: [`Tokenizer::token_bytes`] gives a token's raw
-//! bytes (which may be part of a UTF-8 character; see [`crate::Utf8Streamer`]).
+//! Another model is a load error naming the key and value.
+//!
+//! Decoding: [`Tokenizer::token_bytes`] gives a token's raw bytes (which may
+//! be part of a UTF-8 character; see [`crate::Utf8Streamer`]): byte-level
+//! for BPE, `▁` as a space and `<0xXX>` as its byte for SentencePiece, as
+//! llama.cpp's `token_to_piece`.
 
 #![forbid(unsafe_code)]
 
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 use crate::pre_tokenizer::PreTokenizer;
+use crate::spm::{Fragment, Special, SpmEncoder};
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::AddedToken;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -68,14 +78,27 @@ const EOG_TEXTS: &[&str] = &[
     "<end_of_utterance>",
 ];
 
-/// The model's tokenizer (see the module docs).
-pub struct Tokenizer {
+/// How text becomes ids: the two vocabulary types llama.cpp calls BPE and
+/// SPM.
+enum Encoder {
+    Bpe(Box<BpeEncoder>),
+    Spm(Box<SpmEncoder>),
+}
+
+/// `tokenizers`' BPE, with and without the control tokens.
+struct BpeEncoder {
     /// Control + user-defined tokens are added tokens (special parsing on).
     with_special: tokenizers::Tokenizer,
-    /// The text of every control token (`<|im_end|>`, …).
-    control_texts: Vec<String>,
     /// Only user-defined tokens are added (special parsing off).
     plain: tokenizers::Tokenizer,
+}
+
+/// The model's tokenizer (see the module docs).
+pub struct Tokenizer {
+    encoder: Encoder,
+    /// The text of every token that special parsing turns into a token and
+    /// plain text does not (`<|im_end|>`, `</s>`, …).
+    control_texts: Vec<String>,
     vocab: Vec<TokenInfo>,
     texts: Vec<String>,
     bos: Option<u32>,
@@ -120,17 +143,143 @@ fn tok_err(gguf: &GgufFile, key: &str, problem: impl Into<String>) -> ModelError
     }
 }
 
+/// The BPE encoder: `tokenizers`' BPE over the GGUF's vocabulary and
+/// merges, with the pre-tokenizer `family`.
+fn bpe_encoder(
+    gguf: &GgufFile,
+    texts: &[String],
+    types: &[i32],
+    family: &PreTokenizer,
+) -> Result<Encoder, ModelError> {
+    let merges: Vec<(String, String)> = match gguf.get("tokenizer.ggml.merges") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                let s = v
+                    .to_string()
+                    .map_err(|e| tok_err(gguf, "tokenizer.ggml.merges", e.to_string()))?;
+                let (l, r) = s.split_once(' ').ok_or_else(|| {
+                    tok_err(
+                        gguf,
+                        "tokenizer.ggml.merges",
+                        format!("merge {s:?} has no space"),
+                    )
+                })?;
+                Ok((l.to_string(), r.to_string()))
+            })
+            .collect::<Result<_, ModelError>>()?,
+        _ => {
+            return Err(tok_err(
+                gguf,
+                "tokenizer.ggml.merges",
+                "missing (needed for BPE)",
+            ));
+        }
+    };
+    // Duplicate strings keep their first id (llama.cpp's map keeps the
+    // last; no shipped BPE vocabulary holds a string twice).
+    let mut vocab = Vocab::default();
+    for (i, t) in texts.iter().enumerate() {
+        vocab.entry(t.clone()).or_insert(i as u32);
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(family.ignore_merges())
+        .build()
+        .map_err(|e| ModelError::Tokenizer(format!("building BPE: {e}")))?;
+    let pre_tok = family.build().map_err(ModelError::Tokenizer)?;
+    let mut plain = tokenizers::Tokenizer::new(bpe);
+    plain.with_pre_tokenizer(Some(pre_tok));
+    let mut with_special = plain.clone();
+    let added = |ty: i32| -> Vec<AddedToken> {
+        (0..texts.len())
+            .filter(|&i| types[i] == ty)
+            .map(|i| AddedToken::from(texts[i].clone(), true).normalized(false))
+            .collect()
+    };
+    let user = added(token_type::USER_DEFINED);
+    let add = |tk: &mut tokenizers::Tokenizer, tokens: Vec<AddedToken>| {
+        tk.add_special_tokens(tokens)
+            .map(|_| ())
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    };
+    add(&mut plain, user.clone())?;
+    add(&mut with_special, user)?;
+    add(&mut with_special, added(token_type::CONTROL))?;
+    Ok(Encoder::Bpe(Box::new(BpeEncoder {
+        with_special,
+        plain,
+    })))
+}
+
+/// The SentencePiece encoder: `tokenizer.ggml.scores`, the special tokens
+/// of `tokenizer.ggml.token_type` and `tokenizer.ggml.add_space_prefix`.
+fn spm_encoder(gguf: &GgufFile, texts: &[String], types: &[i32]) -> Result<Encoder, ModelError> {
+    let key = "tokenizer.ggml.scores";
+    let scores: Vec<f32> = match gguf.get(key) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.to_f32())
+            .collect::<Result<_, _>>()
+            .map_err(|e| tok_err(gguf, key, e.to_string()))?,
+        _ => {
+            return Err(tok_err(
+                gguf,
+                key,
+                "missing (needed for SentencePiece merges)",
+            ));
+        }
+    };
+    if scores.len() != texts.len() {
+        return Err(tok_err(
+            gguf,
+            key,
+            format!("{} entries for {} tokens", scores.len(), texts.len()),
+        ));
+    }
+    let specials = (0..texts.len())
+        .filter_map(|i| {
+            let only_when_parsing_special = match types[i] {
+                token_type::CONTROL | token_type::UNKNOWN => true,
+                token_type::USER_DEFINED => false,
+                _ => return None,
+            };
+            Some(Special {
+                id: i as u32,
+                text: texts[i].clone(),
+                only_when_parsing_special,
+            })
+        })
+        .collect();
+    let add_space_prefix = gguf
+        .get_bool("tokenizer.ggml.add_space_prefix")?
+        .unwrap_or(true);
+    Ok(Encoder::Spm(Box::new(SpmEncoder::new(
+        texts,
+        scores,
+        specials,
+        add_space_prefix,
+    ))))
+}
+
 impl Tokenizer {
     /// Builds the tokenizer from `tokenizer.ggml.*` metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
         let model = gguf.get_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
-        if model != "gpt2" {
-            return Err(tok_err(
-                gguf,
-                "tokenizer.ggml.model",
-                format!("unsupported tokenizer model {model:?} (supported: gpt2 byte-level BPE)"),
-            ));
-        }
+        let spm = match model {
+            "gpt2" => false,
+            "llama" => true,
+            _ => {
+                return Err(tok_err(
+                    gguf,
+                    "tokenizer.ggml.model",
+                    format!(
+                        "unsupported tokenizer model {model:?} (supported: \"gpt2\" byte-level \
+                         BPE, \"llama\" SentencePiece)"
+                    ),
+                ));
+            }
+        };
         let texts: Vec<String> = match gguf.get("tokenizer.ggml.tokens") {
             Some(Value::Array(a)) => a
                 .iter()
@@ -164,83 +313,40 @@ impl Tokenizer {
                 format!("{} entries for {n} tokens", types.len()),
             ));
         }
-        let merges: Vec<(String, String)> = match gguf.get("tokenizer.ggml.merges") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    let s = v
-                        .to_string()
-                        .map_err(|e| tok_err(gguf, "tokenizer.ggml.merges", e.to_string()))?;
-                    let (l, r) = s.split_once(' ').ok_or_else(|| {
-                        tok_err(
-                            gguf,
-                            "tokenizer.ggml.merges",
-                            format!("merge {s:?} has no space"),
-                        )
-                    })?;
-                    Ok((l.to_string(), r.to_string()))
-                })
-                .collect::<Result<_, ModelError>>()?,
-            _ => {
-                return Err(tok_err(
-                    gguf,
-                    "tokenizer.ggml.merges",
-                    "missing (needed for BPE)",
-                ));
-            }
+        // llama.cpp's defaults for a SentencePiece vocabulary without the keys.
+        let (bos_default, eos_default) = if spm {
+            (Some(1), Some(2))
+        } else {
+            (None, None)
         };
-        let id = |key: &str| -> Result<Option<u32>, ModelError> {
+        let id = |key: &str, default: Option<usize>| -> Result<Option<u32>, ModelError> {
             Ok(gguf
                 .get_usize(key)?
+                .or(default)
                 .map(|x| x as u32)
                 .filter(|&x| (x as usize) < n))
         };
-        let bos = id("tokenizer.ggml.bos_token_id")?;
-        let eos = id("tokenizer.ggml.eos_token_id")?;
-        let pre_name = gguf.get_str("tokenizer.ggml.pre")?;
-        let family = PreTokenizer::from_gguf(pre_name)
-            .map_err(|e| tok_err(gguf, "tokenizer.ggml.pre", e))?;
-        let pre = pre_name.unwrap_or("default").to_string();
+        let bos = id("tokenizer.ggml.bos_token_id", bos_default)?;
+        let eos = id("tokenizer.ggml.eos_token_id", eos_default)?;
+        let (encoder, pre, family_adds_bos) = if spm {
+            let encoder = spm_encoder(gguf, &texts, &types)?;
+            (encoder, "spm".to_string(), true)
+        } else {
+            let pre_name = gguf.get_str("tokenizer.ggml.pre")?;
+            let family = PreTokenizer::from_gguf(pre_name)
+                .map_err(|e| tok_err(gguf, "tokenizer.ggml.pre", e))?;
+            let encoder = bpe_encoder(gguf, &texts, &types, &family)?;
+            let pre = pre_name.unwrap_or("default").to_string();
+            (encoder, pre, family.adds_bos())
+        };
         let add_bos = gguf
             .get_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(family.adds_bos());
-
-        // Vocabulary for BPE. Duplicate strings keep their first id (as llama.cpp's map does… last wins there; duplicates are rare).
-        let mut vocab = Vocab::default();
-        for (i, t) in texts.iter().enumerate() {
-            vocab.entry(t.clone()).or_insert(i as u32);
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(family.ignore_merges())
-            .build()
-            .map_err(|e| ModelError::Tokenizer(format!("building BPE: {e}")))?;
-        let pre_tok = family.build().map_err(ModelError::Tokenizer)?;
-        let mut plain = tokenizers::Tokenizer::new(bpe);
-        plain.with_pre_tokenizer(Some(pre_tok));
-        let mut with_special = plain.clone();
-        let user: Vec<AddedToken> = (0..n)
-            .filter(|&i| types[i] == token_type::USER_DEFINED)
-            .map(|i| AddedToken::from(texts[i].clone(), true).normalized(false))
-            .collect();
-        let control: Vec<AddedToken> = (0..n)
-            .filter(|&i| types[i] == token_type::CONTROL)
-            .map(|i| AddedToken::from(texts[i].clone(), true).normalized(false))
-            .collect();
-        plain
-            .add_special_tokens(user.clone())
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        with_special
-            .add_special_tokens(user.clone())
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        with_special
-            .add_special_tokens(control)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+            .unwrap_or(family_adds_bos);
 
         let mut eog: Vec<u32> = Vec::new();
         eog.extend(eos);
         for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            eog.extend(id(key)?);
+            eog.extend(id(key, None)?);
         }
         for (i, t) in texts.iter().enumerate() {
             if EOG_TEXTS.contains(&t.as_str())
@@ -278,6 +384,11 @@ impl Tokenizer {
                     token_type::BYTE => parse_byte_token(t)
                         .map(|b| vec![b])
                         .unwrap_or_else(|| t.as_bytes().to_vec()),
+                    // SentencePiece's `<unk>` is printed as its text (and
+                    // skipped as a control token when decoding without
+                    // special tokens), as llama.cpp's `token_to_piece`.
+                    token_type::UNKNOWN if spm => t.as_bytes().to_vec(),
+                    _ if spm => t.replace('\u{2581}', " ").into_bytes(),
                     _ => t
                         .chars()
                         .flat_map(|c| {
@@ -291,13 +402,15 @@ impl Tokenizer {
                 TokenInfo { bytes, attrs }
             })
             .collect();
-        let control_texts = (0..n)
-            .filter(|&i| types[i] == token_type::CONTROL && !texts[i].is_empty())
-            .map(|i| texts[i].clone())
-            .collect();
+        let control_texts = match &encoder {
+            Encoder::Spm(e) => e.parsed_special_texts().map(String::from).collect(),
+            Encoder::Bpe(_) => (0..n)
+                .filter(|&i| types[i] == token_type::CONTROL && !texts[i].is_empty())
+                .map(|i| texts[i].clone())
+                .collect(),
+        };
         Ok(Tokenizer {
-            with_special,
-            plain,
+            encoder,
             control_texts,
             vocab: vocab_info,
             texts,
@@ -318,19 +431,48 @@ impl Tokenizer {
         add_bos: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, ModelError> {
-        let tk = if parse_special {
-            &self.with_special
-        } else {
-            &self.plain
-        };
-        let enc = tk
-            .encode_fast(text, false)
-            .map_err(|e| ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len())))?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
+        self.encode_parts(&[(text, parse_special)], add_bos)
+    }
+
+    /// Token ids of the concatenation of `parts`, each `(text,
+    /// parse_special)`: a prompt whose markup is parsed for special tokens
+    /// and whose content is not. SentencePiece tokenizes the text between
+    /// special tokens as one, whichever parts it came from (so content
+    /// without special-token text gives the ids of the whole text
+    /// tokenized at once); BPE tokenizes each part on its own.
+    pub fn encode_parts(
+        &self,
+        parts: &[(&str, bool)],
+        add_bos: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        let len: usize = parts.iter().map(|(t, _)| t.len()).sum();
+        let mut ids = Vec::with_capacity(len / 3 + 2);
         if add_bos && self.add_bos {
             ids.extend(self.bos);
         }
-        ids.extend_from_slice(enc.get_ids());
+        match &self.encoder {
+            Encoder::Bpe(bpe) => {
+                for &(text, parse_special) in parts {
+                    let tk = if parse_special {
+                        &bpe.with_special
+                    } else {
+                        &bpe.plain
+                    };
+                    let enc = tk.encode_fast(text, false).map_err(|e| {
+                        ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len()))
+                    })?;
+                    ids.extend_from_slice(enc.get_ids());
+                }
+            }
+            Encoder::Spm(spm) => {
+                let frags: Vec<Fragment> = parts
+                    .iter()
+                    .flat_map(|&(text, parse_special)| spm.partition(text, parse_special))
+                    .collect();
+                spm.encode_fragments(frags, &mut ids)
+                    .map_err(ModelError::Tokenizer)?;
+            }
+        }
         Ok(ids)
     }
 
@@ -359,13 +501,13 @@ impl Tokenizer {
         self.texts.iter().position(|t| t == text).map(|i| i as u32)
     }
 
-    /// Decodes ids into text (lossy UTF-8; control tokens skipped unless
-    /// `special`).
+    /// Decodes ids into text (lossy UTF-8; control and unknown tokens
+    /// skipped unless `special`).
     pub fn decode(&self, ids: &[u32], special: bool) -> String {
         let mut bytes = Vec::new();
         for &id in ids {
             if let Some(t) = self.vocab.get(id as usize) {
-                if t.attrs & attr::CONTROL != 0 && !special {
+                if t.attrs & (attr::CONTROL | attr::UNUSED) != 0 && !special {
                     continue;
                 }
                 bytes.extend_from_slice(&t.bytes);

@@ -24,6 +24,12 @@ SmolLM2 model, so prompts tokenize identically):
   Nemo), a separate `output.weight`, and `attention.sliding_window` (8,
   shorter than every prompt, so applying it would change the tokens), which
   llama.cpp's llama architecture ignores (so do we).
+* mistral-spm: `llama` with a SentencePiece vocabulary
+  (`tokenizer.ggml.model = "llama"`, as Mistral v0.1–v0.3 and Llama 2
+  GGUFs): `<unk> <s> </s>`, the 256 `<0xXX>` byte tokens, `[INST]` and
+  `[/INST]` as control tokens, and the shipped model's whole-character
+  tokens as `▁`-pieces scored by their merge rank (`spm_vocabulary`), with
+  a Mistral-style `[INST]` chat template.
 
 The reference is computed here, on this machine, never stored.
 Run: $HOME/.cache/samplerd/venv/bin/python server/model/tests/arch_parity.py [N]
@@ -83,7 +89,71 @@ VARIANTS = {
                         qk_norm=True, eps=1e-6, gain=6.0),
     "mistral": dict(arch="llama", n_head=8, n_kv=2, head_dim=32, base=1000000.0, tied=False,
                     extra={"attention.sliding_window": 8}),
+    "mistral-spm": dict(arch="llama", n_head=8, n_kv=2, head_dim=None, base=1000000.0, tied=False,
+                        spm=True),
 }
+
+MISTRAL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def bytes_to_unicode():
+    """GPT-2's byte-to-character table (the shipped BPE vocabulary's)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+def spm_vocabulary(reader):
+    """A SentencePiece-style vocabulary (texts, scores, token types) made
+    from the shipped BPE one: every normal token that is whole UTF-8
+    characters becomes a piece with spaces as `▁`, scored by minus its id
+    (its merge rank), so each piece's parts are pieces too; other bytes go
+    through the `<0xXX>` tokens, as in Llama 2's and Mistral's vocabularies."""
+    u2b = {c: b for b, c in bytes_to_unicode().items()}
+    texts = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["[INST]", "[/INST]"]
+    types = [2, 3, 3] + [6] * 256 + [3, 3]
+    scores = [0.0] * len(texts)
+    seen = set(texts)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    token_types = reader.fields["tokenizer.ggml.token_type"].contents()
+    for i, t in enumerate(tokens.contents()):
+        if token_types[i] != 1:
+            continue
+        try:
+            piece = bytes(u2b[c] for c in t).decode("utf-8").replace(" ", "\u2581")
+        except (KeyError, UnicodeDecodeError):
+            continue
+        if piece not in seen:
+            seen.add(piece)
+            texts.append(piece)
+            types.append(1)
+            scores.append(-float(i))
+    return texts, scores, types
+
+
+def write_spm_tokenizer(gguf, w, reader):
+    """Writes `spm_vocabulary` and the Mistral-style template; the vocabulary size."""
+    texts, scores, types = spm_vocabulary(reader)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(texts)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template(MISTRAL_TEMPLATE)
+    return len(texts)
 
 
 def write_model(gguf, reader, path, v, seed, with_rope_freqs=True, pre=None):
@@ -114,9 +184,13 @@ def write_model(gguf, reader, path, v, seed, with_rope_freqs=True, pre=None):
             w.add_float32(k, val)
         else:
             w.add_uint32(k, val)
+    if v.get("spm"):
+        n_vocab = write_spm_tokenizer(gguf, w, reader)
+    else:
+        n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     # The shipped model's tokenizer and chat template.
     for name, field in reader.fields.items():
-        if not name.startswith("tokenizer."):
+        if not name.startswith("tokenizer.") or v.get("spm"):
             continue
         if name == "tokenizer.ggml.pre" and pre is not None:
             w.add_string(name, pre)
@@ -126,7 +200,6 @@ def write_model(gguf, reader, path, v, seed, with_rope_freqs=True, pre=None):
             w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
         else:
             w.add_key_value(name, field.contents(), vtype)
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     q8 = gguf.GGMLQuantizationType.Q8_0
 
     def mat(name, rows, cols, std):

@@ -12,6 +12,11 @@ The other pre-tokenizer families (`tokenizer.ggml.pre`: Llama 3's
 carry the shipped vocabulary and merges under that name (written with the
 `gguf` package, as arch_parity.py writes them): ids only, since their
 decoding is the same byte-level one.
+
+SentencePiece (`tokenizer.ggml.model = "llama"`, Llama 2 and Mistral
+v0.1–v0.3) is checked on arch_parity.py's `mistral-spm` model, ids and the
+bytes of every token, with cases around its special tokens and its space
+prefix.
 """
 import json
 import os
@@ -42,6 +47,49 @@ FAMILY_CASES = CASES + [
     "12345678 and 1,234,567.89", "I'LL SEE YOU'RE THERE, WE'D", "tabs\t\t\nand  \n\n  spaces",
     "x+=y^2|z~w<=>v", "a   \r\n   b", "$100 for 3 items!!!", "٣٤٥ Arabic-Indic digits",
 ]
+
+
+SPM_CASES = FAMILY_CASES + [
+    "[INST] Hello [/INST]", "<s>[INST]What?[/INST] Fine.</s>", "[INST]x[/INST]y", "<unk> and <s>",
+    "a</s>b</s>", "[INST]  two spaces", "[/INST]\n", "  ", "▁ already escaped ▁▁", "[INST[/INST]]",
+]
+
+
+def check_spm():
+    """Ids and token bytes of a SentencePiece vocabulary against llama.cpp's."""
+    try:
+        import gguf
+    except ImportError:
+        print("NOTICE: the gguf package is absent (scripts/setup-python.sh installs it); skipping SentencePiece")
+        return 0
+    import tempfile
+    import arch_parity as A
+    reader = gguf.GGUFReader(R.MODEL)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tiny-spm.gguf")
+        A.write_model(gguf, reader, path, A.VARIANTS["mistral-spm"], 1)
+        llm = R.load(vocab_only=True, model=path)
+        ours = R.probe("tokenize", path, stdin=json.dumps(SPM_CASES))["ids"]
+        refs = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in SPM_CASES]
+        bad = 0
+        for text, mine, ref in zip(SPM_CASES, ours, refs):
+            if ref != mine:
+                bad += 1
+                print(f"MISMATCH [spm] {text!r}\n  llama.cpp {ref}\n  ours      {mine}")
+        n_bytes = sum(any(0 < i - 2 <= 256 for i in ref) for ref in refs)
+        our_bytes = R.probe("detokenize", path, stdin=json.dumps(refs))["bytes"]
+        for text, ids, b in zip(SPM_CASES, refs, our_bytes):
+            want = b"".join(llm.detokenize([i], special=True) for i in ids)
+            if bytes(b) != want:
+                bad += 1
+                print(f"DECODE MISMATCH [spm] {text!r}: llama.cpp {want!r} ours {bytes(b)!r}")
+        del llm
+    print(f"tokenizer.ggml.model = 'llama' (SentencePiece): {len(SPM_CASES)} cases (ids and token bytes), "
+          f"{bad} mismatches ({n_bytes} use byte-fallback tokens)")
+    if n_bytes == 0:
+        print("FAIL control: no case falls back to byte tokens; the check is blind to them")
+        bad += 1
+    return bad
 
 
 def check_families(shipped):
@@ -102,6 +150,7 @@ def main():
             print(f"DECODE MISMATCH {text!r}: llama.cpp {want!r} ours {bytes(b)!r}")
     print(f"tokenizer parity: {len(CASES)} cases (ids and decoded bytes), {bad} mismatches")
     bad += check_families([llm.tokenize(t.encode(), add_bos=False, special=True) for t in FAMILY_CASES])
+    bad += check_spm()
     return 1 if bad else 0
 
 
