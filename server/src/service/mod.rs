@@ -2,9 +2,8 @@
 //! configured defaults ([`Defaults`]) and one module per RPC
 //! (`sample`, `stream`, `batch`, `batch_stream`, `generate`, `stages`). Every sampling step, and
 //! every other call into plugin code (chain builds included), runs through
-//! [`crate::service::step_pool`] under its watchdog — inline on a runtime
-//! thread that has handed its other work on, or on the sampling pool —
-//! never on a runtime worker: whatever a stage does, health checks,
+//! [`crate::service::step_pool`] under its watchdog, on the sampling pool's
+//! threads — never on a runtime worker: whatever a stage does, health checks,
 //! /metrics and the other RPCs keep answering.
 
 pub mod batch;

@@ -1,22 +1,26 @@
 //! The step runner: every sampling step (and every other call into plugin
 //! code, and prompt tokenization) runs off the async runtime's workers,
-//! under a per-step watchdog — inline on a runtime thread that has first
-//! handed its other work to another runtime thread (`inline.rs`), or on
-//! this module's pool of threads.
+//! on this module's pool of threads, under a per-step watchdog.
 //!
 //! Why: a stage is third-party code. Run on a runtime worker, one that
 //! never returned froze the whole process (health, liveness, /metrics,
 //! every RPC, SIGTERM), and even a legal 0.9 s step of core stages held
 //! health probes up for as long. Here the runtime only waits on a reply.
 //!
-//! Where a step runs: [`StepPool::run`] (async callers) runs it inline
-//! while fewer steps are inline than the pool has live threads — its
-//! logits are still in that thread's cache and no thread is woken for it
-//! — else it queues for the pool, as do [`StepPool::run_blocking`] and
-//! [`StepPool::run_many`]. Either way the caller keeps the timer, so the
-//! watchdog below covers both; a written-off inline thread is one the
-//! runtime has already replaced, and past the bound below it retires a
-//! pool thread, so inline or not, lost threads shrink the pool alike.
+//! Where a step runs: on a pool thread, always ([`StepPool::run`] for
+//! async callers, [`StepPool::run_blocking`], [`StepPool::run_many`]).
+//! Running it on the runtime thread that decoded the request, after
+//! `tokio::task::block_in_place` had handed that thread's other work to
+//! another runtime thread, was tried and measured: it keeps the logits in
+//! that thread's cache, but wakes a thread per step, and the hand-off
+//! alone cost 30–50 µs where the pool's costs 1–3 µs; over loopback the
+//! two were equal within the noise for raw-bytes `Sample` and
+//! `SampleStream`, and the pool was faster for repeated-float `Sample`
+//! (docs/PERFORMANCE.md, "gRPC round trips"). Running it on the worker
+//! itself wakes no thread, but a worker that never comes back strands
+//! what only it can run (the task in its LIFO slot and every waker tokio's
+//! cooperative budget deferred onto it), so connections froze behind a
+//! stuck stage.
 //!
 //! The watchdog: a step still running after `limits.max_step_ms` fails its
 //! request with `DEADLINE_EXCEEDED` naming the stage it is in (from
@@ -131,13 +135,6 @@ struct Shared {
     stuck: AtomicUsize,
     /// Steps running now (stuck ones included).
     running: AtomicUsize,
-    /// Steps running inline on runtime threads, written-off ones excluded
-    /// (at most `live`).
-    inline: AtomicUsize,
-    /// Pool threads still to leave: an inline step written off past
-    /// `max_stuck` takes a pool thread's place for good (`live` already
-    /// counts it gone), as a lost pool thread that is not replaced does.
-    retire: AtomicUsize,
 }
 
 /// The pool (cheap to clone). When the last clone drops, idle threads
@@ -222,8 +219,6 @@ impl StepPool {
             live: AtomicUsize::new(0),
             stuck: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
-            inline: AtomicUsize::new(0),
-            retire: AtomicUsize::new(0),
         });
         for _ in 0..threads {
             spawn_worker(&shared)?;
@@ -252,22 +247,8 @@ impl StepPool {
         self.shared.running.load(Ordering::Acquire)
     }
 
-    /// Runs `f` on a sampling thread and waits for it (async callers):
-    /// inline on this runtime thread when an inline slot is free
-    /// (see the module doc), else on the pool.
+    /// Runs `f` on a pool thread and waits for it (async callers).
     pub async fn run<F, R>(&self, f: F) -> Result<R, StepFailure>
-    where
-        F: FnOnce() -> R + Send + 'static,
-        R: Send + 'static,
-    {
-        if self.take_inline_slot() {
-            return self.run_inline(f).await;
-        }
-        self.run_queued(f).await
-    }
-
-    /// Runs `f` on a pool thread and waits for it.
-    async fn run_queued<F, R>(&self, f: F) -> Result<R, StepFailure>
     where
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
@@ -277,8 +258,7 @@ impl StepPool {
             let _ = tx.send(r);
         });
         // Most steps take tens of microseconds: waiting for them right here
-        // (the runtime worker is held no longer than `REPLY_SPIN`, like a
-        // short inline step) saves parking the worker and waking it again,
+        // (the runtime worker is held no longer than `REPLY_SPIN`) saves parking the worker and waking it again,
         // which costs more than the step on a loaded machine. Only when a
         // thread was free for it: behind other steps the wait is longer
         // than the spin, and the runtime worker has other connections to
@@ -524,8 +504,7 @@ fn work(shared: &Shared, worker: Arc<Worker>) {
     }
 }
 
-/// The next job (`None` once the pool is closed and nothing is queued, or
-/// this thread is to retire).
+/// The next job (`None` once the pool is closed and nothing is queued).
 /// One idle worker at a time spins briefly for it (so a step that follows
 /// soon wakes no thread, and at most one core is spent waiting); the
 /// others, and the spinner after [`SPIN`], sleep until one is queued.
@@ -543,9 +522,6 @@ fn next_job(shared: &Shared) -> Option<(Job, Arc<Ticket>)> {
     }
     let mut q = lock(&shared.queue);
     loop {
-        if shared.take_retirement() {
-            return None;
-        }
         if let Some(entry) = q.jobs.pop_front() {
             shared.queued.fetch_sub(1, Ordering::SeqCst);
             // A submitter that saw the spinner did not wake anyone: pass
@@ -575,13 +551,6 @@ impl Shared {
         let stuck = self.stuck.fetch_sub(1, Ordering::AcqRel) - 1;
         metrics::gauge!(LOST_WORKERS_METRIC).set(stuck as f64);
     }
-
-    /// Whether the calling pool thread is to leave (and it is counted out).
-    fn take_retirement(&self) -> bool {
-        self.retire
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok()
-    }
 }
 
 /// The message of a panic payload (`panic!` with a literal or a format).
@@ -593,6 +562,5 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("panicked")
 }
 
-mod inline;
 #[cfg(test)]
 mod tests;

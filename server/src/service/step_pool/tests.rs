@@ -1,4 +1,4 @@
-//! The pool's own tests: inline and queued steps, the watchdog's write-off
+//! The pool's own tests: steps, the watchdog's write-off
 //! and replacement, the health bound, shutdown.
 
 use super::*;
@@ -43,7 +43,7 @@ async fn a_stuck_step_is_written_off_and_replaced() {
     assert_eq!(Status::from(e).code(), tonic::Code::DeadlineExceeded);
     assert_eq!(p.stuck(), 1);
     // The replacement serves the next step although the first thread
-    // is still blocked (the step ran inline: the runtime replaced it).
+    // is still blocked.
     assert_eq!(p.run(|| 5).await.unwrap(), 5);
     assert!(p.healthy(), "one lost thread is within max_stuck = 1");
     // A second one is past the bound.
@@ -54,8 +54,8 @@ async fn a_stuck_step_is_written_off_and_replaced() {
     ));
     assert_eq!(p.stuck(), 2);
     assert!(!p.healthy(), "two lost threads are past max_stuck = 1");
-    // Not replaced: as on the pool, nothing is left to run a step (inline
-    // slots follow the pool's live threads), so the next one gives up.
+    // Not replaced: nothing is left to run a step, so the next one gives
+    // up.
     let none = p.run(|| 6).await.unwrap_err();
     assert!(matches!(none, StepFailure::NoWorker { .. }), "{none:?}");
     drop((release, release_too));
@@ -87,28 +87,12 @@ fn thread_name() -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn steps_run_inline_while_a_slot_is_free_else_on_the_pool() {
+async fn every_step_runs_on_a_pool_thread() {
     let p = pool(1, 2_000, 1);
-    let inline = p.run(thread_name).await.unwrap();
-    assert_ne!(inline.as_deref(), Some("samplerd-step"), "ran inline");
-    // Hold the one inline slot with a step that waits.
-    let (release, wait) = blocker();
-    let held = tokio::spawn({
-        let p = p.clone();
-        async move { p.run(wait).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while p.running() == 0 {
-        assert!(Instant::now() < deadline, "the held step never started");
-        tokio::task::yield_now().await;
-    }
-    let queued = p.run(thread_name).await.unwrap();
-    assert_eq!(queued.as_deref(), Some("samplerd-step"), "slot taken: pool");
-    drop(release);
-    assert_eq!(held.await.unwrap().unwrap(), 1);
-    // The slot is free again.
-    let inline = p.run(thread_name).await.unwrap();
-    assert_ne!(inline.as_deref(), Some("samplerd-step"));
+    let name = p.run(thread_name).await.unwrap();
+    assert_eq!(name.as_deref(), Some("samplerd-step"));
+    let name = p.run_blocking(thread_name).unwrap();
+    assert_eq!(name.as_deref(), Some("samplerd-step"));
 }
 
 #[tokio::test]
