@@ -40,6 +40,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", kdot(&stdin_json()?)?);
         return Ok(());
     }
+    if std::env::args().nth(1).as_deref() == Some("ktiled") {
+        println!("{}", ktiled(&stdin_json()?)?);
+        return Ok(());
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (cmd, path) = match args.as_slice() {
         [c, p, ..] => (c.as_str(), Path::new(p)),
@@ -197,6 +201,46 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
         dots.push(out[0].to_bits());
     }
     Ok(json!({ "dot": dots }))
+}
+
+/// A K-quant matrix (`rows`, hex) times `xs` (one activation row per
+/// token) in ggml's tiled order. The product's bits, token-major
+/// (`kquant_parity.py` compares them with llama.cpp's graph).
+fn ktiled(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
+    use samplerd_model::quant::{Acts, KQuant, QMatrix};
+    use samplerd_model::quant_k::{BlockQ8K, quantize_q8_k};
+    let kind = match req["kind"].as_str().ok_or("kind")? {
+        "q4_K" => KQuant::Q4K,
+        "q5_K" => KQuant::Q5K,
+        "q6_K" => KQuant::Q6K,
+        _ => return Err("kind".into()),
+    };
+    let cols = req["cols"].as_u64().ok_or("cols")? as usize;
+    let mut raw = Vec::new();
+    let rows = req["rows"].as_array().ok_or("rows")?;
+    for row in rows {
+        let hex = row.as_str().ok_or("row")?;
+        for i in 0..hex.len() / 2 {
+            raw.push(u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?);
+        }
+    }
+    let m = QMatrix::from_k_bytes(kind, rows.len(), cols, &raw).ok_or("row size")?;
+    let xs: Vec<Vec<f32>> = serde_json::from_value(req["xs"].clone())?;
+    let nb = cols / 256;
+    let mut q8k = vec![BlockQ8K::default(); xs.len() * nb];
+    for (t, x) in xs.iter().enumerate() {
+        quantize_q8_k(x, &mut q8k[t * nb..(t + 1) * nb]);
+    }
+    let tiled = vec![true; xs.len()];
+    let acts = Acts {
+        q8k: &q8k,
+        tiled: &tiled,
+        ..Acts::q8(&[])
+    };
+    let mut out = vec![0f32; xs.len() * rows.len()];
+    let pool = samplerd_model::pool::ThreadPool::new(1);
+    m.matmul(&pool, acts, xs.len(), &mut out);
+    Ok(json!({ "out": out.iter().map(|v| v.to_bits()).collect::<Vec<_>>() }))
 }
 
 /// `log softmax(v)[i]` in f64 (the parity scripts compute the same from

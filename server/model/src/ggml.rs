@@ -42,33 +42,12 @@ impl Flavor {
             Flavor::Avx2 => 8,
         }
     }
-
-    /// Whether ggml's tiled K-quant matmul of this build accumulates with one
-    /// fma (its AVX2 microkernel) rather than a multiply and an add (its
-    /// AVX-512 VNNI one, which a native build has when the CPU has AVX-512
-    /// VNNI, VL and DQ).
-    pub fn tiled_fused(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static VNNI: OnceLock<bool> = OnceLock::new();
-            let vnni = *VNNI.get_or_init(|| {
-                std::arch::is_x86_feature_detected!("avx512vnni")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-            });
-            !(self == Flavor::Avx512 && vnni)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            true
-        }
-    }
 }
 
 /// `model.numerics`: whose arithmetic order the forward pass follows.
 ///
 /// llama.cpp's AVX2 and AVX-512 builds round differently (vector width in
-/// softmax, SiLU and attention; VNNI in the tiled K-quant matmul), enough
+/// softmax, SiLU and attention), enough
 /// to pick different greedy tokens after a few steps. `Portable` computes
 /// the AVX2 build's order on every CPU (and the CUDA backend follows it), so
 /// a fleet of mixed nodes answers a request with the same bytes; `Native`
@@ -759,7 +738,6 @@ mod tests {
         assert_eq!(Numerics::default(), Numerics::Portable);
         assert_eq!(Numerics::Portable.flavor(), Flavor::Avx2);
         assert_eq!(Numerics::Native.flavor(), native_flavor());
-        assert!(Flavor::Avx2.tiled_fused(), "AVX2's tiled matmul fuses");
         assert_eq!(Numerics::Portable.describe(), "portable (avx2 order)");
         let parsed: Numerics = serde_json::from_str("\"native\"").unwrap();
         assert_eq!(parsed, Numerics::Native);

@@ -121,9 +121,6 @@ pub struct Acts<'a> {
     pub q8: &'a [BlockQ8_1],
     pub q8k: &'a [BlockQ8K],
     pub tiled: &'a [bool],
-    /// Whether the tiled K-quant products accumulate with one fma
-    /// ([`crate::ggml::Flavor::tiled_fused`]).
-    pub fused: bool,
     /// The activations themselves (`n_tok × cols`), for F16 matrices, which
     /// round them to f16 instead of quantising; empty when no F16 matrix
     /// consumes them.
@@ -142,7 +139,6 @@ impl<'a> Acts<'a> {
             q8,
             q8k: &[],
             tiled: &[],
-            fused: true,
             x: &[],
             gemm: &[],
             flavor: crate::ggml::Flavor::Avx2,
@@ -413,7 +409,6 @@ impl QMatrix {
         assert_eq!(out.len(), n_tok * rows, "output length");
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let k = kernels();
-        let fused = xq.fused;
         let tiled = |t: usize| xq.tiled.get(t).copied().unwrap_or(false);
         pool.run(&|i, n| {
             let range = split_range(rows, i, n, 16);
@@ -449,7 +444,7 @@ impl QMatrix {
                     };
                     match self {
                         QMatrix::Q5_0 { .. } if n_tok > 1 => (k.q8_0)(&expanded, a, dst),
-                        _ => k.tile(self, r0..r1, a, ak, tiled(t).then_some(fused), dst),
+                        _ => k.tile(self, r0..r1, a, ak, tiled(t), dst),
                     }
                 }
                 r0 = r1;

@@ -311,16 +311,15 @@ unsafe fn hsum_i32_4(v: __m128i) -> i32 {
 // super-block, then `quant_k::scalar::tiled_step` (see the `quant_k` module
 // comment).
 
-/// Every row of `w` in the tiled order (`fused`: see
-/// `ggml::Flavor::tiled_fused`).
-pub(crate) fn tiled_safe<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32], fused: bool) {
+/// Every row of `w` in the tiled order.
+pub(crate) fn tiled_safe<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     // SAFETY: installed in `quant::kernels()` (and called by the tests) only
     // after `samplerd_numerics::features()` reported AVX2 and FMA.
-    unsafe { tiled_rows(w, a, out, fused) }
+    unsafe { tiled_rows(w, a, out) }
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tiled_rows<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32], fused: bool) {
+unsafe fn tiled_rows<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     let nb = a.len();
     assert!(w.len() >= out.len() * nb);
     for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
@@ -334,7 +333,7 @@ unsafe fn tiled_rows<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32], fused:
                 Some((m, dmin)) => (unsafe { hsum_i32_4(min_prods(m, y)) }, dmin),
                 None => (0, 0.0),
             };
-            acc = tiled_step(s1, s2, x.d(), dmin, y.d, acc, fused);
+            acc = tiled_step(s1, s2, x.d(), dmin, y.d, acc);
         }
         *o = acc;
     }

@@ -59,8 +59,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// `m` times one token's Q8_K activations with kernel family `k`
-/// (`tiled`: `Some(fused)` for the tiled order).
-fn k_rows(k: &Kernels, m: &QMatrix, a: &[BlockQ8K], tiled: Option<bool>) -> Vec<f32> {
+/// (`tiled`: the tiled order).
+fn k_rows(k: &Kernels, m: &QMatrix, a: &[BlockQ8K], tiled: bool) -> Vec<f32> {
     let mut out = vec![0f32; m.rows()];
     k.tile(m, 0..m.rows(), &[], a, tiled, &mut out);
     out
@@ -68,19 +68,12 @@ fn k_rows(k: &Kernels, m: &QMatrix, a: &[BlockQ8K], tiled: Option<bool>) -> Vec<
 
 /// `m` times one token's Q8_K activations through the matmul dispatch
 /// (whichever kernels this CPU uses; `tiled` as [`Acts::tiled`]).
-fn k_matmul(
-    pool: &ThreadPool,
-    m: &QMatrix,
-    a: &[BlockQ8K],
-    tiled: &[bool],
-    fused: bool,
-) -> Vec<f32> {
+fn k_matmul(pool: &ThreadPool, m: &QMatrix, a: &[BlockQ8K], tiled: &[bool]) -> Vec<f32> {
     let mut out = vec![0f32; m.rows()];
     let acts = Acts {
         q8: &[],
         q8k: a,
         tiled,
-        fused,
         ..Acts::q8(&[])
     };
     m.matmul(pool, acts, 1, &mut out);
@@ -90,7 +83,7 @@ fn k_matmul(
 /// `m` times one token's Q8_1 activations with kernel family `k`.
 fn q8_rows(k: &Kernels, m: &QMatrix, a: &[crate::quant::BlockQ8_1]) -> Vec<f32> {
     let mut out = vec![0f32; m.rows()];
-    k.tile(m, 0..m.rows(), a, &[], None, &mut out);
+    k.tile(m, 0..m.rows(), a, &[], false, &mut out);
     out
 }
 
@@ -141,9 +134,9 @@ fn simd_equals_scalar_and_f32() {
             }
             let mut xq = vec![BlockQ8K::default(); cols / QK_K];
             quantize_q8_k(&x, &mut xq);
-            let want = k_rows(&Kernels::scalar(), &m, &xq, None);
+            let want = k_rows(&Kernels::scalar(), &m, &xq, false);
             if let Some(avx2) = Kernels::avx2() {
-                let got = k_rows(&avx2, &m, &xq, None);
+                let got = k_rows(&avx2, &m, &xq, false);
                 for i in 0..rows {
                     assert_eq!(
                         got[i].to_bits(),
@@ -154,25 +147,23 @@ fn simd_equals_scalar_and_f32() {
                     );
                 }
             }
-            // The tiled order: AVX2 equals scalar for both epilogues, and the
-            // dispatch follows `Acts::tiled`.
-            for fused in [true, false] {
-                let want_t = k_rows(&Kernels::scalar(), &m, &xq, Some(fused));
-                if let Some(avx2) = Kernels::avx2() {
-                    let got = k_rows(&avx2, &m, &xq, Some(fused));
-                    assert_eq!(bits(&got), bits(&want_t), "{kind:?} tiled fused={fused}");
-                }
-                let via = k_matmul(&pool, &m, &xq, &[true], fused);
-                assert_eq!(bits(&via), bits(&want_t), "{kind:?} tiled matmul");
-                for (a, b) in want_t.iter().zip(&want) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{kind:?}: tiled {a} vs dot {b}"
-                    );
-                }
+            // The tiled order: AVX2 equals scalar, and the dispatch follows
+            // `Acts::tiled`.
+            let want_t = k_rows(&Kernels::scalar(), &m, &xq, true);
+            if let Some(avx2) = Kernels::avx2() {
+                let got = k_rows(&avx2, &m, &xq, true);
+                assert_eq!(bits(&got), bits(&want_t), "{kind:?} tiled");
+            }
+            let via = k_matmul(&pool, &m, &xq, &[true]);
+            assert_eq!(bits(&via), bits(&want_t), "{kind:?} tiled matmul");
+            for (a, b) in want_t.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{kind:?}: tiled {a} vs dot {b}"
+                );
             }
             // Through the matmul dispatch (whichever kernel this CPU uses).
-            let via = k_matmul(&pool, &m, &xq, &[], true);
+            let via = k_matmul(&pool, &m, &xq, &[]);
             assert_eq!(bits(&via), bits(&want), "{kind:?} matmul");
             // Close to the f32 product of the dequantised weights.
             assert_near_f32(&m, &x, &want, 0.02, 1e-6, &format!("{kind:?}"));

@@ -9,7 +9,7 @@ use crate::quant_q5_0::BlockQ5_0;
 use crate::quant_q5_1::BlockQ5_1;
 
 /// One kernel family: a row-product function per format (`_t`: the
-/// K-quants in ggml's tiled order, see `ggml::Flavor::tiled_fused` for `fused`).
+/// K-quants in ggml's tiled order).
 pub(crate) struct Kernels {
     name: &'static str,
     /// (Also the expanded Q5_0 tiles' kernel, `QMatrix::matmul`.)
@@ -25,8 +25,8 @@ pub(crate) struct Kernels {
     q6k_t: TiledFn<BlockQ6K>,
 }
 
-/// A tiled-order K-quant kernel (`fused`: see `ggml::Flavor::tiled_fused`).
-type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32], bool);
+/// A tiled-order K-quant kernel.
+type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32]);
 
 impl Kernels {
     /// The portable kernels (also the reference the AVX2 ones are tested
@@ -42,9 +42,9 @@ impl Kernels {
             q4k: |w, a, out| scalar::each_row(w, a, out, k::dot_q4k),
             q5k: |w, a, out| scalar::each_row(w, a, out, k::dot_q5k),
             q6k: |w, a, out| scalar::each_row(w, a, out, k::dot_q6k),
-            q4k_t: |w, a, out, f| scalar::each_row(w, a, out, |w, a| k::tiled_q4k(w, a, f)),
-            q5k_t: |w, a, out, f| scalar::each_row(w, a, out, |w, a| k::tiled_q5k(w, a, f)),
-            q6k_t: |w, a, out, f| scalar::each_row(w, a, out, |w, a| k::tiled_q6k(w, a, f)),
+            q4k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q4k),
+            q5k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q5k),
+            q6k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q6k),
         }
     }
 
@@ -78,14 +78,14 @@ impl Kernels {
 
     /// Rows `r` of `m` times one token's activations (`a`: Q8_1 blocks,
     /// `ak`: Q8_K blocks, whichever the format takes) into `dst`;
-    /// `tiled`: `Some(fused)` for the K-quants' tiled order.
+    /// `tiled`: the K-quants' tiled order.
     pub(crate) fn tile(
         &self,
         m: &QMatrix,
         r: std::ops::Range<usize>,
         a: &[BlockQ8_1],
         ak: &[BlockQ8K],
-        tiled: Option<bool>,
+        tiled: bool,
         dst: &mut [f32],
     ) {
         fn part<B: WeightBlock>(b: &[B], cols: usize, r: std::ops::Range<usize>) -> &[B] {
@@ -98,12 +98,12 @@ impl Kernels {
             (QMatrix::Q4_1 { blocks, .. }, _) => (self.q4_1)(part(blocks, c, r), a, dst),
             (QMatrix::Q5_0 { blocks, .. }, _) => (self.q5_0)(part(blocks, c, r), a, dst),
             (QMatrix::Q5_1 { blocks, .. }, _) => (self.q5_1)(part(blocks, c, r), a, dst),
-            (QMatrix::Q4K { blocks, .. }, None) => (self.q4k)(part(blocks, c, r), ak, dst),
-            (QMatrix::Q5K { blocks, .. }, None) => (self.q5k)(part(blocks, c, r), ak, dst),
-            (QMatrix::Q6K { blocks, .. }, None) => (self.q6k)(part(blocks, c, r), ak, dst),
-            (QMatrix::Q4K { blocks, .. }, Some(f)) => (self.q4k_t)(part(blocks, c, r), ak, dst, f),
-            (QMatrix::Q5K { blocks, .. }, Some(f)) => (self.q5k_t)(part(blocks, c, r), ak, dst, f),
-            (QMatrix::Q6K { blocks, .. }, Some(f)) => (self.q6k_t)(part(blocks, c, r), ak, dst, f),
+            (QMatrix::Q4K { blocks, .. }, false) => (self.q4k)(part(blocks, c, r), ak, dst),
+            (QMatrix::Q5K { blocks, .. }, false) => (self.q5k)(part(blocks, c, r), ak, dst),
+            (QMatrix::Q6K { blocks, .. }, false) => (self.q6k)(part(blocks, c, r), ak, dst),
+            (QMatrix::Q4K { blocks, .. }, true) => (self.q4k_t)(part(blocks, c, r), ak, dst),
+            (QMatrix::Q5K { blocks, .. }, true) => (self.q5k_t)(part(blocks, c, r), ak, dst),
+            (QMatrix::Q6K { blocks, .. }, true) => (self.q6k_t)(part(blocks, c, r), ak, dst),
             (QMatrix::F16 { .. } | QMatrix::Bf16 { .. }, _) => {
                 unreachable!("F16/BF16 products run in QMatrix::matmul_half")
             }

@@ -10,6 +10,11 @@ ours on ours, so the activation quantisation is checked too.
 The kernels are called through llama-cpp-python's bundled libggml-cpu
 (`ggml_get_type_traits_cpu`), on this machine; nothing is stored.
 
+Steps of 8 or more tokens take another path in ggml, its tiled K-quant
+matmul (`ggml-cpu/tiled/`): a whole matrix product through ggml's own graph
+(`ggml_mul_mat`, 2 threads) must equal `model_probe ktiled` bit for bit
+for 8 to 40 tokens by 64 rows of each K-quant.
+
 Run: $HOME/.cache/samplerd/venv/bin/python server/model/tests/kquant_parity.py [ROWS]
 (exits 0 with a notice when the bundled libraries cannot be found).
 """
@@ -58,13 +63,78 @@ def libs():
     return base, cpu
 
 
+class InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def graph_matmul(base, cpu, ty, raw, rows, xs):
+    """`raw` (rows × COLS of type `ty`) times the f32 rows `xs`, through
+    ggml's graph: its tiled path for 8+ rows. Token-major f32 bits."""
+    for f in ["ggml_init", "ggml_new_tensor_2d", "ggml_mul_mat", "ggml_new_graph", "ggml_get_data"]:
+        getattr(base, f).restype = ctypes.c_void_p
+    base.ggml_init.argtypes = [InitParams]
+    base.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    base.ggml_mul_mat.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    base.ggml_new_graph.argtypes = [ctypes.c_void_p]
+    base.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    base.ggml_get_data.argtypes = [ctypes.c_void_p]
+    base.ggml_free.argtypes = [ctypes.c_void_p]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    ctx = base.ggml_init(InitParams(256 << 20, None, False))
+    a = base.ggml_new_tensor_2d(ctx, ty, COLS, rows)
+    ctypes.memmove(base.ggml_get_data(a), raw, len(raw))
+    xb = np.ascontiguousarray(np.array(xs, dtype=np.float32))
+    b = base.ggml_new_tensor_2d(ctx, 0, COLS, len(xs))
+    ctypes.memmove(base.ggml_get_data(b), xb.ctypes.data, xb.nbytes)
+    c = base.ggml_mul_mat(ctx, a, b)
+    gf = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(gf, c)
+    cpu.ggml_graph_compute_with_ctx(ctx, gf, 2)
+    out = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(c), ctypes.POINTER(ctypes.c_uint32)),
+                                shape=(len(xs) * rows,)).copy()
+    base.ggml_free(ctx)
+    return out
+
+
+def check_tiled(base, rng):
+    """Failures of the tiled order against ggml's graph (see the module doc)."""
+    failed = 0
+    rows = 64
+    for name in ["q4_K", "q5_K", "q6_K"]:
+        ty, qk, bb, qfn = TYPES[name]
+        quant = getattr(base, qfn)
+        raws = []
+        for _ in range(rows):
+            w = (rng.standard_normal(COLS) * rng.uniform(0.01, 0.2)).astype(np.float32)
+            raw = ctypes.create_string_buffer(COLS // qk * bb)
+            quant(ctypes.c_void_p(w.ctypes.data), raw, ctypes.c_int64(COLS))
+            raws.append(raw.raw)
+        for n_tok in [8, 9, 16, 17, 40]:
+            xs = [(rng.standard_normal(COLS) * rng.standard_normal(COLS) * rng.uniform(0.01, 4)).astype(np.float32)
+                  for _ in range(n_tok)]
+            want = graph_matmul(base, CPU, ty, b"".join(raws), rows, xs)
+            req = {"kind": name, "cols": COLS, "rows": [r.hex() for r in raws],
+                   "xs": [[float(v) for v in x] for x in xs]}
+            got = np.array(R.probe("ktiled", stdin=json.dumps(req))["out"], dtype=np.uint32)
+            equal = int((got == want).sum())
+            failed += equal != len(want)
+            print(f"{'OK  ' if equal == len(want) else 'FAIL'} {name} tiled, {n_tok} tokens x {rows} rows: "
+                  f"{equal}/{len(want)} equal to ggml_mul_mat's bit for bit")
+    return failed
+
+
+CPU = None
+
+
 def main():
+    global CPU
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     found = libs()
     if found is None:
         print("NOTICE: llama-cpp-python's libggml libraries not found; skipping")
         return 0
     base, cpu = found
+    CPU = cpu
     rng = np.random.default_rng(2026)
     failed = 0
     for name, (ty, qk, bb, qfn) in TYPES.items():
@@ -95,6 +165,7 @@ def main():
               f"ggml_vec_dot_{name}_{ {6: 'q8_0', 7: 'q8_1'}.get(ty, 'q8_K') } bit for bit")
         for i in bad[:3]:
             print(f"  row {i}: llama.cpp {np.uint32(want[i]).view(np.float32)!r} ours {np.uint32(got[i]).view(np.float32)!r}")
+    failed += check_tiled(base, rng)
     return 1 if failed else 0
 
 
