@@ -25,11 +25,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=1, help="the user message this many times (17: a 557-token prompt)")
     a = ap.parse_args()
     llm = R.load(n_threads=a.threads, n_ctx=1024)
     # Same rendering as ours (the model's ChatML template, system prompt included).
     prompt = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-              f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n")
+              f"<|im_start|>user\n{' '.join([PROMPT] * a.repeat)}<|im_end|>\n<|im_start|>assistant\n")
     ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)
     pre, dec = [], []
     for _ in range(a.runs):

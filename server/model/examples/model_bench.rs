@@ -5,8 +5,10 @@
 //! iteration so the ratio is side by side.
 //!
 //! ```text
-//! cargo run --release -p samplerd-model --example model_bench -- [MODEL] [--threads N] [--runs N] [--new N] [--batch B]
+//! cargo run --release -p samplerd-model --example model_bench -- [MODEL] [--threads N] [--runs N] [--new N] [--batch B] [--repeat R]
 //! ```
+//! `--repeat R` writes the user message R times (R = 17: a 557-token
+//! prompt, for prefill).
 //! Prints one JSON object; `scripts/bench_llamacpp.py` measures llama.cpp on
 //! the same prompt.
 
@@ -24,13 +26,15 @@ fn median(v: &mut [f64]) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut path = String::from("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let (mut threads, mut runs, mut new, mut batch) = (2usize, 5usize, 128usize, 1usize);
+    let (mut threads, mut runs, mut new, mut batch, mut repeat) =
+        (2usize, 5usize, 128usize, 1usize, 1usize);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--threads" => threads = args.next().ok_or("--threads N")?.parse()?,
             "--runs" => runs = args.next().ok_or("--runs N")?.parse()?,
             "--new" => new = args.next().ok_or("--new N")?.parse()?,
             "--batch" => batch = args.next().ok_or("--batch B")?.parse()?,
+            "--repeat" => repeat = args.next().ok_or("--repeat R")?.parse()?,
             p => path = p.to_string(),
         }
     }
@@ -42,7 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         },
     )?;
-    let prompt = model.render_chat(&[ChatMessage::new("user", PROMPT)])?;
+    let user = vec![PROMPT; repeat].join(" ");
+    let prompt = model.render_chat(&[ChatMessage::new("user", user)])?;
     let ids = model.tokenizer().encode(&prompt, true, true)?;
     let (mut pre, mut dec, mut agg) = (Vec::new(), Vec::new(), Vec::new());
     let mut generated = 0;

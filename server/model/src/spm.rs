@@ -332,29 +332,17 @@ mod tests {
     #[test]
     fn the_best_scoring_pair_merges_first_and_ties_go_left() {
         // "▁ab": ▁a (score -1) beats ab (-2), then ▁ab (-3) is a token.
-        let e = encoder(
-            &[
-                ("▁", -9.0),
-                ("a", -9.0),
-                ("b", -9.0),
-                ("▁a", -1.0),
-                ("ab", -2.0),
-                ("▁ab", -3.0),
-            ],
-            &[],
-        );
-        assert_eq!(encode(&e, "ab", false), vec![BASE + 5]);
+        let pieces = [
+            ("▁", -9.0),
+            ("a", -9.0),
+            ("b", -9.0),
+            ("▁a", -1.0),
+            ("ab", -2.0),
+            ("▁ab", -3.0),
+        ];
+        assert_eq!(encode(&encoder(&pieces, &[]), "ab", false), vec![BASE + 5]);
         // Without ▁ab: ▁a then b.
-        let e = encoder(
-            &[
-                ("▁", -9.0),
-                ("a", -9.0),
-                ("b", -9.0),
-                ("▁a", -1.0),
-                ("ab", -2.0),
-            ],
-            &[],
-        );
+        let e = encoder(&pieces[..5], &[]);
         assert_eq!(encode(&e, "ab", false), vec![BASE + 3, BASE + 2]);
         // A tie: "aaa" merges the left pair first.
         let e = encoder(&[("▁", -9.0), ("a", -9.0), ("aa", -1.0)], &[]);
