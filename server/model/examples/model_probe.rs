@@ -162,6 +162,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The bytes of a hex string (the parity scripts' weight rows).
+fn hex_bytes(hex: &str) -> Result<Vec<u8>, std::num::ParseIntError> {
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+        .collect()
+}
+
 /// Single-row products for `tests/kquant_parity.py`, which compares them
 /// with llama.cpp's own `ggml_vec_dot_*` on the same bytes.
 fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
@@ -172,10 +179,7 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
     let pool = samplerd_model::pool::ThreadPool::new(1);
     let mut dots = Vec::new();
     for row in req["rows"].as_array().ok_or("rows")? {
-        let hex = row["raw"].as_str().ok_or("raw")?;
-        let raw: Vec<u8> = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
-            .collect::<Result<_, _>>()?;
+        let raw = hex_bytes(row["raw"].as_str().ok_or("raw")?)?;
         let x: Vec<f32> = serde_json::from_value(row["x"].clone())?;
         let m = match kind {
             "q4_K" => QMatrix::from_k_bytes(KQuant::Q4K, 1, cols, &raw),
@@ -219,10 +223,7 @@ fn ktiled(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
     let mut raw = Vec::new();
     let rows = req["rows"].as_array().ok_or("rows")?;
     for row in rows {
-        let hex = row.as_str().ok_or("row")?;
-        for i in 0..hex.len() / 2 {
-            raw.push(u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?);
-        }
+        raw.extend(hex_bytes(row.as_str().ok_or("row")?)?);
     }
     let m = QMatrix::from_k_bytes(kind, rows.len(), cols, &raw).ok_or("row size")?;
     let xs: Vec<Vec<f32>> = serde_json::from_value(req["xs"].clone())?;

@@ -271,7 +271,7 @@ impl CpuBackend {
                 &s.xn[..n * d],
                 &mut s.xq,
                 &mut s.xqk,
-                lw.wqkv.needs_q8k(),
+                ActNeeds::of_fused(&lw.wqkv),
                 &tiled,
                 &gemm,
                 self.flavor,
@@ -333,7 +333,7 @@ impl CpuBackend {
                 &s.attn[..n * dq],
                 &mut s.attnq,
                 &mut s.attnqk,
-                lw.wo.needs_q8k(),
+                ActNeeds::of(&lw.wo),
                 &tiled,
                 &gemm,
                 self.flavor,
@@ -348,7 +348,7 @@ impl CpuBackend {
                 &s.xn[..n * d],
                 &mut s.xq,
                 &mut s.xqk,
-                lw.wgu.needs_q8k(),
+                ActNeeds::of_fused(&lw.wgu),
                 ffn_tiled,
                 ffn_gemm,
                 self.flavor,
@@ -363,7 +363,7 @@ impl CpuBackend {
                 &s.act[..n * c.n_ff],
                 &mut s.actq,
                 &mut s.actqk,
-                lw.w_down.needs_q8k(),
+                ActNeeds::of(&lw.w_down),
                 ffn_tiled,
                 ffn_gemm,
                 self.flavor,
@@ -480,23 +480,51 @@ impl CpuBackend {
     }
 }
 
-/// Quantises `x` (`n` rows) for the weight products that consume it: to
-/// Q8_1 into `q8` (its first `x.len()/32` blocks), and to Q8_K into `q8k`
-/// too when `k` (some consumer is a K-quant matrix, whose rows are then a
-/// multiple of 256 values; the loader checks this).
+/// Which quantised activations a product's weights take.
+#[derive(Clone, Copy)]
+struct ActNeeds {
+    q8_1: bool,
+    q8k: bool,
+}
+
+impl ActNeeds {
+    fn of(m: &QMatrix) -> Self {
+        ActNeeds {
+            q8_1: m.needs_q8_1(),
+            q8k: m.needs_q8k(),
+        }
+    }
+
+    fn of_fused(f: &Fused) -> Self {
+        ActNeeds {
+            q8_1: f.needs_q8_1(),
+            q8k: f.needs_q8k(),
+        }
+    }
+}
+
+/// Quantises `x` (`n` rows) for the weight products that consume it, as
+/// `needs` says: to Q8_1 into `q8` (its first `x.len()/32` blocks), to Q8_K
+/// into `q8k` (for K-quant matrices, whose rows are a multiple of 256
+/// values; the loader checks this). F16 and BF16 products take `x` itself.
 /// `tiled`: per row, whether its K-quant products follow ggml's tiled matmul.
 fn quantize_acts<'a>(
     x: &'a [f32],
     q8: &'a mut [BlockQ8_1],
     q8k: &'a mut Vec<BlockQ8K>,
-    k: bool,
+    needs: ActNeeds,
     tiled: &'a [bool],
     gemm: &'a [bool],
     flavor: Flavor,
 ) -> Acts<'a> {
-    let q8 = &mut q8[..x.len() / QK];
-    quantize_q8_1(x, q8);
-    let q8k: &[BlockQ8K] = if k {
+    let q8: &[BlockQ8_1] = if needs.q8_1 {
+        let q8 = &mut q8[..x.len() / QK];
+        quantize_q8_1(x, q8);
+        q8
+    } else {
+        &[]
+    };
+    let q8k: &[BlockQ8K] = if needs.q8k {
         q8k.resize(x.len() / QK_K, BlockQ8K::default());
         quantize_q8_k(x, q8k);
         q8k

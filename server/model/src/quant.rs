@@ -321,6 +321,12 @@ impl QMatrix {
         )
     }
 
+    /// Whether products with this matrix need Q8_1 activations (F16 and
+    /// BF16 take the f32 activations, the K-quants Q8_K).
+    pub fn needs_q8_1(&self) -> bool {
+        !self.needs_q8k() && !matches!(self, QMatrix::F16 { .. } | QMatrix::Bf16 { .. })
+    }
+
     /// Bytes the weights take in memory.
     pub fn nbytes(&self) -> usize {
         with_blocks!(self, b => std::mem::size_of_val(&b[..]))

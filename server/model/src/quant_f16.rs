@@ -116,6 +116,18 @@ mod tests {
         assert!(differ > 0, "tinyBLAS and vec_dot orders never differed");
     }
 
+    /// The four-token row kernel gives each token the one-token kernel's bits.
+    fn assert_x4_equals_one_at_a_time<B: HalfBlock>(w: &[B], x: &[f32], wf: &[f32], fl: Flavor) {
+        let four = dot_half_row_x4(w, [x, wf, x, wf], fl);
+        let one = [x, wf, x, wf].map(|v| dot_half_row(w, v, true, fl));
+        let cols = x.len();
+        assert_eq!(
+            four.map(f32::to_bits),
+            one.map(f32::to_bits),
+            "x4, cols {cols}"
+        );
+    }
+
     /// The row kernel (intrinsics where the CPU has them) computes the
     /// scalar lane order's bits, tails included.
     #[test]
@@ -138,13 +150,7 @@ mod tests {
                     let b = dot_half_row_scalar(&w, &x, gemm, fl);
                     assert_eq!(a.to_bits(), b.to_bits(), "cols {cols} {fl:?} gemm {gemm}");
                 }
-                let four = dot_half_row_x4(&w, [&x, &wf, &x, &wf], fl);
-                let one = [&x, &wf, &x, &wf].map(|v| dot_half_row(&w, v, true, fl));
-                assert_eq!(
-                    four.map(f32::to_bits),
-                    one.map(f32::to_bits),
-                    "x4, cols {cols}"
-                );
+                assert_x4_equals_one_at_a_time(&w, &x, &wf, fl);
             }
         }
     }
@@ -182,13 +188,7 @@ mod tests {
                     let lanes = dot_half_row_scalar(&w, &x, gemm, fl);
                     assert!((lanes as f64 - exact).abs() < 1e-3, "{lanes} vs {exact}");
                 }
-                let four = dot_half_row_x4(&w, [&x, &wf, &x, &wf], fl);
-                let one = [&x, &wf, &x, &wf].map(|v| dot_half_row(&w, v, true, fl));
-                assert_eq!(
-                    four.map(f32::to_bits),
-                    one.map(f32::to_bits),
-                    "x4, cols {cols}"
-                );
+                assert_x4_equals_one_at_a_time(&w, &x, &wf, fl);
             }
         }
     }

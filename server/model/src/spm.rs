@@ -159,10 +159,9 @@ impl SpmEncoder {
     fn encode_text(&self, raw: &str, prev_special: bool, out: &mut Vec<u32>) -> Result<(), String> {
         let mut text = String::with_capacity(raw.len() + 3);
         if self.add_space_prefix && prev_special {
-            text.push(' ');
+            text.push('\u{2581}');
         }
-        text.push_str(raw);
-        let text = text.replace(' ', "\u{2581}");
+        text.extend(raw.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
         self.merge(&text, out)
     }
 

@@ -26,7 +26,7 @@
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 use crate::pre_tokenizer::PreTokenizer;
-use crate::spm::{Fragment, Special, SpmEncoder};
+use crate::spm::{Special, SpmEncoder};
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::AddedToken;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -465,10 +465,9 @@ impl Tokenizer {
                 }
             }
             Encoder::Spm(spm) => {
-                let frags: Vec<Fragment> = parts
+                let frags = parts
                     .iter()
-                    .flat_map(|&(text, parse_special)| spm.partition(text, parse_special))
-                    .collect();
+                    .flat_map(|&(text, parse_special)| spm.partition(text, parse_special));
                 spm.encode_fragments(frags, &mut ids)
                     .map_err(ModelError::Tokenizer)?;
             }

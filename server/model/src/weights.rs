@@ -47,9 +47,18 @@ impl Fused {
 
     /// Whether any part needs Q8_K activations.
     pub fn needs_q8k(&self) -> bool {
+        self.parts().iter().any(QMatrix::needs_q8k)
+    }
+
+    /// Whether any part needs Q8_1 activations.
+    pub fn needs_q8_1(&self) -> bool {
+        self.parts().iter().any(QMatrix::needs_q8_1)
+    }
+
+    fn parts(&self) -> &[QMatrix] {
         match self {
-            Fused::One(m) => m.needs_q8k(),
-            Fused::Many(v) => v.iter().any(|m| m.needs_q8k()),
+            Fused::One(m) => std::slice::from_ref(m),
+            Fused::Many(v) => v,
         }
     }
 

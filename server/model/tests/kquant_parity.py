@@ -67,9 +67,8 @@ class InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
-def graph_matmul(base, cpu, ty, raw, rows, xs):
-    """`raw` (rows × COLS of type `ty`) times the f32 rows `xs`, through
-    ggml's graph: its tiled path for 8+ rows. Token-major f32 bits."""
+def declare_graph_api(base, cpu):
+    """The ggml graph functions `graph_matmul` calls, with their C types."""
     for f in ["ggml_init", "ggml_new_tensor_2d", "ggml_mul_mat", "ggml_new_graph", "ggml_get_data"]:
         getattr(base, f).restype = ctypes.c_void_p
     base.ggml_init.argtypes = [InitParams]
@@ -80,6 +79,11 @@ def graph_matmul(base, cpu, ty, raw, rows, xs):
     base.ggml_get_data.argtypes = [ctypes.c_void_p]
     base.ggml_free.argtypes = [ctypes.c_void_p]
     cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+
+
+def graph_matmul(base, cpu, ty, raw, rows, xs):
+    """`raw` (rows × COLS of type `ty`) times the f32 rows `xs`, through
+    ggml's graph: its tiled path for 8+ rows. Token-major f32 bits."""
     ctx = base.ggml_init(InitParams(256 << 20, None, False))
     a = base.ggml_new_tensor_2d(ctx, ty, COLS, rows)
     ctypes.memmove(base.ggml_get_data(a), raw, len(raw))
@@ -96,8 +100,9 @@ def graph_matmul(base, cpu, ty, raw, rows, xs):
     return out
 
 
-def check_tiled(base, rng):
+def check_tiled(base, cpu, rng):
     """Failures of the tiled order against ggml's graph (see the module doc)."""
+    declare_graph_api(base, cpu)
     failed = 0
     rows = 64
     for name in ["q4_K", "q5_K", "q6_K"]:
@@ -112,7 +117,7 @@ def check_tiled(base, rng):
         for n_tok in [8, 9, 16, 17, 40]:
             xs = [(rng.standard_normal(COLS) * rng.standard_normal(COLS) * rng.uniform(0.01, 4)).astype(np.float32)
                   for _ in range(n_tok)]
-            want = graph_matmul(base, CPU, ty, b"".join(raws), rows, xs)
+            want = graph_matmul(base, cpu, ty, b"".join(raws), rows, xs)
             req = {"kind": name, "cols": COLS, "rows": [r.hex() for r in raws],
                    "xs": [[float(v) for v in x] for x in xs]}
             got = np.array(R.probe("ktiled", stdin=json.dumps(req))["out"], dtype=np.uint32)
@@ -123,18 +128,13 @@ def check_tiled(base, rng):
     return failed
 
 
-CPU = None
-
-
 def main():
-    global CPU
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     found = libs()
     if found is None:
         print("NOTICE: llama-cpp-python's libggml libraries not found; skipping")
         return 0
     base, cpu = found
-    CPU = cpu
     rng = np.random.default_rng(2026)
     failed = 0
     for name, (ty, qk, bb, qfn) in TYPES.items():
@@ -165,7 +165,7 @@ def main():
               f"ggml_vec_dot_{name}_{ {6: 'q8_0', 7: 'q8_1'}.get(ty, 'q8_K') } bit for bit")
         for i in bad[:3]:
             print(f"  row {i}: llama.cpp {np.uint32(want[i]).view(np.float32)!r} ours {np.uint32(got[i]).view(np.float32)!r}")
-    failed += check_tiled(base, rng)
+    failed += check_tiled(base, cpu, rng)
     return 1 if failed else 0
 
 
