@@ -19,7 +19,7 @@ use crate::backend::{
 use crate::error::ModelError;
 use crate::ggml::Flavor;
 use crate::gguf::Config;
-use crate::pool::{ThreadPool, split_range};
+use crate::pool::ThreadPool;
 use crate::quant::{Acts, BlockQ8_1, QK, QMatrix, quantize_q8_1};
 use crate::quant_k::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::rope::{apply_rope, rope_table};
@@ -86,7 +86,7 @@ struct Scratch {
     actqk: Vec<BlockQ8K>,
     lastqk: Vec<BlockQ8K>,
     rope: Vec<(f32, f32)>,
-    /// Per pool thread: K and V of one head as f32, then scores.
+    /// Per pool thread: attention scratch (lane accumulators, then scores).
     per_thread: Vec<Mutex<Vec<f32>>>,
     /// Capacity (positions) `per_thread` is sized for.
     per_thread_cap: usize,
@@ -145,7 +145,7 @@ impl CpuBackend {
     fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
         let c = &self.config;
         if s.per_thread.len() != self.pool.n_threads() || s.per_thread_cap < capacity {
-            let per = capacity * c.head_dim * 2 + 64 * c.head_dim + capacity.div_ceil(16) * 16;
+            let per = 64 * c.head_dim + capacity.div_ceil(16) * 16;
             s.per_thread = (0..self.pool.n_threads())
                 .map(|_| Mutex::new(vec![0f32; per]))
                 .collect();
@@ -434,21 +434,30 @@ impl CpuBackend {
         let scale = 1.0 / (hd as f32).sqrt();
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let items = rows.len() * n_kv;
-        self.pool.run(&|i, nt| {
+        // Items (token, kv head) cost in proportion to the token's position,
+        // so a prompt's even split by count left one thread the cheap early
+        // tokens and the other the dear late ones (the cheap one then waited
+        // for half the attention time). Threads instead take items one at a
+        // time, dearest (latest rows) first.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        self.pool.run(&|i, _| {
             let out_ptr = &out_ptr;
             let mut buf = per_thread[i].lock().unwrap_or_else(|e| e.into_inner());
-            for item in split_range(items, i, nt, 1) {
+            loop {
+                let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if taken >= items {
+                    break;
+                }
+                let item = items - 1 - taken;
                 let (t, g) = (item / n_kv, item % n_kv);
                 let (seg, p) = rows[t];
                 let view = &views[seg];
                 let cap = view.cap;
-                let (kf, rest) = buf.split_at_mut(cap * hd);
-                let (vf, rest) = rest.split_at_mut(cap * hd);
-                let (acc, scores) = rest.split_at_mut(64 * hd);
+                let (acc, scores) = buf.split_at_mut(64 * hd);
                 let n_pos = p + 1;
                 let base = (layer * n_kv + g) * cap * hd;
-                view.k[base..base + n_pos * hd].convert_to_f32_slice(&mut kf[..n_pos * hd]);
-                view.v[base..base + n_pos * hd].convert_to_f32_slice(&mut vf[..n_pos * hd]);
+                let k = &view.k[base..base + n_pos * hd];
+                let v = &view.v[base..base + n_pos * hd];
                 for h in g * rep..(g + 1) * rep {
                     let mut q = [0f32; crate::gguf::MAX_HEAD_DIM];
                     let q = &mut q[..hd];
@@ -459,21 +468,21 @@ impl CpuBackend {
                         *a = f16::from_f32(b).to_f32();
                     }
                     // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
-                    // row t, disjoint from every other item; `out` outlives
-                    // the parallel section.
+                    // row t, disjoint from every other item (each is taken
+                    // once); `out` outlives the parallel section.
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + h * hd), hd)
                     };
-                    let head = crate::ggml::Head {
+                    let head = crate::attention::CachedHead {
                         q16: q,
-                        kf: &kf[..n_pos * hd],
-                        vf: &vf[..n_pos * hd],
+                        k,
+                        v,
                         n_pos,
                         scale,
                         decode: view.decode,
                         flavor: self.flavor,
                     };
-                    crate::ggml::attention_head(&head, scores, acc, o);
+                    crate::attention::attention_head(&head, scores, acc, o);
                 }
             }
         });

@@ -120,15 +120,20 @@ fn has_fma() -> bool {
     })
 }
 
-const R: u32 = 0x4b40_0000; // 0x1.8p23
-const LOG2E: u32 = 0x3fb8_aa3b; // 0x1.715476p+0
-const LN2_LO: u32 = 0x35bf_be8e; // 0x1.7f7d1cp-20
-const LN2_HI: u32 = 0x3f31_7200; // 0x1.62e4p-1
-const C5: u32 = 0x3c07_2010; // 0x1.0e4020p-7
-const C4: u32 = 0x3d2b_9f17; // 0x1.573e2ep-5
-const C3: u32 = 0x3e2a_af33; // 0x1.555e66p-3
-const C2: u32 = 0x3eff_fedb; // 0x1.fffdb6p-2
-const C1: u32 = 0x3f7f_fff6; // 0x1.ffffecp-1
+/// `ggml_v_expf`'s constants (shared with the vectorised copy in
+/// `crate::attention`).
+pub(crate) mod expf_consts {
+    pub(crate) const R: u32 = 0x4b40_0000; // 0x1.8p23
+    pub(crate) const LOG2E: u32 = 0x3fb8_aa3b; // 0x1.715476p+0
+    pub(crate) const LN2_LO: u32 = 0x35bf_be8e; // 0x1.7f7d1cp-20
+    pub(crate) const LN2_HI: u32 = 0x3f31_7200; // 0x1.62e4p-1
+    pub(crate) const C5: u32 = 0x3c07_2010; // 0x1.0e4020p-7
+    pub(crate) const C4: u32 = 0x3d2b_9f17; // 0x1.573e2ep-5
+    pub(crate) const C3: u32 = 0x3e2a_af33; // 0x1.555e66p-3
+    pub(crate) const C2: u32 = 0x3eff_fedb; // 0x1.fffdb6p-2
+    pub(crate) const C1: u32 = 0x3f7f_fff6; // 0x1.ffffecp-1
+}
+use expf_consts::*;
 
 #[inline(always)]
 fn f(b: u32) -> f32 {
@@ -153,7 +158,7 @@ fn scale2(j: f32, n: f32) -> f32 {
 
 /// ggml's `ggml_v_expf`, one lane.
 #[inline(always)]
-fn expf_lane(x: f32, fl: Flavor) -> f32 {
+pub(crate) fn expf_lane(x: f32, fl: Flavor) -> f32 {
     let r = f(R);
     let z = x.mul_add(f(LOG2E), r);
     let n = z - r;

@@ -22,6 +22,7 @@
 //! # Ok::<(), samplerd_model::ModelError>(())
 //! ```
 
+pub mod attention;
 pub mod backend;
 pub mod chat;
 pub mod chat_tokens;
@@ -46,6 +47,8 @@ mod quant_k_tests;
 mod quant_kernels;
 pub mod quant_q5_0;
 pub mod quant_q5_1;
+#[cfg(target_arch = "x86_64")]
+mod quant_tokens_avx2;
 pub mod rope;
 mod spm;
 pub mod streamer;

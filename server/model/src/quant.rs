@@ -23,7 +23,7 @@
 use crate::pool::{ThreadPool, split_range};
 pub use crate::quant_convert::KQuant;
 use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
-use crate::quant_kernels::kernels;
+use crate::quant_kernels::{Kernels, kernels};
 pub use crate::quant_kernels::{kernel_name, scalar};
 use crate::quant_q5_0::{self, BlockQ5_0};
 use crate::quant_q5_1::BlockQ5_1;
@@ -426,6 +426,11 @@ impl QMatrix {
             // blocks (same products, same order: see `quant_q5_0`) instead of
             // once per token.
             let mut expanded: Vec<BlockQ8_0> = Vec::new();
+            // Several tokens of a 32-value format: all of them through the
+            // tile at once (each weight block unpacked once for several
+            // tokens), into `local` (token-major), then to `out`.
+            let by_tokens = n_tok > 1 && Kernels::takes_tokens(self);
+            let mut local: Vec<f32> = Vec::new();
             while r0 < range.end {
                 let r1 = (r0 + 64).min(range.end);
                 if let (QMatrix::Q5_0 { blocks, .. }, true) = (self, n_tok > 1) {
@@ -434,6 +439,20 @@ impl QMatrix {
                         d: b.d,
                         qs: quant_q5_0::values(b),
                     }));
+                }
+                if by_tokens {
+                    let n = r1 - r0;
+                    local.resize(n * n_tok, 0.0);
+                    k.tokens(self, r0..r1, &expanded, xq.q8, n_tok, &mut local);
+                    for (t, part) in local.chunks_exact(n).enumerate() {
+                        // SAFETY: as below: this thread's rows of token t.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), n)
+                        };
+                        dst.copy_from_slice(part);
+                    }
+                    r0 = r1;
+                    continue;
                 }
                 for t in 0..n_tok {
                     let (a, ak) = if self.needs_q8k() {

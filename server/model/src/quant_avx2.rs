@@ -52,7 +52,7 @@ pub(crate) fn rows_safe<K: RowDot, const N: usize>(w: &[K::W], a: &[K::A], out: 
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows<K: RowDot, const N: usize>(w: &[K::W], a: &[K::A], out: &mut [f32]) {
+pub(crate) unsafe fn rows<K: RowDot, const N: usize>(w: &[K::W], a: &[K::A], out: &mut [f32]) {
     let nb = a.len();
     assert!(w.len() >= out.len() * nb);
     let mut r = 0;
@@ -99,7 +99,7 @@ unsafe fn load_q8_1(a: &BlockQ8_1) -> __m256i {
 /// ggml's `bytes_from_nibbles_32`: the low nibbles of `qs` in bytes 0..16,
 /// the high ones in 16..32.
 #[inline(always)]
-unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
+pub(crate) unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
     // SAFETY: avx2 enabled by the callers; the 16-byte load is `qs`.
     unsafe {
         let b = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
@@ -112,7 +112,7 @@ unsafe fn nibbles_32(qs: &[u8; 16]) -> __m256i {
 
 /// ggml's `bytes_from_bits_32`: byte `i` is 0xFF where bit `i` is set.
 #[inline(always)]
-unsafe fn bytes_from_bits_32(x: u32) -> __m256i {
+pub(crate) unsafe fn bytes_from_bits_32(x: u32) -> __m256i {
     // SAFETY: avx2 enabled by the callers; register-only intrinsics.
     unsafe {
         let shuf = _mm256_set_epi64x(

@@ -23,7 +23,15 @@ pub(crate) struct Kernels {
     q4k_t: TiledFn<BlockQ4K>,
     q5k_t: TiledFn<BlockQ5K>,
     q6k_t: TiledFn<BlockQ6K>,
+    /// Several tokens at once (`a`: their blocks one after another; `out`:
+    /// token-major), for a prompt's products.
+    q8_0_x: TokensFn<BlockQ8_0>,
+    q4_1_x: TokensFn<BlockQ4_1>,
+    q5_1_x: TokensFn<BlockQ5_1>,
 }
+
+/// A several-token kernel: `(w, a, n_tok, out)`.
+type TokensFn<B> = fn(&[B], &[BlockQ8_1], usize, &mut [f32]);
 
 /// A tiled-order K-quant kernel.
 type TiledFn<B> = fn(&[B], &[BlockQ8K], &mut [f32]);
@@ -45,6 +53,9 @@ impl Kernels {
             q4k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q4k),
             q5k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q5k),
             q6k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q6k),
+            q8_0_x: scalar::rows_tokens,
+            q4_1_x: scalar::rows_tokens,
+            q5_1_x: scalar::rows_tokens,
         }
     }
 
@@ -55,7 +66,9 @@ impl Kernels {
     pub(crate) fn avx2() -> Option<Kernels> {
         use crate::quant_avx2::rows_safe as rows;
         use crate::quant_k_avx2::tiled_safe as tiled;
+        use crate::quant_tokens_avx2::tokens_safe as tokens;
         let f = samplerd_numerics::features();
+        let vnni = crate::quant_tokens_avx2::has_vnni();
         (f.avx2() && f.fma()).then_some(Kernels {
             name: "avx2",
             q8_0: rows::<BlockQ8_0, 4>,
@@ -68,6 +81,24 @@ impl Kernels {
             q4k_t: tiled::<BlockQ4K>,
             q5k_t: tiled::<BlockQ5K>,
             q6k_t: tiled::<BlockQ6K>,
+            // 4 rows × 4 tokens where VNNI brings AVX-512's 32 registers
+            // (16 accumulators fit), 4 × 2 in AVX2's 16; measured in
+            // docs/PERFORMANCE.md ("Model host and Generate").
+            q8_0_x: if vnni {
+                tokens::<BlockQ8_0, 4, 4>
+            } else {
+                tokens::<BlockQ8_0, 4, 2>
+            },
+            q4_1_x: if vnni {
+                tokens::<BlockQ4_1, 4, 4>
+            } else {
+                tokens::<BlockQ4_1, 4, 2>
+            },
+            q5_1_x: if vnni {
+                tokens::<BlockQ5_1, 4, 4>
+            } else {
+                tokens::<BlockQ5_1, 4, 2>
+            },
         })
     }
 
@@ -108,6 +139,42 @@ impl Kernels {
                 unreachable!("F16/BF16 products run in QMatrix::matmul_half")
             }
         }
+    }
+}
+
+impl Kernels {
+    /// Rows `r` of `m` (whose format [`Kernels::takes_tokens`]) times the
+    /// `n_tok` tokens of `a` into `dst` (token-major, `r.len()` a token).
+    /// `expanded`: `m`'s rows `r` as Q8_0 when `m` is Q5_0.
+    pub(crate) fn tokens(
+        &self,
+        m: &QMatrix,
+        r: std::ops::Range<usize>,
+        expanded: &[BlockQ8_0],
+        a: &[BlockQ8_1],
+        n_tok: usize,
+        dst: &mut [f32],
+    ) {
+        let nb = m.cols() / crate::quant::QK;
+        let part = r.start * nb..r.end * nb;
+        match m {
+            QMatrix::Q8_0 { blocks, .. } => (self.q8_0_x)(&blocks[part], a, n_tok, dst),
+            QMatrix::Q4_1 { blocks, .. } => (self.q4_1_x)(&blocks[part], a, n_tok, dst),
+            QMatrix::Q5_0 { .. } => (self.q8_0_x)(expanded, a, n_tok, dst),
+            QMatrix::Q5_1 { blocks, .. } => (self.q5_1_x)(&blocks[part], a, n_tok, dst),
+            _ => unreachable!("Kernels::takes_tokens is false for {}", m.format()),
+        }
+    }
+
+    /// Whether [`Kernels::tokens`] multiplies `m` (the 32-value formats).
+    pub(crate) fn takes_tokens(m: &QMatrix) -> bool {
+        matches!(
+            m,
+            QMatrix::Q8_0 { .. }
+                | QMatrix::Q4_1 { .. }
+                | QMatrix::Q5_0 { .. }
+                | QMatrix::Q5_1 { .. }
+        )
     }
 }
 
@@ -166,5 +233,116 @@ pub mod scalar {
 
     pub fn rows<B: Block32>(w: &[B], a: &[BlockQ8_1], out: &mut [f32]) {
         each_row(w, a, out, dot)
+    }
+
+    /// [`rows`] for each of `n_tok` tokens (`a` and `out` token-major).
+    pub fn rows_tokens<B: Block32>(w: &[B], a: &[BlockQ8_1], n_tok: usize, out: &mut [f32]) {
+        let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
+        for (a, out) in a.chunks_exact(nb).zip(out.chunks_exact_mut(n_rows)) {
+            rows(w, a, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::ThreadPool;
+    use crate::quant::{Acts, quantize_q8_1};
+    use crate::test_rng::Lcg;
+    use half::f16;
+
+    /// `n` random GGUF blocks of a 32-value format: an f16 scale (and an
+    /// f16 minimum where `with_min`), then `rest` random bytes.
+    fn raw_blocks(n: usize, with_min: bool, rest: usize, r: &mut Lcg) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for _ in 0..n {
+            raw.extend_from_slice(&f16::from_f32(0.01 + r.f().abs() * 0.1).to_le_bytes());
+            if with_min {
+                raw.extend_from_slice(&f16::from_f32(-r.f().abs()).to_le_bytes());
+            }
+            raw.extend((0..rest).map(|_| r.byte()));
+        }
+        raw
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// A prompt's product (several tokens through `Kernels::tokens`, on the
+    /// pool, 64-row tiles) equals each token's one-token product bit for
+    /// bit, for every 32-value format, row counts that leave partial row
+    /// groups and token counts that leave partial token groups; and the
+    /// AVX2 several-token kernels equal the scalar ones.
+    #[test]
+    fn several_tokens_equal_one_token_at_a_time() {
+        let mut r = Lcg(21);
+        let pool = ThreadPool::new(2);
+        for (rows, cols) in [(1usize, 64usize), (5, 96), (67, 64), (130, 128)] {
+            let nb = rows * cols / 32;
+            let mats = [
+                QMatrix::from_q8_0_bytes(rows, cols, &raw_blocks(nb, false, 32, &mut r)),
+                QMatrix::from_q4_1_bytes(rows, cols, &raw_blocks(nb, true, 16, &mut r)),
+                QMatrix::from_q5_0_bytes(rows, cols, &raw_blocks(nb, false, 20, &mut r)),
+                QMatrix::from_q5_1_bytes(rows, cols, &raw_blocks(nb, true, 20, &mut r)),
+            ];
+            for m in mats.into_iter().map(|m| m.expect("whole blocks")) {
+                for n_tok in [2usize, 3, 5] {
+                    let x: Vec<f32> = (0..n_tok * cols).map(|_| r.f() * 4.0).collect();
+                    let mut xq = vec![BlockQ8_1::default(); n_tok * cols / 32];
+                    quantize_q8_1(&x, &mut xq);
+                    let mut got = vec![0f32; n_tok * rows];
+                    m.matmul(&pool, Acts::q8(&xq), n_tok, &mut got);
+                    let mut want = vec![0f32; n_tok * rows];
+                    for t in 0..n_tok {
+                        let a = &xq[t * cols / 32..(t + 1) * cols / 32];
+                        m.matmul(&pool, Acts::q8(a), 1, &mut want[t * rows..(t + 1) * rows]);
+                    }
+                    let what = format!("{} {rows}x{cols}, {n_tok} tokens", m.format());
+                    assert_eq!(bits(&got), bits(&want), "matmul: {what}");
+                    let expanded: Vec<BlockQ8_0> = match &m {
+                        QMatrix::Q5_0 { blocks, .. } => blocks
+                            .iter()
+                            .map(|b| BlockQ8_0 {
+                                d: b.d,
+                                qs: crate::quant_q5_0::values(b),
+                            })
+                            .collect(),
+                        _ => Vec::new(),
+                    };
+                    let mut scalar = vec![0f32; n_tok * rows];
+                    Kernels::scalar().tokens(&m, 0..rows, &expanded, &xq, n_tok, &mut scalar);
+                    assert_eq!(bits(&scalar), bits(&want), "scalar kernels: {what}");
+                    if let Some(avx2) = Kernels::avx2() {
+                        let mut v = vec![0f32; n_tok * rows];
+                        avx2.tokens(&m, 0..rows, &expanded, &xq, n_tok, &mut v);
+                        assert_eq!(bits(&v), bits(&want), "avx2 kernels: {what}");
+                        // The build without VNNI, whatever this CPU has.
+                        #[cfg(target_arch = "x86_64")]
+                        {
+                            use crate::quant_tokens_avx2::tokens_no_vnni as no_vnni;
+                            let mut v = vec![0f32; n_tok * rows];
+                            match &m {
+                                QMatrix::Q8_0 { blocks, .. } => {
+                                    no_vnni::<_, 4, 2>(blocks, &xq, n_tok, &mut v)
+                                }
+                                QMatrix::Q4_1 { blocks, .. } => {
+                                    no_vnni::<_, 4, 2>(blocks, &xq, n_tok, &mut v)
+                                }
+                                QMatrix::Q5_0 { .. } => {
+                                    no_vnni::<_, 4, 2>(&expanded, &xq, n_tok, &mut v)
+                                }
+                                QMatrix::Q5_1 { blocks, .. } => {
+                                    no_vnni::<_, 4, 2>(blocks, &xq, n_tok, &mut v)
+                                }
+                                _ => unreachable!(),
+                            }
+                            assert_eq!(bits(&v), bits(&want), "avx2 kernels without VNNI: {what}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }
