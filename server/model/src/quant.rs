@@ -431,46 +431,58 @@ impl QMatrix {
             // tokens), into `local` (token-major), then to `out`.
             let by_tokens = n_tok > 1 && Kernels::takes_tokens(self);
             let mut local: Vec<f32> = Vec::new();
+            // Copies `part` (token-major, rows r0..r0 + n) to tokens t0.. of `out`.
+            let put = |t0: usize, r0: usize, n: usize, part: &[f32]| {
+                for (t, part) in part.chunks_exact(n).enumerate() {
+                    // SAFETY: threads write disjoint row ranges of each token's
+                    // output row (`split_range` partitions `0..rows`), and
+                    // `out` outlives `pool.run`, which returns only after all
+                    // parts finish; `(t0 + t) * rows + r0 + n <= out.len()`.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.0.add((t0 + t) * rows + r0), n)
+                    };
+                    dst.copy_from_slice(part);
+                }
+            };
             while r0 < range.end {
                 let r1 = (r0 + 64).min(range.end);
-                if let (QMatrix::Q5_0 { blocks, .. }, true) = (self, n_tok > 1) {
-                    expanded.clear();
-                    expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(|b| BlockQ8_0 {
-                        d: b.d,
-                        qs: quant_q5_0::values(b),
-                    }));
-                }
+                let n = r1 - r0;
                 if by_tokens {
-                    let n = r1 - r0;
+                    if let QMatrix::Q5_0 { blocks, .. } = self {
+                        expanded.clear();
+                        expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(|b| BlockQ8_0 {
+                            d: b.d,
+                            qs: quant_q5_0::values(b),
+                        }));
+                    }
                     local.resize(n * n_tok, 0.0);
                     k.tokens(self, r0..r1, &expanded, xq.q8, n_tok, &mut local);
-                    for (t, part) in local.chunks_exact(n).enumerate() {
-                        // SAFETY: as below: this thread's rows of token t.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), n)
-                        };
-                        dst.copy_from_slice(part);
-                    }
+                    put(0, r0, n, &local);
                     r0 = r1;
                     continue;
                 }
-                for t in 0..n_tok {
+                let mut t = 0;
+                while t < n_tok {
+                    // A run of tiled tokens (a prompt step's K-quant
+                    // products): all of them at once.
+                    let run = (t..n_tok).take_while(|&u| tiled(u)).count();
+                    if self.needs_q8k() && run > 1 {
+                        local.resize(n * run, 0.0);
+                        let ak = &xq.q8k[t * nb..(t + run) * nb];
+                        k.tiled_tokens(self, r0..r1, ak, run, &mut local);
+                        put(t, r0, n, &local);
+                        t += run;
+                        continue;
+                    }
                     let (a, ak) = if self.needs_q8k() {
                         (&[][..], &xq.q8k[t * nb..(t + 1) * nb])
                     } else {
                         (&xq.q8[t * nb..(t + 1) * nb], &[][..])
                     };
-                    // SAFETY: threads write disjoint row ranges of each token's
-                    // output row (`split_range` partitions `0..rows`), and
-                    // `out` outlives `pool.run`, which returns only after all
-                    // parts finish; `t * rows + r1 <= out.len()`.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), r1 - r0)
-                    };
-                    match self {
-                        QMatrix::Q5_0 { .. } if n_tok > 1 => (k.q8_0)(&expanded, a, dst),
-                        _ => k.tile(self, r0..r1, a, ak, tiled(t), dst),
-                    }
+                    local.resize(n, 0.0);
+                    k.tile(self, r0..r1, a, ak, tiled(t), &mut local);
+                    put(t, r0, n, &local);
+                    t += 1;
                 }
                 r0 = r1;
             }

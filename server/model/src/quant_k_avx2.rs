@@ -30,8 +30,16 @@ unsafe fn min_prods(m: &[u8; 8], y: &BlockQ8K) -> __m128i {
 
 /// A K-quant block's AVX2 integer products with a Q8_K block.
 pub(crate) trait KLanes {
-    /// The eight int32 lanes of the block times `y` (ggml's `sumi`).
-    unsafe fn lanes(&self, y: &BlockQ8K) -> __m256i;
+    /// The eight int32 lanes of the block times each of `T` Q8_K blocks
+    /// (ggml's `sumi`), the weights unpacked once for all of them.
+    unsafe fn lanes_tokens<const T: usize>(&self, ys: [&BlockQ8K; T]) -> [__m256i; T];
+    /// The eight int32 lanes of the block times `y`.
+    #[inline(always)]
+    unsafe fn lanes(&self, y: &BlockQ8K) -> __m256i {
+        // SAFETY: the callers' contract (avx2 enabled).
+        let [l] = unsafe { self.lanes_tokens([y]) };
+        l
+    }
     /// The sub-block minimums and their scale `dmin` (Q4_K, Q5_K; Q6_K has
     /// none: its `- 32` is in the lanes).
     fn mins(&self) -> Option<(&[u8; 8], f32)>;
@@ -39,9 +47,14 @@ pub(crate) trait KLanes {
 }
 
 /// The eight int32 lanes of a Q4_K block, or with `qh` a Q5_K one (its
-/// fifth bits added as 16), times one Q8_K block.
+/// fifth bits added as 16), times each of `T` Q8_K blocks.
 #[inline(always)]
-unsafe fn k45_lanes(sc: &[u8; 8], qs: &[u8; 128], qh: Option<&[u8; 32]>, y: &BlockQ8K) -> __m256i {
+unsafe fn k45_lanes<const T: usize>(
+    sc: &[u8; 8],
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    ys: [&BlockQ8K; T],
+) -> [__m256i; T] {
     // SAFETY: avx2 enabled by the callers; every 32-byte load lies inside
     // `qs` (128 bytes), `qh` (32 bytes) or `y.qs` (256 bytes).
     unsafe {
@@ -54,7 +67,7 @@ unsafe fn k45_lanes(sc: &[u8; 8], qs: &[u8; 128], qh: Option<&[u8; 32]>, y: &Blo
             Some(qh) => Some(_mm256_loadu_si256(qh.as_ptr() as *const __m256i)),
             None => None,
         };
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); T];
         for j in 0..4 {
             let scale_0 = _mm256_set1_epi16(sc[2 * j] as i16);
             let scale_1 = _mm256_set1_epi16(sc[2 * j + 1] as i16);
@@ -72,11 +85,13 @@ unsafe fn k45_lanes(sc: &[u8; 8], qs: &[u8; 128], qh: Option<&[u8; 32]>, y: &Blo
                 q_0 = _mm256_add_epi8(q_0, q5h_0);
                 q_1 = _mm256_add_epi8(q_1, q5h_1);
             }
-            let q8_0 = _mm256_loadu_si256(y.qs.as_ptr().add(64 * j) as *const __m256i);
-            let q8_1 = _mm256_loadu_si256(y.qs.as_ptr().add(64 * j + 32) as *const __m256i);
-            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q_0, q8_0));
-            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q_1, q8_1));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+            for (y, sumi) in ys.iter().zip(&mut sumi) {
+                let q8_0 = _mm256_loadu_si256(y.qs.as_ptr().add(64 * j) as *const __m256i);
+                let q8_1 = _mm256_loadu_si256(y.qs.as_ptr().add(64 * j + 32) as *const __m256i);
+                let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q_0, q8_0));
+                let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q_1, q8_1));
+                *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(p16_0, p16_1));
+            }
         }
         sumi
     }
@@ -87,9 +102,9 @@ macro_rules! k45 {
     ($t:ty $(, $qh:ident)?) => {
         impl KLanes for $t {
             #[inline(always)]
-            unsafe fn lanes(&self, y: &BlockQ8K) -> __m256i {
+            unsafe fn lanes_tokens<const T: usize>(&self, ys: [&BlockQ8K; T]) -> [__m256i; T] {
                 // SAFETY: avx2 enabled by the callers.
-                unsafe { k45_lanes(&self.sc, &self.qs, k45!(@qh self $(, $qh)?), y) }
+                unsafe { k45_lanes(&self.sc, &self.qs, k45!(@qh self $(, $qh)?), ys) }
             }
             #[inline(always)]
             fn mins(&self) -> Option<(&[u8; 8], f32)> {
@@ -114,7 +129,7 @@ k45!(BlockQ5K, qh);
 
 impl KLanes for BlockQ6K {
     #[inline(always)]
-    unsafe fn lanes(&self, y: &BlockQ8K) -> __m256i {
+    unsafe fn lanes_tokens<const T: usize>(&self, ys: [&BlockQ8K; T]) -> [__m256i; T] {
         // SAFETY: avx2 enabled by the callers; the loads lie inside `self.ql`
         // (128 bytes), `self.qh` (64 bytes), `self.scales` (16 bytes), `y.qs` (256
         // bytes) and `y.bsums` (32 bytes).
@@ -125,9 +140,11 @@ impl KLanes for BlockQ6K {
             // subtracted from the lanes at the end.
             let scales16 =
                 _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr() as *const __m128i));
-            let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-            let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
-            let mut sumi = _mm256_setzero_si256();
+            let q8sclsub = ys.map(|y| {
+                let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+                _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5)
+            });
+            let mut sumi = [_mm256_setzero_si256(); T];
             for j in 0..2 {
                 let q4bits1 = _mm256_loadu_si256(self.ql.as_ptr().add(64 * j) as *const __m256i);
                 let q4bits2 =
@@ -143,22 +160,26 @@ impl KLanes for BlockQ6K {
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m4), h2),
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m4), h3),
                 ];
-                let mut p = [_mm256_setzero_si256(); 4];
-                for c in 0..4 {
-                    let q8 =
-                        _mm256_loadu_si256(y.qs.as_ptr().add(128 * j + 32 * c) as *const __m256i);
-                    let p16 = _mm256_maddubs_epi16(q[c], q8);
+                let scale: [__m256i; 4] = std::array::from_fn(|c| {
                     let s = 8 * j + 2 * c;
-                    let scale = _mm256_set_m128i(
+                    _mm256_set_m128i(
                         _mm_set1_epi16(self.scales[s + 1] as i16),
                         _mm_set1_epi16(self.scales[s] as i16),
-                    );
-                    p[c] = _mm256_madd_epi16(scale, p16);
+                    )
+                });
+                for (y, sumi) in ys.iter().zip(&mut sumi) {
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    for c in 0..4 {
+                        let q8 = _mm256_loadu_si256(
+                            y.qs.as_ptr().add(128 * j + 32 * c) as *const __m256i
+                        );
+                        p[c] = _mm256_madd_epi16(scale[c], _mm256_maddubs_epi16(q[c], q8));
+                    }
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(p[0], p[1]));
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(p[2], p[3]));
                 }
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
             }
-            _mm256_sub_epi32(sumi, q8sclsub)
+            std::array::from_fn(|t| _mm256_sub_epi32(sumi[t], q8sclsub[t]))
         }
     }
     #[inline(always)]
@@ -336,5 +357,62 @@ unsafe fn tiled_rows<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
             acc = tiled_step(s1, s2, x.d(), dmin, y.d, acc);
         }
         *o = acc;
+    }
+}
+
+/// [`tiled_safe`] for the `n_tok` tokens whose blocks follow one another
+/// in `a` (`out` token-major): `T` tokens at a time, each weight block
+/// unpacked once for all of them; every output keeps its own order.
+pub(crate) fn tiled_tokens_safe<B: KLanes, const T: usize>(
+    w: &[B],
+    a: &[BlockQ8K],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: as for `tiled_safe`.
+    unsafe { tiled_tokens::<B, T>(w, a, n_tok, out) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiled_tokens<B: KLanes, const T: usize>(
+    w: &[B],
+    a: &[BlockQ8K],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    assert!(n_tok > 0 && a.len().is_multiple_of(n_tok) && out.len().is_multiple_of(n_tok));
+    let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
+    assert!(w.len() >= n_rows * nb);
+    let mut t = 0;
+    while t + T <= n_tok {
+        let ys: [&[BlockQ8K]; T] = std::array::from_fn(|i| &a[(t + i) * nb..(t + i + 1) * nb]);
+        for (r, row) in w.chunks_exact(nb).take(n_rows).enumerate() {
+            let mut acc = [0f32; T];
+            for (i, x) in row.iter().enumerate() {
+                let y: [&BlockQ8K; T] = std::array::from_fn(|k| &ys[k][i]);
+                // SAFETY: avx2 and fma are enabled in this function.
+                let lanes = unsafe { x.lanes_tokens(y) };
+                for k in 0..T {
+                    // SAFETY: as above.
+                    let s1 = unsafe { hsum_i32(lanes[k]) };
+                    let (s2, dmin) = match x.mins() {
+                        // SAFETY: as above.
+                        Some((m, dmin)) => (unsafe { hsum_i32_4(min_prods(m, y[k])) }, dmin),
+                        None => (0, 0.0),
+                    };
+                    acc[k] = tiled_step(s1, s2, x.d(), dmin, y[k].d, acc[k]);
+                }
+            }
+            for (k, acc) in acc.iter().enumerate() {
+                out[(t + k) * n_rows + r] = *acc;
+            }
+        }
+        t += T;
+    }
+    while t < n_tok {
+        let o = &mut out[t * n_rows..(t + 1) * n_rows];
+        // SAFETY: as above.
+        unsafe { tiled_rows(w, &a[t * nb..(t + 1) * nb], o) };
+        t += 1;
     }
 }

@@ -171,6 +171,61 @@ fn simd_equals_scalar_and_f32() {
     }
 }
 
+/// A prompt's K-quant products (several tokens at once, runs of tiled
+/// tokens through `Kernels::tiled_tokens`) equal each token's own product
+/// bit for bit, with tiled and vector-dot tokens mixed in one batch; the
+/// AVX2 several-token kernels equal the scalar ones.
+#[test]
+fn several_tiled_tokens_equal_one_token_at_a_time() {
+    let mut r = Lcg(17);
+    let pool = ThreadPool::new(2);
+    for kind in [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K] {
+        for (rows, cols) in [(7usize, 2 * QK_K), (70, QK_K)] {
+            let raw = random_raw(kind, rows * cols / QK_K, &mut r);
+            let m = QMatrix::from_k_bytes(kind, rows, cols, &raw).unwrap();
+            let nb = cols / QK_K;
+            for tiled in [
+                &[true; 9][..],
+                &[true, true, false, true, true, true, true, true, false, true][..],
+            ] {
+                let n_tok = tiled.len();
+                let x: Vec<f32> = (0..n_tok * cols).map(|_| r.f() * 8.0).collect();
+                let mut xq = vec![BlockQ8K::default(); n_tok * nb];
+                quantize_q8_k(&x, &mut xq);
+                let acts = Acts {
+                    q8: &[],
+                    q8k: &xq,
+                    tiled,
+                    ..Acts::q8(&[])
+                };
+                let mut got = vec![0f32; n_tok * rows];
+                m.matmul(&pool, acts, n_tok, &mut got);
+                let mut want = Vec::new();
+                for (t, &tl) in tiled.iter().enumerate() {
+                    want.extend(k_matmul(&pool, &m, &xq[t * nb..(t + 1) * nb], &[tl]));
+                }
+                let what = format!("{kind:?} {rows}x{cols}, tiled {tiled:?}");
+                assert_eq!(bits(&got), bits(&want), "matmul: {what}");
+                if tiled.iter().all(|&t| t) {
+                    let run = |k: &Kernels| {
+                        let mut v = vec![0f32; n_tok * rows];
+                        k.tiled_tokens(&m, 0..rows, &xq, n_tok, &mut v);
+                        v
+                    };
+                    assert_eq!(
+                        bits(&run(&Kernels::scalar())),
+                        bits(&want),
+                        "scalar: {what}"
+                    );
+                    if let Some(avx2) = Kernels::avx2() {
+                        assert_eq!(bits(&run(&avx2)), bits(&want), "avx2: {what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn layouts_decode_like_candle() {
     let (rows, cols) = (3, 2 * QK_K);

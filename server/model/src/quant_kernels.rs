@@ -28,7 +28,14 @@ pub(crate) struct Kernels {
     q8_0_x: TokensFn<BlockQ8_0>,
     q4_1_x: TokensFn<BlockQ4_1>,
     q5_1_x: TokensFn<BlockQ5_1>,
+    /// The K-quants in the tiled order, several tokens at once.
+    q4k_tx: TiledTokensFn<BlockQ4K>,
+    q5k_tx: TiledTokensFn<BlockQ5K>,
+    q6k_tx: TiledTokensFn<BlockQ6K>,
 }
+
+/// A several-token tiled K-quant kernel: `(w, a, n_tok, out)`.
+type TiledTokensFn<B> = fn(&[B], &[BlockQ8K], usize, &mut [f32]);
 
 /// A several-token kernel: `(w, a, n_tok, out)`.
 type TokensFn<B> = fn(&[B], &[BlockQ8_1], usize, &mut [f32]);
@@ -56,6 +63,9 @@ impl Kernels {
             q8_0_x: scalar::rows_tokens,
             q4_1_x: scalar::rows_tokens,
             q5_1_x: scalar::rows_tokens,
+            q4k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, k::tiled_q4k),
+            q5k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, k::tiled_q5k),
+            q6k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, k::tiled_q6k),
         }
     }
 
@@ -66,6 +76,7 @@ impl Kernels {
     pub(crate) fn avx2() -> Option<Kernels> {
         use crate::quant_avx2::rows_safe as rows;
         use crate::quant_k_avx2::tiled_safe as tiled;
+        use crate::quant_k_avx2::tiled_tokens_safe as tiled_tokens;
         use crate::quant_tokens_avx2::tokens_safe as tokens;
         let f = samplerd_numerics::features();
         let vnni = crate::quant_tokens_avx2::has_vnni();
@@ -99,6 +110,9 @@ impl Kernels {
             } else {
                 tokens::<BlockQ5_1, 4, 2>
             },
+            q4k_tx: tiled_tokens::<BlockQ4K, 4>,
+            q5k_tx: tiled_tokens::<BlockQ5K, 4>,
+            q6k_tx: tiled_tokens::<BlockQ6K, 4>,
         })
     }
 
@@ -163,6 +177,26 @@ impl Kernels {
             QMatrix::Q5_0 { .. } => (self.q8_0_x)(expanded, a, n_tok, dst),
             QMatrix::Q5_1 { blocks, .. } => (self.q5_1_x)(&blocks[part], a, n_tok, dst),
             _ => unreachable!("Kernels::takes_tokens is false for {}", m.format()),
+        }
+    }
+
+    /// Rows `r` of the K-quant matrix `m` times the `n_tok` tokens of `ak`
+    /// (Q8_K), all in the tiled order, into `dst` (token-major).
+    pub(crate) fn tiled_tokens(
+        &self,
+        m: &QMatrix,
+        r: std::ops::Range<usize>,
+        ak: &[BlockQ8K],
+        n_tok: usize,
+        dst: &mut [f32],
+    ) {
+        let nb = m.cols() / quant_k::QK_K;
+        let part = r.start * nb..r.end * nb;
+        match m {
+            QMatrix::Q4K { blocks, .. } => (self.q4k_tx)(&blocks[part], ak, n_tok, dst),
+            QMatrix::Q5K { blocks, .. } => (self.q5k_tx)(&blocks[part], ak, n_tok, dst),
+            QMatrix::Q6K { blocks, .. } => (self.q6k_tx)(&blocks[part], ak, n_tok, dst),
+            _ => unreachable!("{} is no K-quant", m.format()),
         }
     }
 
@@ -233,6 +267,20 @@ pub mod scalar {
 
     pub fn rows<B: Block32>(w: &[B], a: &[BlockQ8_1], out: &mut [f32]) {
         each_row(w, a, out, dot)
+    }
+
+    /// [`each_row`] for each of `n_tok` tokens (`a` and `out` token-major).
+    pub fn each_token<W, A>(
+        w: &[W],
+        a: &[A],
+        n_tok: usize,
+        out: &mut [f32],
+        dot: impl Fn(&[W], &[A]) -> f32 + Copy,
+    ) {
+        let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
+        for (a, out) in a.chunks_exact(nb).zip(out.chunks_exact_mut(n_rows)) {
+            each_row(w, a, out, dot);
+        }
     }
 
     /// [`rows`] for each of `n_tok` tokens (`a` and `out` token-major).
