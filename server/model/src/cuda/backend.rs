@@ -1,6 +1,7 @@
-//! The CUDA [`Backend`]: weights uploaded once in their quantised block
-//! formats, one CUDA stream, KV cache and scratch per sequence, the forward
-//! pass as a fixed sequence of NVRTC-compiled kernels (see `kernels.cu`),
+//! The CUDA [`Backend`]: weights uploaded once in the CPU loader's block
+//! formats (every one it keeps: Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
+//! F16, BF16), one CUDA stream, KV cache and scratch per sequence, the forward
+//! pass as a fixed sequence of NVRTC-compiled kernels (see `kernels*.cu`),
 //! the decode step (one token) captured into a CUDA graph on first use and
 //! replayed afterwards, and the device sampling prefix ([`DeviceOp`]) that
 //! leaves at most k candidates to copy to the host.
@@ -89,8 +90,14 @@ pub struct CudaBackend {
     pub(super) rope_positions: usize,
     pub(super) opts: CudaOptions,
     /// Vector width (8 or 16) of the ggml build the CPU backend mirrors
-    /// (`crate::ggml::flavor`): attention and SiLU follow its lane order.
+    /// (`crate::ggml::flavor`): attention, SiLU and the F16/BF16 products
+    /// follow its lane order.
     pub(super) lanes: i32,
+    /// BF16 products in the `vdpbf16ps` pair order: the CPU backend's
+    /// choice for the AVX-512 flavour on a CPU with AVX-512 BF16
+    /// (`crate::ggml::dot_half_row`), so the device follows the host it
+    /// runs on there; never for `portable`.
+    pub(super) bf16_pairs: bool,
     pub(super) name: String,
 }
 
@@ -156,6 +163,8 @@ impl CudaBackend {
             rope_positions,
             opts,
             lanes: opts.flavor.lanes() as i32,
+            bf16_pairs: opts.flavor == crate::ggml::Flavor::Avx512
+                && crate::ggml::has_avx512_bf16(),
         })
     }
 

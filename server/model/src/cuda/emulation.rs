@@ -1,10 +1,12 @@
 //! The CUDA kernels checked bit for bit against the CPU backend without a
-//! GPU: `kernels.cu` is compiled as C++ with a small emulation of the CUDA
-//! built-ins (`emu/prelude.h`: a thread per CUDA thread, barriers, shuffles
-//! through shared slots) and run by `emu/harness.cpp` over cases whose
-//! expected results come from the CPU code itself (`ggml::attention_head`,
-//! `ggml::swiglu`, `forward::rms_norm`, `rope::apply_rope`,
-//! `quantize_q8_1`, `QMatrix::matmul`), in this CPU's ggml flavour. The GPU
+//! GPU: the kernel source is compiled as C++ with a small emulation of the
+//! CUDA built-ins (`emu/prelude.h`: a thread per CUDA thread, barriers,
+//! shuffles through shared slots) and run by `emu/harness.cpp` over cases
+//! whose expected results come from the CPU code itself
+//! (`ggml::attention_head`, `ggml::swiglu`, `forward::rms_norm`,
+//! `rope::apply_rope`, `quantize_q8_1`; every weight format's cases,
+//! `QMatrix::matmul` / `dequant_row` / `quantize_q8_k`, are in
+//! `emulation_formats`), in both ggml flavours. The GPU
 //! must match the CPU exactly (docs/ARCHITECTURE.md, "CUDA", and
 //! docs/perf-log/2026-11-30-cuda.md: last-bit differences change greedy
 //! tokens), so this runs with every `cargo test`,
@@ -18,32 +20,31 @@ use std::process::Command;
 use half::f16;
 
 use crate::ggml::{self, Flavor};
-use crate::pool::ThreadPool;
-use crate::quant::{BlockQ8_1, QK, QMatrix, quantize_q8_1};
+use crate::quant::{BlockQ8_1, QK, quantize_q8_1};
 use crate::test_rng::Lcg;
 
 const PRELUDE: &str = include_str!("emu/prelude.h");
 const HARNESS: &str = include_str!("emu/harness.cpp");
-const KERNELS: &str = include_str!("kernels.cu");
+const FORMATS: &str = include_str!("emu/formats.cpp");
 
-fn bytes<T>(v: &[T]) -> &[u8] {
+pub(super) fn bytes<T>(v: &[T]) -> &[u8] {
     // SAFETY: only used on slices of f32 / i32 / u16 / u8 and the
     // #[repr(C)] block structs, whose bytes are all initialised (no padding).
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
-struct Out(std::fs::File);
+pub(super) struct Out(std::fs::File);
 
 impl Out {
-    fn create(dir: &Path, name: &str) -> Out {
+    pub(super) fn create(dir: &Path, name: &str) -> Out {
         Out(std::fs::File::create(dir.join(name)).expect("case file"))
     }
-    fn put<T>(&mut self, v: &[T]) {
+    pub(super) fn put<T>(&mut self, v: &[T]) {
         self.0.write_all(bytes(v)).expect("case file write");
     }
 }
 
-fn quantized(x: &[f32]) -> Vec<BlockQ8_1> {
+pub(super) fn quantized(x: &[f32]) -> Vec<BlockQ8_1> {
     let mut q = vec![BlockQ8_1::default(); x.len() / QK];
     quantize_q8_1(x, &mut q);
     q
@@ -112,6 +113,7 @@ fn write_norm(dir: &Path, r: &mut Lcg) {
     f.put(&add);
     f.put(&w);
     f.put(&summed);
+    f.put(&normed);
     f.put(&quantized(&normed));
 }
 
@@ -126,49 +128,8 @@ fn write_swiglu(dir: &Path, r: &mut Lcg, fl: Flavor) {
     let mut f = Out::create(dir, "swiglu.bin");
     f.put(&[n as i32, n_ff as i32]);
     f.put(&gu);
+    f.put(&act);
     f.put(&quantized(&act));
-}
-
-fn write_mm(dir: &Path, r: &mut Lcg) {
-    let pool = ThreadPool::new(1);
-    // More than 32 blocks per row (two rounds of the warp kernel), fewer,
-    // and rows that do not fill the last block of threads.
-    let shapes = [(37usize, 1536usize), (37, 96), (5, 1056)];
-    let n = 2;
-    let mut f = Out::create(dir, "mm.bin");
-    f.put(&[(shapes.len() * 2) as i32]);
-    for &(rows, cols) in &shapes {
-        let x: Vec<f32> = (0..n * cols).map(|_| r.f31() * 3.0).collect();
-        let xq = quantized(&x);
-        let wf: Vec<f32> = (0..rows * cols).map(|_| r.f31()).collect();
-        let q8 = QMatrix::q8_0_from_f32(rows, cols, &wf).expect("q8_0 matrix");
-        let mut raw = Vec::new();
-        for _ in 0..rows * cols / QK {
-            raw.extend_from_slice(&f16::from_f32(r.f31() * 0.1).to_le_bytes());
-            raw.extend_from_slice(&f16::from_f32(r.f31() * 0.5).to_le_bytes());
-            raw.extend((0..16).map(|_| ((r.f31() + 1.0) * 127.0) as u8));
-        }
-        let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).expect("q4_1 matrix");
-        for m in [&q8, &q4] {
-            let mut out = vec![0f32; n * rows];
-            m.matmul(&pool, crate::quant::Acts::q8(&xq), n, &mut out);
-            let (is_q4, blocks) = match m {
-                QMatrix::Q8_0 { blocks, .. } => (0, bytes(blocks)),
-                QMatrix::Q4_1 { blocks, .. } => (1, bytes(blocks)),
-                _ => unreachable!("only Q8_0 and Q4_1 cases"),
-            };
-            f.put(&[
-                is_q4,
-                rows as i32,
-                cols as i32,
-                n as i32,
-                blocks.len() as i32,
-            ]);
-            f.put(blocks);
-            f.put(&xq);
-            f.put(&out);
-        }
-    }
 }
 
 fn write_rope(dir: &Path, r: &mut Lcg) {
@@ -208,15 +169,10 @@ fn write_rope(dir: &Path, r: &mut Lcg) {
 }
 
 /// Both arithmetic orders (`model.numerics`): `portable` is AVX2's on every
-/// CPU, `native` AVX-512's on AVX-512 CPUs.
+/// CPU, `native` AVX-512's on AVX-512 CPUs. The harness is compiled once and
+/// run over each flavour's cases.
 #[test]
 fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
-    for fl in [Flavor::Avx2, Flavor::Avx512] {
-        emulate(fl);
-    }
-}
-
-fn emulate(fl: Flavor) {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     if Command::new(&cxx).arg("--version").output().is_err() {
         eprintln!("NOTICE: no C++ compiler ({cxx}); skipping the CUDA kernel emulation check");
@@ -227,16 +183,11 @@ fn emulate(fl: Flavor) {
     for (name, text) in [
         ("prelude.h", PRELUDE),
         ("harness.cpp", HARNESS),
-        ("kernels.cu", KERNELS),
+        ("formats.cpp", FORMATS),
+        ("kernels_all.cu", super::KERNEL_SOURCE),
     ] {
         std::fs::write(d.join(name), text).expect("emulation sources");
     }
-    let mut r = Lcg(12345);
-    write_attention(d, &mut r, fl);
-    write_norm(d, &mut r);
-    write_swiglu(d, &mut r, fl);
-    write_mm(d, &mut r);
-    write_rope(d, &mut r);
     let exe = d.join("harness");
     let build = Command::new(&cxx)
         .args([
@@ -262,17 +213,31 @@ fn emulate(fl: Flavor) {
         }
         panic!("the emulated kernels do not compile with {cxx}:\n{err}");
     }
-    let run = Command::new(&exe)
-        .arg(d)
-        .arg(fl.lanes().to_string())
-        .output()
-        .expect("running the emulated kernels");
-    let report = String::from_utf8_lossy(&run.stdout);
-    eprintln!("{report}");
-    assert!(
-        run.status.success(),
-        "emulated CUDA kernels differ from the CPU backend ({:?} flavour):\n{report}{}",
-        fl,
-        String::from_utf8_lossy(&run.stderr)
-    );
+    // The cases that do not depend on the flavour run with the first only.
+    for (fl, shared) in [(Flavor::Avx2, true), (Flavor::Avx512, false)] {
+        let cases = d.join(fl.name());
+        std::fs::create_dir(&cases).expect("case dir");
+        let mut r = Lcg(12345);
+        write_attention(&cases, &mut r, fl);
+        write_swiglu(&cases, &mut r, fl);
+        if shared {
+            write_norm(&cases, &mut r);
+            write_rope(&cases, &mut r);
+        }
+        super::emulation_formats::write_cases(&cases, &mut r, fl, shared);
+        let run = Command::new(&exe)
+            .arg(&cases)
+            .arg(fl.lanes().to_string())
+            .arg((shared as i32).to_string())
+            .output()
+            .expect("running the emulated kernels");
+        let report = String::from_utf8_lossy(&run.stdout);
+        eprintln!("{report}");
+        assert!(
+            run.status.success(),
+            "emulated CUDA kernels differ from the CPU backend ({:?} flavour):\n{report}{}",
+            fl,
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
 }

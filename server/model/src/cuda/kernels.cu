@@ -1,26 +1,28 @@
 // samplerd's CUDA kernels, compiled at start-up with NVRTC (no toolkit
-// headers needed: f16 conversions are inline PTX, no <cuda_fp16.h>).
+// headers needed: f16 conversions are inline PTX, no <cuda_fp16.h>). This
+// file holds what every weight format shares (the activation kernels,
+// RoPE, attention, SwiGLU); the weight products and embedding lookups are
+// in kernels_q32.cu (Q8_0, Q4_1, Q5_0, Q5_1), kernels_kquant.cu (Q4_K,
+// Q5_K, Q6_K) and kernels_half.cu (F16, BF16), the device sampling in
+// kernels_sampling.cu; they are compiled as one source, in that order.
 //
 // The forward kernels reproduce server/model/src/forward.rs bit for bit:
-// Q8_0 / Q4_1 weight blocks with f32 scales (the CPU loader's unpacked
-// formats, uploaded as is), activations quantised to Q8_1 before every
-// weight product, the weight products in the CPU kernels' exact arithmetic
-// (eight lanes of four integer products per block, one fma per lane and
-// block, the same horizontal sum), and attention / SiLU in crate::ggml's
-// arithmetic (ggml's expf, the lane orders of llama.cpp's AVX2 or AVX-512
-// build, whichever the CPU backend uses). Only the order of the f64 sum in
-// RMSNorm differs. Compiled with --fmad=false: every fused multiply-add
-// below is explicit.
-//
-// The sampling kernels implement the device prefix of a sampler chain
-// (server/sampling/src/device_prefix.rs documents the semantics; its
-// `reference` module is the CPU twin the tests compare against).
+// every weight matrix in the CPU loader's block format (f32 scales, the
+// quants as stored, uploaded as is), the activations of each product in
+// the form its weights take on the CPU (Q8_1 blocks for the 32-value
+// formats, Q8_K for the K-quants, f32 rounded to f16 / bf16 for the half
+// formats), the weight products in the CPU kernels' exact arithmetic
+// (integer lane sums, one fma per lane and block, the same horizontal
+// sums, in whichever order crate::forward picks for the step), and
+// attention / SiLU in crate::ggml's arithmetic (ggml's expf, the lane
+// orders of llama.cpp's AVX2 or AVX-512 build, whichever the CPU backend
+// uses). Only the order of the f64 sum in RMSNorm differs. Compiled with
+// --fmad=false: every fused multiply-add below is explicit.
 
 #define F_INF __int_as_float(0x7f800000)
 #define F_MAX __int_as_float(0x7f7fffff)
 
-struct bq8_0 { float d; signed char qs[32]; };
-struct bq4_1 { float d; float m; unsigned char qs[16]; };
+// Q8_1 activation blocks (llama.cpp's block_q8_1, scales widened to f32).
 struct bq8_1 { float d; float s; signed char qs[32]; };
 
 #ifndef SAMPLERD_CUDA_EMULATION
@@ -94,27 +96,6 @@ __device__ __forceinline__ float reduce8_vec_dot(const float* x) {
     return __fadd_rn(__fadd_rn(t0, t1), __fadd_rn(t2, t3));
 }
 
-// out[t][:] = dequantised row tok[t] of the embedding (one block per token).
-extern "C" __global__ void embed_q8_0(const bq8_0* w, const unsigned int* tok, int cols, float* out) {
-    const int t = blockIdx.x;
-    const bq8_0* row = w + (size_t)tok[t] * (cols / 32);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const bq8_0* b = row + i / 32;
-        out[(size_t)t * cols + i] = __fmul_rn(b->d, (float)b->qs[i % 32]);
-    }
-}
-
-extern "C" __global__ void embed_q4_1(const bq4_1* w, const unsigned int* tok, int cols, float* out) {
-    const int t = blockIdx.x;
-    const bq4_1* row = w + (size_t)tok[t] * (cols / 32);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const bq4_1* b = row + i / 32;
-        const int j = i % 32;
-        const int q = j < 16 ? (b->qs[j] & 0x0F) : (b->qs[j - 16] >> 4);
-        out[(size_t)t * cols + i] = __fadd_rn(__fmul_rn(b->d, (float)q), b->m);
-    }
-}
-
 // llama.cpp's quantize_row_q8_1 (AVX2 path) of one 32-value block held one
 // value per lane of a warp; lane 0 writes the scales.
 __device__ __forceinline__ void quantize_block_warp(float v, bq8_1* b, int lane) {
@@ -143,14 +124,17 @@ extern "C" __global__ void quantize_q8_1(const float* x, bq8_1* out, int n_block
 // Per row of d values (one block of NORM_THREADS per row): optionally the
 // residual add x += add (written back), then RMSNorm (sum of squares in
 // f64 like ggml's CPU path) times w, quantised straight to Q8_1 blocks
-// (d % 32 == 0). Replaces add + rms_norm + quantize_q8_1 (three launches).
+// when `out` is set (d % 32 == 0) and kept as f32 in `outf` when set (the
+// input of F16/BF16 products and of quantize_q8_k). Replaces add +
+// rms_norm + quantize_q8_1 (three launches).
 #define NORM_THREADS 256
-extern "C" __global__ void add_norm_quant(float* x, const float* add, const float* w, bq8_1* out, int d,
-                                          float eps) {
+extern "C" __global__ void add_norm_quant(float* x, const float* add, const float* w, bq8_1* out, float* outf,
+                                          int d, float eps) {
     __shared__ double part[NORM_THREADS];
     float* xr = x + (size_t)blockIdx.x * d;
     const float* ar = add ? add + (size_t)blockIdx.x * d : 0;
-    bq8_1* orow = out + (size_t)blockIdx.x * (d / 32);
+    bq8_1* orow = out ? out + (size_t)blockIdx.x * (d / 32) : 0;
+    float* frow = outf ? outf + (size_t)blockIdx.x * d : 0;
     double s = 0.0;
     for (int i = threadIdx.x; i < d; i += NORM_THREADS) {
         float v = xr[i];
@@ -170,7 +154,9 @@ extern "C" __global__ void add_norm_quant(float* x, const float* add, const floa
     const int lane = threadIdx.x % 32;
     for (int b = threadIdx.x / 32; b < d / 32; b += NORM_THREADS / 32) {
         const int i = b * 32 + lane;
-        quantize_block_warp(__fmul_rn(__fmul_rn(xr[i], scale), w[i]), orow + b, lane);
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        if (frow) frow[i] = v;
+        if (orow) quantize_block_warp(v, orow + b, lane); // (uniform branch: whole warps)
     }
 }
 
@@ -187,139 +173,8 @@ __device__ __forceinline__ float hsum8_group(float acc) {
     return __fadd_rn(u, u1);                                 // lane 0: result
 }
 
-// The weight products, W[r] . x[t] -> out[t * out_stride + out_off + r], in
-// the CPU kernels' exact arithmetic: per row eight lanes, lane l the sum of
-// products 4l..4l+3 of every block (integer, exact), one fma chain per
-// lane over the blocks in order, then hsum_float_8 (+ the Q4_1 minimum
-// term, summed in block order).
-//
-// One warp per row (MMW_WARPS rows per block): lane j loads blocks j,
-// j + 32, ... (coalesced, all loads in flight at once) and leaves its eight
-// integer sums and scale products in shared memory; lanes 0..7 then run
-// the fma chains over those 32 blocks (lane 8 the minimum term), so only
-// the short chains are serial.
+// Rows (one warp each) per block of the mmw_* weight-product kernels.
 #define MMW_WARPS 4
-extern "C" __global__ void mmw_q8_0(const bq8_0* __restrict__ w, const bq8_1* __restrict__ x, float* out,
-                                    int rows, int nb, int n_tok, int out_stride, int out_off) {
-    __shared__ int ss[MMW_WARPS][8][33];
-    __shared__ float sd[MMW_WARPS][32];
-    const int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r = blockIdx.x * MMW_WARPS + wid;
-    if (r >= rows) return; // the whole warp: only warp-level sync below
-    const bq8_0* row = w + (size_t)r * nb;
-    for (int t = 0; t < n_tok; ++t) {
-        const bq8_1* a = x + (size_t)t * nb;
-        float acc = 0.0f;
-        for (int b0 = 0; b0 < nb; b0 += 32) {
-            const int b = b0 + lane;
-            if (b < nb) {
-                const bq8_0* wb = row + b;
-                const bq8_1* ab = a + b;
-#pragma unroll
-                for (int l = 0; l < 8; ++l) ss[wid][l][lane] = __dp4a(load_i32(wb->qs + 4 * l), load_i32(ab->qs + 4 * l), 0);
-                sd[wid][lane] = __fmul_rn(wb->d, ab->d);
-            }
-            __syncwarp();
-            const int nblk = min(32, nb - b0);
-            if (lane < 8) {
-                for (int j = 0; j < nblk; ++j) acc = fmaf(sd[wid][j], (float)ss[wid][lane][j], acc);
-            }
-            __syncwarp();
-        }
-        const float v = hsum8_group(acc);
-        if (lane == 0) out[(size_t)t * out_stride + out_off + r] = v;
-    }
-}
-
-extern "C" __global__ void mmw_q4_1(const bq4_1* __restrict__ w, const bq8_1* __restrict__ x, float* out,
-                                    int rows, int nb, int n_tok, int out_stride, int out_off) {
-    __shared__ int ss[MMW_WARPS][8][33];
-    __shared__ float sd[MMW_WARPS][32];
-    __shared__ float sm[MMW_WARPS][32];
-    const int wid = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r = blockIdx.x * MMW_WARPS + wid;
-    if (r >= rows) return; // the whole warp: only warp-level sync below
-    const bq4_1* row = w + (size_t)r * nb;
-    for (int t = 0; t < n_tok; ++t) {
-        const bq8_1* a = x + (size_t)t * nb;
-        float acc = 0.0f, summs = 0.0f;
-        for (int b0 = 0; b0 < nb; b0 += 32) {
-            const int b = b0 + lane;
-            if (b < nb) {
-                const bq4_1* wb = row + b;
-                const bq8_1* ab = a + b;
-#pragma unroll
-                for (int l = 0; l < 8; ++l) {
-                    const int packed = load_i32(wb->qs + 4 * (l & 3));
-                    const int q = l < 4 ? (packed & 0x0F0F0F0F) : ((packed >> 4) & 0x0F0F0F0F);
-                    ss[wid][l][lane] = __dp4a(q, load_i32(ab->qs + 4 * l), 0);
-                }
-                sd[wid][lane] = __fmul_rn(wb->d, ab->d);
-                sm[wid][lane] = __fmul_rn(wb->m, ab->s);
-            }
-            __syncwarp();
-            const int nblk = min(32, nb - b0);
-            if (lane < 8) {
-                for (int j = 0; j < nblk; ++j) acc = fmaf(sd[wid][j], (float)ss[wid][lane][j], acc);
-            } else if (lane == 8) {
-                for (int j = 0; j < nblk; ++j) summs = __fadd_rn(summs, sm[wid][j]);
-            }
-            __syncwarp();
-        }
-        const float v = hsum8_group(acc);
-        const float m = __shfl_sync(0xffffffffu, summs, 8);
-        if (lane == 0) out[(size_t)t * out_stride + out_off + r] = __fadd_rn(v, m);
-    }
-}
-
-// The first kernels' layout (eight threads per row, each running its lane's
-// chain over every block): same results, kept for comparison
-// (SAMPLERD_CUDA_MM=lanes). 128 threads = 16 rows per block. Per format:
-// lane l's integer sum of four products, and whether there is a minimum
-// term (Q4_1's `m * s`, summed in block order).
-__device__ __forceinline__ int lane_dot(const bq8_0* w, const bq8_1* a, int l) {
-    return __dp4a(load_i32(w->qs + 4 * l), load_i32(a->qs + 4 * l), 0);
-}
-__device__ __forceinline__ int lane_dot(const bq4_1* w, const bq8_1* a, int l) {
-    const int packed = load_i32(w->qs + 4 * (l & 3));
-    const int q = l < 4 ? (packed & 0x0F0F0F0F) : ((packed >> 4) & 0x0F0F0F0F);
-    return __dp4a(q, load_i32(a->qs + 4 * l), 0);
-}
-template <class B> struct has_min { static constexpr bool value = false; };
-template <> struct has_min<bq4_1> { static constexpr bool value = true; };
-
-template <class B>
-__device__ __forceinline__ void mm_lanes(const B* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
-                                         int out_stride, int out_off) {
-    const int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
-    const int l = threadIdx.x % 8;
-    // Out-of-range groups compute a copy of the last row (and discard it)
-    // so every lane of the warp takes part in the shuffles.
-    const bool valid = r < rows;
-    const B* row = w + (size_t)(valid ? r : rows - 1) * nb;
-    for (int t = 0; t < n_tok; ++t) {
-        const bq8_1* a = x + (size_t)t * nb;
-        float acc = 0.0f;
-        float summs = 0.0f;
-        for (int b = 0; b < nb; ++b) {
-            if constexpr (has_min<B>::value) summs = __fadd_rn(summs, __fmul_rn(row[b].m, a[b].s));
-            const float d = __fmul_rn(row[b].d, a[b].d);
-            acc = fmaf(d, (float)lane_dot(row + b, a + b, l), acc);
-        }
-        const float v = hsum8_group(acc);
-        if (valid && l == 0) out[(size_t)t * out_stride + out_off + r] = has_min<B>::value ? __fadd_rn(v, summs) : v;
-    }
-}
-
-extern "C" __global__ void mm_q8_0(const bq8_0* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
-                                   int out_stride, int out_off) {
-    mm_lanes(w, x, out, rows, nb, n_tok, out_stride, out_off);
-}
-
-extern "C" __global__ void mm_q4_1(const bq4_1* w, const bq8_1* x, float* out, int rows, int nb, int n_tok,
-                                   int out_stride, int out_off) {
-    mm_lanes(w, x, out, rows, nb, n_tok, out_stride, out_off);
-}
 
 #define MAX_HD 128
 
@@ -573,9 +428,10 @@ extern "C" __global__ void attention(const float* qkv, const unsigned short* kc,
 
 // silu(gate) * up per value (gu rows are [gate (n_ff) | up (n_ff)] per
 // token) as ggml_vec_swiglu_f32 computes it (ggml's expf on the first
-// n_ff / w * w values, libm's on the tail), quantised to Q8_1 blocks
-// (n_ff % 32 == 0). One warp per block of 32 values.
-extern "C" __global__ void swiglu_quant(const float* gu, bq8_1* out, int n_tok, int n_ff, int w) {
+// n_ff / w * w values, libm's on the tail), quantised to Q8_1 blocks when
+// `out` is set (n_ff % 32 == 0) and kept as f32 in `outf` when set. One
+// warp per block of 32 values.
+extern "C" __global__ void swiglu_quant(const float* gu, bq8_1* out, float* outf, int n_tok, int n_ff, int w) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     const int per_tok = n_ff / 32;
@@ -584,227 +440,7 @@ extern "C" __global__ void swiglu_quant(const float* gu, bq8_1* out, int n_tok, 
     const float g = gu[(size_t)t * 2 * n_ff + c];
     const float u = gu[(size_t)t * 2 * n_ff + n_ff + c];
     const float e = c < n_ff / w * w ? ggml_expf(__fsub_rn(0.0f, g), w == 16) : expf(-g);
-    quantize_block_warp(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), u), out + warp, lane);
-}
-
-// --------------------------------------------------------------- sampling
-
-// Status words written by the sampling kernels (read back with the result).
-#define ST_OK 0
-#define ST_BAD_LOGIT 1   // NaN or +inf: the host reruns on the CPU for the exact error
-#define ST_NO_FINITE 2   // every candidate is -inf: the host reruns on the CPU
-
-// Flags NaN / +inf, and a vocabulary with no finite entry (as
-// TokenBuffer::load rejects them). One block of 1024 threads.
-extern "C" __global__ void check_logits(const float* x, int n, int* status) {
-    __shared__ int bad, finite;
-    if (threadIdx.x == 0) { bad = 0; finite = 0; }
-    __syncthreads();
-    int b = 0, f = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = x[i];
-        b |= (v != v) | (v == F_INF);
-        f |= v > -F_INF;
-    }
-    if (b) atomicOr(&bad, 1);
-    if (f) atomicOr(&finite, 1);
-    __syncthreads();
-    if (threadIdx.x == 0) *status = bad ? ST_BAD_LOGIT : (finite ? ST_OK : ST_NO_FINITE);
-}
-
-// `nw`, computed from the logit `old`, kept finite as the core stages do
-// (plugins/core util::saturate): a masked logit stays masked, others are
-// clamped to +-FLT_MAX instead of overflowing.
-__device__ __forceinline__ float saturate(float old, float nw) {
-    return old == -F_INF ? old : fminf(fmaxf(nw, -F_MAX), F_MAX);
-}
-
-// logit_bias: runs r = [starts[r], starts[r+1]) of (ids, bias) share one id
-// and are added in the order given (one thread per run: no races, and the
-// float additions happen in the CPU stage's order).
-extern "C" __global__ void logit_bias(float* x, int n, const unsigned int* ids, const float* bias,
-                                      const int* starts, int n_runs) {
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= n_runs) return;
-    const unsigned int id = ids[starts[r]];
-    if (id >= (unsigned int)n) return;
-    float v = x[id];
-    for (int e = starts[r]; e < starts[r + 1]; ++e) {
-        const float b = bias[e];
-        v = b == -F_INF ? b : saturate(v, __fadd_rn(v, b));
-    }
-    x[id] = v;
-}
-
-// penalties over the window's distinct ids: the repeat rule, then
-// logit -= count * frequency + (count > 0) * presence.
-extern "C" __global__ void penalties(float* x, int n, const unsigned int* ids, const unsigned int* counts,
-                                     int n_ids, float repeat, float frequency, float presence) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_ids) return;
-    const unsigned int id = ids[i];
-    if (id >= (unsigned int)n) return;
-    const unsigned int c = counts[i];
-    const float logit = x[id];
-    float l = logit <= 0.0f ? __fmul_rn(logit, repeat) : __fdiv_rn(logit, repeat);
-    l = saturate(logit, l);
-    const float sub = __fadd_rn(__fmul_rn((float)c, frequency), c > 0 ? presence : 0.0f);
-    x[id] = saturate(logit, __fsub_rn(l, sub));
-}
-
-extern "C" __global__ void scale_temperature(float* x, int n, float t) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = saturate(x[i], __fdiv_rn(x[i], t));
-}
-
-// Order-preserving key of a logit (-0 and +0 equal, as float compares).
-__device__ __forceinline__ unsigned int okey(float v) {
-    const unsigned int u = __float_as_uint(v + 0.0f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-#define TOPK_THREADS 1024
-#define TOPK_MAX 1024
-
-// The k highest logits (ties: lower id first), sorted descending: the CPU
-// top_k stage's dense-view result, and with k = 1 the first maximum that
-// greedy and temperature <= 0 keep. One block: a 4-pass radix select of the
-// k-th largest key, a gather (ties taken in id order), a bitonic sort.
-// out: [status, count, then (id, logit bits) pairs].
-extern "C" __global__ void top_k(const float* x, int n, int k, const int* status_in, unsigned int* out) {
-    __shared__ unsigned int hist[256];
-    __shared__ unsigned int prefix, mask, remaining, n_gt, n_tie_base;
-    __shared__ bool gather_done;
-    __shared__ unsigned long long items[TOPK_MAX];
-    __shared__ unsigned int warp_sums[TOPK_THREADS / 32];
-    const int tid = threadIdx.x;
-    if (*status_in != ST_OK) {
-        if (tid == 0) { out[0] = (unsigned int)*status_in; out[1] = 0; }
-        return;
-    }
-    if (k > n) k = n;
-    if (tid == 0) { prefix = 0; mask = 0; remaining = (unsigned int)k; n_gt = 0; n_tie_base = 0; }
-    __syncthreads();
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        const unsigned int pf = prefix, mk = mask;
-        // Most logits share the key's top byte (sign and exponent), so a
-        // plain shared atomic per entry serialises on one bin: lanes with
-        // the same bin add their count once (every lane runs every round,
-        // as __match_any_sync needs).
-        for (int c0 = 0; c0 < n; c0 += blockDim.x) {
-            const int i = c0 + tid;
-            const unsigned int key = i < n ? okey(x[i]) : 0u;
-            const bool in = i < n && (key & mk) == pf;
-            const unsigned int bin = in ? ((key >> shift) & 255u) : 0xFFFFFFFFu;
-#if __CUDA_ARCH__ >= 700
-            const unsigned int peers = __match_any_sync(0xffffffffu, bin);
-            if (in && (tid % 32) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(peers));
-#else
-            if (in) atomicAdd(&hist[bin], 1u);
-#endif
-        }
-        __syncthreads();
-        // The digit of the k-th largest: the first bin, from 255 down, where
-        // the running count reaches `remaining` (which the entries still
-        // matching the prefix always do). Warp 0: lane l owns bins 255 - 8l
-        // down to 248 - 8l; a prefix sum over lanes finds the one lane
-        // whose range holds the crossing.
-        if (tid < 32) {
-            const unsigned int rem = remaining;
-            unsigned int c[8];
-            unsigned int tot = 0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                c[j] = hist[255 - 8 * tid - j];
-                tot += c[j];
-            }
-            unsigned int incl = tot;
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (tid >= o) incl += v;
-            }
-            unsigned int cum = incl - tot;
-            if (cum < rem && rem <= incl) {
-                int dg = 255 - 8 * tid - 7;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    if (cum + c[j] >= rem) {
-                        dg = 255 - 8 * tid - j;
-                        break;
-                    }
-                    cum += c[j];
-                }
-                remaining = rem - cum;
-                prefix |= (unsigned int)dg << shift;
-                mask |= 255u << shift;
-            }
-        }
-        __syncthreads();
-    }
-    const unsigned int T = prefix;      // key of the k-th largest
-    const unsigned int need = remaining; // how many entries equal to T to keep
-    const int n_greater = k - (int)need;
-    // Gather: keys above T in any order (sorted below), keys equal to T in id
-    // order until `need` are taken.
-    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
-        const int i = c0 + tid;
-        const unsigned int key = i < n ? okey(x[i]) : 0u;
-        if (i < n && key > T) {
-            const unsigned int slot = atomicAdd(&n_gt, 1u);
-            items[slot] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (unsigned int)i);
-        }
-        const bool tie = i < n && key == T;
-        const unsigned int ballot = __ballot_sync(0xffffffffu, tie);
-        const int lane = tid % 32, wid = tid / 32;
-        if (lane == 0) warp_sums[wid] = __popc(ballot);
-        __syncthreads();
-        unsigned int before = n_tie_base;
-        for (int w = 0; w < wid; ++w) before += warp_sums[w];
-        before += __popc(ballot & ((1u << lane) - 1u));
-        if (tie && before < need) {
-            items[n_greater + before] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (unsigned int)i);
-        }
-        __syncthreads();
-        if (tid == 0) {
-            unsigned int tot = 0;
-            for (int w = 0; w < TOPK_THREADS / 32; ++w) tot += warp_sums[w];
-            n_tie_base += tot;
-            // Every kept entry is placed; later ones cannot qualify. Decided
-            // once here: threads reading n_gt themselves after the barrier
-            // raced with faster warps already adding to it in the next
-            // round, so some broke out and others waited at a barrier.
-            gather_done = n_tie_base >= need && n_gt >= (unsigned int)n_greater;
-        }
-        __syncthreads();
-        if (gather_done) break;
-    }
-    // Bitonic sort of the k items, descending (pad with 0 = below any key).
-    int m = 1;
-    while (m < k) m <<= 1;
-    for (int i = tid; i < m; i += blockDim.x) if (i >= k) items[i] = 0ull;
-    __syncthreads();
-    for (int size = 2; size <= m; size <<= 1) {
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-            for (int i = tid; i < m; i += blockDim.x) {
-                const int j = i ^ stride;
-                if (j > i) {
-                    const bool desc = (i & size) == 0;
-                    const unsigned long long a = items[i], b = items[j];
-                    if (desc ? (a < b) : (a > b)) { items[i] = b; items[j] = a; }
-                }
-            }
-            __syncthreads();
-        }
-    }
-    for (int i = tid; i < k; i += blockDim.x) {
-        const unsigned int id = 0xFFFFFFFFu - (unsigned int)(items[i] & 0xFFFFFFFFull);
-        out[2 + 2 * i] = id;
-        out[2 + 2 * i + 1] = __float_as_uint(x[id]);
-    }
-    if (tid == 0) {
-        out[0] = ST_OK;
-        out[1] = (unsigned int)k;
-    }
+    const float v = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), u);
+    if (outf) outf[(size_t)t * n_ff + c] = v;
+    if (out) quantize_block_warp(v, out + warp, lane);
 }

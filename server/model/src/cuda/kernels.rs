@@ -1,8 +1,8 @@
-//! The CUDA kernels (`kernels.cu`, embedded at build time) compiled with
-//! NVRTC at start-up, once per process and GPU architecture (the PTX is kept
-//! in memory, so a second model or a reload does not recompile), and loaded
-//! into a context as a table of functions. Also the launch helper that turns
-//! a list of plain arguments into a kernel launch.
+//! The CUDA kernels (`kernels*.cu`, embedded at build time as one source)
+//! compiled with NVRTC at start-up, once per process and GPU architecture
+//! (the PTX is kept in memory, so a second model or a reload does not
+//! recompile), and loaded into a context as a table of functions. Also the
+//! launch helper that turns a list of plain arguments into a kernel launch.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,8 +10,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 
+use super::format::DevFormat;
+
 /// The CUDA C source of every kernel.
-pub const SOURCE: &str = include_str!("kernels.cu");
+pub const SOURCE: &str = super::KERNEL_SOURCE;
 
 /// Threads per block of the `mm_*` weight-product kernels (8 lanes per row).
 pub const MM_THREADS: u32 = 128;
@@ -73,17 +75,25 @@ pub fn ptx_for(arch: (i32, i32)) -> Result<Arc<String>, String> {
     Ok(text)
 }
 
+/// One weight format's kernels: the embedding lookup and the weight
+/// product in its two layouts (same bits).
+#[derive(Debug)]
+pub struct FormatKernels {
+    pub embed: CudaFunction,
+    /// One warp per row.
+    pub mmw: CudaFunction,
+    /// Eight threads per row (`SAMPLERD_CUDA_MM=lanes`).
+    pub mm: CudaFunction,
+}
+
 /// Every kernel of [`SOURCE`], loaded into one context.
 #[derive(Debug)]
 pub struct Kernels {
-    pub embed_q8_0: CudaFunction,
-    pub embed_q4_1: CudaFunction,
+    /// Per weight format, in [`DevFormat::ALL`]'s order.
+    formats: Vec<FormatKernels>,
     pub add_norm_quant: CudaFunction,
     pub quantize_q8_1: CudaFunction,
-    pub mm_q8_0: CudaFunction,
-    pub mm_q4_1: CudaFunction,
-    pub mmw_q8_0: CudaFunction,
-    pub mmw_q4_1: CudaFunction,
+    pub quantize_q8_k: CudaFunction,
     pub qkv_rope_store: CudaFunction,
     pub attn_scores: CudaFunction,
     pub attention: CudaFunction,
@@ -110,15 +120,22 @@ impl Kernels {
                 .load_function(name)
                 .map_err(|e| format!("kernel {name}: {e}"))
         };
+        let formats = DevFormat::ALL
+            .iter()
+            .map(|fmt| {
+                let s = fmt.suffix();
+                Ok(FormatKernels {
+                    embed: f(&format!("embed_{s}"))?,
+                    mmw: f(&format!("mmw_{s}"))?,
+                    mm: f(&format!("mm_{s}"))?,
+                })
+            })
+            .collect::<Result<_, String>>()?;
         Ok(Kernels {
-            embed_q8_0: f("embed_q8_0")?,
-            embed_q4_1: f("embed_q4_1")?,
+            formats,
             add_norm_quant: f("add_norm_quant")?,
             quantize_q8_1: f("quantize_q8_1")?,
-            mm_q8_0: f("mm_q8_0")?,
-            mm_q4_1: f("mm_q4_1")?,
-            mmw_q8_0: f("mmw_q8_0")?,
-            mmw_q4_1: f("mmw_q4_1")?,
+            quantize_q8_k: f("quantize_q8_k")?,
             qkv_rope_store: f("qkv_rope_store")?,
             attn_scores: f("attn_scores")?,
             attention: f("attention")?,
@@ -129,6 +146,15 @@ impl Kernels {
             scale_temperature: f("scale_temperature")?,
             top_k: f("top_k")?,
         })
+    }
+
+    /// The kernels of weight format `f`.
+    pub(crate) fn format(&self, f: DevFormat) -> &FormatKernels {
+        let i = DevFormat::ALL
+            .iter()
+            .position(|&g| g == f)
+            .expect("every format is in ALL");
+        &self.formats[i]
     }
 }
 
@@ -208,25 +234,26 @@ mod tests {
             return;
         }
         let ptx = ptx_for((9, 0)).expect("the kernels compile");
-        for name in [
-            "embed_q8_0",
-            "embed_q4_1",
-            "add_norm_quant",
-            "quantize_q8_1",
-            "mm_q8_0",
-            "mm_q4_1",
-            "mmw_q8_0",
-            "mmw_q4_1",
-            "qkv_rope_store",
-            "attn_scores",
-            "attention",
-            "swiglu_quant",
-            "check_logits",
-            "logit_bias",
-            "penalties",
-            "scale_temperature",
-            "top_k",
-        ] {
+        let per_format = DevFormat::ALL
+            .iter()
+            .flat_map(|f| ["embed", "mmw", "mm"].map(|k| format!("{k}_{}", f.suffix())));
+        for name in per_format.chain(
+            [
+                "add_norm_quant",
+                "quantize_q8_1",
+                "quantize_q8_k",
+                "qkv_rope_store",
+                "attn_scores",
+                "attention",
+                "swiglu_quant",
+                "check_logits",
+                "logit_bias",
+                "penalties",
+                "scale_temperature",
+                "top_k",
+            ]
+            .map(String::from),
+        ) {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),
                 "kernel {name} missing from the PTX"

@@ -5,86 +5,120 @@
 use cudarc::driver::CudaSlice;
 
 use super::backend::{CudaBackend, MmKernel};
+use super::format::{ActKind, Order};
 use super::kernels::{self, Arg, cfg};
 use super::state::{CudaState, dptr};
-use super::upload::{DevFused, DevMatrix};
+use super::upload::{DevFused, DevMatrix, Needs};
 use crate::error::ModelError;
 use crate::quant::QK;
+use crate::quant_k::QK_K;
+
+/// Device addresses of one product input's activations in each form (only
+/// those some matrix reads are written).
+#[derive(Clone, Copy, Debug)]
+struct Acts {
+    q8_1: u64,
+    q8k: u64,
+    f32: u64,
+}
 
 impl CudaBackend {
+    /// `out[t * stride + off + r] = W[r] · x[t]` for the n tokens, in `m`'s
+    /// format and the CPU's `order` for this product.
     #[allow(clippy::too_many_arguments)]
     fn mm(
         &self,
         st: &CudaState,
         m: &DevMatrix,
-        x: u64,
+        a: Acts,
         out: u64,
         n: usize,
         stride: usize,
         off: usize,
+        order: Order,
     ) -> Result<(), ModelError> {
         let s = &st.stream;
-        let k = &self.kernels;
-        let (f, grid, threads) = match (self.opts.mm, m.q4_1) {
-            (MmKernel::Warp, q4_1) => (
-                if q4_1 { &k.mmw_q4_1 } else { &k.mmw_q8_0 },
+        let k = self.kernels.format(m.format);
+        let (f, grid, threads) = match self.opts.mm {
+            MmKernel::Warp => (
+                &k.mmw,
                 (m.rows as u32).div_ceil(kernels::MMW_ROWS_PER_BLOCK),
                 kernels::MMW_ROWS_PER_BLOCK * 32,
             ),
-            (MmKernel::Lanes, q4_1) => (
-                if q4_1 { &k.mm_q4_1 } else { &k.mm_q8_0 },
+            MmKernel::Lanes => (
+                &k.mm,
                 (m.rows as u32).div_ceil(kernels::MM_ROWS_PER_BLOCK),
                 kernels::MM_THREADS,
             ),
         };
-        // SAFETY: mm*_*(w, x, out, rows, nb, n_tok, out_stride, out_off):
-        // `w` holds rows × cols/32 blocks, `x` n × cols/32 Q8_1 blocks
-        // (scratch sized for n tokens of the widest activation) and `out`
-        // n × stride floats with off + rows <= stride.
-        unsafe {
-            kernels::launch(
-                s,
-                f,
-                cfg((grid, 1), threads, 0),
-                &[
-                    Arg::Ptr(dptr(&m.data, s)),
-                    Arg::Ptr(x),
-                    Arg::Ptr(out),
-                    Arg::I32(m.rows as i32),
-                    Arg::I32((m.cols / QK) as i32),
-                    Arg::I32(n as i32),
-                    Arg::I32(stride as i32),
-                    Arg::I32(off as i32),
-                ],
-            )
+        let acts = m.format.acts();
+        let x = match acts {
+            ActKind::Q8_1 => a.q8_1,
+            ActKind::Q8K => a.q8k,
+            ActKind::F32 => a.f32,
+        };
+        let mut args = vec![
+            Arg::Ptr(dptr(&m.data, s)),
+            Arg::Ptr(x),
+            Arg::Ptr(out),
+            Arg::I32(m.rows as i32),
+            Arg::I32(m.format.kernel_blocks(m.cols) as i32),
+            Arg::I32(n as i32),
+            Arg::I32(stride as i32),
+            Arg::I32(off as i32),
+        ];
+        // The order, for the formats that have several.
+        match acts {
+            ActKind::Q8_1 => {}
+            ActKind::Q8K => args.push(Arg::I32(order.tiled as i32)),
+            ActKind::F32 => args.extend([
+                Arg::I32(self.lanes),
+                Arg::I32(order.gemm as i32),
+                Arg::I32(self.bf16_pairs as i32),
+            ]),
         }
-        .map_err(ModelError::Backend)
+        // SAFETY: mm*_<format>(w, x, out, rows, nb, n_tok, out_stride,
+        // out_off[, tiled | , w, gemm, pairs]): `w` holds rows × nb blocks
+        // of the format, `x` n tokens of the activations it reads (Q8_1 or
+        // Q8_K blocks, or floats, each scratch sized for n tokens of the
+        // widest activation, and written for this input: `Needs`) and `out`
+        // n × stride floats with off + rows <= stride.
+        unsafe { kernels::launch(s, f, cfg((grid, 1), threads, 0), &args) }
+            .map_err(ModelError::Backend)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn fused(
         &self,
         st: &CudaState,
         f: &DevFused,
-        x: u64,
+        a: Acts,
         out: u64,
         n: usize,
         stride: usize,
+        order: Order,
     ) -> Result<(), ModelError> {
-        match f {
-            DevFused::One(m) => self.mm(st, m, x, out, n, stride, 0),
-            DevFused::Many(parts) => {
-                let mut off = 0;
-                for m in parts {
-                    self.mm(st, m, x, out, n, stride, off)?;
-                    off += m.rows;
-                }
-                Ok(())
-            }
+        let mut off = 0;
+        for m in f.parts() {
+            self.mm(st, m, a, out, n, stride, off, order)?;
+            off += m.rows;
+        }
+        Ok(())
+    }
+
+    /// The activations in the scratch (Q8_1 in xq, Q8_K in xqk) and the f32
+    /// values at `f32`.
+    fn acts(&self, st: &CudaState, f32: u64) -> Acts {
+        let (s, sc) = (&st.stream, &st.scratch);
+        Acts {
+            q8_1: dptr(&sc.xq, s),
+            q8k: dptr(&sc.xqk, s),
+            f32,
         }
     }
 
-    /// `x += add` (when `add` is not null), then RMSNorm with `w`, quantised
-    /// into the xq scratch; `rows` rows of n_embd from `x`.
+    /// `x += add` (when `add` is not null), then RMSNorm with `w` of `rows`
+    /// rows of n_embd from `x`, into the activation forms `needs` asks for.
     fn add_norm_quant(
         &self,
         st: &CudaState,
@@ -92,11 +126,17 @@ impl CudaBackend {
         add: u64,
         w: &CudaSlice<f32>,
         rows: usize,
-    ) -> Result<(), ModelError> {
+        needs: Needs,
+    ) -> Result<Acts, ModelError> {
         let s = &st.stream;
-        // SAFETY: add_norm_quant(x, add, w, out, d, eps): x (and add, unless
-        // null) hold rows × d floats, w d floats, the xq scratch n_tok × widest
-        // / 32 >= rows × d / 32 blocks; one NORM_THREADS block per row.
+        let d = self.config.n_embd;
+        let a = self.acts(st, dptr(&st.scratch.xa, s));
+        let keep_f32 = needs.f32 || needs.q8k;
+        // SAFETY: add_norm_quant(x, add, w, out, outf, d, eps): x (and add,
+        // unless null) hold rows × d floats, w d floats, the xq scratch
+        // n_tok × widest / 32 >= rows × d / 32 blocks and xa n_tok × widest
+        // >= rows × d floats (either may be null: not written); one
+        // NORM_THREADS block per row.
         unsafe {
             kernels::launch(
                 s,
@@ -106,13 +146,18 @@ impl CudaBackend {
                     Arg::Ptr(x),
                     Arg::Ptr(add),
                     Arg::Ptr(dptr(w, s)),
-                    Arg::Ptr(dptr(&st.scratch.xq, s)),
-                    Arg::I32(self.config.n_embd as i32),
+                    Arg::Ptr(if needs.q8_1 { a.q8_1 } else { 0 }),
+                    Arg::Ptr(if keep_f32 { a.f32 } else { 0 }),
+                    Arg::I32(d as i32),
                     Arg::F32(self.config.rms_eps),
                 ],
             )
         }
-        .map_err(ModelError::Backend)
+        .map_err(ModelError::Backend)?;
+        if needs.q8k {
+            self.quantize_q8_k(st, a.f32, rows * d)?;
+        }
+        Ok(a)
     }
 
     fn quantize(&self, st: &CudaState, x: u64, n_values: usize) -> Result<(), ModelError> {
@@ -135,12 +180,37 @@ impl CudaBackend {
         .map_err(ModelError::Backend)
     }
 
+    /// Q8_K blocks of the `n_values` floats at `x` into the xqk scratch
+    /// (K-quant rows are whole super-blocks, so n_values % 256 == 0).
+    fn quantize_q8_k(&self, st: &CudaState, x: u64, n_values: usize) -> Result<(), ModelError> {
+        let s = &st.stream;
+        debug_assert!(n_values.is_multiple_of(QK_K));
+        let blocks = n_values / QK_K;
+        // SAFETY: quantize_q8_k(x, out, n_blocks): x holds n_values floats,
+        // the xqk scratch (allocated when a matrix takes Q8_K, which is when
+        // this runs) n_tok × ceil(widest / 256) blocks >= n_values / 256.
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.quantize_q8_k,
+                kernels::per_warp(blocks),
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(dptr(&st.scratch.xqk, s)),
+                    Arg::I32(blocks as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
     /// Enqueues the forward pass of `n` tokens (already uploaded, position
     /// in `pos_dev`) on the state's stream; the last token's logits land in
     /// `st.logits`. Nine launches per layer (ten for one-token steps, whose
     /// attention scores have their own kernel): add + norm + quantise,
     /// q/k/v, RoPE + cache store, attention + quantise, output product,
-    /// add + norm + quantise, gate/up, SiLU·up + quantise, down.
+    /// add + norm + quantise, gate/up, SiLU·up + quantise, down; plus a
+    /// Q8_K quantisation before each K-quant product's input.
     pub(super) fn enqueue_forward(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
         self.enqueue_embed(st, n)?;
         for l in 0..self.weights.layers.len() {
@@ -152,13 +222,10 @@ impl CudaBackend {
     pub(super) fn enqueue_embed(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
         let s = &st.stream;
         let w = &self.weights;
-        let embed = if w.tok_embd.q4_1 {
-            &self.kernels.embed_q4_1
-        } else {
-            &self.kernels.embed_q8_0
-        };
-        // SAFETY: embed(w, tok, cols, out): n token ids (checked < n_vocab)
-        // index rows of the n_vocab × d embedding; out holds n × d floats.
+        let embed = &self.kernels.format(w.tok_embd.format).embed;
+        // SAFETY: embed_<format>(w, tok, cols, out): n token ids (checked <
+        // n_vocab) index rows of the n_vocab × d embedding in its format
+        // (d a multiple of its block); out holds n × d floats.
         unsafe {
             kernels::launch(
                 s,
@@ -188,7 +255,7 @@ impl CudaBackend {
         let (d, hd) = (c.n_embd, c.head_dim);
         let qkv_rows = d + 2 * c.n_head_kv * hd;
         let sc = &st.scratch;
-        let (x, xq) = (dptr(&sc.x, s), dptr(&sc.xq, s));
+        let (x, xq, xa) = (dptr(&sc.x, s), dptr(&sc.xq, s), dptr(&sc.xa, s));
         let (qkv, attn, proj, gu) = (
             dptr(&sc.qkv, s),
             dptr(&sc.attn, s),
@@ -197,8 +264,21 @@ impl CudaBackend {
         );
         let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
         let scale = 1.0 / (hd as f32).sqrt();
-        self.add_norm_quant(st, x, if l == 0 { 0 } else { proj }, &lw.attn_norm, n)?;
-        self.fused(st, &lw.wqkv, xq, qkv, n, qkv_rows)?;
+        // The CPU's orders (crate::forward): the last layer's feed-forward
+        // runs on the output rows only in llama.cpp, so in the one-row
+        // orders whatever the step's size.
+        let order = Order::of_step(n, false);
+        let ffn_order = Order::of_step(n, l + 1 == self.weights.layers.len());
+        let needs = Needs::of(lw.wqkv.parts());
+        let a = self.add_norm_quant(
+            st,
+            x,
+            if l == 0 { 0 } else { proj },
+            &lw.attn_norm,
+            n,
+            needs,
+        )?;
+        self.fused(st, &lw.wqkv, a, qkv, n, qkv_rows, order)?;
         let bias = lw.bqkv.as_ref().map_or(0, |b| dptr(b, s));
         // SAFETY: qkv_rope_store(qkv, bias, rope, pos, n_head, n_kv, hd,
         // n_pairs, neox, k, v, layer, cap): qkv holds n rows of qkv_rows,
@@ -229,8 +309,9 @@ impl CudaBackend {
         }
         .map_err(ModelError::Backend)?;
         // hd % 32 == 0: each head's output is whole Q8_1 blocks, quantised
-        // by the attention kernel itself.
-        let fused_quant = hd.is_multiple_of(QK);
+        // by the attention kernel itself (when the output matrix takes Q8_1).
+        let needs = Needs::of(std::slice::from_ref(&lw.wo));
+        let fused_quant = needs.q8_1 && hd.is_multiple_of(QK);
         let split = n == 1 && self.opts.split_scores;
         // The parameters `attn_scores` and `attention` share after their
         // pointers: layer, cap, n_head, n_kv, hd, scale, w.
@@ -299,16 +380,22 @@ impl CudaBackend {
             )
         }
         .map_err(ModelError::Backend)?;
-        if !fused_quant {
+        if needs.q8_1 && !fused_quant {
             self.quantize(st, attn, n * d)?;
         }
-        self.mm(st, &lw.wo, xq, proj, n, d, 0)?;
-        self.add_norm_quant(st, x, proj, &lw.ffn_norm, n)?;
-        self.fused(st, &lw.wgu, xq, gu, n, 2 * c.n_ff)?;
+        if needs.q8k {
+            self.quantize_q8_k(st, attn, n * d)?;
+        }
+        self.mm(st, &lw.wo, self.acts(st, attn), proj, n, d, 0, order)?;
+        let needs = Needs::of(lw.wgu.parts());
+        let a = self.add_norm_quant(st, x, proj, &lw.ffn_norm, n, needs)?;
+        self.fused(st, &lw.wgu, a, gu, n, 2 * c.n_ff, ffn_order)?;
         let warps = n * c.n_ff / QK;
-        // SAFETY: swiglu_quant(gu, out, n, n_ff, w): gu holds n × 2·n_ff
-        // floats, the xq scratch n × n_ff / 32 blocks; n_ff % 32 == 0
-        // (the down matrix's columns).
+        let needs = Needs::of(std::slice::from_ref(&lw.w_down));
+        // SAFETY: swiglu_quant(gu, out, outf, n, n_ff, w): gu holds n ×
+        // 2·n_ff floats, the xq scratch n × n_ff / 32 blocks and xa n × n_ff
+        // floats (either null: not written); n_ff % 32 == 0 (the down
+        // matrix's columns).
         unsafe {
             kernels::launch(
                 s,
@@ -316,7 +403,8 @@ impl CudaBackend {
                 kernels::per_warp(warps),
                 &[
                     Arg::Ptr(gu),
-                    Arg::Ptr(xq),
+                    Arg::Ptr(if needs.q8_1 { xq } else { 0 }),
+                    Arg::Ptr(if needs.f32 || needs.q8k { xa } else { 0 }),
                     Arg::I32(n as i32),
                     Arg::I32(c.n_ff as i32),
                     Arg::I32(self.lanes),
@@ -324,7 +412,10 @@ impl CudaBackend {
             )
         }
         .map_err(ModelError::Backend)?;
-        self.mm(st, &lw.w_down, xq, proj, n, d, 0)
+        if needs.q8k {
+            self.quantize_q8_k(st, xa, n * c.n_ff)?;
+        }
+        self.mm(st, &lw.w_down, self.acts(st, xa), proj, n, d, 0, ffn_order)
     }
 
     /// The last layer's residual add, the final norm and the output product,
@@ -336,9 +427,11 @@ impl CudaBackend {
         let last = ((n - 1) * d * size_of::<f32>()) as u64;
         let (x, proj) = (dptr(&st.scratch.x, s), dptr(&st.scratch.proj, s));
         let add = if w.layers.is_empty() { 0 } else { proj + last };
-        self.add_norm_quant(st, x + last, add, &w.output_norm, 1)?;
         let out = w.output();
-        let xq = dptr(&st.scratch.xq, s);
-        self.mm(st, out, xq, dptr(&st.logits, s), 1, out.rows, 0)
+        let needs = Needs::of(std::slice::from_ref(out));
+        let a = self.add_norm_quant(st, x + last, add, &w.output_norm, 1, needs)?;
+        // One output row: the one-row orders (as on the CPU).
+        let order = Order::of_step(1, true);
+        self.mm(st, out, a, dptr(&st.logits, s), 1, out.rows, 0, order)
     }
 }

@@ -9,17 +9,25 @@
 //! falls back to the CPU and says why.
 //!
 //! The CUDA backend (`backend` and the files it names, `kernels`) compiles
-//! its kernels from CUDA C with NVRTC at start-up, keeps the weights in their
-//! quantised block formats on the device and dequantises inside the
-//! matrix-vector kernels (at batch 1 decode reads every weight once, so fewer
-//! bytes is the speed), and reproduces `crate::forward` bit for bit (Q8_1
-//! activations, the CPU kernels' lane orders, ggml's expf, f16 KV cache, the
-//! same RoPE table).
+//! its kernels from CUDA C with NVRTC at start-up, keeps every weight matrix
+//! on the device in the CPU loader's block format — Q8_0, Q4_1, Q5_0, Q5_1,
+//! Q4_K, Q5_K, Q6_K, F16 or BF16, none converted (`format`) — and
+//! dequantises inside the product kernels (at batch 1 decode reads every
+//! weight once, so fewer bytes is the speed), and reproduces
+//! `crate::forward` bit for bit: each product's activations in the form the
+//! CPU gives its format (Q8_1 or Q8_K blocks, or f32 rounded to f16 / bf16),
+//! the CPU kernels' lane orders in whichever order the step's size picks
+//! (the K-quants' tiled one for 8+ tokens, tinyBLAS's for F16 / BF16 in
+//! steps of 2+), ggml's expf, f16 KV cache, the same RoPE table.
 
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "cuda")]
 pub mod backend;
+#[cfg(any(test, feature = "cuda"))]
+// Without the feature only the emulation test uses it (not every item).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod format;
 #[cfg(feature = "cuda")]
 mod forward;
 #[cfg(feature = "cuda")]
@@ -37,6 +45,20 @@ mod upload;
 // The kernels checked against the CPU backend on the CPU (no GPU needed).
 #[cfg(test)]
 mod emulation;
+#[cfg(test)]
+mod emulation_formats;
+
+/// The CUDA C source of every kernel: the files are one translation unit,
+/// concatenated in this order (kernels.cu's header says what each holds).
+/// NVRTC compiles it at start-up; the emulation test compiles it as C++.
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) const KERNEL_SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("kernels_q32.cu"),
+    include_str!("kernels_kquant.cu"),
+    include_str!("kernels_half.cu"),
+    include_str!("kernels_sampling.cu"),
+);
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;

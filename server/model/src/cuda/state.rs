@@ -8,10 +8,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 
 use super::backend::{CudaBackend, err};
+use super::format::Q8K_BYTES;
 use super::kernels;
 use crate::backend::SequenceState;
 use crate::error::ModelError;
 use crate::quant::{BlockQ8_1, QK};
+use crate::quant_k::QK_K;
 
 /// A decode-step graph. `CudaGraph` holds raw driver handles and is not
 /// `Send`; it is only ever launched through `&mut CudaState`, one thread at
@@ -30,6 +32,12 @@ pub(super) struct Scratch {
     pub(super) x: CudaSlice<f32>,
     /// Q8_1 blocks of the widest activation (`n_tok * n_ff / 32` × 40 bytes).
     pub(super) xq: CudaSlice<u8>,
+    /// Q8_K blocks of the widest activation (K-quant products; one byte
+    /// when the model has none).
+    pub(super) xqk: CudaSlice<u8>,
+    /// The normed or SwiGLU activations as f32, for the products that do
+    /// not take Q8_1 (F16 / BF16, and `quantize_q8_k`'s input).
+    pub(super) xa: CudaSlice<f32>,
     pub(super) qkv: CudaSlice<f32>,
     pub(super) attn: CudaSlice<f32>,
     pub(super) proj: CudaSlice<f32>,
@@ -126,11 +134,18 @@ impl CudaBackend {
         let d = c.n_embd;
         let qkv = d + 2 * c.n_head_kv * c.head_dim;
         let widest = d.max(c.n_ff);
+        let q8k = if self.weights.needs_q8k() {
+            n * widest.div_ceil(QK_K) * Q8K_BYTES
+        } else {
+            1
+        };
         Ok(Scratch {
             n_tok: n,
             tokens: alloc(stream, n, "token ids")?,
             x: alloc(stream, n * d, "x")?,
             xq: alloc(stream, n * widest / QK * size_of::<BlockQ8_1>(), "xq")?,
+            xqk: alloc(stream, q8k, "xqk")?,
+            xa: alloc(stream, n * widest, "xa")?,
             qkv: alloc(stream, n * qkv, "qkv")?,
             attn: alloc(stream, n * d, "attn")?,
             proj: alloc(stream, n * d, "proj")?,

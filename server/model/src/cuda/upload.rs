@@ -1,15 +1,17 @@
 //! The model on the device: every weight matrix uploaded once in the CPU
-//! loader's block format (Q8_0 or Q4_1, dequantised inside the kernels), the
-//! norms and biases as f32, and the RoPE table.
+//! loader's block format, whichever it is (Q8_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//! Q5_K, Q6_K, F16, BF16; dequantised inside the kernels, never converted),
+//! the norms and biases as f32, and the RoPE table.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::backend::err;
+use super::format::{ActKind, DevFormat};
 use crate::error::ModelError;
 use crate::gguf::Config;
-use crate::quant::{BlockQ4_1, BlockQ8_0, QMatrix};
+use crate::quant::QMatrix;
 use crate::weights::{Fused, Weights};
 
 /// A weight matrix on the device, in the CPU loader's block format.
@@ -18,13 +20,42 @@ pub(super) struct DevMatrix {
     pub(super) data: CudaSlice<u8>,
     pub(super) rows: usize,
     pub(super) cols: usize,
-    pub(super) q4_1: bool,
+    pub(super) format: DevFormat,
 }
 
 #[derive(Debug)]
 pub(super) enum DevFused {
     One(DevMatrix),
     Many(Vec<DevMatrix>),
+}
+
+/// Which activation forms the products of one input read (each is
+/// computed only when some matrix takes it, as on the CPU).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Needs {
+    pub(super) q8_1: bool,
+    pub(super) q8k: bool,
+    pub(super) f32: bool,
+}
+
+impl Needs {
+    pub(super) fn of(parts: &[DevMatrix]) -> Needs {
+        let has = |k: ActKind| parts.iter().any(|m| m.format.acts() == k);
+        Needs {
+            q8_1: has(ActKind::Q8_1),
+            q8k: has(ActKind::Q8K),
+            f32: has(ActKind::F32),
+        }
+    }
+}
+
+impl DevFused {
+    pub(super) fn parts(&self) -> &[DevMatrix] {
+        match self {
+            DevFused::One(m) => std::slice::from_ref(m),
+            DevFused::Many(v) => v,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -50,15 +81,18 @@ impl DevWeights {
     pub(super) fn output(&self) -> &DevMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)
     }
-}
 
-/// The raw bytes of a slice of `#[repr(C)]` blocks.
-fn block_bytes<T>(blocks: &[T]) -> &[u8] {
-    // SAFETY: BlockQ8_0 / BlockQ4_1 are #[repr(C)] with only f32 and byte
-    // fields and no padding (36 and 24 bytes), so every byte is initialised;
-    // the returned slice borrows `blocks`.
-    unsafe {
-        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+    /// Whether any product takes Q8_K activations (the scratch then holds
+    /// them).
+    pub(super) fn needs_q8k(&self) -> bool {
+        let mut all = self.layers.iter().flat_map(|l| {
+            l.wqkv
+                .parts()
+                .iter()
+                .chain(l.wgu.parts())
+                .chain([&l.wo, &l.w_down])
+        });
+        all.any(|m| m.format.acts() == ActKind::Q8K) || self.output().format.acts() == ActKind::Q8K
     }
 }
 
@@ -67,14 +101,7 @@ fn upload_matrix(
     m: &QMatrix,
     what: &str,
 ) -> Result<DevMatrix, ModelError> {
-    // The device kernels know Q8_0 and Q4_1 only: K-quant matrices go up
-    // requantised to Q8_0 (as the CPU loader did before it kept them).
-    let m = &*m.to_q8_0_if_k();
-    let (bytes, q4_1) = match m {
-        QMatrix::Q8_0 { blocks, .. } => (block_bytes::<BlockQ8_0>(blocks), false),
-        QMatrix::Q4_1 { blocks, .. } => (block_bytes::<BlockQ4_1>(blocks), true),
-        _ => unreachable!("to_q8_0_if_k leaves no K-quant"),
-    };
+    let (format, bytes) = DevFormat::of(m);
     let data = stream
         .clone_htod(bytes)
         .map_err(|e| err(&format!("uploading {what}"), e))?;
@@ -82,7 +109,7 @@ fn upload_matrix(
         data,
         rows: m.rows(),
         cols: m.cols(),
-        q4_1,
+        format,
     })
 }
 

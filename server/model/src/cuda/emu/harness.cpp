@@ -1,10 +1,12 @@
-// Runs kernels.cu's kernels on the CPU (prelude.h) over the cases that
-// server/model/src/cuda/emulation.rs wrote with the CPU backend's results,
-// and compares bit for bit. Usage: harness DIR LANES (8 or 16: the CPU
-// flavour's vector width). Prints one line per case; exit status 1 when any
-// differs.
+// Runs the kernels (kernels_all.cu: the kernel source, every kernels*.cu)
+// on the CPU (prelude.h) over the cases that server/model/src/cuda/
+// emulation.rs and emulation_formats.rs wrote with the CPU backend's results,
+// and compares bit for bit. Usage: harness DIR LANES SHARED (LANES 8 or 16:
+// the CPU flavour's vector width; SHARED 1: also the flavour-independent
+// cases, which the run of the other flavour leaves out). Prints one line
+// per case; exit status 1 when any differs.
 #include "prelude.h"
-#include "kernels.cu"
+#include "kernels_all.cu"
 
 #include <cstdio>
 #include <string>
@@ -77,48 +79,36 @@ static void norm_case(const std::string& dir) {
     const int rows = r.one<int>(), d = r.one<int>();
     const float eps = r.one<float>();
     auto x = r.get<float>(rows * d), add = r.get<float>(rows * d), wt = r.get<float>(d);
-    auto want_x = r.get<float>(rows * d);
+    auto want_x = r.get<float>(rows * d), want_f = r.get<float>(rows * d);
     auto want_q = r.get<bq8_1>(rows * d / 32);
     std::vector<bq8_1> q(rows * d / 32);
-    emu_launch(rows, 1, NORM_THREADS, [&] { add_norm_quant(x.data(), add.data(), wt.data(), q.data(), d, eps); });
+    std::vector<float> f(rows * d, -7.0f);
+    emu_launch(rows, 1, NORM_THREADS,
+               [&] { add_norm_quant(x.data(), add.data(), wt.data(), q.data(), f.data(), d, eps); });
     check("add_norm_quant residual", x.data(), want_x.data(), x.size() * 4);
     check("add_norm_quant", q.data(), want_q.data(), q.size() * sizeof(bq8_1));
+    check("add_norm_quant f32", f.data(), want_f.data(), f.size() * 4);
+    // Without the residual add (x already holds the sum) and without the
+    // Q8_1 output: the f32 values alone.
+    std::fill(f.begin(), f.end(), -7.0f);
+    emu_launch(rows, 1, NORM_THREADS, [&] { add_norm_quant(x.data(), nullptr, wt.data(), nullptr, f.data(), d, eps); });
+    check("add_norm_quant f32 only", f.data(), want_f.data(), f.size() * 4);
 }
 
 static void swiglu_case(const std::string& dir, int w) {
     Reader r(dir + "/swiglu.bin");
     const int n = r.one<int>(), n_ff = r.one<int>();
     auto gu = r.get<float>(n * 2 * n_ff);
+    auto want_f = r.get<float>(n * n_ff);
     auto want = r.get<bq8_1>(n * n_ff / 32);
     std::vector<bq8_1> q(n * n_ff / 32);
-    emu_launch((n * n_ff / 32 + 7) / 8, 1, 256, [&] { swiglu_quant(gu.data(), q.data(), n, n_ff, w); });
+    std::vector<float> f(n * n_ff, -7.0f);
+    emu_launch((n * n_ff / 32 + 7) / 8, 1, 256, [&] { swiglu_quant(gu.data(), q.data(), f.data(), n, n_ff, w); });
     check("swiglu_quant", q.data(), want.data(), q.size() * sizeof(bq8_1));
-}
-
-static void mm_cases(const std::string& dir) {
-    Reader r(dir + "/mm.bin");
-    const int n = r.one<int>();
-    for (int c = 0; c < n; ++c) {
-        const int q4 = r.one<int>(), rows = r.one<int>(), cols = r.one<int>(), nt = r.one<int>();
-        auto wb = r.get<unsigned char>(r.one<int>());
-        auto x = r.get<bq8_1>(nt * cols / 32);
-        auto want = r.get<float>(nt * rows);
-        const int nb = cols / 32;
-        const std::string shape = std::string(q4 ? "q4_1" : "q8_0") + " " + std::to_string(rows) + "x" +
-                                  std::to_string(cols) + " n_tok=" + std::to_string(nt);
-        std::vector<float> out(nt * rows, -7.0f);
-        emu_launch((rows + 3) / 4, 1, 128, [&] {
-            if (q4) mmw_q4_1((const bq4_1*)wb.data(), x.data(), out.data(), rows, nb, nt, rows, 0);
-            else mmw_q8_0((const bq8_0*)wb.data(), x.data(), out.data(), rows, nb, nt, rows, 0);
-        });
-        check("mmw " + shape, out.data(), want.data(), out.size() * 4);
-        std::fill(out.begin(), out.end(), -7.0f);
-        emu_launch((rows + 15) / 16, 1, 128, [&] {
-            if (q4) mm_q4_1((const bq4_1*)wb.data(), x.data(), out.data(), rows, nb, nt, rows, 0);
-            else mm_q8_0((const bq8_0*)wb.data(), x.data(), out.data(), rows, nb, nt, rows, 0);
-        });
-        check("mm " + shape, out.data(), want.data(), out.size() * 4);
-    }
+    check("swiglu_quant f32", f.data(), want_f.data(), f.size() * 4);
+    std::fill(f.begin(), f.end(), -7.0f);
+    emu_launch((n * n_ff / 32 + 7) / 8, 1, 256, [&] { swiglu_quant(gu.data(), nullptr, f.data(), n, n_ff, w); });
+    check("swiglu_quant f32 only", f.data(), want_f.data(), f.size() * 4);
 }
 
 static void rope_case(const std::string& dir, const char* file) {
@@ -141,6 +131,8 @@ static void rope_case(const std::string& dir, const char* file) {
         check(name + " v", &vc[((size_t)g * cap + pos) * hd], &want_v[g * hd], hd * 2);
     }
 }
+
+#include "formats.cpp"
 
 // top_k against a stable sort (logit descending, ties by lower id).
 static void top_k_cases() {
@@ -172,16 +164,20 @@ static void top_k_cases() {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 3) { fprintf(stderr, "usage: harness DIR LANES\n"); return 2; }
+    if (argc != 4) { fprintf(stderr, "usage: harness DIR LANES SHARED\n"); return 2; }
     const std::string dir = argv[1];
     const int w = atoi(argv[2]);
+    // SHARED = 1: also the cases that do not depend on the flavour.
+    const bool shared = atoi(argv[3]) != 0;
     attention_cases(dir, w);
-    norm_case(dir);
     swiglu_case(dir, w);
-    mm_cases(dir);
-    rope_case(dir, "rope.bin");
-    rope_case(dir, "rope_neox.bin");
-    top_k_cases();
+    format_cases(dir, shared);
+    if (shared) {
+        norm_case(dir);
+        rope_case(dir, "rope.bin");
+        rope_case(dir, "rope_neox.bin");
+        top_k_cases();
+    }
     printf("%d failures\n", failures);
     return failures != 0;
 }

@@ -1,9 +1,10 @@
-// A CPU emulation of the CUDA built-ins kernels.cu uses, so the kernels can
-// be compiled as C++ and checked bit for bit against the CPU backend without
-// a GPU (server/model/src/cuda/emulation.rs). One std::thread per CUDA
-// thread, one block at a time; __syncthreads / __syncwarp are barriers,
-// shuffles / ballots exchange values through a per-thread slot between two
-// warp barriers; __shared__ variables become statics (one block at a time).
+// A CPU emulation of the CUDA built-ins the kernels (kernels*.cu) use, so
+// they can be compiled as C++ and checked bit for bit against the CPU
+// backend without a GPU (server/model/src/cuda/emulation.rs). One
+// std::thread per CUDA thread, one block at a time; __syncthreads /
+// __syncwarp are barriers, shuffles / ballots exchange values through a
+// per-thread slot between two warp barriers; __shared__ variables become
+// statics (one block at a time).
 // IEEE arithmetic: build with -ffp-contract=off and without -ffast-math so
 // `a * b + c` stays two roundings, as --fmad=false makes it on the GPU.
 #include <algorithm>
@@ -124,6 +125,7 @@ inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
 inline unsigned short f2h(float f) { _Float16 h = (_Float16)f; unsigned short u; memcpy(&u, &h, 2); return u; }
 inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
