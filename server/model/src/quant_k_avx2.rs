@@ -6,7 +6,7 @@
 //! tiled matmul ([`tiled_safe`]). Installed by `quant::kernels()` only when
 //! the CPU has AVX2 and FMA.
 
-use crate::quant_avx2::{RowDot, hsum};
+use crate::quant_avx2::{RowDot, hsum, prefetch_ahead};
 use crate::quant_k::scalar::tiled_step;
 use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
@@ -346,6 +346,8 @@ unsafe fn tiled_rows<B: KLanes>(w: &[B], a: &[BlockQ8K], out: &mut [f32]) {
     for (o, row) in out.iter_mut().zip(w.chunks_exact(nb)) {
         let mut acc = 0f32;
         for (x, y) in row.iter().zip(a) {
+            // SAFETY: a hint only (see `prefetch_ahead`).
+            unsafe { prefetch_ahead((x as *const B).cast(), 0, std::mem::size_of::<B>()) };
             // SAFETY: avx2 and fma are enabled in this function.
             let s1 = unsafe { hsum_i32(x.lanes(y)) };
             // (A match, not a closure: see `k45_lanes`.)
@@ -389,6 +391,8 @@ unsafe fn tiled_tokens<B: KLanes, const T: usize>(
         for (r, row) in w.chunks_exact(nb).take(n_rows).enumerate() {
             let mut acc = [0f32; T];
             for (i, x) in row.iter().enumerate() {
+                // SAFETY: a hint only (see `prefetch_ahead`).
+                unsafe { prefetch_ahead((x as *const B).cast(), 0, std::mem::size_of::<B>()) };
                 let y: [&BlockQ8K; T] = std::array::from_fn(|k| &ys[k][i]);
                 // SAFETY: avx2 and fma are enabled in this function.
                 let lanes = unsafe { x.lanes_tokens(y) };

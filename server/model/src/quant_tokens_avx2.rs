@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
-use crate::quant_avx2::{bytes_from_bits_32, hsum, nibbles_32};
+use crate::quant_avx2::{bytes_from_bits_32, hsum, nibbles_32, prefetch_ahead};
 use crate::quant_q5_1::BlockQ5_1;
 
 /// A 32-value block as `vpmaddubsw` / `vpdpbusd` take it: unsigned bytes,
@@ -225,7 +225,10 @@ unsafe fn tile<B: Unsigned32, const N: usize, const T: usize, const VNNI: bool>(
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); N]; T];
         let mut summs = [[0f32; N]; T];
+        // The tile's rows are contiguous; each step consumes `step` of them.
+        let step = N * std::mem::size_of::<B>();
         for i in 0..nb {
+            prefetch_ahead(w.as_ptr().cast(), i * step, step);
             let wb: [&B; N] = std::array::from_fn(|q| w.get_unchecked(q * nb + i));
             let ab: [&BlockQ8_1; T] = std::array::from_fn(|t| a.get_unchecked(t * nb + i));
             let u: [__m256i; N] = std::array::from_fn(|q| wb[q].unsigned());
