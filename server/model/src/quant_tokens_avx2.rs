@@ -25,6 +25,15 @@ use crate::quant_q5_1::BlockQ5_1;
 /// A 32-value block as `vpmaddubsw` / `vpdpbusd` take it: unsigned bytes,
 /// with the signs (Q8_0) moved to the activations.
 pub(crate) trait Unsigned32: Block32 {
+    /// Signed values (Q8_0): with VNNI the tile multiplies them as they are
+    /// by the activations offset by 128 (`vpdpbusd` takes unsigned times
+    /// signed) and starts each lane at `−128·Σw` — the same integer, one
+    /// `vpsignb` less per product.
+    const SIGNED: bool = false;
+    /// The values as stored (the signed formats).
+    unsafe fn raw(&self) -> __m256i {
+        unreachable!("only the signed formats are read raw")
+    }
     /// The unsigned bytes.
     unsafe fn unsigned(&self) -> __m256i;
     /// The activation quants `qy` with this block's signs applied (ggml's
@@ -33,6 +42,12 @@ pub(crate) trait Unsigned32: Block32 {
 }
 
 impl Unsigned32 for BlockQ8_0 {
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn raw(&self) -> __m256i {
+        // SAFETY: avx2 enabled by the callers; the 32-byte load is `self.qs`.
+        unsafe { _mm256_loadu_si256(self.qs.as_ptr() as *const __m256i) }
+    }
     #[inline(always)]
     unsafe fn unsigned(&self) -> __m256i {
         // SAFETY: avx2 enabled by the callers; the 32-byte load is `self.qs`.
@@ -231,8 +246,27 @@ unsafe fn tile<B: Unsigned32, const N: usize, const T: usize, const VNNI: bool>(
             prefetch_ahead(w.as_ptr().cast(), i * step, step);
             let wb: [&B; N] = std::array::from_fn(|q| w.get_unchecked(q * nb + i));
             let ab: [&BlockQ8_1; T] = std::array::from_fn(|t| a.get_unchecked(t * nb + i));
-            let u: [__m256i; N] = std::array::from_fn(|q| wb[q].unsigned());
             let wd: [__m256; N] = std::array::from_fn(|q| _mm256_set1_ps(wb[q].d()));
+            if VNNI && B::SIGNED {
+                // Σ qy·w = Σ (qy + 128)·w − 128·Σw, all exact in int32.
+                let x80 = _mm256_set1_epi8(0x80u8 as i8);
+                let raw: [__m256i; N] = std::array::from_fn(|q| wb[q].raw());
+                let start: [__m256i; N] = std::array::from_fn(|q| {
+                    let c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), x80, raw[q]);
+                    _mm256_sub_epi32(_mm256_setzero_si256(), c)
+                });
+                for t in 0..T {
+                    let qy = _mm256_loadu_si256(ab[t].qs.as_ptr() as *const __m256i);
+                    let ux = _mm256_xor_si256(qy, x80);
+                    let ad = _mm256_set1_ps(ab[t].d);
+                    for q in 0..N {
+                        let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start[q], ux, raw[q]));
+                        acc[t][q] = _mm256_fmadd_ps(_mm256_mul_ps(wd[q], ad), l, acc[t][q]);
+                    }
+                }
+                continue;
+            }
+            let u: [__m256i; N] = std::array::from_fn(|q| wb[q].unsigned());
             for t in 0..T {
                 let qy = _mm256_loadu_si256(ab[t].qs.as_ptr() as *const __m256i);
                 let ad = _mm256_set1_ps(ab[t].d);
