@@ -122,6 +122,11 @@ impl SequenceState for CpuState {
     }
 }
 
+/// Steps with at least this many rows run their per-row work (norms,
+/// activation quantisation, SwiGLU, residual adds) over the pool; a decode
+/// step's few rows are cheaper on one thread than the hand-off.
+const PAR_MIN_ROWS: usize = 16;
+
 struct SyncPtr<T>(*mut T);
 // SAFETY: only used to give pool threads disjoint parts of one buffer; every
 // use documents why the parts are disjoint and outlive the parallel section.
@@ -140,6 +145,68 @@ impl CpuBackend {
 
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// [`rms_norm`] of every row of `x` into `out`, over the pool for a prompt.
+    fn norm_rows(&self, x: &[f32], w: &[f32], out: &mut [f32]) {
+        let (d, eps) = (w.len(), self.config.rms_eps);
+        self.pool.for_rows(out, d, PAR_MIN_ROWS, &|r, o| {
+            rms_norm(&x[r.start * d..r.end * d], w, eps, o)
+        });
+    }
+
+    /// `x += y` (the residual), over the pool for a prompt.
+    fn add_rows(&self, x: &mut [f32], y: &[f32]) {
+        let d = self.config.n_embd;
+        self.pool.for_rows(x, d, PAR_MIN_ROWS, &|r, x| {
+            for (a, b) in x.iter_mut().zip(&y[r.start * d..r.end * d]) {
+                *a += b;
+            }
+        });
+    }
+
+    /// Quantises `x` (`n` rows) for the weight products that consume it, as
+    /// `needs` says: to Q8_1 into `q8` (its first `x.len()/32` blocks), to Q8_K
+    /// into `q8k` (for K-quant matrices, whose rows are a multiple of 256
+    /// values; the loader checks this). F16 and BF16 products take `x` itself.
+    /// `orders`: per row, which of ggml's arithmetic orders its products follow.
+    fn quantize_acts<'a>(
+        &self,
+        n: usize,
+        x: &'a [f32],
+        q8: &'a mut [BlockQ8_1],
+        q8k: &'a mut Vec<BlockQ8K>,
+        needs: ActNeeds,
+        orders: Orders<'a>,
+    ) -> Acts<'a> {
+        let pool = &self.pool;
+        let cols = x.len() / n.max(1);
+        let q8: &[BlockQ8_1] = if needs.q8_1 {
+            let q8 = &mut q8[..x.len() / QK];
+            pool.for_rows(q8, cols / QK, PAR_MIN_ROWS, &|r, q| {
+                quantize_q8_1(&x[r.start * cols..r.end * cols], q)
+            });
+            q8
+        } else {
+            &[]
+        };
+        let q8k: &[BlockQ8K] = if needs.q8k {
+            q8k.resize(x.len() / QK_K, BlockQ8K::default());
+            pool.for_rows(q8k, cols / QK_K, PAR_MIN_ROWS, &|r, q| {
+                quantize_q8_k(&x[r.start * cols..r.end * cols], q)
+            });
+            q8k
+        } else {
+            &[]
+        };
+        Acts {
+            q8,
+            q8k,
+            tiled: orders.tiled,
+            x,
+            gemm: orders.gemm,
+            flavor: self.flavor,
+        }
     }
 
     fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
@@ -245,6 +312,10 @@ impl CpuBackend {
             .iter()
             .flat_map(|g| std::iter::repeat_n(g.tokens.len() >= 2, g.tokens.len()))
             .collect();
+        let orders = Orders {
+            tiled: &tiled,
+            gemm: &gemm,
+        };
         let max_cap = segs.iter().map(|g| g.cache.capacity).max().unwrap_or(1);
         self.ensure_scratch(s, n, max_cap);
         let (d, hd, dq, dkv) = (c.n_embd, c.head_dim, c.q_dim(), c.kv_dim());
@@ -260,21 +331,23 @@ impl CpuBackend {
             // one row per sequence, so its products take the one-row order
             // (vector dot, never tinyBLAS or the tiled K-quant matmul). The
             // other rows' results there are never read.
-            let (ffn_tiled, ffn_gemm): (&[bool], &[bool]) = if l + 1 == w.layers.len() {
-                (&[], &[])
+            let ffn_orders = if l + 1 == w.layers.len() {
+                Orders {
+                    tiled: &[],
+                    gemm: &[],
+                }
             } else {
-                (&tiled, &gemm)
+                orders
             };
             // Attention.
-            rms_norm(x, &lw.attn_norm, c.rms_eps, &mut s.xn[..n * d]);
-            let xq = quantize_acts(
+            self.norm_rows(x, &lw.attn_norm, &mut s.xn[..n * d]);
+            let xq = self.quantize_acts(
+                n,
                 &s.xn[..n * d],
                 &mut s.xq,
                 &mut s.xqk,
                 ActNeeds::of_fused(&lw.wqkv),
-                &tiled,
-                &gemm,
-                self.flavor,
+                orders,
             );
             let qkv = &mut s.qkv[..n * qkv_rows];
             self.fused(&lw.wqkv, xq, n, qkv);
@@ -329,50 +402,46 @@ impl CpuBackend {
                 &s.per_thread,
                 &mut s.attn[..n * dq],
             );
-            let aq = quantize_acts(
+            let aq = self.quantize_acts(
+                n,
                 &s.attn[..n * dq],
                 &mut s.attnq,
                 &mut s.attnqk,
                 ActNeeds::of(&lw.wo),
-                &tiled,
-                &gemm,
-                self.flavor,
+                orders,
             );
             lw.wo.matmul(&self.pool, aq, n, &mut s.proj[..n * d]);
-            for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
-                *a += b;
-            }
+            self.add_rows(x, &s.proj[..n * d]);
             // Feed-forward.
-            rms_norm(x, &lw.ffn_norm, c.rms_eps, &mut s.xn[..n * d]);
-            let xq = quantize_acts(
+            self.norm_rows(x, &lw.ffn_norm, &mut s.xn[..n * d]);
+            let xq = self.quantize_acts(
+                n,
                 &s.xn[..n * d],
                 &mut s.xq,
                 &mut s.xqk,
                 ActNeeds::of_fused(&lw.wgu),
-                ffn_tiled,
-                ffn_gemm,
-                self.flavor,
+                ffn_orders,
             );
             let gu = &mut s.gu[..n * 2 * c.n_ff];
             self.fused(&lw.wgu, xq, n, gu);
-            for t in 0..n {
-                let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
-                crate::ggml::swiglu(g, u, &mut s.act[t * c.n_ff..(t + 1) * c.n_ff], self.flavor);
-            }
-            let actq = quantize_acts(
+            let gu = &*gu;
+            self.pool
+                .for_rows(&mut s.act[..n * c.n_ff], c.n_ff, PAR_MIN_ROWS, &|r, act| {
+                    for (t, a) in r.zip(act.chunks_exact_mut(c.n_ff)) {
+                        let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
+                        crate::ggml::swiglu(g, u, a, self.flavor);
+                    }
+                });
+            let actq = self.quantize_acts(
+                n,
                 &s.act[..n * c.n_ff],
                 &mut s.actq,
                 &mut s.actqk,
                 ActNeeds::of(&lw.w_down),
-                ffn_tiled,
-                ffn_gemm,
-                self.flavor,
+                ffn_orders,
             );
             lw.w_down.matmul(&self.pool, actq, n, &mut s.proj[..n * d]);
-
-            for (a, b) in x.iter_mut().zip(&s.proj[..n * d]) {
-                *a += b;
-            }
+            self.add_rows(x, &s.proj[..n * d]);
             record_layer(x);
         }
         // The output product for each segment's last row only.
@@ -489,6 +558,14 @@ impl CpuBackend {
     }
 }
 
+/// Per row of a step, which of ggml's arithmetic orders its products
+/// follow ([`Acts::tiled`], [`Acts::gemm`]).
+#[derive(Clone, Copy)]
+struct Orders<'a> {
+    tiled: &'a [bool],
+    gemm: &'a [bool],
+}
+
 /// Which quantised activations a product's weights take.
 #[derive(Clone, Copy)]
 struct ActNeeds {
@@ -509,44 +586,6 @@ impl ActNeeds {
             q8_1: f.needs_q8_1(),
             q8k: f.needs_q8k(),
         }
-    }
-}
-
-/// Quantises `x` (`n` rows) for the weight products that consume it, as
-/// `needs` says: to Q8_1 into `q8` (its first `x.len()/32` blocks), to Q8_K
-/// into `q8k` (for K-quant matrices, whose rows are a multiple of 256
-/// values; the loader checks this). F16 and BF16 products take `x` itself.
-/// `tiled`: per row, whether its K-quant products follow ggml's tiled matmul.
-fn quantize_acts<'a>(
-    x: &'a [f32],
-    q8: &'a mut [BlockQ8_1],
-    q8k: &'a mut Vec<BlockQ8K>,
-    needs: ActNeeds,
-    tiled: &'a [bool],
-    gemm: &'a [bool],
-    flavor: Flavor,
-) -> Acts<'a> {
-    let q8: &[BlockQ8_1] = if needs.q8_1 {
-        let q8 = &mut q8[..x.len() / QK];
-        quantize_q8_1(x, q8);
-        q8
-    } else {
-        &[]
-    };
-    let q8k: &[BlockQ8K] = if needs.q8k {
-        q8k.resize(x.len() / QK_K, BlockQ8K::default());
-        quantize_q8_k(x, q8k);
-        q8k
-    } else {
-        &[]
-    };
-    Acts {
-        q8,
-        q8k,
-        tiled,
-        x,
-        gemm,
-        flavor,
     }
 }
 

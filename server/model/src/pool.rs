@@ -104,6 +104,39 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
+    /// Calls `f(rows, part)` over `out` taken as rows of `row_len` values:
+    /// split into one part per thread when there are at least `min_rows`
+    /// rows (a prompt: the per-row work between the weight products would
+    /// otherwise run on one thread while the others wait), else as one call
+    /// here (a decode step's few rows are cheaper than the hand-off).
+    pub fn for_rows<T: Send>(
+        &self,
+        out: &mut [T],
+        row_len: usize,
+        min_rows: usize,
+        f: &(dyn Fn(std::ops::Range<usize>, &mut [T]) + Sync),
+    ) {
+        let n = out.len() / row_len;
+        if n < min_rows.max(2) || self.n_threads() == 1 {
+            f(0..n, out);
+            return;
+        }
+        struct Parts<T>(*mut T);
+        // SAFETY: each thread gets a disjoint part of `out` (below).
+        unsafe impl<T: Send> Sync for Parts<T> {}
+        let parts = Parts(out.as_mut_ptr());
+        self.run(&|i, nt| {
+            let parts = &parts;
+            let r = split_range(n, i, nt, 1);
+            // SAFETY: `split_range` partitions `0..n`, so the parts are
+            // disjoint and inside `out`, which outlives `run`.
+            let part = unsafe {
+                std::slice::from_raw_parts_mut(parts.0.add(r.start * row_len), r.len() * row_len)
+            };
+            f(r, part);
+        });
+    }
+
     /// Calls `f(i, n)` for every `i in 0..n` (n = [`Self::n_threads`]), in
     /// parallel when the pool is free, and returns when all calls returned.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
