@@ -72,7 +72,7 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::CachedHead;
-    use crate::ggml::{Flavor, expf_lane};
+    use crate::ggml::{Flavor, expf8};
 
     pub(super) fn usable() -> bool {
         static U: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -174,62 +174,6 @@ mod simd {
             };
             let t6: [__m256; 4] = std::array::from_fn(|m| _mm256_add_ps(t[4 + m], t[m]));
             _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]))
-        }
-    }
-
-    /// `ggml::expf_lane` on eight lanes: the common range in vectors, the
-    /// rare far-range lanes (|n| > 126, overflow, NaN) through the scalar
-    /// lane function.
-    #[inline(always)]
-    unsafe fn expf8(x: __m256, fl: Flavor) -> __m256 {
-        use crate::ggml::expf_consts as c;
-        // SAFETY: avx2 and fma are enabled in every caller.
-        unsafe {
-            let f = |b: u32| _mm256_set1_ps(f32::from_bits(b));
-            let r = f(c::R);
-            let z = _mm256_fmadd_ps(x, f(c::LOG2E), r);
-            let n = _mm256_sub_ps(z, r);
-            let b = _mm256_fnmadd_ps(n, f(c::LN2_LO), _mm256_fnmadd_ps(n, f(c::LN2_HI), x));
-            let u = _mm256_mul_ps(b, b);
-            let p = _mm256_fmadd_ps(
-                _mm256_fmadd_ps(f(c::C5), b, f(c::C4)),
-                u,
-                _mm256_fmadd_ps(f(c::C3), b, f(c::C2)),
-            );
-            let k = _mm256_castsi256_ps(_mm256_slli_epi32(
-                _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
-                23,
-            ));
-            let (y, ok) = match fl {
-                Flavor::Avx2 => {
-                    let j = _mm256_fmadd_ps(p, u, _mm256_mul_ps(f(c::C1), b));
-                    let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
-                    (
-                        _mm256_fmadd_ps(j, k, k),
-                        _mm256_cmp_ps(abs, _mm256_set1_ps(126.0), _CMP_LE_OQ),
-                    )
-                }
-                Flavor::Avx512 => {
-                    let j =
-                        _mm256_fmadd_ps(p, u, _mm256_fmadd_ps(f(c::C1), b, _mm256_set1_ps(1.0)));
-                    let lo = _mm256_cmp_ps(n, _mm256_set1_ps(-125.0), _CMP_GE_OQ);
-                    let hi = _mm256_cmp_ps(n, _mm256_set1_ps(127.0), _CMP_LE_OQ);
-                    (_mm256_mul_ps(j, k), _mm256_and_ps(lo, hi))
-                }
-            };
-            if _mm256_movemask_ps(ok) == 0xff {
-                return y;
-            }
-            let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
-            _mm256_storeu_ps(xs.as_mut_ptr(), x);
-            _mm256_storeu_ps(ys.as_mut_ptr(), y);
-            let okm = _mm256_movemask_ps(ok);
-            for e in 0..8 {
-                if okm & (1 << e) == 0 {
-                    ys[e] = expf_lane(xs[e], fl);
-                }
-            }
-            _mm256_loadu_ps(ys.as_ptr())
         }
     }
 

@@ -206,7 +206,8 @@ pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn swiglu_fma(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
-    swiglu_body(g, u, out, fl)
+    // SAFETY: avx2 and fma are enabled in this function.
+    unsafe { swiglu_vec(g, u, out, fl) }
 }
 
 #[inline(always)]
@@ -218,9 +219,96 @@ fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
         let e = expf_lane(0.0 - x, fl);
         out[i] = (x / (1.0 + e)) * u[i];
     }
-    for i in nv..g.len() {
+    swiglu_tail(g, u, out, nv);
+}
+
+/// The scalar tail of [`swiglu`] from `from` on.
+#[inline(always)]
+fn swiglu_tail(g: &[f32], u: &[f32], out: &mut [f32], from: usize) {
+    for i in from..g.len() {
         let x = g[i];
         out[i] = (x / (1.0 + (-x).exp())) * u[i];
+    }
+}
+
+/// [`swiglu_body`] eight lanes at a time ([`expf8`]; the same operations,
+/// so the same bits: tested below).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn swiglu_vec(g: &[f32], u: &[f32], out: &mut [f32], fl: Flavor) {
+    use std::arch::x86_64::*;
+    let nv = g.len() / fl.lanes() * fl.lanes();
+    assert!(u.len() >= g.len() && out.len() >= g.len());
+    let mut i = 0;
+    while i < nv {
+        // SAFETY: avx2 and fma are enabled by the caller; `i + 8 <= nv`,
+        // inside all three slices (asserted above).
+        unsafe {
+            let x = _mm256_loadu_ps(g.as_ptr().add(i));
+            let e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), x), fl);
+            let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+            let y = _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i)));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+        }
+        i += 8;
+    }
+    swiglu_tail(g, u, out, nv);
+}
+
+/// `ggml::expf_lane` on eight lanes: the common range in vectors, the
+/// rare far-range lanes (|n| > 126, overflow, NaN) through the scalar
+/// lane function.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn expf8(x: std::arch::x86_64::__m256, fl: Flavor) -> std::arch::x86_64::__m256 {
+    use expf_consts as c;
+    use std::arch::x86_64::*;
+    // SAFETY: avx2 and fma are enabled in every caller.
+    unsafe {
+        let f = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+        let r = f(c::R);
+        let z = _mm256_fmadd_ps(x, f(c::LOG2E), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, f(c::LN2_LO), _mm256_fnmadd_ps(n, f(c::LN2_HI), x));
+        let u = _mm256_mul_ps(b, b);
+        let p = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(f(c::C5), b, f(c::C4)),
+            u,
+            _mm256_fmadd_ps(f(c::C3), b, f(c::C2)),
+        );
+        let k = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        ));
+        let (y, ok) = match fl {
+            Flavor::Avx2 => {
+                let j = _mm256_fmadd_ps(p, u, _mm256_mul_ps(f(c::C1), b));
+                let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+                (
+                    _mm256_fmadd_ps(j, k, k),
+                    _mm256_cmp_ps(abs, _mm256_set1_ps(126.0), _CMP_LE_OQ),
+                )
+            }
+            Flavor::Avx512 => {
+                let j = _mm256_fmadd_ps(p, u, _mm256_fmadd_ps(f(c::C1), b, _mm256_set1_ps(1.0)));
+                let lo = _mm256_cmp_ps(n, _mm256_set1_ps(-125.0), _CMP_GE_OQ);
+                let hi = _mm256_cmp_ps(n, _mm256_set1_ps(127.0), _CMP_LE_OQ);
+                (_mm256_mul_ps(j, k), _mm256_and_ps(lo, hi))
+            }
+        };
+        if _mm256_movemask_ps(ok) == 0xff {
+            return y;
+        }
+        let (mut xs, mut ys) = ([0f32; 8], [0f32; 8]);
+        _mm256_storeu_ps(xs.as_mut_ptr(), x);
+        _mm256_storeu_ps(ys.as_mut_ptr(), y);
+        let okm = _mm256_movemask_ps(ok);
+        for e in 0..8 {
+            if okm & (1 << e) == 0 {
+                ys[e] = expf_lane(xs[e], fl);
+            }
+        }
+        _mm256_loadu_ps(ys.as_ptr())
     }
 }
 
@@ -747,6 +835,27 @@ mod tests {
         let parsed: Numerics = serde_json::from_str("\"native\"").unwrap();
         assert_eq!(parsed, Numerics::Native);
         assert!(serde_json::from_str::<Numerics>("\"fast\"").is_err());
+    }
+
+    /// The vectorised SwiGLU equals the lane-by-lane one bit for bit, in
+    /// both orders, over the whole range of the exponential (including the
+    /// far-range lanes and the scalar tail).
+    #[test]
+    fn swiglu_vectors_equal_lanes() {
+        let mut r = crate::test_rng::Lcg(3);
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for n in [8usize, 16, 1536, 1541] {
+                let g: Vec<f32> = (0..n)
+                    .map(|i| r.f() * if i % 7 == 0 { 200.0 } else { 12.0 })
+                    .collect();
+                let u: Vec<f32> = (0..n).map(|_| r.f() * 3.0).collect();
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                swiglu(&g, &u, &mut a, fl);
+                swiglu_body(&g, &u, &mut b, fl);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{fl:?} n {n}");
+            }
+        }
     }
 
     #[test]
