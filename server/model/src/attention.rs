@@ -67,11 +67,57 @@ pub fn attention_head(h: &CachedHead<'_>, scores: &mut [f32], acc: &mut [f32], o
     ggml::attention_head(&head, scores, acc, out);
 }
 
+/// The heads of one grouped-query attention group (they share one K and
+/// V head) for one row: `q16` holds their `heads` queries one after
+/// another.
+#[derive(Clone, Copy, Debug)]
+pub struct CachedGroup<'a> {
+    pub q16: &'a [f32],
+    pub heads: usize,
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub n_pos: usize,
+    pub scale: f32,
+    pub decode: bool,
+    pub flavor: Flavor,
+}
+
+/// [`attention_head`] of every head of `g`, bit for bit: `out` holds the
+/// heads' outputs one after another. A prompt row's group of up to four
+/// heads computes its scores in one pass over K. `scores`: scratch (heads ×
+/// n_pos rounded up to 16); `acc`: scratch (≥ 64·hd).
+pub fn attention_group(g: &CachedGroup<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
+    let hd = g.q16.len() / g.heads;
+    let stride = g.n_pos.div_ceil(16) * 16;
+    assert!(g.heads > 0 && g.q16.len() == g.heads * hd && out.len() >= g.heads * hd);
+    assert!(g.k.len() >= g.n_pos * hd && g.v.len() >= g.n_pos * hd);
+    assert!(scores.len() >= g.heads * stride && acc.len() >= 64 * hd);
+    #[cfg(target_arch = "x86_64")]
+    if !g.decode && g.heads <= 4 && hd.is_multiple_of(8) && simd::usable() {
+        // SAFETY: `usable()` checked avx2, fma and f16c; the lengths are
+        // asserted above.
+        unsafe { simd::group(g, scores, acc, out) };
+        return;
+    }
+    for r in 0..g.heads {
+        let head = CachedHead {
+            q16: &g.q16[r * hd..(r + 1) * hd],
+            k: g.k,
+            v: g.v,
+            n_pos: g.n_pos,
+            scale: g.scale,
+            decode: g.decode,
+            flavor: g.flavor,
+        };
+        attention_head(&head, scores, acc, &mut out[r * hd..(r + 1) * hd]);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::CachedHead;
+    use super::{CachedGroup, CachedHead};
     use crate::ggml::{Flavor, expf8};
 
     pub(super) fn usable() -> bool {
@@ -117,7 +163,7 @@ mod simd {
         o: &mut [f32],
     ) {
         // SAFETY: the caller's contract.
-        unsafe { body::<V>(h, s, a, o) }
+        unsafe { body::<V>(h, s, a, o, None) }
     }
 
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
@@ -128,7 +174,137 @@ mod simd {
         o: &mut [f32],
     ) {
         // SAFETY: the caller's contract.
-        unsafe { body::<V>(h, s, a, o) }
+        unsafe { body::<V>(h, s, a, o, None) }
+    }
+
+    /// [`super::attention_group`] of a prompt row whose group has `R` heads
+    /// (1..=4), picking the build as [`head`] does.
+    ///
+    /// # Safety
+    /// As [`head`]; `g.decode` is false.
+    pub(super) unsafe fn group(
+        g: &CachedGroup<'_>,
+        scores: &mut [f32],
+        acc: &mut [f32],
+        out: &mut [f32],
+    ) {
+        macro_rules! by_heads {
+            ($f:ident, $v:literal) => {
+                match g.heads {
+                    1 => $f::<$v, 1>(g, scores, acc, out),
+                    2 => $f::<$v, 2>(g, scores, acc, out),
+                    3 => $f::<$v, 3>(g, scores, acc, out),
+                    _ => $f::<$v, 4>(g, scores, acc, out),
+                }
+            };
+        }
+        // SAFETY: the features each build enables were checked.
+        unsafe {
+            match g.flavor {
+                Flavor::Avx2 => by_heads!(group_avx2, 1),
+                Flavor::Avx512 if avx512() => by_heads!(group_avx512, 2),
+                Flavor::Avx512 => by_heads!(group_avx2, 2),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_avx2<const V: usize, const R: usize>(
+        g: &CachedGroup<'_>,
+        s: &mut [f32],
+        a: &mut [f32],
+        o: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { group_body::<V, R>(g, s, a, o) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    unsafe fn group_avx512<const V: usize, const R: usize>(
+        g: &CachedGroup<'_>,
+        s: &mut [f32],
+        a: &mut [f32],
+        o: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { group_body::<V, R>(g, s, a, o) }
+    }
+
+    /// The `R` heads' prompt scores in one pass over K (each key loaded and
+    /// widened once for all of them, their chains interleaved over up to
+    /// four positions), each in the tinyBLAS order of [`body`]; then each
+    /// head's softmax and V sum as [`body`] does them. (Index loops: as in
+    /// [`body`].)
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn group_body<const V: usize, const R: usize>(
+        g: &CachedGroup<'_>,
+        scores: &mut [f32],
+        acc: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let (hd, n_pos) = (g.q16.len() / R, g.n_pos);
+        let w = 8 * V;
+        let stride = n_pos.div_ceil(16) * 16;
+        // Positions per pass: at most 12 accumulators (AVX2's 16 registers).
+        let pp = (12 / (R * V)).clamp(1, 4);
+        let nc = hd / w * w;
+        let kp = g.k.as_ptr();
+        let mut max = [f32::NEG_INFINITY; R];
+        // SAFETY: (the whole body) avx2, fma and f16c are enabled in every
+        // caller; `k` holds `n_pos × hd` values, `q16` R·hd, `scores`
+        // R·stride and `out` R·hd (asserted by the public entry point); `hd`
+        // is a multiple of 8.
+        unsafe {
+            let mut p = 0;
+            while p < n_pos {
+                let np = (n_pos - p).min(pp);
+                let mut l = [[[_mm256_setzero_ps(); V]; R]; 4];
+                let mut c = 0;
+                while c < nc {
+                    for j in 0..V {
+                        let mut qv = [_mm256_setzero_ps(); R];
+                        for r in 0..R {
+                            qv[r] = _mm256_loadu_ps(g.q16.as_ptr().add(r * hd + c + 8 * j));
+                        }
+                        for (i, li) in l.iter_mut().enumerate().take(np) {
+                            let kv = load_f16(kp.add((p + i) * hd + c + 8 * j));
+                            for r in 0..R {
+                                li[r][j] = _mm256_fmadd_ps(qv[r], kv, li[r][j]);
+                            }
+                        }
+                    }
+                    c += w;
+                }
+                for (i, li) in l.iter().enumerate().take(np) {
+                    let k = kp.add((p + i) * hd);
+                    for r in 0..R {
+                        let q = &g.q16[r * hd..(r + 1) * hd];
+                        let mut s = reduce::<V>(li[r]);
+                        for x in nc..hd {
+                            s += q[x] * (*k.add(x)).to_f32();
+                        }
+                        let s = s * g.scale;
+                        scores[r * stride + p + i] = s;
+                        max[r] = max[r].max(s);
+                    }
+                }
+                p += np;
+            }
+            for r in 0..R {
+                let head = CachedHead {
+                    q16: &g.q16[r * hd..(r + 1) * hd],
+                    k: g.k,
+                    v: g.v,
+                    n_pos,
+                    scale: g.scale,
+                    decode: false,
+                    flavor: g.flavor,
+                };
+                let sc = &mut scores[r * stride..(r + 1) * stride];
+                body::<V>(&head, sc, acc, &mut out[r * hd..(r + 1) * hd], Some(max[r]));
+            }
+        }
     }
 
     /// Eight f16 values at `p` widened to f32 (exact).
@@ -167,12 +343,21 @@ mod simd {
     unsafe fn reduce_lanes<const W: usize>(l: &[__m256; W]) -> __m256 {
         // SAFETY: as above.
         unsafe {
-            let t: [__m256; 8] = if W == 16 {
-                std::array::from_fn(|k| _mm256_add_ps(l[8 + k], l[k]))
-            } else {
-                std::array::from_fn(|k| l[k.min(W - 1)])
-            };
-            let t6: [__m256; 4] = std::array::from_fn(|m| _mm256_add_ps(t[4 + m], t[m]));
+            // (Loops, not closures: a closure would not inherit the
+            // caller's target features, and the intrinsics in it stayed
+            // calls.)
+            let mut t = [_mm256_setzero_ps(); 8];
+            for k in 0..8 {
+                t[k] = if W == 16 {
+                    _mm256_add_ps(l[8 + k], l[k])
+                } else {
+                    l[k.min(W - 1)]
+                };
+            }
+            let mut t6 = [_mm256_setzero_ps(); 4];
+            for m in 0..4 {
+                t6[m] = _mm256_add_ps(t[4 + m], t[m]);
+            }
             _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]))
         }
     }
@@ -186,6 +371,7 @@ mod simd {
         scores: &mut [f32],
         acc: &mut [f32],
         out: &mut [f32],
+        known_max: Option<f32>,
     ) {
         let (q, n_pos) = (h.q16, h.n_pos);
         let hd = q.len();
@@ -197,9 +383,11 @@ mod simd {
         // entry point); `hd` is a multiple of 8, so every 8-value load
         // below stays inside its row.
         unsafe {
-            // kq.
-            let mut max = f32::NEG_INFINITY;
-            if h.decode {
+            // kq (unless a group pass computed the scores: `known_max`).
+            let mut max = known_max.unwrap_or(f32::NEG_INFINITY);
+            if known_max.is_some() {
+                // (Scores already in place.)
+            } else if h.decode {
                 // ggml_vec_dot_f16: lanes `i % 4W` over full steps of `4W`,
                 // reduced pairwise, then horizontally; leftovers in f64.
                 let step = 4 * w;
@@ -215,12 +403,13 @@ mod simd {
                         }
                         c += step;
                     }
-                    let x: [__m256; V] = std::array::from_fn(|j| {
-                        _mm256_add_ps(
+                    let mut x = [_mm256_setzero_ps(); V];
+                    for j in 0..V {
+                        x[j] = _mm256_add_ps(
                             _mm256_add_ps(l[j], l[2 * V + j]),
                             _mm256_add_ps(l[V + j], l[3 * V + j]),
-                        )
-                    });
+                        );
+                    }
                     let mut s = if V == 2 {
                         reduce::<V>(x) as f64
                     } else {
@@ -278,7 +467,8 @@ mod simd {
             let mut sum = 0f64;
             let mut p = 0;
             while p < n_pos {
-                let e: [__m256; V] = std::array::from_fn(|j| {
+                let mut e = [_mm256_setzero_ps(); V];
+                for (j, ej) in e.iter_mut().enumerate() {
                     let at = p + 8 * j;
                     let live = (n_pos.saturating_sub(at)).min(8) as i32;
                     let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -290,8 +480,8 @@ mod simd {
                     let y = expf8(_mm256_and_ps(x, mask), h.flavor);
                     let y = _mm256_and_ps(y, mask);
                     _mm256_storeu_ps(scores.as_mut_ptr().add(at), y);
-                    y
-                });
+                    *ej = y;
+                }
                 sum += reduce::<V>(e) as f64;
                 p += w;
             }
@@ -321,25 +511,28 @@ mod simd {
                     }
                 }
                 for d in (0..hd).step_by(8) {
-                    let l = |e: usize| _mm256_loadu_ps(acc.as_ptr().add(e * hd + d));
+                    let mut l = [_mm256_setzero_ps(); 64];
+                    for (e, le) in l.iter_mut().enumerate().take(nl) {
+                        *le = _mm256_loadu_ps(acc.as_ptr().add(e * hd + d));
+                    }
                     // GGML_F16_VEC_REDUCE: `x0+x2`, `x1+x3`, `x0+x1`, then
                     // horizontally (lane `e` of the 4W is register `e`).
-                    let x: [__m256; 16] = std::array::from_fn(|e| {
-                        if e < w {
-                            _mm256_add_ps(
-                                _mm256_add_ps(l(e), l(2 * w + e)),
-                                _mm256_add_ps(l(w + e), l(3 * w + e)),
-                            )
-                        } else {
-                            _mm256_setzero_ps()
-                        }
-                    });
+                    let mut x = [_mm256_setzero_ps(); 16];
+                    for e in 0..w {
+                        x[e] = _mm256_add_ps(
+                            _mm256_add_ps(l[e], l[2 * w + e]),
+                            _mm256_add_ps(l[w + e], l[3 * w + e]),
+                        );
+                    }
                     let r = if V == 2 {
                         reduce_lanes::<16>(&x)
                     } else {
                         // GGML_F32x8_REDUCE: t = lo128 + hi128, then
                         // (t0+t1) + (t2+t3).
-                        let t: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(x[i], x[4 + i]));
+                        let mut t = [_mm256_setzero_ps(); 4];
+                        for i in 0..4 {
+                            t[i] = _mm256_add_ps(x[i], x[4 + i]);
+                        }
                         _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]))
                     };
                     _mm256_storeu_ps(out.as_mut_ptr().add(d), r);
@@ -375,6 +568,70 @@ mod simd {
 mod tests {
     use super::*;
     use crate::test_rng::Lcg;
+
+    /// A group's heads (1 to 5 of them, prompt and decode rows, both
+    /// orders) equal each head computed alone, bit for bit.
+    #[test]
+    fn groups_equal_their_heads_alone() {
+        let mut r = Lcg(9);
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for heads in 1usize..=5 {
+                for (hd, n_pos) in [(64usize, 1usize), (64, 5), (64, 37), (72, 9), (128, 130)] {
+                    for decode in [false, true] {
+                        let q16: Vec<f32> = (0..heads * hd)
+                            .map(|_| f16::from_f32(r.f() * 3.0).to_f32())
+                            .collect();
+                        let k: Vec<f16> = (0..n_pos * hd)
+                            .map(|_| f16::from_f32(r.f() * 2.0))
+                            .collect();
+                        let v: Vec<f16> = (0..n_pos * hd)
+                            .map(|_| f16::from_f32(r.f() * 2.0))
+                            .collect();
+                        let scale = 1.0 / (hd as f32).sqrt();
+                        let stride = n_pos.div_ceil(16) * 16;
+                        let g = CachedGroup {
+                            q16: &q16,
+                            heads,
+                            k: &k,
+                            v: &v,
+                            n_pos,
+                            scale,
+                            decode,
+                            flavor: fl,
+                        };
+                        let (mut sc, mut acc) =
+                            (vec![f32::NAN; heads * stride], vec![0f32; 64 * hd]);
+                        let mut got = vec![0f32; heads * hd];
+                        attention_group(&g, &mut sc, &mut acc, &mut got);
+                        let mut want = vec![0f32; heads * hd];
+                        for h in 0..heads {
+                            let one = CachedHead {
+                                q16: &q16[h * hd..(h + 1) * hd],
+                                k: &k,
+                                v: &v,
+                                n_pos,
+                                scale,
+                                decode,
+                                flavor: fl,
+                            };
+                            attention_head(
+                                &one,
+                                &mut sc,
+                                &mut acc,
+                                &mut want[h * hd..(h + 1) * hd],
+                            );
+                        }
+                        let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{fl:?} heads {heads} hd {hd} n_pos {n_pos} decode {decode}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Random heads of several head sizes and lengths (both orders, decode
     /// and prefill, including scores far below the maximum so the scalar

@@ -86,7 +86,8 @@ struct Scratch {
     actqk: Vec<BlockQ8K>,
     lastqk: Vec<BlockQ8K>,
     rope: Vec<(f32, f32)>,
-    /// Per pool thread: attention scratch (lane accumulators, then scores).
+    /// Per pool thread: attention scratch (lane accumulators, a group's
+    /// queries, their scores).
     per_thread: Vec<Mutex<Vec<f32>>>,
     /// Capacity (positions) `per_thread` is sized for.
     per_thread_cap: usize,
@@ -212,7 +213,8 @@ impl CpuBackend {
     fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
         let c = &self.config;
         if s.per_thread.len() != self.pool.n_threads() || s.per_thread_cap < capacity {
-            let per = 64 * c.head_dim + capacity.div_ceil(16) * 16;
+            let rep = c.n_head / c.n_head_kv;
+            let per = 64 * c.head_dim + rep * c.head_dim + rep * capacity.div_ceil(16) * 16;
             s.per_thread = (0..self.pool.n_threads())
                 .map(|_| Mutex::new(vec![0f32; per]))
                 .collect();
@@ -522,37 +524,31 @@ impl CpuBackend {
                 let (seg, p) = rows[t];
                 let view = &views[seg];
                 let cap = view.cap;
-                let (acc, scores) = buf.split_at_mut(64 * hd);
+                let (acc, rest) = buf.split_at_mut(64 * hd);
+                let (q, scores) = rest.split_at_mut(rep * hd);
                 let n_pos = p + 1;
                 let base = (layer * n_kv + g) * cap * hd;
-                let k = &view.k[base..base + n_pos * hd];
-                let v = &view.v[base..base + n_pos * hd];
-                for h in g * rep..(g + 1) * rep {
-                    let mut q = [0f32; crate::gguf::MAX_HEAD_DIM];
-                    let q = &mut q[..hd];
-                    for (a, &b) in q
-                        .iter_mut()
-                        .zip(&qkv[t * qkv_rows + h * hd..t * qkv_rows + (h + 1) * hd])
-                    {
-                        *a = f16::from_f32(b).to_f32();
-                    }
-                    // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
-                    // row t, disjoint from every other item (each is taken
-                    // once); `out` outlives the parallel section.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + h * hd), hd)
-                    };
-                    let head = crate::attention::CachedHead {
-                        q16: q,
-                        k,
-                        v,
-                        n_pos,
-                        scale,
-                        decode: view.decode,
-                        flavor: self.flavor,
-                    };
-                    crate::attention::attention_head(&head, scores, acc, o);
+                let row = &qkv[t * qkv_rows + g * rep * hd..t * qkv_rows + (g + 1) * rep * hd];
+                for (a, &b) in q.iter_mut().zip(row) {
+                    *a = f16::from_f32(b).to_f32();
                 }
+                // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
+                // row t, disjoint from every other item (each is taken
+                // once); `out` outlives the parallel section.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + g * rep * hd), rep * hd)
+                };
+                let group = crate::attention::CachedGroup {
+                    q16: q,
+                    heads: rep,
+                    k: &view.k[base..base + n_pos * hd],
+                    v: &view.v[base..base + n_pos * hd],
+                    n_pos,
+                    scale,
+                    decode: view.decode,
+                    flavor: self.flavor,
+                };
+                crate::attention::attention_group(&group, scores, acc, o);
             }
         });
     }
