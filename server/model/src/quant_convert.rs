@@ -1,6 +1,6 @@
 //! [`QMatrix`] constructors from the GGUF block formats beyond Q8_0/Q4_1
-//! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and the conversion
-//! to Q8_0 for consumers with Q8_0/Q4_1 kernels only.
+//! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and Q5_0's exact
+//! expansion to Q8_0.
 
 use crate::quant::{BlockQ8_0, QK, QMatrix, blocks_from_bytes, f16_le, whole_rows};
 use crate::quant_k::{self, QK_K};
@@ -26,35 +26,24 @@ impl KQuant {
 }
 
 impl QMatrix {
-    /// The matrix as Q8_0 or Q4_1, for consumers that have kernels for
-    /// those two only (the CUDA backend): Q8_0 and Q4_1 as they are, Q5_0 as
-    /// the exactly equal Q8_0 blocks, Q5_1 and the K-quants requantised to
-    /// Q8_0 (as the CPU loader did before it kept them).
-    pub fn to_q8_0_if_k(&self) -> std::borrow::Cow<'_, QMatrix> {
-        match self {
-            QMatrix::Q8_0 { .. } | QMatrix::Q4_1 { .. } => return std::borrow::Cow::Borrowed(self),
-            QMatrix::Q5_0 { rows, cols, blocks } => {
-                let blocks = blocks
-                    .iter()
-                    .map(|b| BlockQ8_0 {
-                        d: b.d,
-                        qs: quant_q5_0::values(b),
-                    })
-                    .collect();
-                return std::borrow::Cow::Owned(QMatrix::Q8_0 {
-                    rows: *rows,
-                    cols: *cols,
-                    blocks,
-                });
-            }
-            _ => {}
-        }
-        let (rows, cols) = (self.rows(), self.cols());
-        let mut f = vec![0f32; rows * cols];
-        for (r, row) in f.chunks_exact_mut(cols).enumerate() {
-            self.dequant_row(r, row);
-        }
-        std::borrow::Cow::Owned(QMatrix::q8_0_from_f32(rows, cols, &f).expect("whole blocks"))
+    /// A Q5_0 matrix as the exactly equal Q8_0 blocks (`quant_q5_0`);
+    /// `None` for any other format.
+    pub fn q5_0_as_q8_0(&self) -> Option<QMatrix> {
+        let QMatrix::Q5_0 { rows, cols, blocks } = self else {
+            return None;
+        };
+        let blocks = blocks
+            .iter()
+            .map(|b| BlockQ8_0 {
+                d: b.d,
+                qs: quant_q5_0::values(b),
+            })
+            .collect();
+        Some(QMatrix::Q8_0 {
+            rows: *rows,
+            cols: *cols,
+            blocks,
+        })
     }
 
     /// From raw GGUF K-quant bytes (`ggml_type` Q4_K / Q5_K / Q6_K, by the
@@ -158,7 +147,7 @@ impl QMatrix {
     ) -> Option<Self> {
         if five {
             // ggml's dequantize_row_q5_0 values (`quant_q5_0::values`).
-            return Self::from_q5_0_bytes(rows, cols, raw).map(|m| m.to_q8_0_if_k().into_owned());
+            return Self::from_q5_0_bytes(rows, cols, raw).and_then(|m| m.q5_0_as_q8_0());
         }
         if !whole_rows(rows, cols, QK, 18, raw) {
             return None;

@@ -294,7 +294,7 @@ fn q4_0_and_q5_0_become_equal_q8_0() {
                     "avx2 q5_0 vs q8_0"
                 );
             }
-            assert!(matches!(n.to_q8_0_if_k().as_ref(), QMatrix::Q8_0 { .. }));
+            assert!(matches!(n.q5_0_as_q8_0(), Some(QMatrix::Q8_0 { .. })));
         }
     }
 }
