@@ -76,7 +76,7 @@ pub(crate) fn rows_safe<K: RowDot, const N: usize>(w: &[K::W], a: &[K::A], out: 
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn rows<K: RowDot, const N: usize>(w: &[K::W], a: &[K::A], out: &mut [f32]) {
+unsafe fn rows<K: RowDot, const N: usize>(w: &[K::W], a: &[K::A], out: &mut [f32]) {
     let nb = a.len();
     assert!(w.len() >= out.len() * nb);
     let mut r = 0;

@@ -12,7 +12,7 @@ use crate::quant_q5_1::BlockQ5_1;
 /// K-quants in ggml's tiled order).
 pub(crate) struct Kernels {
     name: &'static str,
-    /// (Also the expanded Q5_0 tiles' kernel, `QMatrix::matmul`.)
+    /// (A prompt's expanded Q5_0 tiles take `q8_0_x`.)
     pub(crate) q8_0: fn(&[BlockQ8_0], &[BlockQ8_1], &mut [f32]),
     q4_1: fn(&[BlockQ4_1], &[BlockQ8_1], &mut [f32]),
     q5_0: fn(&[BlockQ5_0], &[BlockQ8_1], &mut [f32]),
