@@ -67,47 +67,35 @@ pub fn attention_head(h: &CachedHead<'_>, scores: &mut [f32], acc: &mut [f32], o
     ggml::attention_head(&head, scores, acc, out);
 }
 
-/// The heads of one grouped-query attention group (they share one K and
-/// V head) for one row: `q16` holds their `heads` queries one after
-/// another.
-#[derive(Clone, Copy, Debug)]
-pub struct CachedGroup<'a> {
-    pub q16: &'a [f32],
-    pub heads: usize,
-    pub k: &'a [f16],
-    pub v: &'a [f16],
-    pub n_pos: usize,
-    pub scale: f32,
-    pub decode: bool,
-    pub flavor: Flavor,
-}
-
-/// [`attention_head`] of every head of `g`, bit for bit: `out` holds the
-/// heads' outputs one after another. A prompt row's group of up to four
-/// heads computes its scores in one pass over K. `scores`: scratch (heads ×
-/// n_pos rounded up to 16); `acc`: scratch (≥ 64·hd).
-pub fn attention_group(g: &CachedGroup<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
-    let hd = g.q16.len() / g.heads;
+/// [`attention_head`] of each of the `heads` heads of one grouped-query
+/// group (they share one K and V head) for one row, bit for bit: `g.q16`
+/// holds their queries and `out` their outputs, one after another. A
+/// prompt row's group of up to four heads computes its scores in one pass
+/// over K. `scores`: scratch (heads × n_pos rounded up to 16); `acc`:
+/// scratch (≥ 64·hd).
+pub fn attention_group(
+    g: &CachedHead<'_>,
+    heads: usize,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = g.q16.len() / heads;
     let stride = g.n_pos.div_ceil(16) * 16;
-    assert!(g.heads > 0 && g.q16.len() == g.heads * hd && out.len() >= g.heads * hd);
+    assert!(heads > 0 && g.q16.len() == heads * hd && out.len() >= heads * hd);
     assert!(g.k.len() >= g.n_pos * hd && g.v.len() >= g.n_pos * hd);
-    assert!(scores.len() >= g.heads * stride && acc.len() >= 64 * hd);
+    assert!(scores.len() >= heads * stride && acc.len() >= 64 * hd);
     #[cfg(target_arch = "x86_64")]
-    if !g.decode && g.heads <= 4 && hd.is_multiple_of(8) && simd::usable() {
+    if !g.decode && heads <= 4 && hd.is_multiple_of(8) && simd::usable() {
         // SAFETY: `usable()` checked avx2, fma and f16c; the lengths are
         // asserted above.
-        unsafe { simd::group(g, scores, acc, out) };
+        unsafe { simd::group(g, heads, scores, acc, out) };
         return;
     }
-    for r in 0..g.heads {
+    for r in 0..heads {
         let head = CachedHead {
             q16: &g.q16[r * hd..(r + 1) * hd],
-            k: g.k,
-            v: g.v,
-            n_pos: g.n_pos,
-            scale: g.scale,
-            decode: g.decode,
-            flavor: g.flavor,
+            ..*g
         };
         attention_head(&head, scores, acc, &mut out[r * hd..(r + 1) * hd]);
     }
@@ -117,7 +105,7 @@ pub fn attention_group(g: &CachedGroup<'_>, scores: &mut [f32], acc: &mut [f32],
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{CachedGroup, CachedHead};
+    use super::CachedHead;
     use crate::ggml::{Flavor, expf8};
 
     pub(super) fn usable() -> bool {
@@ -183,14 +171,15 @@ mod simd {
     /// # Safety
     /// As [`head`]; `g.decode` is false.
     pub(super) unsafe fn group(
-        g: &CachedGroup<'_>,
+        g: &CachedHead<'_>,
+        heads: usize,
         scores: &mut [f32],
         acc: &mut [f32],
         out: &mut [f32],
     ) {
         macro_rules! by_heads {
             ($f:ident, $v:literal) => {
-                match g.heads {
+                match heads {
                     1 => $f::<$v, 1>(g, scores, acc, out),
                     2 => $f::<$v, 2>(g, scores, acc, out),
                     3 => $f::<$v, 3>(g, scores, acc, out),
@@ -210,7 +199,7 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group_avx2<const V: usize, const R: usize>(
-        g: &CachedGroup<'_>,
+        g: &CachedHead<'_>,
         s: &mut [f32],
         a: &mut [f32],
         o: &mut [f32],
@@ -221,7 +210,7 @@ mod simd {
 
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     unsafe fn group_avx512<const V: usize, const R: usize>(
-        g: &CachedGroup<'_>,
+        g: &CachedHead<'_>,
         s: &mut [f32],
         a: &mut [f32],
         o: &mut [f32],
@@ -238,7 +227,7 @@ mod simd {
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
     unsafe fn group_body<const V: usize, const R: usize>(
-        g: &CachedGroup<'_>,
+        g: &CachedHead<'_>,
         scores: &mut [f32],
         acc: &mut [f32],
         out: &mut [f32],
@@ -294,12 +283,7 @@ mod simd {
             for r in 0..R {
                 let head = CachedHead {
                     q16: &g.q16[r * hd..(r + 1) * hd],
-                    k: g.k,
-                    v: g.v,
-                    n_pos,
-                    scale: g.scale,
-                    decode: false,
-                    flavor: g.flavor,
+                    ..*g
                 };
                 let sc = &mut scores[r * stride..(r + 1) * stride];
                 body::<V>(&head, sc, acc, &mut out[r * hd..(r + 1) * hd], Some(max[r]));
@@ -589,9 +573,8 @@ mod tests {
                             .collect();
                         let scale = 1.0 / (hd as f32).sqrt();
                         let stride = n_pos.div_ceil(16) * 16;
-                        let g = CachedGroup {
+                        let g = CachedHead {
                             q16: &q16,
-                            heads,
                             k: &k,
                             v: &v,
                             n_pos,
@@ -602,7 +585,7 @@ mod tests {
                         let (mut sc, mut acc) =
                             (vec![f32::NAN; heads * stride], vec![0f32; 64 * hd]);
                         let mut got = vec![0f32; heads * hd];
-                        attention_group(&g, &mut sc, &mut acc, &mut got);
+                        attention_group(&g, heads, &mut sc, &mut acc, &mut got);
                         let mut want = vec![0f32; heads * hd];
                         for h in 0..heads {
                             let one = CachedHead {

@@ -538,9 +538,8 @@ impl CpuBackend {
                 let o = unsafe {
                     std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + g * rep * hd), rep * hd)
                 };
-                let group = crate::attention::CachedGroup {
+                let group = crate::attention::CachedHead {
                     q16: q,
-                    heads: rep,
                     k: &view.k[base..base + n_pos * hd],
                     v: &view.v[base..base + n_pos * hd],
                     n_pos,
@@ -548,7 +547,7 @@ impl CpuBackend {
                     decode: view.decode,
                     flavor: self.flavor,
                 };
-                crate::attention::attention_group(&group, scores, acc, o);
+                crate::attention::attention_group(&group, rep, scores, acc, o);
             }
         });
     }

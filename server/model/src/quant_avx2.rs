@@ -48,6 +48,16 @@ pub(crate) unsafe fn prefetch_ahead(base: *const u8, from: usize, len: usize) {
     }
 }
 
+/// The shape of a several-token product: `a` holds `n_tok` tokens' blocks
+/// and `out` their results, token after token, over the rows of `w`;
+/// returns (blocks a row, rows), after checking that `w` covers them.
+pub(crate) fn token_major(n_tok: usize, a: usize, out: usize, w: usize) -> (usize, usize) {
+    assert!(n_tok > 0 && a.is_multiple_of(n_tok) && out.is_multiple_of(n_tok));
+    let (nb, n_rows) = (a / n_tok, out / n_tok);
+    assert!(w >= n_rows * nb, "the weights cover the rows");
+    (nb, n_rows)
+}
+
 /// One format's product of a weight row with the activations, block by
 /// block in ggml's order. Every method runs with AVX2 and FMA enabled (it
 /// is inlined into [`rows_safe`]'s target-feature function).

@@ -6,7 +6,7 @@
 //! tiled matmul ([`tiled_safe`]). Installed by `quant::kernels()` only when
 //! the CPU has AVX2 and FMA.
 
-use crate::quant_avx2::{RowDot, hsum, prefetch_ahead};
+use crate::quant_avx2::{RowDot, hsum, prefetch_ahead, token_major};
 use crate::quant_k::scalar::tiled_step;
 use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::arch::x86_64::*;
@@ -382,9 +382,7 @@ unsafe fn tiled_tokens<B: KLanes, const T: usize>(
     n_tok: usize,
     out: &mut [f32],
 ) {
-    assert!(n_tok > 0 && a.len().is_multiple_of(n_tok) && out.len().is_multiple_of(n_tok));
-    let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
-    assert!(w.len() >= n_rows * nb);
+    let (nb, n_rows) = token_major(n_tok, a.len(), out.len(), w.len());
     let mut t = 0;
     while t + T <= n_tok {
         let ys: [&[BlockQ8K]; T] = std::array::from_fn(|i| &a[(t + i) * nb..(t + i + 1) * nb]);

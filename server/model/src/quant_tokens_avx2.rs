@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
-use crate::quant_avx2::{bytes_from_bits_32, hsum, nibbles_32, prefetch_ahead};
+use crate::quant_avx2::{bytes_from_bits_32, hsum, nibbles_32, prefetch_ahead, token_major};
 use crate::quant_q5_1::BlockQ5_1;
 
 /// A 32-value block as `vpmaddubsw` / `vpdpbusd` take it: unsigned bytes,
@@ -176,9 +176,7 @@ unsafe fn tokens<B: Unsigned32, const N: usize, const T: usize, const VNNI: bool
     n_tok: usize,
     out: &mut [f32],
 ) {
-    assert!(n_tok > 0 && a.len().is_multiple_of(n_tok) && out.len().is_multiple_of(n_tok));
-    let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
-    assert!(w.len() >= n_rows * nb);
+    let (nb, n_rows) = token_major(n_tok, a.len(), out.len(), w.len());
     let mut t = 0;
     while t < n_tok {
         let nt = (n_tok - t).min(T);
