@@ -24,6 +24,8 @@
 //! ```
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx2;
 pub mod backend;
 pub mod chat;
 pub mod chat_tokens;

@@ -136,7 +136,7 @@ pub(super) fn upload_f32(
 
 /// cos/sin per rotated pair for every position, from the CPU path's
 /// [`crate::rope::rope_table`] (iterative theta, Llama 3.1+ frequency
-/// factors, linear scaling), so RoPE matches `forward.rs` bit for bit.
+/// factors, linear scaling), so RoPE matches `crate::forward` bit for bit.
 pub(super) fn rope_table(c: &Config, freq_factors: Option<&[f32]>, positions: usize) -> Vec<f32> {
     let pairs = c.rope_dim / 2;
     let mut row = vec![(0f32, 0f32); pairs];

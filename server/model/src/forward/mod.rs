@@ -13,6 +13,12 @@
 //! attention probabilities rounded to f16 for the f16 products, f64 sums in
 //! RMSNorm and softmax.
 
+mod attend;
+mod scratch;
+
+use attend::CacheView;
+use scratch::Scratch;
+
 use crate::backend::{
     Backend, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
 };
@@ -64,45 +70,6 @@ struct Segment<'a> {
     cache: &'a mut KvCache,
     tokens: &'a [u32],
     logits: &'a mut [f32],
-}
-
-#[derive(Default)]
-struct Scratch {
-    n_tok: usize,
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    xq: Vec<BlockQ8_1>,
-    qkv: Vec<f32>,
-    attn: Vec<f32>,
-    attnq: Vec<BlockQ8_1>,
-    proj: Vec<f32>,
-    gu: Vec<f32>,
-    act: Vec<f32>,
-    actq: Vec<BlockQ8_1>,
-    /// Q8_K copies of `xq` / `attnq` / `actq` / `lastq`, filled only for
-    /// products with K-quant weights (sized on first use).
-    xqk: Vec<BlockQ8K>,
-    attnqk: Vec<BlockQ8K>,
-    actqk: Vec<BlockQ8K>,
-    lastqk: Vec<BlockQ8K>,
-    rope: Vec<(f32, f32)>,
-    /// Per pool thread: attention scratch (lane accumulators, a group's
-    /// queries, their scores).
-    per_thread: Vec<Mutex<Vec<f32>>>,
-    /// Capacity (positions) `per_thread` is sized for.
-    per_thread_cap: usize,
-    /// A batch's last rows, normalised and quantised for the output product.
-    lastq: Vec<BlockQ8_1>,
-    /// A batch's logits before they are copied to each sequence.
-    logits: Vec<f32>,
-}
-
-impl std::fmt::Debug for Scratch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scratch")
-            .field("n_tok", &self.n_tok)
-            .finish()
-    }
 }
 
 impl SequenceState for CpuState {
@@ -208,46 +175,6 @@ impl CpuBackend {
             gemm: orders.gemm,
             flavor: self.flavor,
         }
-    }
-
-    fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
-        let c = &self.config;
-        if s.per_thread.len() != self.pool.n_threads() || s.per_thread_cap < capacity {
-            let rep = c.n_head / c.n_head_kv;
-            let per = 64 * c.head_dim + rep * c.head_dim + rep * capacity.div_ceil(16) * 16;
-            s.per_thread = (0..self.pool.n_threads())
-                .map(|_| Mutex::new(vec![0f32; per]))
-                .collect();
-            s.per_thread_cap = capacity;
-            s.rope = vec![(0.0, 0.0); c.rope_dim / 2];
-        }
-        if s.n_tok >= n {
-            return;
-        }
-        let d = c.n_embd;
-        let qkv = self
-            .weights
-            .layers
-            .first()
-            .map(|l| l.wqkv.rows())
-            .unwrap_or(0);
-        let gu = self
-            .weights
-            .layers
-            .first()
-            .map(|l| l.wgu.rows())
-            .unwrap_or(0);
-        s.n_tok = n;
-        s.x.resize(n * d, 0.0);
-        s.xn.resize(n * d, 0.0);
-        s.xq.resize(n * d / QK, BlockQ8_1::default());
-        s.qkv.resize(n * qkv, 0.0);
-        s.attn.resize(n * c.q_dim(), 0.0);
-        s.attnq.resize(n * c.q_dim() / QK, BlockQ8_1::default());
-        s.proj.resize(n * d, 0.0);
-        s.gu.resize(n * gu, 0.0);
-        s.act.resize(n * c.n_ff, 0.0);
-        s.actq.resize(n * c.n_ff / QK, BlockQ8_1::default());
     }
 
     fn fused(&self, f: &Fused, xq: Acts<'_>, n: usize, out: &mut [f32]) {
@@ -486,71 +413,6 @@ impl CpuBackend {
             g.cache.pos += g.tokens.len();
         }
     }
-
-    /// Attention of every row of the step over its own sequence's cache;
-    /// parallel over (row, kv head).
-    fn attention(
-        &self,
-        layer: usize,
-        rows: &[(usize, usize)],
-        views: &[CacheView<'_>],
-        qkv: &[f32],
-        per_thread: &[Mutex<Vec<f32>>],
-        out: &mut [f32],
-    ) {
-        let c = &self.config;
-        let (dq, hd, n_kv) = (c.q_dim(), c.head_dim, c.n_head_kv);
-        let rep = c.n_head / n_kv;
-        let qkv_rows = dq + 2 * n_kv * hd;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let out_ptr = SyncPtr(out.as_mut_ptr());
-        let items = rows.len() * n_kv;
-        // Items (token, kv head) cost in proportion to the token's position,
-        // so a prompt's even split by count left one thread the cheap early
-        // tokens and the other the dear late ones (the cheap one then waited
-        // for half the attention time). Threads instead take items one at a
-        // time, dearest (latest rows) first.
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        self.pool.run(&|i, _| {
-            let out_ptr = &out_ptr;
-            let mut buf = per_thread[i].lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if taken >= items {
-                    break;
-                }
-                let item = items - 1 - taken;
-                let (t, g) = (item / n_kv, item % n_kv);
-                let (seg, p) = rows[t];
-                let view = &views[seg];
-                let cap = view.cap;
-                let (acc, rest) = buf.split_at_mut(64 * hd);
-                let (q, scores) = rest.split_at_mut(rep * hd);
-                let n_pos = p + 1;
-                let base = (layer * n_kv + g) * cap * hd;
-                let row = &qkv[t * qkv_rows + g * rep * hd..t * qkv_rows + (g + 1) * rep * hd];
-                for (a, &b) in q.iter_mut().zip(row) {
-                    *a = f16::from_f32(b).to_f32();
-                }
-                // SAFETY: item (t, g) writes only heads g*rep..(g+1)*rep of
-                // row t, disjoint from every other item (each is taken
-                // once); `out` outlives the parallel section.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + g * rep * hd), rep * hd)
-                };
-                let group = crate::attention::CachedHead {
-                    q16: q,
-                    k: &view.k[base..base + n_pos * hd],
-                    v: &view.v[base..base + n_pos * hd],
-                    n_pos,
-                    scale,
-                    decode: view.decode,
-                    flavor: self.flavor,
-                };
-                crate::attention::attention_group(&group, rep, scores, acc, o);
-            }
-        });
-    }
 }
 
 /// Per row of a step, which of ggml's arithmetic orders its products
@@ -609,15 +471,6 @@ pub fn trace_layers<R>(f: impl FnOnce() -> R) -> (R, Vec<Vec<f32>>) {
         .with(|t| t.borrow_mut().take())
         .unwrap_or_default();
     (r, layers)
-}
-
-/// A read-only view of one sequence's cache for the attention pass.
-struct CacheView<'a> {
-    k: &'a [f16],
-    v: &'a [f16],
-    cap: usize,
-    /// The sequence runs one token this step (llama.cpp's decode ordering).
-    decode: bool,
 }
 
 /// `out = x / rms(x) * w` per row of `w.len()` values (f64 sum like ggml).
