@@ -1,19 +1,22 @@
-//! One attention head read straight from the f16 KV cache, in AVX2 vectors,
-//! computing exactly what the reference [`crate::ggml::attention_head`]
-//! computes (llama.cpp's non-flash path) operation for operation, so the
-//! results are bit-equal (tested below against the reference on random
-//! heads of both arithmetic orders).
+//! Attention of one head — or of one grouped-query group's heads, which
+//! share a K and V head — read straight from the f16 KV cache, computing
+//! exactly what the reference [`crate::ggml::attention_head`] computes
+//! (llama.cpp's non-flash path) operation for operation, so the results are
+//! bit-equal (tested below against the reference on random heads of both
+//! arithmetic orders). The AVX2 build is `attention_avx2`; without AVX2,
+//! F16C and FMA, the reference runs on f32 copies.
 //!
 //! Why a second implementation: the reference takes f32 copies of the
 //! cache, and a prompt's every token converted its whole prefix again (the
 //! conversion alone was 8 % of a 557-token prefill), and its per-position
 //! dot product is one fma chain bound by the fma latency, with the lane
-//! loops over a run-time vector width left to the compiler. Here the f16
-//! values are widened in registers (`vcvtph2ps`, exact), four positions'
-//! chains run interleaved, the exponentials are computed eight lanes at a
-//! time, and the probability-weighted sum of V keeps its accumulators in
-//! registers (the reference's lane-per-position accumulators become one
-//! register per lane, reduced vertically in the same order).
+//! loops over a run-time vector width left to the compiler. The AVX2 build
+//! widens the f16 values in registers (`vcvtph2ps`, exact), interleaves
+//! four positions' chains, scores a prompt row's group of heads in one
+//! pass over K, computes the exponentials eight lanes at a time, and keeps
+//! the probability-weighted sum of V in registers (the reference's
+//! lane-per-position accumulators become one register per lane, reduced
+//! vertically in the same order).
 
 use half::f16;
 

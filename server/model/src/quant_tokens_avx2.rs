@@ -11,8 +11,9 @@
 //! `vpdpbusd` gives the same lanes as `vpmaddubsw` + `vpmaddwd`: a pair of
 //! byte products lies in [-32768, 32512] for Q8_0's |w| and within
 //! ±2·31·128 for the unsigned formats, inside the int16 at which
-//! `vpmaddubsw` would saturate), one fma per block with the f32 product of the two scales, blocks in
-//! order, `hsum_float_8`, then the minimum term in its own scalar chain.
+//! `vpmaddubsw` would saturate), one fma per block with the f32 product of
+//! the two scales, blocks in order, `hsum_float_8`, then the minimum term
+//! in its own scalar chain.
 //! Measured on the Q4_K_M requantisation of SmolLM2-135M (most of its
 //! matrices are Q5_0): see docs/PERFORMANCE.md, "Model host and Generate".
 
