@@ -111,6 +111,15 @@ mod tests {
     use super::*;
     use crate::test_rng::Lcg;
 
+    /// `n` random f16 values in [-scale, scale).
+    fn halves(r: &mut Lcg, n: usize, scale: f32) -> Vec<f16> {
+        (0..n).map(|_| f16::from_f32(r.f() * scale)).collect()
+    }
+
+    fn bits(o: &[f32]) -> Vec<u32> {
+        o.iter().map(|x| x.to_bits()).collect()
+    }
+
     /// A group's heads (1 to 5 of them, prompt and decode rows, both
     /// orders) equal each head computed alone, bit for bit.
     #[test]
@@ -120,15 +129,12 @@ mod tests {
             for heads in 1usize..=5 {
                 for (hd, n_pos) in [(64usize, 1usize), (64, 5), (64, 37), (72, 9), (128, 130)] {
                     for decode in [false, true] {
-                        let q16: Vec<f32> = (0..heads * hd)
-                            .map(|_| f16::from_f32(r.f() * 3.0).to_f32())
+                        let q16: Vec<f32> = halves(&mut r, heads * hd, 3.0)
+                            .iter()
+                            .map(|x| x.to_f32())
                             .collect();
-                        let k: Vec<f16> = (0..n_pos * hd)
-                            .map(|_| f16::from_f32(r.f() * 2.0))
-                            .collect();
-                        let v: Vec<f16> = (0..n_pos * hd)
-                            .map(|_| f16::from_f32(r.f() * 2.0))
-                            .collect();
+                        let k = halves(&mut r, n_pos * hd, 2.0);
+                        let v = halves(&mut r, n_pos * hd, 2.0);
                         let scale = 1.0 / (hd as f32).sqrt();
                         let stride = n_pos.div_ceil(16) * 16;
                         let g = CachedHead {
@@ -162,7 +168,6 @@ mod tests {
                                 &mut want[h * hd..(h + 1) * hd],
                             );
                         }
-                        let bits = |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         assert_eq!(
                             bits(&got),
                             bits(&want),
@@ -185,15 +190,12 @@ mod tests {
                 for n_pos in [1usize, 3, 7, 8, 16, 17, 63, 130] {
                     for decode in [false, true] {
                         for spread in [1.0f32, 40.0] {
-                            let q16: Vec<f32> = (0..hd)
-                                .map(|_| f16::from_f32(r.f() * 2.0 * spread).to_f32())
+                            let q16: Vec<f32> = halves(&mut r, hd, 2.0 * spread)
+                                .iter()
+                                .map(|x| x.to_f32())
                                 .collect();
-                            let k: Vec<f16> = (0..n_pos * hd)
-                                .map(|_| f16::from_f32(r.f() * 2.0))
-                                .collect();
-                            let v: Vec<f16> = (0..n_pos * hd)
-                                .map(|_| f16::from_f32(r.f() * 2.0))
-                                .collect();
+                            let k = halves(&mut r, n_pos * hd, 2.0);
+                            let v = halves(&mut r, n_pos * hd, 2.0);
                             let kf: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
                             let vf: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
                             let scale = 1.0 / (hd as f32).sqrt();
@@ -222,8 +224,6 @@ mod tests {
                                 flavor: fl,
                             };
                             attention_head(&cached, &mut s2, &mut a2, &mut o2);
-                            let bits =
-                                |o: &[f32]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                             assert_eq!(
                                 bits(&o1),
                                 bits(&o2),

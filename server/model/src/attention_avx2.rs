@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 
 use crate::attention::CachedHead;
 use crate::ggml::{Flavor, expf8};
+use crate::quant_avx2::hsum;
 
 pub(crate) fn usable() -> bool {
     static U: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -51,7 +52,7 @@ unsafe fn head_avx2<const V: usize>(
     o: &mut [f32],
 ) {
     // SAFETY: the caller's contract.
-    unsafe { body::<V>(h, s, a, o, None) }
+    unsafe { body::<V>(h, s, a, o) }
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
@@ -62,7 +63,7 @@ unsafe fn head_avx512<const V: usize>(
     o: &mut [f32],
 ) {
     // SAFETY: the caller's contract.
-    unsafe { body::<V>(h, s, a, o, None) }
+    unsafe { body::<V>(h, s, a, o) }
 }
 
 /// [`super::attention_group`] of a prompt row whose group has `R` heads
@@ -119,31 +120,56 @@ unsafe fn group_avx512<const V: usize, const R: usize>(
     unsafe { group_body::<V, R>(g, s, a, o) }
 }
 
-/// The `R` heads' prompt scores in one pass over K (each key loaded and
-/// widened once for all of them, their chains interleaved over up to
-/// four positions), each in the tinyBLAS order of [`body`]; then each
-/// head's softmax and V sum as [`body`] does them. (Index loops: as in
-/// [`body`].)
+/// The `R` heads' prompt scores in one pass over K, then each head's
+/// softmax and V sum.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 unsafe fn group_body<const V: usize, const R: usize>(
     g: &CachedHead<'_>,
     scores: &mut [f32],
     acc: &mut [f32],
     out: &mut [f32],
 ) {
+    let hd = g.q16.len() / R;
+    let stride = g.n_pos.div_ceil(16) * 16;
+    // SAFETY: the callers' contract (features; `q16` R·hd, `scores`
+    // R·stride, `out` R·hd, asserted by the public entry point).
+    unsafe {
+        let max = kq_prompt::<V, R>(g, scores, stride);
+        for (r, max) in max.into_iter().enumerate() {
+            let head = CachedHead {
+                q16: &g.q16[r * hd..(r + 1) * hd],
+                ..*g
+            };
+            let sc = &mut scores[r * stride..(r + 1) * stride];
+            softmax_kqv::<V>(&head, sc, acc, &mut out[r * hd..(r + 1) * hd], max);
+        }
+    }
+}
+
+/// The prompt scores (`kq · scale`, tinyBLAS's order: one `W = 8V`-lane
+/// accumulator per position, fma over chunks of `W`, a horizontal sum,
+/// then the tail) of the `R` heads whose queries follow one another in
+/// `g.q16`, into `scores[r·stride + p]`; returns each head's maximum. One
+/// pass over K: each key is loaded and widened once for all `R` heads,
+/// and the chains of up to four positions are interleaved. (Index loops:
+/// each walks several arrays and pointers in step.)
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn kq_prompt<const V: usize, const R: usize>(
+    g: &CachedHead<'_>,
+    scores: &mut [f32],
+    stride: usize,
+) -> [f32; R] {
     let (hd, n_pos) = (g.q16.len() / R, g.n_pos);
     let w = 8 * V;
-    let stride = n_pos.div_ceil(16) * 16;
     // Positions per pass: at most 12 accumulators (AVX2's 16 registers).
     let pp = (12 / (R * V)).clamp(1, 4);
     let nc = hd / w * w;
     let kp = g.k.as_ptr();
     let mut max = [f32::NEG_INFINITY; R];
     // SAFETY: (the whole body) avx2, fma and f16c are enabled in every
-    // caller; `k` holds `n_pos × hd` values, `q16` R·hd, `scores`
-    // R·stride and `out` R·hd (asserted by the public entry point); `hd`
-    // is a multiple of 8.
+    // caller; `k` holds `n_pos × hd` values, `q16` R·hd and `scores`
+    // R·stride; `hd` is a multiple of 8.
     unsafe {
         let mut p = 0;
         while p < n_pos {
@@ -180,15 +206,61 @@ unsafe fn group_body<const V: usize, const R: usize>(
             }
             p += np;
         }
-        for r in 0..R {
-            let head = CachedHead {
-                q16: &g.q16[r * hd..(r + 1) * hd],
-                ..*g
+    }
+    max
+}
+
+/// A decode row's scores (`ggml_vec_dot_f16`'s order: lanes `i % 4W` over
+/// full steps of `4W`, reduced pairwise, then horizontally; leftovers in
+/// f64) into `scores`; returns their maximum.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn kq_decode<const V: usize>(h: &CachedHead<'_>, scores: &mut [f32]) -> f32 {
+    let (q, n_pos) = (h.q16, h.n_pos);
+    let hd = q.len();
+    let step = 4 * 8 * V;
+    let np = hd / step * step;
+    let kp = h.k.as_ptr();
+    let mut max = f32::NEG_INFINITY;
+    // SAFETY: (the whole body) avx2, fma and f16c are enabled in every
+    // caller; `k` holds `n_pos × hd` values and `scores` n_pos; every
+    // vector load lies below `np ≤ hd`.
+    unsafe {
+        for p in 0..n_pos {
+            let k = kp.add(p * hd);
+            let mut l = [_mm256_setzero_ps(); 8];
+            let mut c = 0;
+            while c < np {
+                for m in 0..4 * V {
+                    let qv = _mm256_loadu_ps(q.as_ptr().add(c + 8 * m));
+                    l[m] = _mm256_fmadd_ps(qv, load_f16(k.add(c + 8 * m)), l[m]);
+                }
+                c += step;
+            }
+            let mut x = [_mm256_setzero_ps(); V];
+            for j in 0..V {
+                x[j] = _mm256_add_ps(
+                    _mm256_add_ps(l[j], l[2 * V + j]),
+                    _mm256_add_ps(l[V + j], l[3 * V + j]),
+                );
+            }
+            let mut s = if V == 2 {
+                reduce::<V>(x) as f64
+            } else {
+                // GGML_F32x8_REDUCE: lo128 + hi128, then two hadds.
+                let t = _mm_add_ps(_mm256_castps256_ps128(x[0]), _mm256_extractf128_ps(x[0], 1));
+                let t = _mm_hadd_ps(t, t);
+                _mm_cvtss_f32(_mm_hadd_ps(t, t)) as f64
             };
-            let sc = &mut scores[r * stride..(r + 1) * stride];
-            body::<V>(&head, sc, acc, &mut out[r * hd..(r + 1) * hd], Some(max[r]));
+            for i in np..hd {
+                s += (q[i] * (*k.add(i)).to_f32()) as f64;
+            }
+            let s = s as f32 * h.scale;
+            scores[p] = s;
+            max = max.max(s);
         }
     }
+    max
 }
 
 /// Eight f16 values at `p` widened to f32 (exact).
@@ -198,24 +270,17 @@ unsafe fn load_f16(p: *const half::f16) -> __m256 {
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
 }
 
-/// ggml's `hsum_float_8`: `hi128 + lo128`, then `(v0+v2) + (v1+v3)`.
-#[inline(always)]
-unsafe fn hsum8(v: __m256) -> f32 {
-    // SAFETY: avx2 is enabled in every caller.
-    unsafe { crate::quant_avx2::hsum(v) }
-}
-
 /// The reference's horizontal sum of one `W = 8V`-lane vector held as
-/// `V` registers: `hsum_float_8`, or GCC's `_mm512_reduce_add_ps`
+/// `V` registers: ggml's `hsum_float_8`, or GCC's `_mm512_reduce_add_ps`
 /// (`hi256 + lo256`, then the same steps).
 #[inline(always)]
 unsafe fn reduce<const V: usize>(v: [__m256; V]) -> f32 {
-    // SAFETY: as above.
+    // SAFETY: avx2 is enabled in every caller (register-only intrinsics).
     unsafe {
         if V == 2 {
-            hsum8(_mm256_add_ps(v[1], v[0]))
+            hsum(_mm256_add_ps(v[1], v[0]))
         } else {
-            hsum8(v[0])
+            hsum(v[0])
         }
     }
 }
@@ -225,7 +290,7 @@ unsafe fn reduce<const V: usize>(v: [__m256; V]) -> f32 {
 /// `reduce16` done vertically.
 #[inline(always)]
 unsafe fn reduce_lanes<const W: usize>(l: &[__m256; W]) -> __m256 {
-    // SAFETY: as above.
+    // SAFETY: as for `reduce`.
     unsafe {
         // (Loops, not closures: a closure would not inherit the
         // caller's target features, and the intrinsics in it stayed
@@ -246,103 +311,48 @@ unsafe fn reduce_lanes<const W: usize>(l: &[__m256; W]) -> __m256 {
     }
 }
 
-/// The head, `W = 8V` lanes (8: AVX2's order, 16: AVX-512's). (Index
-/// loops: each walks several arrays and pointers in step.)
+/// The head, `W = 8V` lanes (8: AVX2's order, 16: AVX-512's).
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 unsafe fn body<const V: usize>(
     h: &CachedHead<'_>,
     scores: &mut [f32],
     acc: &mut [f32],
     out: &mut [f32],
-    known_max: Option<f32>,
 ) {
-    let (q, n_pos) = (h.q16, h.n_pos);
-    let hd = q.len();
-    let w = 8 * V;
-    let (kp, vp) = (h.k.as_ptr(), h.v.as_ptr());
-    // SAFETY: (the whole body) avx2, fma and f16c are enabled in every
-    // caller; `k` and `v` hold `n_pos × hd` values, `scores` n_pos
-    // rounded up to 16, `acc` 64·hd, `out` hd (asserted by the public
-    // entry point); `hd` is a multiple of 8, so every 8-value load
-    // below stays inside its row.
+    // SAFETY: the callers' contract (features; slices asserted by the
+    // public entry point).
     unsafe {
-        // kq (unless a group pass computed the scores: `known_max`).
-        let mut max = known_max.unwrap_or(f32::NEG_INFINITY);
-        if known_max.is_some() {
-            // (Scores already in place.)
-        } else if h.decode {
-            // ggml_vec_dot_f16: lanes `i % 4W` over full steps of `4W`,
-            // reduced pairwise, then horizontally; leftovers in f64.
-            let step = 4 * w;
-            let np = hd / step * step;
-            for p in 0..n_pos {
-                let k = kp.add(p * hd);
-                let mut l = [_mm256_setzero_ps(); 8];
-                let mut c = 0;
-                while c < np {
-                    for m in 0..4 * V {
-                        let qv = _mm256_loadu_ps(q.as_ptr().add(c + 8 * m));
-                        l[m] = _mm256_fmadd_ps(qv, load_f16(k.add(c + 8 * m)), l[m]);
-                    }
-                    c += step;
-                }
-                let mut x = [_mm256_setzero_ps(); V];
-                for j in 0..V {
-                    x[j] = _mm256_add_ps(
-                        _mm256_add_ps(l[j], l[2 * V + j]),
-                        _mm256_add_ps(l[V + j], l[3 * V + j]),
-                    );
-                }
-                let mut s = if V == 2 {
-                    reduce::<V>(x) as f64
-                } else {
-                    // GGML_F32x8_REDUCE: lo128 + hi128, then two hadds.
-                    let t =
-                        _mm_add_ps(_mm256_castps256_ps128(x[0]), _mm256_extractf128_ps(x[0], 1));
-                    let t = _mm_hadd_ps(t, t);
-                    _mm_cvtss_f32(_mm_hadd_ps(t, t)) as f64
-                };
-                for i in np..hd {
-                    s += (q[i] * (*k.add(i)).to_f32()) as f64;
-                }
-                let s = s as f32 * h.scale;
-                scores[p] = s;
-                max = max.max(s);
-            }
+        let max = if h.decode {
+            kq_decode::<V>(h, scores)
         } else {
-            // tinyBLAS: one `W`-lane accumulator per position, fma over
-            // chunks of `W`, a horizontal sum, then the tail. Four
-            // positions at a time so their chains overlap.
-            let nc = hd / w * w;
-            let mut p = 0;
-            while p < n_pos {
-                let np = (n_pos - p).min(4);
-                let mut l = [[_mm256_setzero_ps(); V]; 4];
-                let mut c = 0;
-                while c < nc {
-                    for j in 0..V {
-                        let qv = _mm256_loadu_ps(q.as_ptr().add(c + 8 * j));
-                        for (i, li) in l.iter_mut().enumerate().take(np) {
-                            let kv = load_f16(kp.add((p + i) * hd + c + 8 * j));
-                            li[j] = _mm256_fmadd_ps(qv, kv, li[j]);
-                        }
-                    }
-                    c += w;
-                }
-                for (i, li) in l.iter().enumerate().take(np) {
-                    let mut s = reduce::<V>(*li);
-                    let k = kp.add((p + i) * hd);
-                    for x in nc..hd {
-                        s += q[x] * (*k.add(x)).to_f32();
-                    }
-                    let s = s * h.scale;
-                    scores[p + i] = s;
-                    max = max.max(s);
-                }
-                p += np;
-            }
-        }
+            let [max] = kq_prompt::<V, 1>(h, scores, 0);
+            max
+        };
+        softmax_kqv::<V>(h, scores, acc, out, max);
+    }
+}
+
+/// The head's softmax over its scores (maximum `max`) and the
+/// probability-weighted sum of V into `out`. (Index loops: each walks
+/// several arrays and pointers in step.)
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn softmax_kqv<const V: usize>(
+    h: &CachedHead<'_>,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    out: &mut [f32],
+    max: f32,
+) {
+    let (hd, n_pos) = (h.q16.len(), h.n_pos);
+    let w = 8 * V;
+    let vp = h.v.as_ptr();
+    // SAFETY: (the whole body) avx2, fma and f16c are enabled in every
+    // caller; `v` holds `n_pos × hd` values, `scores` n_pos rounded up to
+    // 16, `acc` 64·hd, `out` hd (asserted by the public entry point);
+    // `hd` is a multiple of 8, so every 8-value load below stays inside
+    // its row.
+    unsafe {
         // softmax: exp per vector of `W` lanes (masked lanes 0), each
         // vector's horizontal sum accumulated in f64.
         let maxv = _mm256_set1_ps(max);

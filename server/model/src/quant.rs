@@ -431,17 +431,18 @@ impl QMatrix {
             // tokens), into `local` (token-major), then to `out`.
             let by_tokens = n_tok > 1 && Kernels::takes_tokens(self);
             let mut local: Vec<f32> = Vec::new();
+            // Rows r0..r0 + n of token t's output.
+            let dst = |t: usize, r0: usize, n: usize| -> &mut [f32] {
+                // SAFETY: threads write disjoint row ranges of each token's
+                // output row (`split_range` partitions `0..rows`), and `out`
+                // outlives `pool.run`, which returns only after all parts
+                // finish; the callers keep `t * rows + r0 + n <= out.len()`.
+                unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * rows + r0), n) }
+            };
             // Copies `part` (token-major, rows r0..r0 + n) to tokens t0.. of `out`.
             let put = |t0: usize, r0: usize, n: usize, part: &[f32]| {
                 for (t, part) in part.chunks_exact(n).enumerate() {
-                    // SAFETY: threads write disjoint row ranges of each token's
-                    // output row (`split_range` partitions `0..rows`), and
-                    // `out` outlives `pool.run`, which returns only after all
-                    // parts finish; `(t0 + t) * rows + r0 + n <= out.len()`.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.0.add((t0 + t) * rows + r0), n)
-                    };
-                    dst.copy_from_slice(part);
+                    dst(t0 + t, r0, n).copy_from_slice(part);
                 }
             };
             while r0 < range.end {
@@ -450,10 +451,7 @@ impl QMatrix {
                 if by_tokens {
                     if let QMatrix::Q5_0 { blocks, .. } = self {
                         expanded.clear();
-                        expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(|b| BlockQ8_0 {
-                            d: b.d,
-                            qs: quant_q5_0::values(b),
-                        }));
+                        expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(quant_q5_0::as_q8_0));
                     }
                     local.resize(n * n_tok, 0.0);
                     k.tokens(self, r0..r1, &expanded, xq.q8, n_tok, &mut local);
@@ -479,9 +477,7 @@ impl QMatrix {
                     } else {
                         (&xq.q8[t * nb..(t + 1) * nb], &[][..])
                     };
-                    local.resize(n, 0.0);
-                    k.tile(self, r0..r1, a, ak, tiled(t), &mut local);
-                    put(t, r0, n, &local);
+                    k.tile(self, r0..r1, a, ak, tiled(t), dst(t, r0, n));
                     t += 1;
                 }
                 r0 = r1;

@@ -32,13 +32,7 @@ impl QMatrix {
         let QMatrix::Q5_0 { rows, cols, blocks } = self else {
             return None;
         };
-        let blocks = blocks
-            .iter()
-            .map(|b| BlockQ8_0 {
-                d: b.d,
-                qs: quant_q5_0::values(b),
-            })
-            .collect();
+        let blocks = blocks.iter().map(quant_q5_0::as_q8_0).collect();
         Some(QMatrix::Q8_0 {
             rows: *rows,
             cols: *cols,

@@ -350,13 +350,9 @@ mod tests {
                     let what = format!("{} {rows}x{cols}, {n_tok} tokens", m.format());
                     assert_eq!(bits(&got), bits(&want), "matmul: {what}");
                     let expanded: Vec<BlockQ8_0> = match &m {
-                        QMatrix::Q5_0 { blocks, .. } => blocks
-                            .iter()
-                            .map(|b| BlockQ8_0 {
-                                d: b.d,
-                                qs: crate::quant_q5_0::values(b),
-                            })
-                            .collect(),
+                        QMatrix::Q5_0 { blocks, .. } => {
+                            blocks.iter().map(crate::quant_q5_0::as_q8_0).collect()
+                        }
                         _ => Vec::new(),
                     };
                     let mut scalar = vec![0f32; n_tok * rows];

@@ -13,7 +13,7 @@
 //!
 //! [`QMatrix::q8_0_from_q4_0_or_q5_0`]: crate::quant::QMatrix::q8_0_from_q4_0_or_q5_0
 
-use crate::quant::{QK, blocks_from_bytes, bytes_at, f16_le};
+use crate::quant::{BlockQ8_0, QK, blocks_from_bytes, bytes_at, f16_le};
 
 /// A Q5_0 weight block.
 #[repr(C)]
@@ -34,6 +34,14 @@ pub fn from_bytes(raw: &[u8]) -> Option<Vec<BlockQ5_0>> {
         qh: u32::from_le_bytes(bytes_at(c, 2)),
         qs: bytes_at(c, 6),
     })
+}
+
+/// The block as the exactly equal Q8_0 block (its [`values`], same scale).
+pub fn as_q8_0(b: &BlockQ5_0) -> BlockQ8_0 {
+    BlockQ8_0 {
+        d: b.d,
+        qs: values(b),
+    }
 }
 
 /// The 32 signed values `q − 16` of a block (ggml's `dequantize_row_q5_0`
