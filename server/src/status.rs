@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use samplerd_sampling::echo::{self, MAX_ECHO_BYTES};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -46,6 +47,10 @@ pub enum Reason {
     UnknownVocabulary,
     /// A JSON Schema, regex or grammar does not compile.
     InvalidConstraint,
+    /// A request message that does not decode: not protobuf of the
+    /// method's type, corrupt compressed data, a bad compressed flag or a
+    /// message cut short.
+    MalformedMessage,
     /// Admission: every generation slot and queue place, or stream place,
     /// is taken.
     Overloaded,
@@ -73,13 +78,18 @@ pub enum Reason {
     ShuttingDown,
     /// A unary call (or Generate) with zero or two request messages.
     WrongMessageCount,
+    /// A request compressed with an encoding the server does not accept
+    /// (metadata `grpc-accept-encoding` lists the ones it does).
+    UnsupportedEncoding,
+    /// A method (or service) the server does not serve.
+    UnknownMethod,
     /// Any other server-side failure.
     Internal,
 }
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 25] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
@@ -88,6 +98,7 @@ impl Reason {
         Reason::UnknownStage,
         Reason::UnknownVocabulary,
         Reason::InvalidConstraint,
+        Reason::MalformedMessage,
         Reason::Overloaded,
         Reason::BudgetExceeded,
         Reason::MessageTooLarge,
@@ -101,6 +112,8 @@ impl Reason {
         Reason::DeadlineExceeded,
         Reason::ShuttingDown,
         Reason::WrongMessageCount,
+        Reason::UnsupportedEncoding,
+        Reason::UnknownMethod,
         Reason::Internal,
     ];
 
@@ -115,6 +128,7 @@ impl Reason {
             Reason::UnknownStage => "SAMPLERD_UNKNOWN_STAGE",
             Reason::UnknownVocabulary => "SAMPLERD_UNKNOWN_VOCABULARY",
             Reason::InvalidConstraint => "SAMPLERD_INVALID_CONSTRAINT",
+            Reason::MalformedMessage => "SAMPLERD_MALFORMED_MESSAGE",
             Reason::Overloaded => "SAMPLERD_OVERLOADED",
             Reason::BudgetExceeded => "SAMPLERD_BUDGET_EXCEEDED",
             Reason::MessageTooLarge => "SAMPLERD_MESSAGE_TOO_LARGE",
@@ -128,6 +142,8 @@ impl Reason {
             Reason::DeadlineExceeded => "SAMPLERD_DEADLINE_EXCEEDED",
             Reason::ShuttingDown => "SAMPLERD_SHUTTING_DOWN",
             Reason::WrongMessageCount => "SAMPLERD_WRONG_MESSAGE_COUNT",
+            Reason::UnsupportedEncoding => "SAMPLERD_UNSUPPORTED_ENCODING",
+            Reason::UnknownMethod => "SAMPLERD_UNKNOWN_METHOD",
             Reason::Internal => "SAMPLERD_INTERNAL",
         }
     }
@@ -142,7 +158,12 @@ impl Reason {
             | Reason::AllTokensMasked
             | Reason::UnknownStage
             | Reason::UnknownVocabulary
-            | Reason::InvalidConstraint => Code::InvalidArgument,
+            | Reason::InvalidConstraint
+            // gRPC's table of status codes has INTERNAL for a request that
+            // does not parse; the fault and the fix are the client's, and
+            // INTERNAL stays what it says (the server's own failures, what
+            // alerts watch), so a malformed message is INVALID_ARGUMENT.
+            | Reason::MalformedMessage => Code::InvalidArgument,
             Reason::Overloaded | Reason::BudgetExceeded | Reason::MessageTooLarge => {
                 Code::ResourceExhausted
             }
@@ -153,7 +174,9 @@ impl Reason {
             }
             Reason::NoModel => Code::FailedPrecondition,
             Reason::Unauthenticated => Code::Unauthenticated,
-            Reason::WrongMessageCount => Code::Unimplemented,
+            Reason::WrongMessageCount | Reason::UnsupportedEncoding | Reason::UnknownMethod => {
+                Code::Unimplemented
+            }
         }
     }
 
@@ -228,9 +251,15 @@ impl Failure {
         self.meta("stage", name)
     }
 
-    /// The named thing that does not exist.
+    /// The named thing that does not exist (a client's name: cut to
+    /// [`MAX_ECHO_BYTES`] here whatever the caller passed).
     pub fn resource(mut self, kind: ResourceKind, name: impl Into<String>) -> Self {
-        self.resource = Some((kind, name.into()));
+        let name = name.into();
+        let name = match echo::excerpt(&name, MAX_ECHO_BYTES) {
+            std::borrow::Cow::Borrowed(_) => name,
+            cut => cut.into_owned(),
+        };
+        self.resource = Some((kind, name));
         self
     }
 
@@ -249,24 +278,104 @@ impl Failure {
         self.reason
     }
 
-    /// The status: the reason's code, the message unchanged, the details
-    /// encoded as a `google.rpc.Status`.
+    /// The status: the reason's code, the message (cut to
+    /// [`MAX_MESSAGE_BYTES`] as sent), the details encoded as a
+    /// `google.rpc.Status`; `grpc-message` and `grpc-status-details-bin`
+    /// together stay within [`MAX_TRAILER_BYTES`].
     pub fn into_status(self) -> Status {
-        let mut details = ErrorDetails::new();
-        details.set_error_info(self.reason.as_str(), ERROR_DOMAIN, self.metadata);
-        if let Some(field) = &self.field {
-            let prefix = format!("{field}: ");
-            let description = self.message.strip_prefix(&prefix).unwrap_or(&self.message);
-            details.add_bad_request_violation(field.clone(), description.to_owned());
+        let message = clip_message(&self.message, MAX_MESSAGE_BYTES);
+        let status = self.build(&message, true);
+        if trailer_bytes(&status) <= MAX_TRAILER_BYTES {
+            return status;
         }
-        if let Some((kind, name)) = self.resource {
-            details.set_resource_info(kind.type_name(), name, "", "not found");
+        // Only metadata or a field path past every per-value bound gets
+        // here: the `ErrorInfo` alone (reason and domain) and a short
+        // message.
+        let message = clip_message(&self.message, MAX_MESSAGE_BYTES / 4);
+        let mut bare = Failure::new(self.reason, String::new());
+        bare.metadata = self
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), clip_message(v, 64)))
+            .collect();
+        let status = bare.build(&message, false);
+        if trailer_bytes(&status) <= MAX_TRAILER_BYTES {
+            status
+        } else {
+            Failure::new(self.reason, "").build(&message, false)
+        }
+    }
+
+    /// The status with `message`; `all` adds the details beyond the
+    /// `ErrorInfo`.
+    fn build(&self, message: &str, all: bool) -> Status {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(self.reason.as_str(), ERROR_DOMAIN, self.metadata.clone());
+        if all {
+            if let Some(field) = &self.field {
+                let prefix = format!("{field}: ");
+                let description = message.strip_prefix(&prefix).unwrap_or(message);
+                details.add_bad_request_violation(field.clone(), description.to_owned());
+            }
+            if let Some((kind, name)) = &self.resource {
+                details.set_resource_info(kind.type_name(), name.clone(), "", "not found");
+            }
         }
         if self.reason.retryable() {
             details.set_retry_info(Some(RETRY_AFTER));
         }
-        Status::with_error_details(self.reason.code(), self.message, details)
+        Status::with_error_details(self.reason.code(), message.to_owned(), details)
     }
+}
+
+/// The most bytes of `grpc-message` as sent (percent-encoded): a message
+/// quotes each client value with at most [`MAX_ECHO_BYTES`], so only a
+/// message naming several long values comes near it.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// The most bytes of `grpc-message` and `grpc-status-details-bin` together,
+/// as sent. Far under the smallest limit a client applies to the metadata
+/// of a response (grpcio's and grpc-go's default is 8 KiB for all of it),
+/// so every client can read every samplerd error.
+pub const MAX_TRAILER_BYTES: usize = 4096;
+
+/// The bytes `grpc-message` takes on the wire: tonic percent-encodes
+/// controls, non-ASCII bytes, the space and the characters of
+/// `tonic::status`'s `ENCODING_SET` into three bytes each.
+fn encoded_len(s: &str) -> usize {
+    s.bytes()
+        .map(|b| match b {
+            0x21..=0x7e if !b"\"#%<>`?{}".contains(&b) => 1,
+            _ => 3,
+        })
+        .sum()
+}
+
+/// What a status's message and details take in the trailers (the details
+/// travel base64-encoded; counted here with padding, a byte or two over).
+pub fn trailer_bytes(status: &Status) -> usize {
+    encoded_len(status.message()) + status.details().len().div_ceil(3) * 4
+}
+
+/// `message`, or as much of it as fits in `max` encoded bytes with `…` and
+/// its full length in bytes.
+fn clip_message(message: &str, max: usize) -> String {
+    if encoded_len(message) <= max {
+        return message.to_owned();
+    }
+    let suffix = format!("… ({} bytes)", message.len());
+    let budget = max.saturating_sub(encoded_len(&suffix));
+    let mut used = 0;
+    let mut end = 0;
+    for (i, c) in message.char_indices() {
+        let mut buf = [0; 4];
+        used += encoded_len(c.encode_utf8(&mut buf));
+        if used > budget {
+            break;
+        }
+        end = i + c.len_utf8();
+    }
+    format!("{}{suffix}", &message[..end])
 }
 
 impl From<Failure> for Status {
@@ -334,6 +443,43 @@ mod tests {
         assert_eq!(v[0].field, "n_probs");
         assert_eq!(v[0].description, "2000 exceeds the limit");
         assert!(d.retry_info().is_none());
+    }
+
+    /// Whatever a caller passes, the status stays within its bounds: the
+    /// message cut with its length, a resource name cut, and past the cap
+    /// (metadata no request sets this large) the ErrorInfo alone.
+    #[test]
+    fn a_status_stays_within_its_bounds() {
+        let long = "é x".repeat(300_000);
+        let st = Failure::new(Reason::InvalidField, format!("f: {long}"))
+            .field("f")
+            .resource(ResourceKind::Vocabulary, long.clone())
+            .into_status();
+        assert!(
+            trailer_bytes(&st) <= MAX_TRAILER_BYTES,
+            "{}",
+            trailer_bytes(&st)
+        );
+        assert!(encoded_len(st.message()) <= MAX_MESSAGE_BYTES);
+        assert!(
+            st.message()
+                .ends_with(&format!("… ({} bytes)", long.len() + 3))
+        );
+        let d = st.get_error_details();
+        assert!(d.resource_info().unwrap().resource_name.len() <= MAX_ECHO_BYTES + 3);
+        assert_eq!(d.bad_request().unwrap().field_violations[0].field, "f");
+        let st = Failure::new(Reason::InvalidField, "m")
+            .stage(&"s".repeat(10_000))
+            .into_status();
+        assert!(
+            trailer_bytes(&st) <= MAX_TRAILER_BYTES,
+            "{}",
+            trailer_bytes(&st)
+        );
+        assert_eq!(
+            st.get_details_error_info().unwrap().reason,
+            "SAMPLERD_INVALID_FIELD"
+        );
     }
 
     #[test]

@@ -161,6 +161,17 @@ async fn invalid_requests_name_their_field_and_reason() {
             None,
             "regex",
         ),
+        (
+            // A Constraint with no kind set in its oneof.
+            req(params(v1::SamplingParams {
+                constraint: Some(v1::Constraint { kind: None }),
+                ..Default::default()
+            })),
+            Reason::InvalidField,
+            "params.constraint",
+            None,
+            "has no kind",
+        ),
     ];
     for (request, reason, field, key, keeps) in cases {
         let err = s.client.sample(request).await.expect_err(field);
@@ -321,5 +332,257 @@ async fn the_deadline_the_client_sets_is_the_servers_to_enforce() {
     .expect("the server ends the call");
     assert_eq!(outcome.code(), Code::DeadlineExceeded, "{outcome:?}");
     assert_reason(&outcome, Reason::DeadlineExceeded);
+    s.stop().await;
+}
+
+/// A gRPC message of `payload` with the compressed flag `flag`.
+fn message_bytes(flag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![flag];
+    out.extend((payload.len() as u32).to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// The refusals tonic writes itself — a message that does not decode, a
+/// corrupt or unsupported compression, a message over the limit once
+/// decompressed, a method nobody serves — carry samplerd's details like
+/// every other error, whether the call is unary (a trailers-only answer)
+/// or a stream (the status in the trailers after responses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tonics_own_refusals_carry_details() {
+    use common::raw::{framed, raw_outcome_with};
+    let s = start_tuned(|c| c.limits.max_message_bytes = 64 * 1024).await;
+    let sample = "/samplerd.v1.Sampler/Sample";
+    let gzip = [("grpc-encoding", "gzip")];
+    struct Case<'a> {
+        what: &'a str,
+        path: &'a str,
+        headers: &'a [(&'a str, &'a str)],
+        body: Vec<Vec<u8>>,
+        reason: Reason,
+    }
+    let cases = [
+        Case {
+            what: "not protobuf",
+            path: sample,
+            headers: &[],
+            body: vec![message_bytes(0, b"\x28\xff")],
+            reason: Reason::MalformedMessage,
+        },
+        Case {
+            what: "corrupt gzip",
+            path: sample,
+            headers: &gzip,
+            body: vec![message_bytes(1, b"not gzip at all")],
+            reason: Reason::MalformedMessage,
+        },
+        Case {
+            what: "compressed flag without an encoding",
+            path: sample,
+            headers: &[],
+            body: vec![message_bytes(1, b"\x08\x01")],
+            reason: Reason::MalformedMessage,
+        },
+        Case {
+            what: "a message cut short",
+            path: "/samplerd.v1.Sampler/SampleStream",
+            headers: &[],
+            body: vec![message_bytes(0, &[0; 100])[..50].to_vec()],
+            reason: Reason::MalformedMessage,
+        },
+        Case {
+            what: "an unsupported encoding",
+            path: sample,
+            headers: &[("grpc-encoding", "br")],
+            body: vec![message_bytes(1, b"\x08\x01")],
+            reason: Reason::UnsupportedEncoding,
+        },
+        Case {
+            what: "an unknown method",
+            path: "/samplerd.v1.Sampler/Nope",
+            headers: &[],
+            body: vec![message_bytes(0, b"")],
+            reason: Reason::UnknownMethod,
+        },
+        Case {
+            what: "an unknown service",
+            path: "/no.such.Service/Method",
+            headers: &[],
+            body: vec![message_bytes(0, b"")],
+            reason: Reason::UnknownMethod,
+        },
+    ];
+    for Case {
+        what,
+        path,
+        headers,
+        body,
+        reason,
+    } in cases
+    {
+        let out = raw_outcome_with(
+            s.addr(),
+            "POST",
+            Some("application/grpc"),
+            path,
+            headers,
+            body,
+        )
+        .await;
+        let status = out.status.unwrap_or_else(|| panic!("{what}: no status"));
+        assert_reason(&status, reason);
+        if reason == Reason::UnsupportedEncoding {
+            // What it accepts, as gRPC asks.
+            let accepted = out.accept_encoding.expect("grpc-accept-encoding");
+            assert!(accepted.contains("gzip"), "{accepted}");
+        }
+    }
+
+    // A stream whose second message does not decode: the status comes in
+    // the trailers, after the first answer.
+    let first = framed(&v1::SampleStreamRequest {
+        logits: logits(VOCAB, 1),
+        ..Default::default()
+    });
+    let out = raw_outcome_with(
+        s.addr(),
+        "POST",
+        Some("application/grpc"),
+        "/samplerd.v1.Sampler/SampleStream",
+        &[],
+        vec![first, message_bytes(0, b"\x28\xff")],
+    )
+    .await;
+    assert!(!out.body.is_empty(), "the first message is answered");
+    assert_reason(&out.status.expect("a status"), Reason::MalformedMessage);
+
+    // Over limits.max_message_bytes once decompressed: 256 KiB of zeros
+    // are a few hundred bytes of gzip.
+    let err = s
+        .client
+        .clone()
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .sample(v1::SampleRequest {
+            logits_f32le: vec![0; 256 * 1024].into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("too large once decompressed");
+    let d = assert_reason(&err, Reason::MessageTooLarge);
+    assert_eq!(limit(&d).as_deref(), Some("limits.max_message_bytes"));
+    s.assert_serving().await;
+    s.stop().await;
+}
+
+/// A stage that needs a vocabulary, asked for in a Sample that names none
+/// (on a server that has vocabularies, and may have a model): the message
+/// says the fix — `params.vocabulary` — not that no model is loaded.
+#[tokio::test]
+async fn a_stage_without_its_vocabulary_names_params_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let vocab_path = plain_tokenizer_json(dir.path(), VOCAB);
+    let s = start_tuned(|c| {
+        c.plugins.files.push(constraint_plugin());
+        c.vocabularies.insert("plain".into(), vocab_path.clone());
+    })
+    .await;
+    let regex = || {
+        Some(v1::Constraint {
+            kind: Some(v1::constraint::Kind::Regex("t1".into())),
+        })
+    };
+    // (case, params, field, reason)
+    let cases: Vec<(&str, v1::SamplingParams, &str, Reason)> = vec![
+        (
+            "params.constraint",
+            v1::SamplingParams {
+                constraint: regex(),
+                ..Default::default()
+            },
+            "params.vocabulary",
+            Reason::InvalidField,
+        ),
+        (
+            "the constraint stage in params.chain",
+            v1::SamplingParams {
+                chain: vec![
+                    text_stage("constraint", &[("regex", "t1")]),
+                    number_stage("greedy", &[]),
+                ],
+                ..Default::default()
+            },
+            "params.vocabulary",
+            Reason::InvalidField,
+        ),
+        (
+            "DRY with its breakers",
+            v1::SamplingParams {
+                dry_multiplier: Some(0.8),
+                ..Default::default()
+            },
+            "params.dry_sequence_breakers",
+            Reason::ParamOutOfRange,
+        ),
+    ];
+    for (what, p, field, reason) in cases {
+        let err = s.sample_err(req(params(p))).await;
+        let d = assert_reason(&err, reason);
+        assert!(
+            err.message().contains("params.vocabulary"),
+            "{what}: {err:?}"
+        );
+        assert!(!err.message().contains("no model"), "{what}: {err:?}");
+        assert_eq!(violation(&d).0, field, "{what}");
+    }
+    // And named, it works.
+    s.sample_ok(req(params(v1::SamplingParams {
+        constraint: regex(),
+        vocabulary: "plain".into(),
+        ..Default::default()
+    })))
+    .await;
+    s.stop().await;
+}
+
+/// An integer field is echoed as the integer it was, not through an f32
+/// (`i32::MIN` is exactly an f32, which prints as -2147483600).
+#[tokio::test]
+async fn integer_fields_are_echoed_as_integers() {
+    let s = start().await;
+    let cases = [
+        (
+            v1::SamplingParams {
+                top_k: Some(i32::MIN),
+                ..Default::default()
+            },
+            "params.top_k",
+        ),
+        (
+            v1::SamplingParams {
+                repeat_last_n: Some(i32::MIN),
+                ..Default::default()
+            },
+            "params.repeat_last_n",
+        ),
+        (
+            v1::SamplingParams {
+                dry_multiplier: Some(0.5),
+                dry_sequence_breakers: vec![String::new()],
+                dry_penalty_last_n: Some(i32::MIN),
+                ..Default::default()
+            },
+            "params.dry_penalty_last_n",
+        ),
+    ];
+    for (p, field) in cases {
+        let err = s.sample_err(req(params(p))).await;
+        let d = assert_reason(&err, Reason::ParamOutOfRange);
+        assert_eq!(violation(&d).0, field);
+        assert!(
+            err.message().ends_with("got -2147483648"),
+            "{field}: {}",
+            err.message()
+        );
+    }
     s.stop().await;
 }

@@ -5,19 +5,10 @@
 
 mod common;
 
+use common::raw::{framed, raw_outcome};
 use common::*;
 use prost::Message;
-use prost::bytes::Bytes;
 use samplerd_api::v1;
-
-/// The gRPC length prefix + message.
-fn framed(m: &impl Message) -> Vec<u8> {
-    let body = m.encode_to_vec();
-    let mut out = vec![0u8];
-    out.extend((body.len() as u32).to_be_bytes());
-    out.extend(body);
-    out
-}
 
 /// Sends `frames` as the DATA frames of one call to `path` (the last one
 /// ends the stream) and returns the response messages; asserts grpc-status
@@ -120,88 +111,6 @@ async fn sample_stream_answers_the_same_however_its_messages_are_framed() {
     let got = raw_call(addr, "/samplerd.v1.Sampler/SampleStream", frames).await;
     assert_eq!(got, want);
     s.stop().await;
-}
-
-/// What a raw call got back: the HTTP status, and the gRPC status code and
-/// message (from a trailers-only response's headers, or the trailers).
-struct RawOutcome {
-    http: http::StatusCode,
-    body: Vec<u8>,
-    grpc_status: Option<String>,
-    grpc_message: String,
-    /// The status (with its details) the headers or trailers carried.
-    status: Option<tonic::Status>,
-}
-
-/// Sends `frames` (none: the headers end the stream) to `path` with the
-/// given method and content-type, reads the response to its end.
-async fn raw_outcome(
-    addr: std::net::SocketAddr,
-    method: &str,
-    content_type: Option<&str>,
-    path: &str,
-    frames: Vec<Vec<u8>>,
-) -> RawOutcome {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(conn);
-    let mut h2 = h2.ready().await.expect("h2 ready");
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("te", "trailers");
-    if let Some(ct) = content_type {
-        req = req.header("content-type", ct);
-    }
-    let (response, mut send) = h2
-        .send_request(req.body(()).unwrap(), frames.is_empty())
-        .expect("send headers");
-    let n = frames.len();
-    for (i, f) in frames.into_iter().enumerate() {
-        // A refusal may answer (and reset the stream) before the body is
-        // sent: what counts is the response read below.
-        if send.send_data(Bytes::from(f), i + 1 == n).is_err() {
-            break;
-        }
-    }
-    let resp = tokio::time::timeout(HEALTH_TIMEOUT, response)
-        .await
-        .expect("response in time")
-        .expect("response");
-    let http = resp.status();
-    let header = |h: &http::HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_string());
-    let mut grpc_status = header(resp.headers(), "grpc-status");
-    let mut grpc_message = header(resp.headers(), "grpc-message").unwrap_or_default();
-    let mut status = tonic::Status::from_header_map(resp.headers());
-    let mut body = resp.into_body();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = tokio::time::timeout(HEALTH_TIMEOUT, body.data())
-        .await
-        .expect("body in time")
-    {
-        let chunk = chunk.expect("response body");
-        let _ = body.flow_control().release_capacity(chunk.len());
-        bytes.extend_from_slice(&chunk);
-    }
-    if let Some(t) = tokio::time::timeout(HEALTH_TIMEOUT, body.trailers())
-        .await
-        .expect("trailers in time")
-        .expect("trailers")
-    {
-        grpc_status = grpc_status.or(header(&t, "grpc-status"));
-        status = status.or(tonic::Status::from_header_map(&t));
-        if let Some(m) = header(&t, "grpc-message") {
-            grpc_message = m;
-        }
-    }
-    RawOutcome {
-        http,
-        body: bytes,
-        grpc_status,
-        // grpc-message is percent-encoded; spaces are all these tests read.
-        grpc_message: grpc_message.replace("%20", " "),
-        status,
-    }
 }
 
 /// gRPC's cardinality rule: a unary call (or a server-streaming one such as

@@ -200,7 +200,8 @@ async fn dry_breakers_without_a_model_are_refused_naming_the_reason() {
         &[
             "params.dry_sequence_breakers",
             "refused by stage `dry`",
-            "without a model vocabulary",
+            "without a vocabulary",
+            "params.vocabulary",
         ],
     )
     .await;

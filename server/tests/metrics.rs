@@ -276,3 +276,52 @@ async fn a_client_reset_mid_request_is_cancelled_not_internal() {
         .await
         .expect("sample");
 }
+
+/// A request that does not decode is the client's fault: counted under the
+/// INVALID_ARGUMENT it gets, never as a server INTERNAL.
+#[tokio::test]
+async fn a_malformed_request_counts_as_the_clients_error() {
+    let p = process::start("");
+    let path = "/samplerd.v1.Sampler/Sample";
+    // Not protobuf; corrupt gzip.
+    let bodies: [(&[u8], Option<&str>); 2] = [
+        (b"\x00\x00\x00\x00\x02\x28\xff", None),
+        (b"\x01\x00\x00\x00\x03abc", Some("gzip")),
+    ];
+    for (body, encoding) in bodies {
+        let tcp = tokio::net::TcpStream::connect(p.grpc).await.unwrap();
+        let (h2, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        tokio::spawn(conn);
+        let mut h2 = h2.ready().await.expect("h2 ready");
+        let mut req = common::raw_grpc_request(p.grpc, path);
+        if let Some(e) = encoding {
+            req.headers_mut()
+                .insert("grpc-encoding", e.parse().unwrap());
+        }
+        let (response, mut send) = h2.send_request(req, false).expect("send headers");
+        send.send_data(body.to_vec().into(), true)
+            .expect("send body");
+        let resp = tokio::time::timeout(RPC_TIMEOUT, response)
+            .await
+            .expect("answered in time")
+            .expect("a response");
+        assert_eq!(
+            resp.headers().get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"3"[..]),
+            "{resp:?}"
+        );
+    }
+    let s = Scrape::parse(&p.scrape());
+    let req = "samplerd_requests_total";
+    assert_eq!(
+        s.get(req, &[("rpc", SAMPLE), ("code", "INVALID_ARGUMENT")]),
+        2.0
+    );
+    let internal =
+        s.0.get(req)
+            .into_iter()
+            .flatten()
+            .filter(|(l, _)| l.get("code").is_some_and(|c| c == "INTERNAL"))
+            .count();
+    assert_eq!(internal, 0, "a malformed request counted as INTERNAL");
+}

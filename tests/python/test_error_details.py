@@ -312,6 +312,48 @@ max_request_duration_secs = 1
             seen.add("SAMPLERD_WRONG_MESSAGE_COUNT")
         check("samplerd_wrong_message_count", t_message_count)
 
+        def t_malformed():
+            raw_sample = a.channel.unary_unary("/samplerd.v1.Sampler/Sample",
+                                               request_serializer=lambda b: b,
+                                               response_deserializer=pb.SampleResponse.FromString)
+            expect(lambda: raw_sample(b"\x28\xff", timeout=RPC_TIMEOUT_S),
+                   IA, "SAMPLERD_MALFORMED_MESSAGE")
+            seen.add("SAMPLERD_MALFORMED_MESSAGE")
+        check("samplerd_malformed_message", t_malformed)
+
+        def t_unsupported_encoding():
+            # grpcio can deflate; samplerd accepts gzip and zstd.
+            expect(lambda: stub.Sample(pb.SampleRequest(logits=logits), timeout=RPC_TIMEOUT_S,
+                                       compression=grpc.Compression.Deflate),
+                   grpc.StatusCode.UNIMPLEMENTED, "SAMPLERD_UNSUPPORTED_ENCODING")
+            seen.add("SAMPLERD_UNSUPPORTED_ENCODING")
+        check("samplerd_unsupported_encoding", t_unsupported_encoding)
+
+        def t_unknown_method():
+            nope = a.channel.unary_unary("/samplerd.v1.Sampler/Nope",
+                                         request_serializer=lambda b: b,
+                                         response_deserializer=lambda b: b)
+            expect(lambda: nope(b"", timeout=RPC_TIMEOUT_S),
+                   grpc.StatusCode.UNIMPLEMENTED, "SAMPLERD_UNKNOWN_METHOD")
+            seen.add("SAMPLERD_UNKNOWN_METHOD")
+        check("samplerd_unknown_method", t_unknown_method)
+
+        def t_long_value_is_readable():
+            # A name near the message limit, gzip: grpcio reads the whole
+            # status, which quotes 200 bytes of the name and its length.
+            name = "v" * 2_000_000
+            try:
+                stub.Sample(pb.SampleRequest(logits=logits, params=pb.SamplingParams(vocabulary=name)),
+                            timeout=RPC_TIMEOUT_S, compression=grpc.Compression.Gzip)
+                raise AssertionError("the call succeeded")
+            except grpc.RpcError as e:
+                _, reason, _, found = details(e)
+                assert reason == "SAMPLERD_UNKNOWN_VOCABULARY", reason
+                assert "(2000000 bytes)" in e.details(), e.details()[:300]
+                assert len(e.details()) < 1024, len(e.details())
+                assert len(found["ResourceInfo"].resource_name) < 300, len(found["ResourceInfo"].resource_name)
+        check("a_long_value_is_echoed_bounded", t_long_value_is_readable)
+
         def t_no_model():
             expect(lambda: stub.Generate(pb.GenerateRequest(prompt="hi"), timeout=RPC_TIMEOUT_S),
                    grpc.StatusCode.FAILED_PRECONDITION, "SAMPLERD_NO_MODEL")
@@ -400,7 +442,7 @@ max_step_ms = 300
     with open(os.path.join(ROOT, "docs", "API.md")) as f:
         documented = set(re.findall(r"^\| `?(SAMPLERD_[A-Z_]+)`? \|", f.read(), re.M))
     want = documented - {"SAMPLERD_STEP_PANICKED", "SAMPLERD_MODEL_LOADING", "SAMPLERD_INTERNAL"}
-    if len(documented) != 22 or seen != want:
+    if len(documented) != 25 or seen != want:
         checks.failed += 1
         print(f"FAIL reasons: documented {len(documented)}, missing here: {sorted(want - seen)}, "
               f"undocumented: {sorted(seen - documented)}")

@@ -19,8 +19,9 @@
 //! candidate view).
 //!
 //! Breakers need the token bytes, so the stage reads the vocabulary in
-//! `config_new` (see [`breakers`]). Without one (Sample has no model) an
-//! enabled DRY with any non-empty breaker is refused, naming the reason:
+//! `config_new` (see [`breakers`]). Without one (a Sample that names no
+//! `params.vocabulary`) an enabled DRY with any non-empty breaker is
+//! refused, naming the reason and the fix:
 //! llama.cpp always has a vocabulary, and running without the breakers
 //! would silently penalise differently. `sequence_breakers = [""]` (no
 //! breaker: llama.cpp skips empty ones) works without a vocabulary.
@@ -279,10 +280,12 @@ impl Stage for Dry {
         // llama.cpp processes the breakers only when DRY is on.
         if dry.enabled() && list.iter().any(|s| !s.is_empty()) {
             let Some(vocab) = vocab else {
+                // The hint comes before the list: the ABI cuts a message
+                // at 511 bytes, and the list can be long.
                 return Err(format!(
-                    "{S}: sequence_breakers must be [\"\"] (none) without a model vocabulary, \
-                     got {list:?}: a breaker's tokens are found in the vocabulary, and this \
-                     request has none (no model is loaded)"
+                    "{S}: sequence_breakers must be [\"\"] (none) without a vocabulary, and this \
+                     request has none (Sample: name one in params.vocabulary; a breaker's \
+                     tokens are found in it), got {list:?}"
                 ));
             };
             dry.breakers = Breakers::from_strings(vocab, &list);

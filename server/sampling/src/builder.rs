@@ -7,6 +7,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use crate::chain::{Chain, ChainInner, Link, StageMetrics};
+use crate::echo::Echo;
 use crate::error::ChainError;
 use crate::ffi;
 use crate::params::{self, SamplingParams};
@@ -141,7 +142,7 @@ fn check_stage(
             let accepted: Vec<&str> = st.info.params.iter().map(|p| p.name.as_str()).collect();
             return Err(ChainError::UnknownParam {
                 stage: s.name.clone(),
-                param: pname.clone(),
+                param: Echo::new(pname),
                 accepted: if accepted.is_empty() {
                     "none".into()
                 } else {

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::echo::Echo;
+
 /// An error and its sources on one line, `outer: cause: root`: libloading
 /// puts dlerror's text in the source, rustls the reason a key was refused.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -52,12 +54,14 @@ pub enum LoadError {
 pub enum ChainError {
     #[error("chain is empty: it needs at least a selecting stage (e.g. dist or greedy)")]
     Empty,
-    #[error("unknown stage `{name}` (loaded stages: {known})")]
-    UnknownStage { name: String, known: String },
-    #[error("stage `{stage}`: unknown parameter `{param}` (accepted: {accepted})")]
+    /// `name` is the client's: kept bounded ([`Echo`]).
+    #[error("unknown stage {name} (loaded stages: {known})")]
+    UnknownStage { name: Echo, known: String },
+    /// `param` is the client's: kept bounded ([`Echo`]).
+    #[error("stage `{stage}`: unknown parameter {param} (accepted: {accepted})")]
     UnknownParam {
         stage: String,
-        param: String,
+        param: Echo,
         accepted: String,
     },
     #[error("stage `{stage}`: parameter `{param}` must be {expected}, got {got}")]

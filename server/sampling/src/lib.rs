@@ -12,6 +12,7 @@ mod builder;
 pub mod chain;
 mod check;
 pub mod device_prefix;
+pub mod echo;
 pub mod error;
 mod ffi;
 pub mod library;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use samplerd_plugin_sdk::abi::*;
 
+use crate::echo::Echo;
 use crate::error::{ChainError, LoadError};
 use crate::library::{Library, load_library};
 use crate::stage::RegisteredStage;
@@ -159,6 +160,7 @@ impl StageRegistry {
                 params,
                 selects: st.flags & SD_STAGE_SELECTS != 0,
                 dense_ok: st.flags & SD_STAGE_DENSE_OK != 0,
+                needs_vocab: st.flags & SD_STAGE_NEEDS_VOCAB != 0,
             };
             tracing::debug!(stage = %name, library = %lib.name, path = %lib.path.display(), "registered stage");
             self.by_name.insert(name, self.stages.len());
@@ -189,7 +191,7 @@ impl StageRegistry {
             .get(name)
             .map(|&i| self.stages[i].clone())
             .ok_or_else(|| ChainError::UnknownStage {
-                name: name.to_string(),
+                name: Echo::new(name),
                 known: self.names().join(", "),
             })
     }

@@ -61,6 +61,8 @@ pub struct StageInfo {
     pub selects: bool,
     /// Works on the dense view (else the host converts to candidates first).
     pub dense_ok: bool,
+    /// Refuses to build without a vocabulary (`SD_STAGE_NEEDS_VOCAB`).
+    pub needs_vocab: bool,
 }
 
 /// A stage as the host calls it: its description and the library's

@@ -183,7 +183,7 @@ fn without_a_vocabulary_the_breakers_are_refused_naming_the_field() {
         ChainError::Param { field, message } => {
             assert_eq!(*field, "dry_sequence_breakers");
             assert!(
-                message.starts_with("refused by stage `dry`: sequence_breakers must be [\"\"] (none) without a model vocabulary"),
+                message.starts_with("refused by stage `dry`: sequence_breakers must be [\"\"] (none) without a vocabulary, and this request has none (Sample: name one in params.vocabulary"),
                 "{message}"
             );
         }

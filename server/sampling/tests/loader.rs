@@ -218,14 +218,14 @@ fn chain_validation_names_stage_param_and_value() {
         (spec(&[]), "chain is empty"),
         (
             spec(&[StageSpec::new("nope"), StageSpec::new("dist")]),
-            "unknown stage `nope`",
+            "unknown stage \"nope\"",
         ),
         (
             spec(&[
                 StageSpec::new("top_k").number("kk", 1.0),
                 StageSpec::new("dist"),
             ]),
-            "stage `top_k`: unknown parameter `kk` (accepted: k",
+            "stage `top_k`: unknown parameter \"kk\" (accepted: k",
         ),
         (
             spec(&[

@@ -22,7 +22,6 @@ use tonic_health::ServingStatus;
 use crate::app::config::Config;
 use crate::app::shutdown::{CLOSE_TIMEOUT, Drain};
 use crate::generate::generator::Generator;
-use crate::service::errors::{TOO_LARGE_MARKER, map_stream_status};
 use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
 use crate::transport::connections::CountActive;
 use crate::transport::content_type::GrpcOnly;
@@ -30,6 +29,7 @@ use crate::transport::deadline::Deadline;
 use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
+use crate::transport::status_fixup::CompleteStatus;
 use crate::transport::unary::{UnaryGuard, UnaryMethod};
 
 /// HTTP/2 SETTINGS_MAX_FRAME_SIZE the server accepts: a 0.6 MB logits
@@ -97,18 +97,6 @@ pub fn build_state(
     .map_err(StartError::StepPool)?;
     state.vocabularies = crate::service::vocabularies::Vocabularies::load(&config.vocabularies)?;
     Ok(Arc::new(state))
-}
-
-/// Rewrites tonic's over-size OUT_OF_RANGE (unary requests) to
-/// RESOURCE_EXHAUSTED.
-fn fix_too_large(mut resp: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
-    if let Some(status) = tonic::Status::from_header_map(resp.headers())
-        && status.code() == tonic::Code::OutOfRange
-        && status.message().contains(TOO_LARGE_MARKER)
-    {
-        let _ = map_stream_status(status).add_header(resp.headers_mut());
-    }
-    resp
 }
 
 /// A generated service with gzip and zstd both ways: a request compressed
@@ -251,7 +239,9 @@ pub async fn serve(
         .layer(WrapLayer(Deadline::new(Duration::from_secs(
             limits.max_request_duration_secs,
         ))))
-        .layer(tower::util::MapResponseLayer::new(fix_too_large))
+        // Innermost: tonic's own statuses get their details (and the
+        // metrics above count the code they end with).
+        .layer(WrapLayer(CompleteStatus))
         .add_service(health)
         .add_optional_service(config.reflection.then_some(reflection_v1))
         .add_optional_service(config.reflection.then_some(reflection_v1alpha))

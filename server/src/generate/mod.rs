@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
 use samplerd_model::{Model, ModelOptions, Session, Utf8Streamer};
-use samplerd_sampling::{SampleError, Sequence, TokenBuffer, Vocabulary, step};
+use samplerd_sampling::{SampleError, Sequence, TokenBuffer, Vocabulary, echo, step};
 use serde::{Deserialize, Serialize};
 use stop_filter::StopFilter;
 use tonic::Status;
@@ -455,12 +455,15 @@ fn prompt_tokens(
 ) -> Result<Vec<u32>, RequestError> {
     let tok = model.tokenizer();
     let tokens = match prompt {
-        Prompt::Text(text) => tok
-            .encode(text, tok.add_bos(), true)
-            .map_err(|e| RequestError::invalid("prompt", e.to_string()))?,
+        Prompt::Text(text) => tok.encode(text, tok.add_bos(), true).map_err(|e| {
+            RequestError::invalid("prompt", echo::foreign(&e.to_string()).into_owned())
+        })?,
+        // The template's own error may quote a message (`raise_exception`).
         Prompt::Chat(msgs) => model
             .chat_tokens(msgs, cfg.parse_special_in_content)
-            .map_err(|e| RequestError::invalid("messages", e.to_string()))?,
+            .map_err(|e| {
+                RequestError::invalid("messages", echo::foreign(&e.to_string()).into_owned())
+            })?,
     };
     if tokens.is_empty() {
         return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));

@@ -24,7 +24,8 @@ use super::memory::{self, Charge};
 use super::sample::run_step;
 use super::validate::batch::{self as valid, Dtype, RowLogits};
 use super::{AppState, BoxStream};
-use crate::service::errors::{RequestError, map_stream_status};
+use crate::service::errors::RequestError;
+use crate::transport::status_fixup::completed;
 
 /// One open sequence.
 struct SeqState {
@@ -218,14 +219,16 @@ pub fn handle(
             let msg = match batch.inbound.message().await {
                 Ok(Some(m)) => m,
                 Ok(None) => return None,
-                Err(status) => return Some((Err(map_stream_status(status)), None)),
+                Err(status) => return Some((Err(completed(status)), None)),
             };
             match batch.message(msg).await {
                 Ok(resp) => Some((Ok(resp), Some(batch))),
                 Err(status) => {
-                    batch
-                        .span
-                        .in_scope(|| tracing::info!(%status, "sample batch stream failed"));
+                    // The message quotes the client's values: DEBUG only.
+                    batch.span.in_scope(|| {
+                        tracing::info!(code = ?status.code(), "sample batch stream failed");
+                        tracing::debug!(%status, "sample batch stream failed");
+                    });
                     Some((Err(status), None))
                 }
             }

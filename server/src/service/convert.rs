@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use samplerd_api::v1;
+use samplerd_sampling::echo::quote;
 use samplerd_sampling::step::Logits;
 use samplerd_sampling::{
     ChainSpec, Constraint, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec,
@@ -183,7 +184,7 @@ pub fn chain_from_proto(chain: &[v1::StageSpec]) -> Result<ChainSpec, RequestErr
         }
         let mut params = BTreeMap::new();
         for (k, v) in &s.params {
-            let field = format!("params.chain[{i}].params[{k:?}]");
+            let field = format!("params.chain[{i}].params[{}]", quote(k));
             params.insert(k.clone(), param_value_from_proto(v, &field)?);
         }
         stages.push(StageSpec {

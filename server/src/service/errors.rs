@@ -229,7 +229,9 @@ impl RequestError {
 /// constraint that does not compile.
 pub fn chain_error_kind(err: &ChainError) -> InvalidKind {
     match err {
-        ChainError::UnknownStage { name, .. } => InvalidKind::UnknownStage(name.clone()),
+        ChainError::UnknownStage { name, .. } => {
+            InvalidKind::UnknownStage(name.excerpt().into_owned())
+        }
         ChainError::Param { field, .. } if field.starts_with(CONSTRAINT_STAGE) => {
             InvalidKind::Constraint
         }
@@ -242,28 +244,6 @@ pub fn chain_error_kind(err: &ChainError) -> InvalidKind {
 impl From<RequestError> for Status {
     fn from(err: RequestError) -> Status {
         err.failure().into_status()
-    }
-}
-
-/// The gRPC status tonic uses for an over-size message (OUT_OF_RANGE with
-/// this text) is rewritten to RESOURCE_EXHAUSTED.
-pub const TOO_LARGE_MARKER: &str = "message length too large";
-
-/// Maps tonic's over-size decode error to RESOURCE_EXHAUSTED; other
-/// statuses pass through.
-pub fn map_stream_status(status: Status) -> Status {
-    if status.code() == tonic::Code::OutOfRange && status.message().contains(TOO_LARGE_MARKER) {
-        Failure::new(
-            Reason::MessageTooLarge,
-            format!(
-                "message too large (limits.max_message_bytes): {}",
-                status.message()
-            ),
-        )
-        .limit("limits.max_message_bytes")
-        .into_status()
-    } else {
-        status
     }
 }
 
@@ -295,7 +275,7 @@ mod tests {
             (
                 RequestError::from_chain(
                     ChainError::UnknownStage {
-                        name: "x".into(),
+                        name: samplerd_sampling::echo::Echo::new("x"),
                         known: "y".into(),
                     },
                     true,

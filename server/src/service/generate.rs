@@ -45,7 +45,7 @@ pub async fn handle(
     let span = tracing::info_span!(
         "generate",
         request_id,
-        chain = %valid.chain.describe(),
+        chain = %super::chain_for_log(&valid.chain),
         seed = valid.seed
     );
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use samplerd_api::v1;
 use samplerd_api::v1::sampler_server::Sampler;
+use samplerd_sampling::spec::LogDetail;
 use samplerd_sampling::{Chain, ChainError, ChainSpec, SamplingParams, StageRegistry};
 use tokio::sync::Semaphore;
 use tokio_stream::Stream;
@@ -41,6 +42,19 @@ use crate::service::buffer_pool::BufferPool;
 use crate::service::step_pool::StepPool;
 use crate::status::{Failure, Reason};
 use lse_helper::LseHelper;
+
+/// A request's chain as its log span records it. Its text (a grammar, a
+/// stage's strings) is the client's content: at INFO only each text's
+/// length and a short hash; with DEBUG on, the first bytes of each, as an
+/// error message quotes them ([`samplerd_sampling::echo`]).
+pub fn chain_for_log(chain: &Chain) -> String {
+    let detail = if tracing::enabled!(tracing::Level::DEBUG) {
+        LogDetail::Excerpt
+    } else {
+        LogDetail::Digest
+    };
+    chain.spec().for_log(detail).to_string()
+}
 
 /// The configured defaults: typed parameters, seed setting and the
 /// default chain (built once at start-up).

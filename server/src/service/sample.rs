@@ -73,7 +73,7 @@ pub fn sample_blocking(
     let span = tracing::Span::current();
     span.record("seed", valid.seed);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        span.record("chain", valid.chain.describe());
+        span.record("chain", super::chain_for_log(&valid.chain));
     }
     let mut seq = valid.open_sequence()?;
     let mut buf = state.pool.take();

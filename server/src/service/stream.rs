@@ -22,8 +22,9 @@ use tracing::Instrument;
 use super::sample::{run_step, start_lse};
 use super::validate;
 use super::{AppState, BoxStream};
-use crate::service::errors::{RequestError, map_stream_status};
+use crate::service::errors::RequestError;
 use crate::transport::one_frame::PredecodedStream;
+use crate::transport::status_fixup::completed;
 
 /// What a stream holds on the server's books: its slot under
 /// `limits.max_concurrent_streams` and its count in the open sessions.
@@ -100,7 +101,7 @@ impl Session {
                 let seq = valid.open_sequence()?;
                 let span = tracing::Span::current();
                 span.record("seed", valid.seed);
-                span.record("chain", valid.chain.describe());
+                span.record("chain", super::chain_for_log(&valid.chain));
                 self.seed = valid.seed;
                 self.step = valid.step.step;
                 self.n_vocab = valid.step.logits.len();
@@ -198,7 +199,7 @@ pub fn handle(
                 }
                 Err(status) => {
                     session.end = "receive error";
-                    let status = map_stream_status(status);
+                    let status = completed(status);
                     span.in_scope(|| tracing::debug!(%status, "stream receive failed"));
                     return Some((Err(status), None));
                 }
@@ -248,7 +249,14 @@ pub fn handle(
                     Some((Ok(resp), Some(next)))
                 }
                 Err(e) => {
-                    span.in_scope(|| tracing::info!(error = %e, "stream step failed"));
+                    // The message quotes the client's values: DEBUG only.
+                    span.in_scope(|| {
+                        tracing::info!(
+                            reason = e.failure().reason().as_str(),
+                            "stream step failed"
+                        );
+                        tracing::debug!(error = %e, "stream step failed");
+                    });
                     session.end = "error";
                     Some((Err(Status::from(e)), None))
                 }

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 use http::{HeaderValue, StatusCode, header};
+use samplerd_sampling::echo::quote;
 
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
@@ -27,7 +28,7 @@ fn refusal<B>(req: &http::Request<B>) -> Option<(StatusCode, String)> {
     (!grpc).then(|| {
         let got = ct.map_or_else(
             || "none".to_string(),
-            |v| format!("{:?}", String::from_utf8_lossy(v.as_bytes())),
+            |v| quote(&String::from_utf8_lossy(v.as_bytes())).to_string(),
         );
         (
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -47,7 +48,7 @@ where
         let Some((status, reason)) = refusal(&req) else {
             return Box::pin(inner.call(req));
         };
-        tracing::debug!(%status, %reason, path = req.uri().path(), "not a gRPC request");
+        tracing::debug!(%status, %reason, path = %quote(req.uri().path()), "not a gRPC request");
         let mut resp = http::Response::new(tonic::body::Body::new(reason));
         *resp.status_mut() = status;
         resp.headers_mut().insert(

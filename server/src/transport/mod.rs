@@ -2,8 +2,9 @@
 //! handler: connection limits and deadlines, TLS, gRPC only (HTTP 405/415
 //! for anything else), bearer tokens, deadlines, request metrics, unary
 //! calls held to one message with per-method size limits read from the
-//! message prefix, and the zero-copy decoding of messages that arrive in
-//! one HTTP/2 frame.
+//! message prefix, the zero-copy decoding of messages that arrive in
+//! one HTTP/2 frame, and samplerd's error details on the statuses tonic
+//! writes itself.
 
 #![forbid(unsafe_code)]
 
@@ -14,5 +15,6 @@ pub mod deadline;
 pub mod metrics;
 pub mod middleware;
 pub mod one_frame;
+pub mod status_fixup;
 pub mod tls;
 pub mod unary;

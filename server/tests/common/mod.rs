@@ -5,6 +5,7 @@
 
 mod generation;
 mod logits;
+pub mod raw;
 // Not every test binary uses them (as with the rest of this module).
 #[allow(unused_imports)]
 pub use generation::{DEADLINE, Output, generate, without_run_details};

@@ -57,6 +57,16 @@ pub fn start(extra_toml: &str) -> Process {
 /// `max_open_files` (by the shell's `ulimit -n`, which then `exec`s
 /// samplerd, so the child is samplerd itself).
 pub fn start_limited(extra_toml: &str, max_open_files: Option<u32>) -> Process {
+    start_full("info", extra_toml, max_open_files)
+}
+
+/// [`start`] with the log filter `filter` (`logging.filter`: `info`,
+/// `debug`, …).
+pub fn start_logging(filter: &str, extra_toml: &str) -> Process {
+    start_full(filter, extra_toml, None)
+}
+
+fn start_full(filter: &str, extra_toml: &str, max_open_files: Option<u32>) -> Process {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "samplerd-proc-{}-{}",
@@ -67,7 +77,7 @@ pub fn start_limited(extra_toml: &str, max_open_files: Option<u32>) -> Process {
     let metrics_enabled = !extra_toml.contains("enabled = false");
     let config = format!(
         "listen = \"127.0.0.1:0\"\n\
-         [logging]\nformat = \"json\"\nfilter = \"info\"\n\
+         [logging]\nformat = \"json\"\nfilter = \"{filter}\"\n\
          {extra_toml}\n"
     );
     // [metrics] and [plugins] may be given by the caller; default them.

@@ -290,9 +290,9 @@ fn without_a_vocabulary_breakers_are_refused_only_when_they_matter() {
     let on = OwnedParams::new().number("multiplier", 0.8);
     let e = on.build::<Dry>().err().unwrap();
     assert!(
-        e.starts_with("dry: sequence_breakers must be [\"\"] (none) without a model vocabulary")
+        e.starts_with("dry: sequence_breakers must be [\"\"] (none) without a vocabulary")
             && e.contains("[\"\\n\", \":\", \"\\\"\", \"*\"]")
-            && e.contains("no model"),
+            && e.contains("params.vocabulary"),
         "{e}"
     );
     // no breaker, or DRY off: nothing needs the vocabulary

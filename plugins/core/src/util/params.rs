@@ -14,12 +14,21 @@ pub fn number(params: &Params<'_>, stage: &str, name: &str) -> Result<f64, Strin
     Ok(v)
 }
 
-/// `v` as the client most likely wrote it: the host widens a request's
-/// 32-bit typed fields (`top_p = 1.1`) to the ABI's f64, where they would
-/// print as 1.100000023841858; a value that is exactly an f32 prints as one.
+/// `v` as the client most likely wrote it: a whole number as an integer
+/// (an i32 field such as `top_k = -2147483648` is exactly an f32 too, and
+/// would print as -2147483600); the host widens a request's 32-bit typed
+/// fields (`top_p = 1.1`) to the ABI's f64, where they would print as
+/// 1.100000023841858, so a value that is exactly an f32 prints as one.
 fn shown(v: f64) -> String {
+    // Every integer up to 2^53 is exact in an f64, and so in an i64.
+    const EXACT: f64 = (1u64 << 53) as f64;
     let narrow = v as f32;
-    if f64::from(narrow) == v {
+    if v.fract() == 0.0 && v.abs() <= EXACT {
+        (v as i64).to_string()
+    } else if v.is_finite() && v.abs() > EXACT {
+        // `{}` would write all 300 digits of 1e300.
+        format!("{v:e}")
+    } else if f64::from(narrow) == v {
         narrow.to_string()
     } else {
         v.to_string()

@@ -194,8 +194,9 @@ fn start_row<'a>(
 }
 
 /// What a `SampleBatchStream` message asks, checked against the open
-/// sequences: which rows join (new ids) and which continue (the ids in
-/// its `leave` are checked open and leave first).
+/// sequences: which rows join (new ids, and ids that leave first) and
+/// which continue (the ids in its `leave` are checked open and leave
+/// first).
 pub struct ValidBatchMessage {
     pub dtype: Dtype,
     /// For each row, whether it joins (its id is not open).
@@ -203,9 +204,9 @@ pub struct ValidBatchMessage {
 }
 
 /// A `SampleBatchStream` message given the open sequence ids: its dtype,
-/// `leave` (each open, none twice), its rows (at most one per id; none
-/// for an id that leaves; a continuing row sets no joining field), and the
-/// open sequences after it under `limits.max_batch_rows`.
+/// `leave` (each open, none twice), its rows (at most one per id; a row
+/// for an id that leaves joins again; a continuing row sets no joining
+/// field), and the open sequences after it under `limits.max_batch_rows`.
 pub fn stream_message<S: std::hash::BuildHasher>(
     state: &AppState,
     msg: &v1::SampleBatchStreamRequest,
@@ -245,13 +246,9 @@ pub fn stream_message<S: std::hash::BuildHasher>(
                 format!("sequence {id} already has a row in this message (rows[{first}])"),
             ));
         }
-        if leaving.contains(&id) {
-            return Err(RequestError::invalid(
-                format!("rows[{i}].sequence_id"),
-                format!("sequence {id} leaves in this message, so it can have no row"),
-            ));
-        }
-        let joining = !open.contains(&id);
+        // `leave` runs before the rows: a row for an id that leaves joins
+        // afresh, as any id not open does.
+        let joining = !open.contains(&id) || leaving.contains(&id);
         if !joining {
             let set = [
                 (r.params.is_some(), "params"),

@@ -29,7 +29,8 @@
 use std::sync::Arc;
 
 use samplerd_api::v1;
-use samplerd_sampling::params::CONSTRAINT_STAGE;
+use samplerd_sampling::echo::{self, MAX_ECHO_BYTES, quote};
+use samplerd_sampling::params::{CONSTRAINT_STAGE, canonical_stage_name};
 use samplerd_sampling::{Chain, ChainError, Sequence, Vocabulary, step};
 
 use samplerd_model::ChatMessage;
@@ -258,7 +259,10 @@ pub fn generate(
     {
         return Err(RequestError::invalid(
             "params.vocabulary",
-            format!("is {name:?}, but Generate always uses the model's vocabulary: leave it empty"),
+            format!(
+                "is {}, but Generate always uses the model's vocabulary: leave it empty",
+                quote(name)
+            ),
         ));
     }
     let n_vocab = vocab.as_ref().map(|v| v.len());
@@ -300,8 +304,8 @@ fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, Req
                     return Err(RequestError::invalid(
                         format!("messages[{i}].role"),
                         format!(
-                            "unknown role {:?} (system, user, assistant or tool)",
-                            m.role
+                            "unknown role {} (system, user, assistant or tool)",
+                            quote(&m.role)
                         ),
                     ));
                 }
@@ -347,6 +351,15 @@ pub fn sampling(
     let Some(p) = p else {
         return Ok((defaults.chain.clone(), seed));
     };
+    if p.constraint.as_ref().is_some_and(|c| c.kind.is_none()) {
+        // An empty oneof is not "no constraint": the client meant one and
+        // would otherwise get unconstrained output.
+        return Err(RequestError::invalid(
+            "params.constraint",
+            "is set but has no kind: set one of json_schema, regex, lark, gbnf, json_object \
+             or choice, or leave params.constraint unset",
+        ));
+    }
     for (field, n) in [
         ("params.chain", p.chain.len()),
         ("params.samplers", p.samplers.len()),
@@ -395,7 +408,7 @@ pub fn sampling(
         for (k, v) in &stage.params {
             if let Some(v1::param_value::Kind::TokenMap(m)) = &v.kind {
                 map_limit.check(
-                    &format!("params.chain[{i}].params[{k:?}]"),
+                    &format!("params.chain[{i}].params[{}]", quote(k)),
                     m.entries.iter().map(|e| e.token_id),
                     m.entries.len(),
                 )?;
@@ -531,6 +544,21 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
     }
     let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
     let vocab = named_vocabulary(state, f.params, logits.len(), logits.field())?;
+    if vocab.is_none()
+        && let Some(stage) = stage_needing_vocabulary(state, f.params)
+    {
+        // Said here, where the fix is known: the stage's own refusal can
+        // only say that it has no vocabulary.
+        return Err(RequestError::invalid(
+            "params.vocabulary",
+            format!(
+                "is empty, but stage `{stage}` needs a vocabulary (the text of each token), \
+                 which these logits have only through params.vocabulary: name one \
+                 (loaded: {}; config [vocabularies])",
+                state.vocabularies.describe()
+            ),
+        ));
+    }
     let (chain, seed) = sampling(state, f.params, vocab, Some(logits.len()))?;
     Ok(ValidStart {
         step: ValidStep {
@@ -543,6 +571,30 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
         window: step::in_vocab(f.previous_tokens, logits.len()).collect(),
         output: f.constraint_tokens.to_vec(),
     })
+}
+
+/// The first stage the request asks for that cannot be built without a
+/// vocabulary (`SD_STAGE_NEEDS_VOCAB`: the constraint's grammar), by the
+/// constraint, the chain or the typed order.
+fn stage_needing_vocabulary<'a>(
+    state: &AppState,
+    p: Option<&'a v1::SamplingParams>,
+) -> Option<&'a str> {
+    let p = p?;
+    let constraint = p
+        .constraint
+        .as_ref()
+        .is_some_and(convert::constraint_is_set)
+        .then_some(CONSTRAINT_STAGE);
+    // Past the stage limit the request is refused anyway (`sampling`).
+    let max = state.defaults.max_chain_stages;
+    let chain = p.chain.iter().take(max).map(|s| s.name.as_str());
+    let order = p.samplers.iter().take(max).map(|s| canonical_stage_name(s));
+    constraint
+        .into_iter()
+        .chain(chain)
+        .chain(order)
+        .find(|name| state.registry.get(name).is_some_and(|s| s.needs_vocab))
 }
 
 /// The vocabulary `params.vocabulary` names (one loaded at start-up from
@@ -559,10 +611,11 @@ fn named_vocabulary(
     };
     let Some(vocab) = state.vocabularies.get(name) else {
         return Err(RequestError::invalid_as(
-            InvalidKind::UnknownVocabulary(name.to_owned()),
+            InvalidKind::UnknownVocabulary(echo::excerpt(name, MAX_ECHO_BYTES).into_owned()),
             "params.vocabulary",
             format!(
-                "no vocabulary named {name:?} is loaded (loaded: {}; config [vocabularies])",
+                "no vocabulary named {} is loaded (loaded: {}; config [vocabularies])",
+                quote(name),
                 state.vocabularies.describe()
             ),
         ));
