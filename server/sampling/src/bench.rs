@@ -9,11 +9,11 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::buffer::TokenBuffer;
-use crate::chain::ChainSpec;
-use crate::error::SampleError;
+use crate::error::{ChainError, SampleError};
+use crate::logits;
 use crate::registry::StageRegistry;
 use crate::rng::StepRng;
-use crate::{ChainError, logits};
+use crate::spec::ChainSpec;
 
 /// Timing of one stage (µs).
 #[derive(Clone, Debug, Serialize)]

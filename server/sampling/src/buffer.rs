@@ -147,7 +147,7 @@ impl TokenBuffer {
     }
 
     /// Loads a candidate view directly (the survivors of a device sampling
-    /// prefix, see [`crate::device_prefix`]): `cands` in their order over a
+    /// prefix, `device_prefix.rs`): `cands` in their order over a
     /// vocabulary of `n_vocab`, `sorted` when they are sorted descending.
     /// The dense view is left stale: stages never read it in the candidate
     /// view. The caller checks ids and logits.

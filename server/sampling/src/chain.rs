@@ -5,22 +5,18 @@
 //! what the stage left behind, so a misbehaving plugin fails the request
 //! with its name instead of corrupting memory or the answer.
 //!
-//! This module holds the built chain itself; the specs are in
-//! [`crate::spec`], running in [`crate::sequence`], building in
-//! `builder.rs`, the checks after each stage in `check.rs` and the ABI
-//! marshalling in `ffi.rs`.
+//! This module holds the built chain itself; the specs are in `spec.rs`,
+//! running in `sequence.rs`, building in `builder.rs`, the checks after
+//! each stage in `check.rs` and the ABI marshalling in `ffi.rs`.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use samplerd_plugin_sdk::abi::*;
 
+use crate::spec::ChainSpec;
 use crate::stage::RegisteredStage;
 use crate::vocab::Vocabulary;
-
-// Paths other crates and modules use (`chain::{ChainSpec, Sequence, …}`).
-pub use crate::sequence::{Sampled, Sequence};
-pub use crate::spec::{ChainSpec, ParamValue, StageSpec};
 
 /// Prometheus histogram of each stage's `apply` time in seconds, label
 /// `stage` (recorded only when the server installed a metrics recorder).

@@ -32,9 +32,11 @@ use std::collections::VecDeque;
 pub use samplerd_plugin_sdk::abi::SdCandidate;
 
 use crate::buffer::TokenBuffer;
-use crate::chain::{Chain, ChainSpec, ParamValue, Sampled, Sequence, StageSpec};
+use crate::chain::Chain;
 use crate::error::{ChainError, SampleError};
 use crate::registry::StageRegistry;
+use crate::sequence::{Sampled, Sequence};
+use crate::spec::{ChainSpec, ParamValue, StageSpec};
 
 /// Largest `top_k` run on the device: the CPU stage's small-k path
 /// (k ≤ 256) compares logits as floats (-0 == +0, ties to the lower id);

@@ -12,8 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::chain::{ChainSpec, ParamValue, StageSpec};
 use crate::error::ChainError;
+use crate::spec::{ChainSpec, ParamValue, StageSpec};
 
 /// A typed field and the stage parameter it sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

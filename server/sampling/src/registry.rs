@@ -13,11 +13,8 @@ use samplerd_plugin_sdk::abi::*;
 use crate::echo::Echo;
 use crate::error::{ChainError, LoadError};
 use crate::library::{Library, load_library};
-use crate::stage::RegisteredStage;
+use crate::stage::{ParamInfo, ParamKind, RegisteredStage, StageInfo};
 use crate::trust::TrustPolicy;
-
-// The stage descriptions live in `stage`; these paths stay for callers.
-pub use crate::stage::{ParamInfo, ParamKind, StageInfo};
 
 /// Every loaded stage by name. Cheap to share (`Arc`) between requests.
 pub struct StageRegistry {

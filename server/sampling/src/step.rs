@@ -18,10 +18,10 @@
 //! The step does not `accept` the chosen token: a stateful caller does,
 //! after deciding whether the token ends the sequence.
 
-use crate::Sequence;
-use crate::TokenBuffer;
+use crate::buffer::TokenBuffer;
 use crate::error::{LogitsError, SampleError};
 use crate::logits;
+use crate::sequence::Sequence;
 
 /// The logits of one step, as the caller has them.
 #[derive(Clone, Copy, Debug)]
