@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, CString, c_char};
 use std::os::fd::AsRawFd as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use samplerd_plugin_sdk::abi::*;
 
@@ -62,6 +62,39 @@ fn readable<T>(p: *const T) -> bool {
 /// Loads the library `lib` (checked and still open) and validates its
 /// descriptor.
 pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
+    let path = lib.path.clone();
+    let entry = open_entry(lib)?;
+    let desc = descriptor(entry, &path)?;
+    let abi = |reason: String| LoadError::Abi {
+        path: path.clone(),
+        reason,
+    };
+    // SAFETY: descriptor strings are static per the ABI.
+    let name = unsafe { static_str(desc.library_name) }
+        .ok_or_else(|| abi("library_name is NULL or not UTF-8".into()))?
+        .to_string();
+    // SAFETY: as above.
+    let version = unsafe { static_str(desc.library_version) }
+        .unwrap_or("")
+        .to_string();
+    let stages = stage_vtables(desc, &path)?;
+    let file_name = path
+        .file_name()
+        .and_then(|n| CString::new(n.as_encoded_bytes()).ok())
+        .unwrap_or_else(|| c"?".to_owned());
+    Ok(Library {
+        path,
+        // Leaked once per library, which is never unloaded either.
+        file_name: Box::leak(file_name.into_boxed_c_str()),
+        name,
+        version,
+        stages,
+    })
+}
+
+/// `dlopen`s the checked descriptor of `lib` and finds its entry point;
+/// neither the library nor the descriptor is ever closed.
+fn open_entry(lib: TrustedLibrary) -> Result<PluginEntryFn, LoadError> {
     let path = &lib.path;
     // The descriptor, not the path: whatever is at the path now, the
     // dynamic loader opens the inode that was checked (and hashed).
@@ -91,7 +124,13 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
     };
     // Never unload: the descriptor and vtables must stay mapped.
     std::mem::forget(lib);
+    Ok(entry)
+}
 
+/// Calls the entry point and checks the descriptor it returns before any
+/// field past the fixed head is read: non-NULL and aligned, the ABI
+/// version, and the sizes of the structs the host and plugin exchange.
+fn descriptor(entry: PluginEntryFn, path: &Path) -> Result<&'static SdPlugin, LoadError> {
     // SAFETY: the entry point takes no arguments and returns a pointer to a
     // static descriptor (or NULL to refuse).
     let desc = unsafe { entry() };
@@ -137,15 +176,16 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
         )));
     }
     // SAFETY: size and version checked: every v1.0 field is present.
-    let desc: &'static SdPlugin = unsafe { &*desc };
-    // SAFETY: descriptor strings are static per the ABI.
-    let name = unsafe { static_str(desc.library_name) }
-        .ok_or_else(|| abi("library_name is NULL or not UTF-8".into()))?
-        .to_string();
-    // SAFETY: as above.
-    let version = unsafe { static_str(desc.library_version) }
-        .unwrap_or("")
-        .to_string();
+    Ok(unsafe { &*desc })
+}
+
+/// The descriptor's stage vtables, each checked ([`stage_vtable`]) after
+/// the count and the array pointer.
+fn stage_vtables(desc: &'static SdPlugin, path: &Path) -> Result<Vec<&'static SdStage>, LoadError> {
+    let abi = |reason: String| LoadError::Abi {
+        path: path.to_owned(),
+        reason,
+    };
     if desc.n_stages > MAX_STAGES {
         return Err(abi(format!(
             "n_stages is {}, more than the {MAX_STAGES} a library may declare (a corrupt descriptor?)",
@@ -158,95 +198,95 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
             desc.n_stages, desc.stages
         )));
     }
-    let mut stages = Vec::with_capacity(desc.n_stages);
-    for index in 0..desc.n_stages {
-        let bad = |reason: &str| LoadError::Stage {
-            path: path.to_owned(),
-            index,
-            reason: reason.to_string(),
-        };
-        // SAFETY: `stages` holds n_stages pointers (static).
-        let sp = unsafe { *desc.stages.add(index) };
-        if !readable(sp) {
-            return Err(bad(&format!("stage pointer {sp:p} is NULL or misaligned")));
-        }
-        // SAFETY: non-NULL static vtable; its size is checked next.
-        let st: &'static SdStage = unsafe { &*sp };
-        if (st.struct_size as usize) < STAGE_V1_0_SIZE {
-            return Err(bad(&format!(
-                "sd_stage is {} bytes, expected at least {STAGE_V1_0_SIZE}",
-                st.struct_size
-            )));
-        }
-        // SAFETY: static strings per the ABI.
-        let Some(stage_name) = (unsafe { static_str(st.name) }) else {
-            return Err(bad("name is NULL or not UTF-8"));
-        };
-        if stage_name.is_empty()
-            || !stage_name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
-        {
-            return Err(bad(&format!(
-                "stage name {stage_name:?} must be non-empty [A-Za-z0-9_.-]"
-            )));
-        }
-        let missing = [
-            ("config_new", st.config_new.is_none()),
-            ("config_free", st.config_free.is_none()),
-            ("state_new", st.state_new.is_none()),
-            ("state_clone", st.state_clone.is_none()),
-            ("state_free", st.state_free.is_none()),
-            ("state_reset", st.state_reset.is_none()),
-            ("accept", st.accept.is_none()),
-            ("apply", st.apply.is_none()),
-        ];
-        if let Some((f, _)) = missing.iter().find(|(_, m)| *m) {
-            return Err(bad(&format!(
-                "stage `{stage_name}`: callback `{f}` is NULL"
-            )));
-        }
-        if st.n_params_spec > MAX_PARAMS {
-            return Err(bad(&format!(
-                "stage `{stage_name}`: n_params_spec is {}, more than {MAX_PARAMS}",
-                st.n_params_spec
-            )));
-        }
-        if st.n_params_spec > 0 && !readable(st.params_spec) {
-            return Err(bad(&format!(
-                "stage `{stage_name}`: n_params_spec is {} but params_spec is {:p} (NULL or misaligned)",
-                st.n_params_spec, st.params_spec
-            )));
-        }
-        let specs: &[SdParamSpec] = if st.n_params_spec == 0 {
-            &[]
-        } else {
-            // SAFETY: non-NULL, aligned array of n_params_spec (bounded)
-            // static specs per the ABI.
-            unsafe { std::slice::from_raw_parts(st.params_spec, st.n_params_spec) }
-        };
-        if let Some((i, s)) = specs
-            .iter()
-            .enumerate()
-            .find(|(_, s)| (s.struct_size as usize) < size_of::<SdParamSpec>() || s.name.is_null())
-        {
-            return Err(bad(&format!(
-                "stage `{stage_name}`: parameter #{i} is malformed (struct_size {}, name {:p})",
-                s.struct_size, s.name
-            )));
-        }
-        stages.push(st);
+    (0..desc.n_stages)
+        .map(|index| {
+            // SAFETY: `stages` holds n_stages pointers (static).
+            let sp = unsafe { *desc.stages.add(index) };
+            stage_vtable(sp).map_err(|reason| LoadError::Stage {
+                path: path.to_owned(),
+                index,
+                reason,
+            })
+        })
+        .collect()
+}
+
+/// Checks one stage vtable of a descriptor: readable, large enough, a
+/// valid name, every callback present, a bounded and well-formed
+/// parameter list. The reason it is refused otherwise.
+fn stage_vtable(sp: *const SdStage) -> Result<&'static SdStage, String> {
+    if !readable(sp) {
+        return Err(format!("stage pointer {sp:p} is NULL or misaligned"));
     }
-    let file_name = path
-        .file_name()
-        .and_then(|n| CString::new(n.as_encoded_bytes()).ok())
-        .unwrap_or_else(|| c"?".to_owned());
-    Ok(Library {
-        path: path.to_owned(),
-        // Leaked once per library, which is never unloaded either.
-        file_name: Box::leak(file_name.into_boxed_c_str()),
-        name,
-        version,
-        stages,
-    })
+    // SAFETY: non-NULL static vtable; its size is checked next.
+    let st: &'static SdStage = unsafe { &*sp };
+    if (st.struct_size as usize) < STAGE_V1_0_SIZE {
+        return Err(format!(
+            "sd_stage is {} bytes, expected at least {STAGE_V1_0_SIZE}",
+            st.struct_size
+        ));
+    }
+    // SAFETY: static strings per the ABI.
+    let Some(stage_name) = (unsafe { static_str(st.name) }) else {
+        return Err("name is NULL or not UTF-8".into());
+    };
+    if stage_name.is_empty()
+        || !stage_name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    {
+        return Err(format!(
+            "stage name {stage_name:?} must be non-empty [A-Za-z0-9_.-]"
+        ));
+    }
+    let missing = [
+        ("config_new", st.config_new.is_none()),
+        ("config_free", st.config_free.is_none()),
+        ("state_new", st.state_new.is_none()),
+        ("state_clone", st.state_clone.is_none()),
+        ("state_free", st.state_free.is_none()),
+        ("state_reset", st.state_reset.is_none()),
+        ("accept", st.accept.is_none()),
+        ("apply", st.apply.is_none()),
+    ];
+    if let Some((f, _)) = missing.iter().find(|(_, m)| *m) {
+        return Err(format!("stage `{stage_name}`: callback `{f}` is NULL"));
+    }
+    check_param_specs(st).map_err(|reason| format!("stage `{stage_name}`: {reason}"))?;
+    Ok(st)
+}
+
+/// Checks a stage's parameter list: at most `MAX_PARAMS`, a readable
+/// array, and every spec large enough and named.
+fn check_param_specs(st: &'static SdStage) -> Result<(), String> {
+    if st.n_params_spec > MAX_PARAMS {
+        return Err(format!(
+            "n_params_spec is {}, more than {MAX_PARAMS}",
+            st.n_params_spec
+        ));
+    }
+    if st.n_params_spec > 0 && !readable(st.params_spec) {
+        return Err(format!(
+            "n_params_spec is {} but params_spec is {:p} (NULL or misaligned)",
+            st.n_params_spec, st.params_spec
+        ));
+    }
+    let specs: &[SdParamSpec] = if st.n_params_spec == 0 {
+        &[]
+    } else {
+        // SAFETY: non-NULL, aligned array of n_params_spec (bounded)
+        // static specs per the ABI.
+        unsafe { std::slice::from_raw_parts(st.params_spec, st.n_params_spec) }
+    };
+    if let Some((i, s)) = specs
+        .iter()
+        .enumerate()
+        .find(|(_, s)| (s.struct_size as usize) < size_of::<SdParamSpec>() || s.name.is_null())
+    {
+        return Err(format!(
+            "parameter #{i} is malformed (struct_size {}, name {:p})",
+            s.struct_size, s.name
+        ));
+    }
+    Ok(())
 }
