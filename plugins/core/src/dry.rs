@@ -36,20 +36,12 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::hash::BuildHasherDefault;
 
+use samplerd_plugin_sdk::defaults::{self, MAX_PENALTY_WINDOW};
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::penalties::IdHasher;
 use crate::util;
 pub use breakers::{Breakers, MAX_BREAKER_BYTES, MAX_TAIL_TOKENS, TokenText};
-
-/// `penalty_last_n = -1` (llama.cpp: the model's training context) keeps at
-/// most this many tokens, as `penalties` does: per-sequence memory and the
-/// O(window) work of each step stay bounded.
-pub const MAX_WINDOW: usize = 65_536;
-
-/// llama.cpp's default breakers (`common/common.h`,
-/// `dry_sequence_breakers`).
-pub const DEFAULT_BREAKERS: &[&str] = &["\n", ":", "\"", "*"];
 
 /// At most this many breakers (llama.cpp has no limit; each one costs a
 /// pass over the vocabulary at every chain build).
@@ -219,22 +211,22 @@ impl Stage for Dry {
         number_param(
             c"multiplier",
             c"penalty scale; 0 = off (llama.cpp dry_multiplier)",
-            0.0,
+            defaults::DRY_MULTIPLIER,
         ),
         number_param(
             c"base",
             c"penalty = multiplier x base^(length - allowed_length); < 1 = off",
-            1.75,
+            defaults::DRY_BASE,
         ),
         number_param(
             c"allowed_length",
             c"longest repeat left unpenalised",
-            2.0,
+            defaults::DRY_ALLOWED_LENGTH as f64,
         ),
         number_param(
             c"penalty_last_n",
             c"window of accepted tokens; 0 = off, -1 = whole history (at most 65536)",
-            -1.0,
+            defaults::DRY_PENALTY_LAST_N as f64,
         ),
         param_spec(
             SD_PARAM_STRING_LIST,
@@ -257,9 +249,11 @@ impl Stage for Dry {
             i32::MIN as i64,
             i32::MAX as i64,
         )?;
-        let last_n = util::integer(params, S, "penalty_last_n", -1, MAX_WINDOW as i64)?;
+        let last_n = util::integer(params, S, "penalty_last_n", -1, MAX_PENALTY_WINDOW as i64)?;
         let given = params.strings("sequence_breakers");
-        let list: Vec<&str> = given.clone().unwrap_or_else(|| DEFAULT_BREAKERS.to_vec());
+        let list: Vec<&str> = given
+            .clone()
+            .unwrap_or_else(|| defaults::DRY_SEQUENCE_BREAKERS.to_vec());
         if list.len() > MAX_BREAKERS {
             return Err(format!(
                 "{S}: sequence_breakers must be at most {MAX_BREAKERS} strings, got {}",
@@ -271,7 +265,7 @@ impl Stage for Dry {
             base: base as f32,
             allowed,
             window: if last_n < 0 {
-                MAX_WINDOW
+                MAX_PENALTY_WINDOW
             } else {
                 last_n as usize
             },

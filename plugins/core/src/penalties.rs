@@ -15,12 +15,10 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use samplerd_plugin_sdk::defaults::{self, MAX_PENALTY_WINDOW};
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::util;
-
-/// `repeat_last_n = -1` (the whole history) keeps at most this many tokens.
-pub const MAX_WINDOW: usize = 65_536;
 
 /// Multiplicative hash for u32 keys (ids are not attacker-chosen hash-flood
 /// material: the window holds at most 65,536 of them).
@@ -146,22 +144,22 @@ impl Stage for Penalties {
         number_param(
             c"repeat_last_n",
             c"window of accepted tokens; 0 = off, -1 = whole history (at most 65536)",
-            64.0,
+            defaults::REPEAT_LAST_N as f64,
         ),
         number_param(
             c"repeat_penalty",
             c"÷ positive / × negative logits of repeated tokens; 1 = off",
-            1.1,
+            defaults::REPEAT_PENALTY,
         ),
         number_param(
             c"frequency_penalty",
             c"subtracted once per occurrence in the window",
-            0.0,
+            defaults::FREQUENCY_PENALTY,
         ),
         number_param(
             c"presence_penalty",
             c"subtracted once if the token occurs in the window",
-            0.0,
+            defaults::PRESENCE_PENALTY,
         ),
     ];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;
@@ -169,7 +167,7 @@ impl Stage for Penalties {
 
     fn new(params: &Params<'_>, _vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
         const S: &str = "penalties";
-        let last_n = util::integer(params, S, "repeat_last_n", -1, MAX_WINDOW as i64)?;
+        let last_n = util::integer(params, S, "repeat_last_n", -1, MAX_PENALTY_WINDOW as i64)?;
         let repeat = util::number_in(params, S, "repeat_penalty", "finite and > 0", |v| {
             v.is_finite() && v > 0.0
         })?;
@@ -177,7 +175,7 @@ impl Stage for Penalties {
         let presence = util::non_negative(params, S, "presence_penalty")?;
         Ok(Penalties {
             window: if last_n < 0 {
-                MAX_WINDOW
+                MAX_PENALTY_WINDOW
             } else {
                 last_n as usize
             },

@@ -8,6 +8,7 @@
 
 use std::ffi::CStr;
 
+use samplerd_plugin_sdk::defaults;
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::greedy;
@@ -119,7 +120,11 @@ impl Stage for Temperature {
     const DESCRIPTION: &'static CStr =
         c"divides logits by t; t <= 0 keeps only the argmax; optional dynamic temperature";
     const PARAMS: &'static [SdParamSpec] = &[
-        number_param(c"t", c"temperature, >= 0; 0 = greedy", 0.8),
+        number_param(
+            c"t",
+            c"temperature, >= 0; 0 = greedy",
+            defaults::TEMPERATURE,
+        ),
         number_param(
             c"dynatemp_range",
             c"dynamic temperature range (t +- range), >= 0; 0 = off",

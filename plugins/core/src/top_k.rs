@@ -16,6 +16,7 @@
 use std::cmp::Ordering;
 use std::ffi::CStr;
 
+use samplerd_plugin_sdk::defaults;
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::util::{self, CHUNK, desc};
@@ -373,7 +374,7 @@ impl Stage for TopK {
     const PARAMS: &'static [SdParamSpec] = &[number_param(
         c"k",
         c"number of candidates to keep; 0 = off",
-        40.0,
+        defaults::TOP_K as f64,
     )];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;
     type State = Selector;

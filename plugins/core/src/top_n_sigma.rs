@@ -11,6 +11,7 @@
 
 use std::ffi::CStr;
 
+use samplerd_plugin_sdk::defaults;
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::util::{self, CHUNK, SORT_LIMIT, desc};
@@ -102,7 +103,7 @@ impl StatelessStage for TopNSigma {
     const PARAMS: &'static [SdParamSpec] = &[number_param(
         c"n",
         c"number of standard deviations below the max to keep; <= 0 = off",
-        -1.0,
+        defaults::TOP_N_SIGMA,
     )];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;
 

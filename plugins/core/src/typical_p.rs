@@ -12,6 +12,7 @@
 
 use std::ffi::CStr;
 
+use samplerd_plugin_sdk::defaults;
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::util;
@@ -34,7 +35,11 @@ impl Stage for TypicalP {
     const DESCRIPTION: &'static CStr =
         c"locally typical sampling: keeps the most typical tokens up to mass p (p = 1: off)";
     const PARAMS: &'static [SdParamSpec] = &[
-        number_param(c"p", c"typical mass to keep, in [0, 1]; 1 = off", 1.0),
+        number_param(
+            c"p",
+            c"typical mass to keep, in [0, 1]; 1 = off",
+            defaults::TYPICAL_P,
+        ),
         number_param(c"min_keep", c"keep at least this many candidates", 1.0),
     ];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;

@@ -9,6 +9,7 @@
 
 use std::ffi::CStr;
 
+use samplerd_plugin_sdk::defaults;
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::util;
@@ -32,12 +33,12 @@ impl Stage for Xtc {
         number_param(
             c"probability",
             c"chance per step that XTC triggers, in [0, 1]; 0 = off",
-            0.0,
+            defaults::XTC_PROBABILITY,
         ),
         number_param(
             c"threshold",
             c"probability a top token needs to be excluded, in [0, 1]; > 0.5 = off",
-            0.1,
+            defaults::XTC_THRESHOLD,
         ),
         number_param(c"min_keep", c"keep at least this many candidates", 1.0),
     ];

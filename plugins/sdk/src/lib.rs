@@ -1,6 +1,7 @@
 //! The samplerd plugin SDK: the versioned C ABI ([`abi`], mirroring
 //! `include/samplerd_plugin.h`) and a safe layer ([`Stage`], [`Tokens`],
-//! [`export_plugin!`]) so that a sampler stage in Rust is a short file.
+//! [`export_plugin!`]) so that a sampler stage in Rust is a short file;
+//! [`defaults`] holds the values the built-in stages and the host share.
 //!
 //! ```ignore
 //! use samplerd_plugin_sdk::prelude::*;
@@ -14,6 +15,7 @@
 //! with `panic = "abort"` a panic cannot be caught and kills the host.
 
 pub mod abi;
+pub mod defaults;
 pub mod export;
 pub mod stage;
 pub mod testing;

@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use std::collections::VecDeque;
 
 pub use samplerd_plugin_sdk::abi::SdCandidate;
+use samplerd_plugin_sdk::defaults::MAX_PENALTY_WINDOW;
 
 use crate::buffer::TokenBuffer;
 use crate::chain::Chain;
@@ -42,10 +43,6 @@ use crate::spec::{ChainSpec, ParamValue, StageSpec};
 /// (k ≤ 256) compares logits as floats (-0 == +0, ties to the lower id);
 /// above it, it sorts with a total order, which the device does not copy.
 pub const DEVICE_TOP_K_MAX: usize = 256;
-
-/// `penalties` with `repeat_last_n = -1` keeps at most this many tokens
-/// (the core stage's `MAX_WINDOW`).
-pub const MAX_PENALTY_WINDOW: usize = 65_536;
 
 /// One stage of a device prefix with its parsed parameters.
 #[derive(Clone, Debug, PartialEq)]

@@ -34,6 +34,9 @@ pub use error::{ChainError, LoadError, LogitsError, SampleError};
 pub use params::{Constraint, DEFAULT_ORDER, SamplingParams};
 pub use registry::StageRegistry;
 pub use rng::StepRng;
+/// The longest window a built-in windowed stage keeps (defined in the
+/// plugin SDK, which the stages share with the host).
+pub use samplerd_plugin_sdk::defaults::MAX_PENALTY_WINDOW;
 pub use sequence::{Sampled, Sequence};
 pub use spec::{ChainSpec, ParamValue, StageSpec};
 pub use stage::{ParamInfo, ParamKind, StageInfo};

@@ -10,6 +10,7 @@
 //! a stage that is built only to be checked), so the stage's own message
 //! reaches the client, renamed to the request field by [`TYPED_FIELDS`].
 
+use samplerd_plugin_sdk::defaults;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ChainError;
@@ -186,17 +187,12 @@ pub const DEFAULT_ORDER: &[&str] = &[
     "temperature",
 ];
 
-/// Largest accepted `repeat_last_n` (a window, not a history dump).
-pub const MAX_REPEAT_LAST_N: i32 = 65_536;
-
-/// llama.cpp's default DRY sequence breakers (`common/common.h`).
-pub const DEFAULT_DRY_SEQUENCE_BREAKERS: &[&str] = &["\n", ":", "\"", "*"];
-
-/// Sampling parameters. Defaults follow llama.cpp's `common_params_sampling`
-/// (`common/common.h`: temperature 0.8, top_k 40, top_p 0.95, window 64,
-/// DRY off with base 1.75, allowed length 2, the whole history)
-/// except `repeat_penalty` 1.1 (llama.cpp: 1.0, off) and `min_p` 0
-/// (llama.cpp: 0.05).
+/// Sampling parameters. Defaults are the core stages' own
+/// (`samplerd_plugin_sdk::defaults`: llama.cpp's `common_params_sampling`
+/// — temperature 0.8, top_k 40, top_p 0.95, window 64, DRY off with base
+/// 1.75, allowed length 2, the whole history — except `repeat_penalty`
+/// 1.1, llama.cpp: 1.0, off) but `min_p` 0, off (llama.cpp and the stage:
+/// 0.05).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingParams {
@@ -237,23 +233,23 @@ pub struct SamplingParams {
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
+            temperature: defaults::TEMPERATURE as f32,
+            top_k: defaults::TOP_K,
+            top_p: defaults::TOP_P as f32,
             min_p: 0.0,
-            typical_p: 1.0,
-            repeat_penalty: 1.1,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            repeat_last_n: 64,
-            top_n_sigma: -1.0,
-            xtc_probability: 0.0,
-            xtc_threshold: 0.1,
-            dry_multiplier: 0.0,
-            dry_base: 1.75,
-            dry_allowed_length: 2,
-            dry_penalty_last_n: -1,
-            dry_sequence_breakers: DEFAULT_DRY_SEQUENCE_BREAKERS
+            typical_p: defaults::TYPICAL_P as f32,
+            repeat_penalty: defaults::REPEAT_PENALTY as f32,
+            frequency_penalty: defaults::FREQUENCY_PENALTY as f32,
+            presence_penalty: defaults::PRESENCE_PENALTY as f32,
+            repeat_last_n: defaults::REPEAT_LAST_N,
+            top_n_sigma: defaults::TOP_N_SIGMA as f32,
+            xtc_probability: defaults::XTC_PROBABILITY as f32,
+            xtc_threshold: defaults::XTC_THRESHOLD as f32,
+            dry_multiplier: defaults::DRY_MULTIPLIER as f32,
+            dry_base: defaults::DRY_BASE as f32,
+            dry_allowed_length: defaults::DRY_ALLOWED_LENGTH,
+            dry_penalty_last_n: defaults::DRY_PENALTY_LAST_N,
+            dry_sequence_breakers: defaults::DRY_SEQUENCE_BREAKERS
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),

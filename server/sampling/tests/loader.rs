@@ -5,8 +5,10 @@
 mod common;
 
 use common::*;
+use samplerd_sampling::params::TYPED_FIELDS;
 use samplerd_sampling::{
-    ChainError, ChainSpec, LoadError, SampleError, StageRegistry, StageSpec, TokenBuffer,
+    ChainError, ChainSpec, LoadError, MAX_PENALTY_WINDOW, SampleError, SamplingParams,
+    StageRegistry, StageSpec, TokenBuffer,
 };
 
 fn spec(stages: &[StageSpec]) -> ChainSpec {
@@ -45,6 +47,63 @@ fn core_library_registers_its_stages() {
     );
     assert!(reg.get("dist").unwrap().selects);
     assert!(!top_k.selects);
+}
+
+#[test]
+fn typed_defaults_are_the_stages_declared_defaults() {
+    // Each default has one home (samplerd_plugin_sdk::defaults): a chain
+    // that leaves a parameter out gets what a typed request gets. Except
+    // min_p: the host's default is off, the stage's llama.cpp's 0.05.
+    let reg = StageRegistry::load(&[], &[core_plugin()]).unwrap();
+    let host = serde_json::to_value(SamplingParams::default()).unwrap();
+    let mut compared = 0;
+    for f in TYPED_FIELDS.iter().filter(|f| f.field != "min_p") {
+        let Some(want) = host.get(f.field).and_then(|v| v.as_f64()) else {
+            continue; // not a number (token maps, breakers, grammars)
+        };
+        let stage = reg.get(f.stage).unwrap();
+        let param = stage.params.iter().find(|p| p.name == f.param).unwrap();
+        assert_eq!(
+            param.default as f32, want as f32,
+            "{}.{} declares {}, the typed {} defaults to {want}",
+            f.stage, f.param, param.default, f.field
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 15, "every numeric typed field but min_p");
+    assert_eq!(
+        described_breakers(&reg),
+        SamplingParams::default().dry_sequence_breakers
+    );
+}
+
+/// `dry`'s default breakers, as its description states them.
+fn described_breakers(reg: &StageRegistry) -> Vec<String> {
+    let dry = reg.get("dry").unwrap();
+    let d = &dry
+        .params
+        .iter()
+        .find(|p| p.name == "sequence_breakers")
+        .unwrap()
+        .description;
+    let list = &d[d.find("default [").unwrap() + "default ".len()..];
+    serde_json::from_str(&list[..=list.find(']').unwrap()]).unwrap()
+}
+
+#[test]
+fn window_parameters_state_the_shared_bound() {
+    // The descriptions are C string literals; the bound is the SDK's.
+    let reg = StageRegistry::load(&[], &[core_plugin()]).unwrap();
+    for (stage, param) in [("penalties", "repeat_last_n"), ("dry", "penalty_last_n")] {
+        let p = reg.get(stage).unwrap();
+        let p = p.params.iter().find(|p| p.name == param).unwrap();
+        assert!(
+            p.description
+                .contains(&format!("at most {MAX_PENALTY_WINDOW})")),
+            "{stage}.{param}: {}",
+            p.description
+        );
+    }
 }
 
 #[test]

@@ -1,6 +1,14 @@
-//! Configuration: one typed struct per component, every default in one
-//! place (the `Default` impls below), layered with figment as
-//! built-in defaults → `samplerd.toml` (`--config` / `SAMPLERD_CONFIG`) →
+//! Configuration: one typed struct per component, each default written
+//! once, in its component's `Default` impl: the ones below (the listen
+//! address, `[plugins]`, `[chain]`, the seed, `[limits]`, `[logging]`,
+//! `[model]`), and beside their components `[generate]`
+//! (`generate/mod.rs`), `[metrics]` (`transport/metrics.rs`), `[shutdown]`
+//! (`app/shutdown.rs`), `[limits.parallel_logprob]`
+//! (`service/lse_helper.rs`), `[tls]` and `[auth]` (derived: nothing set) and
+//! `[sampling]` (`samplerd_sampling::SamplingParams`, from the values the
+//! core stages declare, `samplerd_plugin_sdk::defaults`). Layered with
+//! figment as built-in defaults → `samplerd.toml` (`--config` /
+//! `SAMPLERD_CONFIG`) →
 //! environment `SAMPLERD_*` (nested keys joined with `__`, e.g.
 //! `SAMPLERD_SAMPLING__TOP_K=20`) → command-line flags.
 //!
@@ -364,7 +372,8 @@ impl Default for LimitsConfig {
             max_message_bytes: 64 * 1024 * 1024,
             max_vocab: 262_144,
             max_concurrent_streams: 1024,
-            max_window_tokens: 65_536,
+            // the built-in stages look at no more of a window
+            max_window_tokens: samplerd_sampling::MAX_PENALTY_WINDOW,
             buffer_pool_size: 32,
             max_n_probs: 1024,
             // An engine's decode batch: 256 sequences per forward pass is

@@ -65,6 +65,7 @@
 
 use std::ffi::CStr;
 
+use samplerd_plugin_sdk::defaults;
 use samplerd_plugin_sdk::prelude::*;
 
 use crate::top_k::{self, Selector};
@@ -177,7 +178,7 @@ impl Stage for TopP {
         number_param(
             c"p",
             c"cumulative probability to keep, <= 1; 1 = off; <= 0 keeps the most likely token",
-            0.95,
+            defaults::TOP_P,
         ),
         number_param(c"min_keep", c"keep at least this many candidates", 1.0),
     ];
