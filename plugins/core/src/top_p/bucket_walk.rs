@@ -1,27 +1,38 @@
 //! The bucket walk: llama.cpp's running sum over the gathered tokens in
 //! descending logit order, one logit bucket at a time, exact in every case
-//! (the AVX-512 ladder walk tries first and hands over to it).
+//! (on AVX-512 the ladder walk tries first and hands over to it), its
+//! scratch ([`Buckets`]), and the exact replay of sorted tokens
+//! ([`replay_sorted`]) that both walks end with.
 
-use super::cut::{Cut, key_logit, sort_key};
 use super::exp::{EXP_REL_ERR, libm_exp};
 use super::grid_sum::{BLOCK, Block, F32Sum, LIMIT};
-use super::nucleus::{Scratch, Target};
 #[cfg(target_arch = "x86_64")]
-use super::{has_avx512, ladder};
+use super::shared::has_avx512;
+use super::shared::{Cut, Gathered, Target, key_logit, sort_key};
 use crate::util::exp_f32;
 
+/// Scratch of the bucket walk, kept in per-sequence state.
+#[derive(Clone, Default)]
+pub(super) struct Buckets {
+    /// Gathered keys `(desc_key(l) << 32) | position`, in bucket order.
+    keys: Vec<u64>,
+    bucket: Vec<u32>,
+    counts: Vec<u32>,
+    next: Vec<u32>,
+}
+
 /// The walk's buckets hold about this many gathered tokens on average.
-pub(super) const PER_BUCKET: usize = 64;
+const PER_BUCKET: usize = 64;
 /// Interleaved histograms of the bucketing (see `walk_impl`).
-pub(super) const LANES: usize = 4;
+const LANES: usize = 4;
 /// Bounds on the number of buckets.
-pub(super) const MIN_BUCKETS: usize = 16;
-pub(super) const MAX_BUCKETS: usize = 4096;
+const MIN_BUCKETS: usize = 16;
+const MAX_BUCKETS: usize = 4096;
 
 /// `a[j] = exp_f32(key_logit(k[j]) - max) / z` for `k.len() <= BLOCK`
 /// lanes (the rest 0).
 #[inline(always)]
-pub(super) fn exp_div_keys_impl(k: &[u64], max: f32, z: f32, a: &mut [f32; BLOCK]) {
+fn exp_div_keys_impl(k: &[u64], max: f32, z: f32, a: &mut [f32; BLOCK]) {
     let mut v = [f32::NEG_INFINITY; BLOCK];
     for (v, &k) in v.iter_mut().zip(k) {
         *v = key_logit((k >> 32) as u32) - max;
@@ -36,35 +47,31 @@ pub(super) fn exp_div_keys_impl(k: &[u64], max: f32, z: f32, a: &mut [f32; BLOCK
 /// logits at a time: a bucket whose additions stay in one binade, hold no
 /// tie or uncertain lane and do not reach the cut is one integer addition
 /// of rounded values, in any order; only the other buckets are sorted and
-/// replayed in order. None if the cut is not inside the gathered set.
-pub(super) fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
+/// replayed in order. None if the cut is not inside the gathered set `g`.
+pub(super) fn walk(t: Target, g: &Gathered, s: &mut Buckets) -> Option<Cut> {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
-        if let Some(cut) = unsafe { ladder::walk(t, s) } {
-            return Some(cut);
-        }
-        // SAFETY: as above.
-        return unsafe { walk_avx512(t, s) };
+        return unsafe { walk_avx512(t, g, s) };
     }
     #[cfg(target_arch = "x86_64")]
     if samplerd_numerics::features().avx2() {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { walk_avx2(t, s) };
+        return unsafe { walk_avx2(t, g, s) };
     }
-    walk_impl(t, s)
+    walk_impl(t, g, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,popcnt")]
-pub(super) unsafe fn walk_avx512(t: Target, s: &mut Scratch) -> Option<Cut> {
-    walk_impl(t, s)
+unsafe fn walk_avx512(t: Target, g: &Gathered, s: &mut Buckets) -> Option<Cut> {
+    walk_impl(t, g, s)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn walk_avx2(t: Target, s: &mut Scratch) -> Option<Cut> {
-    walk_impl(t, s)
+unsafe fn walk_avx2(t: Target, g: &Gathered, s: &mut Buckets) -> Option<Cut> {
+    walk_impl(t, g, s)
 }
 
 /// The walk, compiled once per instruction set (the exp, the grid
@@ -72,7 +79,7 @@ pub(super) unsafe fn walk_avx2(t: Target, s: &mut Scratch) -> Option<Cut> {
 /// multiply and an add into a fused multiply-add, so every version
 /// computes the same values.
 #[inline(always)]
-pub(super) fn walk_impl(t: Target, s: &mut Scratch) -> Option<Cut> {
+pub(super) fn walk_impl(t: Target, g: &Gathered, s: &mut Buckets) -> Option<Cut> {
     let Target {
         max,
         z,
@@ -80,7 +87,6 @@ pub(super) fn walk_impl(t: Target, s: &mut Scratch) -> Option<Cut> {
         min_keep,
         floor,
     } = t;
-    let g = &s.gathered;
     let n = g.len();
     if n == 0 {
         return None;
@@ -211,7 +217,7 @@ pub(super) fn replay_sorted(
 /// no lane is a tie or within the error bound of a rounding boundary and
 /// the sum stays in the binade; None otherwise (or off the grid).
 #[inline(always)]
-pub(super) fn bucket_units(
+fn bucket_units(
     sum: &F32Sum,
     keys: &[u64],
     max: f32,

@@ -1,7 +1,8 @@
-//! The exps of the large top_p path: libm's `expf` (the values llama.cpp
-//! adds, called only where an approximation cannot decide a rounding),
-//! the error bound that both approximations (the portable `exp_f32` and
-//! the AVX-512 `exp16x4`) are held to, and `exp16x4` itself.
+//! The exps of the large top_p path, importing no sibling: libm's `expf`
+//! (the values llama.cpp adds, called only where an approximation cannot
+//! decide a rounding), the error bound that both approximations (the
+//! portable `exp_f32` and the AVX-512 `exp16x4`) are held to, `exp16x4`
+//! itself and the probabilities computed with it (`exp_div`).
 
 /// Bound on `|exp(x) - expf(x)| / expf(x)` for `x <= 0` where `expf(x)` is
 /// normal, for both approximations: `exp_f32` (under 2 ulp, 2^-22, on every
@@ -10,12 +11,12 @@
 /// `exp_error_bound` tests), so a 1-ulp difference between libm versions
 /// still fits. Below e^-87.3 both return 0 and libm a value < 2^-126, far
 /// below every grid unit we use.
-pub const EXP_REL_ERR: f32 = 1.0 / 2_097_152.0; // 2^-21
+pub(super) const EXP_REL_ERR: f32 = 1.0 / 2_097_152.0; // 2^-21
 
 /// libm's `expf`, the function llama.cpp calls (never inlined into a
 /// vectorised loop, so it stays the real libm call).
 #[inline(never)]
-pub fn libm_exp(x: f32) -> f32 {
+pub(super) fn libm_exp(x: f32) -> f32 {
     x.exp()
 }
 
@@ -41,7 +42,6 @@ pub(super) const EXP16_P: [f32; 6] = [
 /// [`EXP_REL_ERR`] of libm; tested), the four chains interleaved.
 /// Lanes below `LO` (and -inf) give 0; no clamping is needed above, as
 /// `x <= 0`.
-#[cfg(target_arch = "x86_64")]
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
@@ -76,4 +76,54 @@ pub(super) unsafe fn exp16x4(x: [__m512; 4]) -> [__m512; 4] {
         }
         out
     }
+}
+
+/// `out[i] = exp(val[i] - max) / z` (the FMA exp of the normaliser pass);
+/// returns their sum (f32 lanes).
+///
+/// # Safety
+/// The CPU must support AVX-512F and POPCNT.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,popcnt")]
+pub(super) unsafe fn exp_div(val: &[f32], max: f32, z: f32, out: &mut Vec<f32>) -> f32 {
+    let n = val.len();
+    out.clear();
+    out.reserve(n + 64);
+    let vmax = _mm512_set1_ps(max);
+    let vz = _mm512_set1_ps(z);
+    let src = val.as_ptr();
+    let dst = out.as_mut_ptr();
+    let mut sum = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i < n {
+        // SAFETY: lanes at or past n are masked off the loads (they read
+        // -inf, whose exp is 0); the stores write 64 lanes at i < n, inside
+        // the reserved n + 64.
+        unsafe {
+            let x: [__m512; 4] = std::array::from_fn(|k| {
+                let at = i + 16 * k;
+                let live = lanes_below(n, at);
+                _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, src.add(at.min(n)))
+            });
+            let e = exp16x4(x.map(|x| _mm512_sub_ps(x, vmax)));
+            for (k, ek) in e.iter().enumerate() {
+                let p = _mm512_div_ps(*ek, vz);
+                _mm512_storeu_ps(dst.add(i + 16 * k), p);
+                sum[k] = _mm512_add_ps(sum[k], p);
+            }
+        }
+        i += 64;
+    }
+    // SAFETY: n values were written.
+    unsafe { out.set_len(n) };
+    let sum = _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
+    _mm512_reduce_add_ps(sum)
+}
+
+/// The mask of lanes `at + j < n`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn lanes_below(n: usize, at: usize) -> __mmask16 {
+    let live = n.saturating_sub(at).min(16);
+    ((1u32 << live) - 1) as __mmask16
 }

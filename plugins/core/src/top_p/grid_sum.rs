@@ -1,11 +1,11 @@
 //! An f32 running sum that takes blocks of additions at once on the grid
 //! of its binade (see the parent module): bit-identical to adding the
-//! values one by one in order.
+//! values one by one in order. Imports no sibling.
 
 #![forbid(unsafe_code)]
 
 /// Values are processed in blocks of this many (four registers of 16).
-pub const BLOCK: usize = 64;
+pub(super) const BLOCK: usize = 64;
 const _: () = assert!(BLOCK == 4 * 16);
 
 /// 2^23: `q + MAGIC` rounds `q` in [0, 2^23] to an integer, ties to even.
@@ -28,7 +28,7 @@ pub(super) fn exact_units(q: f32) -> Option<u32> {
 /// An f32 running sum, bit-identical to `s += v` in order, that can take a
 /// block of additions at once.
 #[derive(Clone, Copy, Debug)]
-pub struct F32Sum {
+pub(super) struct F32Sum {
     /// The value when off the grid.
     pub(super) value: f32,
     pub(super) on_grid: bool,
@@ -56,7 +56,7 @@ impl Default for F32Sum {
 
 /// Per-block scratch: the rounded lanes and which lanes need the exact
 /// value.
-pub struct Block {
+pub(super) struct Block {
     pub(super) r: [u32; BLOCK],
     pub(super) exact: [f32; BLOCK],
     pub(super) margin: [f32; BLOCK],
@@ -73,13 +73,13 @@ impl Default for Block {
 }
 
 impl F32Sum {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::default()
     }
 
     /// The current value (exact).
     #[inline]
-    pub fn value(&self) -> f32 {
+    pub(super) fn value(&self) -> f32 {
         if self.on_grid {
             // units < 2^24: exact; times a power of two: exact.
             self.units as f32 * self.unit
@@ -104,7 +104,7 @@ impl F32Sum {
 
     /// `s = fl(s + v)`, the real f32 addition.
     #[inline]
-    pub fn add_exact(&mut self, v: f32) {
+    pub(super) fn add_exact(&mut self, v: f32) {
         let s = self.value() + v;
         self.set(s);
     }
@@ -112,7 +112,7 @@ impl F32Sum {
     /// Adds one value given as an approximation `approx` (relative error at
     /// most `rel_err`) and a way to get the exact value.
     #[inline]
-    pub fn add_one(&mut self, approx: f32, rel_err: f32, exact: impl FnOnce() -> f32) {
+    pub(super) fn add_one(&mut self, approx: f32, rel_err: f32, exact: impl FnOnce() -> f32) {
         if self.on_grid {
             let q = (approx * self.inv).min(MAGIC);
             let t = q + MAGIC;
@@ -159,7 +159,7 @@ impl F32Sum {
     /// value; it is called only for lanes near a rounding boundary, ties,
     /// binade crossings and while the sum is tiny.
     #[inline(always)]
-    pub fn add_block(
+    pub(super) fn add_block(
         &mut self,
         approx: &[f32; BLOCK],
         n: usize,
@@ -267,7 +267,7 @@ impl F32Sum {
     /// monotone in the value (once true for a value, true for larger ones
     /// at later lanes), as `cum >= p && i + 1 >= min_keep` is.
     #[inline(always)]
-    pub fn add_block_until(
+    pub(super) fn add_block_until(
         &mut self,
         approx: &[f32; BLOCK],
         n: usize,

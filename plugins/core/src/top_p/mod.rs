@@ -15,7 +15,7 @@
 //! Small candidate lists (<= 4096, e.g. after top_k) or sorted ones: Z,
 //! sort if needed, walk; output sorted.
 //!
-//! Dense view or large lists (top_k off): [`nucleus::nucleus`] computes
+//! Dense view or large lists (top_k off): `nucleus::nucleus` computes
 //! the same f32 sums bit for bit with vectorised block sums and finds the cut without
 //! sorting the nucleus (only the logit buckets where the running sum
 //! changes binade, meets an uncertain lane or reaches p are sorted). The
@@ -39,7 +39,7 @@
 //! and contains no tie equals one integer addition of `Σ round_u(v)`, which
 //! is order-independent and vectorises. `round_u(v)` needs `v` only to the
 //! precision that separates it from the nearest half-multiple of `u`: we use
-//! the branch-free polynomial `exp_f32` (within [`exp::EXP_REL_ERR`] of libm's
+//! the branch-free polynomial `exp_f32` (within `exp::EXP_REL_ERR` of libm's
 //! `expf`, tested), and call libm only for the rare lanes that land within
 //! that error of a rounding boundary. Ties, binade crossings and those lanes
 //! are replayed in order with the real f32 addition, as llama.cpp does it.
@@ -55,13 +55,16 @@
 //! walk when one of its assumptions fails. The result is the cut: the kept
 //! tokens are those ordered at or before its key.
 //!
-//! Files: [`nucleus`] drives it (floor estimate, gather, walk) and holds
-//! the per-sequence [`nucleus::Scratch`]; [`grid_sum`] is the exact f32
-//! running sum on a grid ([`grid_sum::F32Sum`]); [`normaliser`] the Z pass
-//! that also gathers the tokens above the floor; [`bucket_walk`] the
-//! portable walk; `ladder` its AVX-512 fast path; [`cut`] the sort keys,
-//! the [`cut::Cut`] and the writer of the kept tokens; [`exp`] the libm
-//! `expf` and the approximations' error bound.
+//! Files, each importing only the ones listed before it: `shared.rs` (the
+//! CPU check, the order keys, the `Cut`, the gathered
+//! tokens, the walk's target and the floor's sample), `exp.rs` (libm's
+//! `expf`, the approximations' error bound, the AVX-512 exp and the
+//! probabilities), `grid_sum.rs` (the exact f32 running sum on a grid),
+//! `normaliser.rs` (the Z pass that also gathers the tokens above the
+//! floor), `bucket_walk.rs` (the portable walk and the exact replay),
+//! `ladder/` (the AVX-512 walk), `nucleus.rs` (the driver: floor, gather,
+//! walk, and the per-sequence scratch), `kept.rs` (writing the kept
+//! tokens); this file the stage itself.
 
 use std::ffi::CStr;
 
@@ -71,26 +74,20 @@ use samplerd_plugin_sdk::prelude::*;
 use crate::top_k::{self, Selector};
 use crate::util;
 
-pub mod bucket_walk;
-pub mod cut;
-pub mod exp;
-pub mod grid_sum;
+mod bucket_walk;
+mod exp;
+mod grid_sum;
+mod kept;
 #[cfg(target_arch = "x86_64")]
 mod ladder;
-pub mod normaliser;
-pub mod nucleus;
+mod normaliser;
+mod nucleus;
+mod shared;
 #[cfg(test)]
 mod tests;
 
-/// Whether the AVX-512 paths can run (they also count mask bits with
-/// `popcnt`, which every AVX-512 CPU has).
-#[cfg(target_arch = "x86_64")]
-fn has_avx512() -> bool {
-    samplerd_numerics::features().avx512f_popcnt()
-}
-
 /// Candidate lists up to this size use the sort-then-cut path.
-pub const SMALL_PATH: usize = 4096;
+const SMALL_PATH: usize = 4096;
 
 pub struct TopP {
     p: f32,
@@ -151,16 +148,9 @@ impl TopP {
         let k = cut.kept;
         if dense {
             let (_, cand) = tokens.dense_and_buffer();
-            cut::write_kept(g, cut, cand);
+            kept::write_kept(g, cut, cand);
         } else {
-            // in place: position i is read before any write at k <= i
-            let cand = tokens.candidates_mut();
-            let mut w = 0usize;
-            for (&i, &l) in g.idx.iter().zip(&g.val) {
-                cand[w] = cand[i as usize];
-                w += cut.keeps(l, i) as usize;
-            }
-            debug_assert_eq!(w, k);
+            kept::compact_kept(g, cut, tokens.candidates_mut());
         }
         st.vals = vals;
         tokens.set_candidates(k, false);

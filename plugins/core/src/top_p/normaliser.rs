@@ -4,49 +4,22 @@
 
 use super::exp::{EXP_REL_ERR, libm_exp};
 use super::grid_sum::{BLOCK, Block, F32Sum};
+use super::shared::Gathered;
 #[cfg(target_arch = "x86_64")]
-use super::has_avx512;
+use super::shared::has_avx512;
 use crate::util::exp_f32;
-
-/// Tokens gathered by the normaliser pass: positions and logits of the
-/// values at or above the floor, in position order.
-#[derive(Clone, Default)]
-pub struct Gathered {
-    pub idx: Vec<u32>,
-    pub val: Vec<f32>,
-    /// Approximate probabilities `exp(l - max) / z` of the tokens, when
-    /// a pass computed them (then as long as `idx`; cleared with it).
-    pub(super) prob: Vec<f32>,
-}
-
-impl Gathered {
-    pub(super) fn clear(&mut self) {
-        self.idx.clear();
-        self.val.clear();
-        self.prob.clear();
-    }
-
-    #[inline]
-    pub(super) fn push(&mut self, i: u32, v: f32) {
-        self.idx.push(i);
-        self.val.push(v);
-    }
-
-    pub fn len(&self) -> usize {
-        self.idx.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.idx.is_empty()
-    }
-}
 
 /// llama.cpp's normaliser `Σ expf(x[i] - max)`, summed in f32 in index
 /// order, bit-exact. Also replaces `g` with the tokens whose logit is
 /// `>= floor` (ascending positions) and returns, second, an estimate of
 /// their share of the sum (`Σ exp(x[i] - max)` over them, within a few
 /// ulp: it only decides whether the floor is low enough).
-pub fn softmax_sum_and_gather(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, f32) {
+pub(super) fn softmax_sum_and_gather(
+    x: &[f32],
+    max: f32,
+    floor: f32,
+    g: &mut Gathered,
+) -> (f32, f32) {
     g.clear();
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
@@ -63,12 +36,7 @@ pub fn softmax_sum_and_gather(x: &[f32], max: f32, floor: f32, g: &mut Gathered)
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn softmax_sum_avx2(
-    x: &[f32],
-    max: f32,
-    floor: f32,
-    g: &mut Gathered,
-) -> (f32, f32) {
+unsafe fn softmax_sum_avx2(x: &[f32], max: f32, floor: f32, g: &mut Gathered) -> (f32, f32) {
     softmax_sum_impl(x, max, floor, g)
 }
 
@@ -140,9 +108,9 @@ impl F32Sum {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::Gathered;
-    use crate::top_p::exp::{EXP_REL_ERR, exp16x4, libm_exp};
+    use crate::top_p::exp::{EXP_REL_ERR, exp_div, exp16x4, libm_exp};
     use crate::top_p::grid_sum::{BLOCK, Block, F32Sum, LIMIT, MAGIC, MAGIC_BITS, exact_units};
+    use crate::top_p::shared::Gathered;
 
     /// A block off the fast path (kept out of line, so that the hot loop
     /// keeps its registers: the libm calls would clobber them all).
@@ -297,7 +265,7 @@ mod avx512 {
         // over every block).
         let z = s.value();
         // SAFETY: AVX-512F is enabled in this function.
-        let share = unsafe { crate::top_p::ladder::exp_div(&g.val, max, z, &mut g.prob) };
+        let share = unsafe { exp_div(&g.val, max, z, &mut g.prob) };
         (z, share * z)
     }
 }

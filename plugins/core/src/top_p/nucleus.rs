@@ -1,56 +1,50 @@
 //! [`nucleus`], the large path's driver: estimate a floor from a sample,
 //! run the normaliser pass (which gathers the tokens above the floor),
 //! lower the floor until the gathered tokens hold clearly more than p of
-//! the mass, then walk them for the cut. Also the per-sequence [`Scratch`].
+//! the mass, then walk them for the cut (the AVX-512 ladder walk first,
+//! where it runs, then the bucket walk). Also the per-sequence
+//! [`Scratch`] that holds every pass's buffers.
 
-use super::bucket_walk::walk;
-use super::cut::Cut;
-use super::normaliser::{Gathered, softmax_sum_and_gather};
+use super::bucket_walk::{self, Buckets};
 #[cfg(target_arch = "x86_64")]
-use super::{has_avx512, ladder};
+use super::ladder::{self, Ladder};
+use super::normaliser::softmax_sum_and_gather;
+#[cfg(target_arch = "x86_64")]
+use super::shared::has_avx512;
+use super::shared::{Cut, Gathered, Sample, Target};
 use crate::util::exp_f32;
 
 /// Scratch of [`nucleus`], kept in per-sequence state.
 #[derive(Clone, Default)]
-pub struct Scratch {
+pub(super) struct Scratch {
     pub(super) gathered: Gathered,
+    pub(super) sample: Sample,
+    pub(super) buckets: Buckets,
     #[cfg(target_arch = "x86_64")]
-    pub(super) ladder: ladder::Ladder,
-    /// Gathered keys `(desc_key(l) << 32) | position`, in bucket order.
-    pub(super) keys: Vec<u64>,
-    pub(super) bucket: Vec<u32>,
-    pub(super) counts: Vec<u32>,
-    pub(super) next: Vec<u32>,
-    pub(super) sample: Vec<f32>,
-    pub(super) sample_e: Vec<f32>,
-    /// The share of the logits in `sample` (0 when it is not a sample of
-    /// the current ones).
-    pub(super) sample_rate: f32,
-    /// `Σ exp(l - max)` over `sample`.
-    pub(super) sample_total: f32,
+    pub(super) ladder: Ladder,
 }
 
 impl Scratch {
     /// The tokens [`nucleus`] gathered, in position order: a superset of
     /// the kept ones.
-    pub fn gathered(&self) -> &Gathered {
+    pub(super) fn gathered(&self) -> &Gathered {
         &self.gathered
     }
 }
 
 /// Every SAMPLE_STRIDE-th logit estimates where the cut lands.
-pub(super) const SAMPLE_STRIDE: usize = 32;
+const SAMPLE_STRIDE: usize = 32;
 /// Fraction of the tail mass `(1 - p)` the first floor leaves out: close
 /// to 1 keeps the gathered set small; the gathered mass is checked, so a
 /// miss only costs one more gather pass.
-pub(super) const TAIL_SHARE: f32 = 0.9;
+const TAIL_SHARE: f32 = 0.9;
 /// Relative slack on the gathered mass before the walk trusts the floor
 /// (the walk's f32 running sum may drift from the exact mass by rounding).
-pub(super) const MASS_SLACK: f32 = 4e-3;
+const MASS_SLACK: f32 = 4e-3;
 
 /// llama.cpp's top-p over `x` (the logits in list order). The kept tokens
 /// are those with `cut.keeps(x[i], i)`.
-pub fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) -> Cut {
+pub(super) fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) -> Cut {
     let target = gather_nucleus(x, max, p, min_keep, s);
     if let Some(cut) = walk(target, s) {
         return cut;
@@ -72,6 +66,20 @@ pub fn nucleus(x: &[f32], max: f32, p: f32, min_keep: usize, s: &mut Scratch) ->
         kept: x.len(),
         last_key: u64::MAX,
     }
+}
+
+/// Walks the gathered tokens for the cut: the ladder walk where it runs
+/// and decides, else the bucket walk (exact in every case).
+pub(super) fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
+        let cut = unsafe { ladder::walk(t, &mut s.gathered, &s.sample, &mut s.ladder) };
+        if cut.is_some() {
+            return cut;
+        }
+    }
+    bucket_walk::walk(t, &s.gathered, &mut s.buckets)
 }
 
 /// The normaliser and the gathered set (`s.gathered`): a floor low enough
@@ -112,7 +120,7 @@ pub(super) fn gather_nucleus(
 /// Replaces `g` with the tokens `x[i] >= lo` (position order) and returns
 /// `Σ exp(x[i] - max)` over the new ones, those below `hi` (a lower floor
 /// after the first one proved too high).
-pub fn gather_at_least(x: &[f32], max: f32, lo: f32, hi: f32, g: &mut Gathered) -> f32 {
+fn gather_at_least(x: &[f32], max: f32, lo: f32, hi: f32, g: &mut Gathered) -> f32 {
     g.clear();
     let mut mass = 0.0f32;
     for (i, &v) in x.iter().enumerate() {
@@ -129,39 +137,32 @@ pub fn gather_at_least(x: &[f32], max: f32, lo: f32, hi: f32, g: &mut Gathered) 
 /// A logit floor under which the tokens should hold about
 /// `TAIL_SHARE · (1 - p)` of the mass, estimated from every
 /// SAMPLE_STRIDE-th token.
-pub(super) fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
+fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         let share = (1.0 - p) * TAIL_SHARE;
         // SAFETY: the CPU supports AVX-512F and POPCNT (checked just above).
         return unsafe {
-            ladder::estimate_floor(
-                x,
-                max,
-                share,
-                &mut s.sample,
-                &mut s.sample_e,
-                &mut s.sample_rate,
-                &mut s.sample_total,
-                s.ladder.filtered_mut(),
-            )
+            ladder::estimate_floor(x, max, share, &mut s.sample, s.ladder.filtered_mut())
         };
     }
-    s.sample.clear();
-    s.sample.extend(x.iter().step_by(SAMPLE_STRIDE).copied());
-    s.sample_e.clear();
-    s.sample_e
-        .extend(s.sample.iter().map(|&v| exp_f32(v - max)));
-    let total = masked_sum(&s.sample, &s.sample_e, f32::INFINITY);
+    let sample = &mut s.sample;
+    sample.val.clear();
+    sample.val.extend(x.iter().step_by(SAMPLE_STRIDE).copied());
+    sample.e.clear();
+    sample
+        .e
+        .extend(sample.val.iter().map(|&v| exp_f32(v - max)));
+    let total = masked_sum(&sample.val, &sample.e, f32::INFINITY);
     let allowed = (1.0 - p) * total * TAIL_SHARE;
     // bisection on t in [max - 64, max]: the mass below t grows with t
     let (mut lo, mut hi) = (max - 64.0, max);
-    if masked_sum(&s.sample, &s.sample_e, hi) <= allowed {
+    if masked_sum(&sample.val, &sample.e, hi) <= allowed {
         return hi;
     }
     for _ in 0..10 {
         let mid = 0.5 * (lo + hi);
-        if masked_sum(&s.sample, &s.sample_e, mid) <= allowed {
+        if masked_sum(&sample.val, &sample.e, mid) <= allowed {
             lo = mid;
         } else {
             hi = mid;
@@ -171,7 +172,7 @@ pub(super) fn estimate_floor(x: &[f32], max: f32, p: f32, s: &mut Scratch) -> f3
 }
 
 /// Σ e[i] over v[i] < t (16 f32 lanes, so it vectorises).
-pub(super) fn masked_sum(v: &[f32], e: &[f32], t: f32) -> f32 {
+fn masked_sum(v: &[f32], e: &[f32], t: f32) -> f32 {
     let mut acc = [0.0f32; 16];
     let mut vc = v.chunks_exact(16);
     let mut ec = e.chunks_exact(16);
@@ -189,15 +190,4 @@ pub(super) fn masked_sum(v: &[f32], e: &[f32], t: f32) -> f32 {
         }
     }
     sum
-}
-
-/// What the walk looks for: llama.cpp's cut at `p` (and `min_keep`) over
-/// `expf(l - max) / z`, among gathered tokens all `>= floor`.
-#[derive(Clone, Copy)]
-pub(super) struct Target {
-    pub(super) max: f32,
-    pub(super) z: f32,
-    pub(super) p: f32,
-    pub(super) min_keep: usize,
-    pub(super) floor: f32,
 }

@@ -5,15 +5,18 @@
 use samplerd_plugin_sdk::prelude::SdCandidate;
 
 use super::bucket_walk::walk_impl;
-use super::cut::{desc_key, write_kept, write_kept_from};
 #[cfg(target_arch = "x86_64")]
 use super::exp::exp16x4;
 use super::exp::{EXP_REL_ERR, libm_exp};
 use super::grid_sum::F32Sum;
-use super::normaliser::{Gathered, softmax_sum_and_gather, softmax_sum_impl};
+use super::kept::{write_kept, write_kept_from};
+#[cfg(target_arch = "x86_64")]
+use super::ladder;
+use super::normaliser::{softmax_sum_and_gather, softmax_sum_impl};
 use super::nucleus::{Scratch, gather_nucleus, nucleus};
 #[cfg(target_arch = "x86_64")]
-use super::{has_avx512, ladder};
+use super::shared::has_avx512;
+use super::shared::{Gathered, desc_key};
 use crate::util::exp_f32;
 
 fn xorshift(seed: u64) -> impl FnMut() -> f64 {
@@ -295,8 +298,8 @@ fn ladder_walk_equals_the_bucket_walk() {
         let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let t = gather_nucleus(&x, max, p, min_keep, &mut s);
         // SAFETY: AVX-512F and POPCNT checked above.
-        let fast = unsafe { ladder::walk(t, &mut s) };
-        let slow = walk_impl(t, &mut s);
+        let fast = unsafe { ladder::walk(t, &mut s.gathered, &s.sample, &mut s.ladder) };
+        let slow = walk_impl(t, &s.gathered, &mut s.buckets);
         if let Some(cut) = fast {
             assert_eq!(Some(cut), slow, "case {case}: n {n} sd {sd} p {p}");
             decided += 1;

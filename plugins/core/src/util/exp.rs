@@ -2,9 +2,9 @@
 //! one vectorisable exp ([`exp_f32`], `samplerd_numerics::exp`),
 //! bit-identical on every instruction set.
 
+use samplerd_numerics::fold::CHUNK;
 use samplerd_plugin_sdk::prelude::*;
 
-use super::CHUNK;
 use super::fold::sum_chunk;
 
 /// The stages' exp: `samplerd_numerics::exp::exp` (Cephes `expf`, within

@@ -1,7 +1,8 @@
 //! SIMD filters over 64-float chunks: compare and sign masks, the indices
 //! and the sum of the values at or above a threshold.
 
-use super::CHUNK;
+use samplerd_numerics::fold::CHUNK;
+
 use super::fold::sum_chunk;
 
 /// Bit j of the result is set when `c[j] >= t` (hand-written SSE2 on

@@ -18,28 +18,30 @@
 //! tie, stays in the binade and does not reach p, and the cut lies in the
 //! band. When one fails, [`walk`] returns None and the caller runs the
 //! bucket walk, which is exact in every case.
+//!
+//! This file holds [`walk`] and its phases (place the sets, narrow the
+//! band, narrow the top set, then the exact replays); `placement.rs` the
+//! bounds between the sets and the ladders that place them, `passes.rs`
+//! the sets and the vectorised passes that fill them, `sample.rs` the
+//! floor estimate and the sets placed from its sample, `middle.rs` the
+//! middle's exact integer addition.
 
 use super::bucket_walk::replay_sorted;
-use super::cut::{Cut, sort_key};
-use super::exp::{EXP_REL_ERR, libm_exp};
-use super::grid_sum::{F32Sum, LIMIT, MAGIC, MAGIC_BITS, exact_units};
-use super::nucleus::{Scratch, Target};
+use super::exp::exp_div;
+use super::grid_sum::F32Sum;
+use super::shared::{Cut, Gathered, Sample, Target, sort_key};
 
+mod middle;
 mod passes;
 mod placement;
 mod sample;
 
-pub(super) use passes::exp_div;
-use passes::{PartRef, TIES_PER_PASS, masses, split, units_before};
-use placement::{Placement, floor_ladder, ladder};
+use middle::Fixes;
+use passes::{Grid, Middle, Part, PartRef, masses, split};
+use placement::{Bounds, MASS_MARGIN, Placement, RUNGS, floor_ladder, ladder};
 pub(super) use sample::estimate_floor;
 use sample::predict;
 
-/// Thresholds of the ladder over all gathered tokens (when the sample's
-/// placement fails; each costs a compare and an add per token), and of the
-/// other ladders (a band's, the top set's, the sample's).
-const FIRST_RUNGS: usize = 16;
-const RUNGS: usize = 16;
 /// The band is narrowed until it holds at most this many tokens.
 const BAND_MAX: usize = 128;
 /// Narrowing rounds before giving up on a band (equal logits cannot be
@@ -52,71 +54,19 @@ const TOP_TARGET: usize = 256;
 const SORTED_MAX: usize = 8192;
 /// Below this many gathered tokens the bucket walk is as fast.
 const MIN_GATHERED: usize = 2048;
-/// Absolute slack on the approximate masses (all in [0, 1]; their f32
-/// lane sums drift by far less) when placing the sets.
-const MASS_MARGIN: f32 = 1e-4;
 
-/// Tokens of one set of the split: positions, logits and approximate
-/// probabilities.
-#[derive(Clone, Default)]
-pub(super) struct Part {
-    idx: Vec<u32>,
-    val: Vec<f32>,
-    v: Vec<f32>,
-}
-
-impl Part {
-    fn clear(&mut self) {
-        self.idx.clear();
-        self.val.clear();
-        self.v.clear();
-    }
-
-    fn len(&self) -> usize {
-        self.idx.len()
-    }
-
-    fn view(&self) -> PartRef<'_> {
-        PartRef {
-            idx: &self.idx,
-            val: &self.val,
-            v: &self.v,
-        }
-    }
-}
-
-/// The grid of the middle's binade and the probabilities' error bound.
-#[derive(Clone, Copy)]
-struct Grid {
-    /// 1 / the grid unit.
-    inv: f32,
-    /// Relative error of the approximate probabilities.
-    rel_err: f32,
-}
-
-/// The middle: summed units on the binade's grid, its size, and the lanes
-/// whose rounding the approximation could not decide (logit and
-/// approximate probability).
-#[derive(Default)]
-struct Middle {
-    units: u64,
-    count: usize,
-}
-
-/// Scratch of the ladder walk, kept in [`Scratch`].
+/// Scratch of the ladder walk, kept in the large path's per-sequence
+/// scratch.
 #[derive(Clone, Default)]
 pub(super) struct Ladder {
     top: Part,
     top_next: Part,
     band: Part,
     band_next: Part,
-    uncertain: Part,
+    mid: Middle,
     /// The sample's logits at or above the floor, and their exp.
     filtered: (Vec<f32>, Vec<f32>),
-    /// Corrections of the uncertain middle lanes: (key, units), and the
-    /// exact ties (key, units rounded down, approximate units).
-    fixes: Vec<(u64, i64)>,
-    ties: Vec<(u64, i64, i64)>,
+    fixes: Fixes,
     keys: Vec<u64>,
 }
 
@@ -125,192 +75,209 @@ impl Ladder {
     pub(super) fn filtered_mut(&mut self) -> &mut (Vec<f32>, Vec<f32>) {
         &mut self.filtered
     }
+
+    /// Empties the top set, the middle and the band.
+    fn clear_sets(&mut self) {
+        self.top.clear();
+        self.band.clear();
+        self.mid.clear();
+    }
 }
 
-/// Which set a token falls in, by logit: top `l >= a`, middle
-/// `b_hi <= l < a`, band `b_lo <= l < b_hi`, dropped below `b_lo`.
-#[derive(Clone, Copy, Debug)]
-struct Bounds {
-    a: f32,
-    b_hi: f32,
-    b_lo: f32,
+/// Where the sets are split so far.
+#[derive(Clone, Copy)]
+struct Sets {
+    bounds: Bounds,
+    /// Approximate mass of everything above the band.
+    before: f32,
+    /// Whether the top set surely carries the sum past `base`.
+    top_closed: bool,
 }
 
-/// llama.cpp's cut among the gathered tokens, or None when a fast-path
-/// assumption fails (the caller then runs the bucket walk).
+/// llama.cpp's cut among the gathered tokens `g` (all `>= t.floor`), or
+/// None when a fast-path assumption fails (the caller then runs the bucket
+/// walk). Fills `g.prob` if no pass did.
 ///
 /// # Safety
 /// The CPU must support AVX-512F and POPCNT.
 #[target_feature(enable = "avx512f,popcnt")]
-pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
-    let Target {
-        max,
-        z,
-        p,
-        min_keep,
-        floor,
-    } = t;
-    let n = s.gathered.len();
-    // p's binade: [base, 2·base) with grid unit base·2^-23
-    let usable = n >= MIN_GATHERED && floor.is_finite() && (1e-6..1.0).contains(&p) && z >= 1.0;
+pub(super) unsafe fn walk(
+    t: Target,
+    g: &mut Gathered,
+    sample: &Sample,
+    l: &mut Ladder,
+) -> Option<Cut> {
+    let usable =
+        g.len() >= MIN_GATHERED && t.floor.is_finite() && (1e-6..1.0).contains(&t.p) && t.z >= 1.0;
     if !usable {
         return None;
     }
-    let base = f32::from_bits(p.to_bits() & 0xFF80_0000);
-    let base_exp = ((base.to_bits() >> 23) as i32) - 127;
-    let inv = f32::from_bits(((127 + 23 - base_exp) as u32) << 23);
-    // the exp's error (at most half of EXP_REL_ERR) and the divisions'
-    // roundings (ours and llama.cpp's, half an ulp each), with room to spare
-    let rel_err = EXP_REL_ERR + f32::EPSILON / 2.0;
-    let grid = Grid { inv, rel_err };
+    let grid = Grid::of(t.p);
     // The probabilities (kept from the normaliser pass when it made them).
-    if s.gathered.prob.len() != n {
-        let g = &mut s.gathered;
+    if g.prob.len() != g.len() {
         // SAFETY: AVX-512F and POPCNT are enabled in this function.
-        unsafe { exp_div(&g.val, max, z, &mut g.prob) };
+        unsafe { exp_div(&g.val, t.max, t.z, &mut g.prob) };
     }
-    let g = &s.gathered;
-    let l = &mut s.ladder;
-    let src = PartRef {
-        idx: &g.idx,
-        val: &g.val,
-        v: &g.prob,
-    };
-    let fresh = |l: &mut Ladder| {
-        l.top.clear();
-        l.band.clear();
-        l.uncertain.clear();
-    };
-    fresh(l);
-    let mut mid = Middle::default();
-    // First try: the sets placed from the floor estimate's sample, checked
-    // by the masses the split measures on its way.
-    // SAFETY: as above (for both calls).
-    let predicted = unsafe {
-        let sample = (
-            &s.sample[..],
-            &s.sample_e[..],
-            s.sample_rate,
-            s.sample_total,
-        );
-        predict(sample, floor, max, z, p, base, &mut l.filtered)
-    };
-    let mut placed = None;
-    if let Some(b) = predicted {
-        // SAFETY: as above.
-        let [m_a, m_hi, m_lo] = unsafe {
-            split::<true>(
-                src,
-                b,
-                grid,
-                &mut l.top,
-                &mut mid,
-                &mut l.uncertain,
-                &mut l.band,
-            )
-        };
-        if m_a >= base + MASS_MARGIN
-            && m_hi < p - MASS_MARGIN
-            && (m_lo >= p + MASS_MARGIN || b.b_lo <= floor)
-            && m_hi - m_a <= 2.0 * base
-        {
-            placed = Some((b, m_hi));
-        } else {
-            fresh(l);
-            mid = Middle::default();
-        }
+    let g = &*g;
+    let mut sets = place(t, grid, g, sample, l)?;
+    narrow_band(t, grid, &mut sets, l)?;
+    if sets.top_closed && l.top.len() > TOP_TARGET {
+        narrow_top(t, grid, &mut sets.bounds, l);
     }
-    // Otherwise: a ladder of thresholds over [floor, max] and its masses,
-    // then the split.
-    let (mut bounds, mut before, mut top_closed) = match placed {
-        Some((b, m_hi)) => (b, m_hi, true),
-        None => {
-            let rungs = floor_ladder(floor, max);
-            // SAFETY: as above.
-            let mass = unsafe { masses(&g.val, &g.prob, &rungs) };
-            let place = Placement::new(&rungs, &mass, 0.0, p, base, None);
-            // the middle's probabilities must sum to clearly less than
-            // the binade (the lane sums of the grid units then cannot
-            // wrap)
-            if place.middle_mass > 2.0 * base {
-                return None;
-            }
-            // SAFETY: as above.
-            unsafe {
-                split::<false>(
-                    src,
-                    place.bounds,
-                    grid,
-                    &mut l.top,
-                    &mut mid,
-                    &mut l.uncertain,
-                    &mut l.band,
-                )
-            };
-            (place.bounds, place.mass_above_band, place.top_closed)
-        }
-    };
+    let mid_count = l.mid.count;
+    if l.top.len() > SORTED_MAX || l.band.len() > SORTED_MAX || t.min_keep > l.top.len() + mid_count
+    {
+        return None;
+    }
+    // Exact: the top set in order, the middle as one integer addition,
+    // the band in order until the cut.
+    let mut sum = F32Sum::new();
+    if let Some(cut) = replay(&l.top, &mut l.keys, &mut sum, 0, t) {
+        return Some(cut);
+    }
+    if mid_count > 0 {
+        middle::add(&mut sum, &l.mid, sets.bounds, g, &t, grid, &mut l.fixes)?;
+    }
+    replay(&l.band, &mut l.keys, &mut sum, l.top.len() + mid_count, t)
+}
 
-    // Narrow a wide band with ladders of its own.
-    let mut rounds = 0;
-    while l.band.len() > BAND_MAX && rounds < NARROW_ROUNDS {
-        rounds += 1;
-        let upper = if bounds.b_hi.is_finite() {
-            bounds.b_hi
-        } else {
-            max
-        };
-        if !bounds.b_lo.is_finite() || upper <= bounds.b_lo {
+/// Places the sets and splits the gathered tokens into them: where the
+/// floor estimate's sample puts them if the masses the split measures on
+/// its way confirm it, else by a ladder over `[floor, max]`. None when
+/// the middle would be too heavy for its grid.
+#[target_feature(enable = "avx512f,popcnt")]
+fn place(t: Target, grid: Grid, g: &Gathered, sample: &Sample, l: &mut Ladder) -> Option<Sets> {
+    l.clear_sets();
+    if let Some(sets) = place_by_sample(t, grid, g, sample, l) {
+        return Some(sets);
+    }
+    l.clear_sets();
+    place_by_ladder(t, grid, g, l)
+}
+
+/// The sets where the sample places them, split; None (the sets left
+/// partly filled) unless the masses measured by the split confirm them.
+#[target_feature(enable = "avx512f,popcnt")]
+fn place_by_sample(
+    t: Target,
+    grid: Grid,
+    g: &Gathered,
+    sample: &Sample,
+    l: &mut Ladder,
+) -> Option<Sets> {
+    let base = grid.base;
+    // SAFETY: AVX-512F and POPCNT are enabled in this function.
+    let b = unsafe { predict(sample, t.floor, t.max, t.z, t.p, base, &mut l.filtered) }?;
+    let src = PartRef::gathered(g);
+    // SAFETY: as above.
+    let [m_a, m_hi, m_lo] =
+        unsafe { split::<true>(src, b, grid, &mut l.top, &mut l.mid, &mut l.band) };
+    let confirmed = m_a >= base + MASS_MARGIN
+        && m_hi < t.p - MASS_MARGIN
+        && (m_lo >= t.p + MASS_MARGIN || b.b_lo <= t.floor)
+        && m_hi - m_a <= 2.0 * base;
+    confirmed.then_some(Sets {
+        bounds: b,
+        before: m_hi,
+        top_closed: true,
+    })
+}
+
+/// The sets placed by a ladder of thresholds over `[floor, max]` and its
+/// masses, split; None when the middle would be too heavy for its grid.
+#[target_feature(enable = "avx512f,popcnt")]
+fn place_by_ladder(t: Target, grid: Grid, g: &Gathered, l: &mut Ladder) -> Option<Sets> {
+    let rungs = floor_ladder(t.floor, t.max);
+    // SAFETY: AVX-512F and POPCNT are enabled in this function.
+    let mass = unsafe { masses(&g.val, &g.prob, &rungs) };
+    let place = Placement::new(&rungs, &mass, 0.0, t.p, grid.base, None);
+    // the middle's probabilities must sum to clearly less than the binade
+    // (the lane sums of the grid units then cannot wrap)
+    if place.middle_mass > 2.0 * grid.base {
+        return None;
+    }
+    let src = PartRef::gathered(g);
+    // SAFETY: as above.
+    unsafe { split::<false>(src, place.bounds, grid, &mut l.top, &mut l.mid, &mut l.band) };
+    Some(Sets {
+        bounds: place.bounds,
+        before: place.mass_above_band,
+        top_closed: place.top_closed,
+    })
+}
+
+/// Narrows a band wider than `BAND_MAX`, a ladder of its own at a time
+/// (at most `NARROW_ROUNDS`: equal logits cannot be split). None when a
+/// middle would be too heavy for its grid.
+#[target_feature(enable = "avx512f,popcnt")]
+fn narrow_band(t: Target, grid: Grid, sets: &mut Sets, l: &mut Ladder) -> Option<()> {
+    for _ in 0..NARROW_ROUNDS {
+        if l.band.len() <= BAND_MAX {
             break;
         }
-        let rungs = ladder::<RUNGS>(bounds.b_lo, upper);
-        // SAFETY: as above.
-        let mass = unsafe { masses(&l.band.val, &l.band.v, &rungs) };
-        // while the top set is still open (it ends where the band
-        // starts), the band's upper part may close it
-        let top_open = !top_closed;
-        let place = Placement::new(
-            &rungs,
-            &mass,
-            before,
-            p,
-            base,
-            (!top_open).then_some(bounds.b_hi),
-        );
-        if place.middle_mass > 2.0 * base {
-            return None;
+        let b = sets.bounds;
+        let upper = if b.b_hi.is_finite() { b.b_hi } else { t.max };
+        if !b.b_lo.is_finite() || upper <= b.b_lo {
+            break;
         }
-        let inner = Bounds {
-            // above the band's own ladder: nothing (all were below b_hi)
-            a: if top_open {
-                place.bounds.a
-            } else {
-                f32::INFINITY
-            },
-            ..place.bounds
-        };
-        l.band_next.clear();
-        // SAFETY: as above.
-        unsafe {
-            split::<false>(
-                l.band.view(),
-                inner,
-                grid,
-                &mut l.top,
-                &mut mid,
-                &mut l.uncertain,
-                &mut l.band_next,
-            )
-        };
-        std::mem::swap(&mut l.band, &mut l.band_next);
-        // a band ladder with no rung short of p keeps the band's top where
-        // it was (its +inf only meant "from the top of this band")
-        let b_hi = if place.bounds.b_hi.is_finite() {
-            place.bounds.b_hi
+        *sets = split_band(t, grid, *sets, upper, l)?;
+    }
+    Some(())
+}
+
+/// One round of [`narrow_band`]: a ladder over the band `[b_lo, upper)`
+/// places a narrower band in it, and the band is split by it (its upper
+/// part joins the middle, or the top set while that is open). The new
+/// sets, or None when the middle would be too heavy for its grid.
+#[target_feature(enable = "avx512f,popcnt")]
+fn split_band(t: Target, grid: Grid, sets: Sets, upper: f32, l: &mut Ladder) -> Option<Sets> {
+    let Sets {
+        bounds,
+        before,
+        top_closed,
+    } = sets;
+    let rungs = ladder::<RUNGS>(bounds.b_lo, upper);
+    // SAFETY: AVX-512F and POPCNT are enabled in this function.
+    let mass = unsafe { masses(&l.band.val, &l.band.v, &rungs) };
+    // while the top set is still open (it ends where the band starts), the
+    // band's upper part may close it
+    let top_open = !top_closed;
+    let top_end = (!top_open).then_some(bounds.b_hi);
+    let place = Placement::new(&rungs, &mass, before, t.p, grid.base, top_end);
+    if place.middle_mass > 2.0 * grid.base {
+        return None;
+    }
+    let inner = Bounds {
+        // above the band's own ladder: nothing (all were below b_hi)
+        a: if top_open {
+            place.bounds.a
         } else {
-            bounds.b_hi
-        };
-        bounds = Bounds {
+            f32::INFINITY
+        },
+        ..place.bounds
+    };
+    l.band_next.clear();
+    // SAFETY: as above.
+    unsafe {
+        split::<false>(
+            l.band.view(),
+            inner,
+            grid,
+            &mut l.top,
+            &mut l.mid,
+            &mut l.band_next,
+        )
+    };
+    std::mem::swap(&mut l.band, &mut l.band_next);
+    // a band ladder with no rung short of p keeps the band's top where
+    // it was (its +inf only meant "from the top of this band")
+    let b_hi = if place.bounds.b_hi.is_finite() {
+        place.bounds.b_hi
+    } else {
+        bounds.b_hi
+    };
+    Some(Sets {
+        bounds: Bounds {
             // the top set grew into the band while it was open, and ends
             // where the band starts while it stays open
             a: match (top_open, place.top_closed) {
@@ -320,141 +287,59 @@ pub(super) unsafe fn walk(t: Target, s: &mut Scratch) -> Option<Cut> {
             },
             b_hi,
             b_lo: place.bounds.b_lo,
-        };
-        before = place.mass_above_band;
-        top_closed = place.top_closed;
-    }
-    // Narrow a large closed top set the same way: its lower part joins
-    // the middle.
-    if top_closed && l.top.len() > TOP_TARGET {
-        let rungs = ladder::<RUNGS>(bounds.a, max);
-        // SAFETY: as above.
-        let mass = unsafe { masses(&l.top.val, &l.top.v, &rungs) };
-        if let Some(j) = (0..RUNGS).find(|&j| mass[j] >= base + MASS_MARGIN)
-            && rungs[j] > bounds.a
-        {
-            let a = rungs[j];
-            std::mem::swap(&mut l.top, &mut l.top_next);
-            l.top.clear();
-            l.band_next.clear();
-            // below `a`: middle (the band bounds are empty here)
-            let inner = Bounds {
-                a,
-                b_hi: bounds.a,
-                b_lo: bounds.a,
-            };
-            // SAFETY: as above.
-            unsafe {
-                split::<false>(
-                    l.top_next.view(),
-                    inner,
-                    grid,
-                    &mut l.top,
-                    &mut mid,
-                    &mut l.uncertain,
-                    &mut l.band_next,
-                )
-            };
-            bounds.a = a;
-        }
-    }
-    if l.top.len() > SORTED_MAX || l.band.len() > SORTED_MAX {
-        return None;
-    }
-    if min_keep > l.top.len() + mid.count {
-        return None;
-    }
-
-    // Exact: the top set in order.
-    let mut sum = F32Sum::new();
-    fill_keys(&l.top, &mut l.keys);
-    l.keys.sort_unstable();
-    if let Some(cut) = replay_sorted(&mut sum, &l.keys, 0, t) {
-        return Some(cut);
-    }
-    // The middle as one integer addition on the binade's grid.
-    if mid.count > 0 {
-        if !(sum.on_grid && sum.exp == base_exp) {
-            return None;
-        }
-        // lanes the approximation could not round: libm's value decides;
-        // an exact tie rounds to even, which depends on the sum before it
-        let mut units = sum.units as i64 + mid.units as i64;
-        l.fixes.clear();
-        l.ties.clear();
-        let u = &l.uncertain;
-        for ((&lv, &v), &i) in u.val.iter().zip(&u.v).zip(&u.idx) {
-            let approx = grid_units_below(v * inv, rel_err) as i64;
-            let q = libm_exp(lv - max) / z * inv;
-            if q >= MAGIC {
-                return None;
-            }
-            let key = sort_key(lv, i);
-            match exact_units(q) {
-                Some(r) => {
-                    let fix = r as i64 - approx;
-                    units += fix;
-                    l.fixes.push((key, fix));
-                }
-                None => l.ties.push((key, q.floor() as i64, approx)),
-            }
-        }
-        if !l.ties.is_empty() {
-            l.ties.sort_unstable();
-            let mut tie_fixes = 0i64;
-            for group in l.ties.chunks(TIES_PER_PASS) {
-                let middle = (bounds.b_hi, bounds.a);
-                let mut before = [0u64; TIES_PER_PASS];
-                // one compare per tie and token: as few slots as ties
-                // SAFETY: AVX-512F and POPCNT are enabled in this function.
-                unsafe {
-                    match group.len() {
-                        1 => units_before::<1>(g, middle, group, grid, &mut before),
-                        2 => units_before::<2>(g, middle, group, grid, &mut before),
-                        3 | 4 => units_before::<4>(g, middle, group, grid, &mut before),
-                        _ => units_before::<8>(g, middle, group, grid, &mut before),
-                    }
-                }
-                for (&(key, r_floor, approx), &b) in group.iter().zip(&before) {
-                    // the units just before this tie, in llama.cpp's order
-                    let pre = sum.units as i64
-                        + b as i64
-                        + l.fixes
-                            .iter()
-                            .filter(|f| f.0 < key)
-                            .map(|f| f.1)
-                            .sum::<i64>()
-                        + tie_fixes;
-                    let exact = r_floor + ((pre + r_floor) & 1);
-                    tie_fixes += exact - approx;
-                }
-            }
-            units += tie_fixes;
-        }
-        if units >= LIMIT as i64 {
-            return None;
-        }
-        sum.units = units as u32;
-        if sum.value() >= p {
-            return None; // the cut lies in the middle
-        }
-    }
-    // Exact: the band in order, until the cut.
-    fill_keys(&l.band, &mut l.keys);
-    l.keys.sort_unstable();
-    replay_sorted(&mut sum, &l.keys, l.top.len() + mid.count, t)
+        },
+        before: place.mass_above_band,
+        top_closed: place.top_closed,
+    })
 }
 
-/// The approximate units [`split`] adds for a probability `q` (in units)
-/// known within a relative `rel_err`: `round(q·(1 - rel_err))`, the lower
-/// end of its bracket, rounded once by a fused multiply-add.
-#[inline(always)]
-fn grid_units_below(q: f32, rel_err: f32) -> u32 {
-    q.min(MAGIC).mul_add(1.0 - rel_err, MAGIC).to_bits() - MAGIC_BITS
+/// Narrows a closed top set: its part below the first rung (of a ladder
+/// over `[a, max]`) whose mass clearly passes `base` joins the middle.
+#[target_feature(enable = "avx512f,popcnt")]
+fn narrow_top(t: Target, grid: Grid, bounds: &mut Bounds, l: &mut Ladder) {
+    let rungs = ladder::<RUNGS>(bounds.a, t.max);
+    // SAFETY: AVX-512F and POPCNT are enabled in this function.
+    let mass = unsafe { masses(&l.top.val, &l.top.v, &rungs) };
+    let Some(j) = (0..RUNGS).find(|&j| mass[j] >= grid.base + MASS_MARGIN) else {
+        return;
+    };
+    let a = rungs[j];
+    if a <= bounds.a {
+        return;
+    }
+    std::mem::swap(&mut l.top, &mut l.top_next);
+    l.top.clear();
+    l.band_next.clear();
+    // below `a`: middle (the band bounds are empty here)
+    let inner = Bounds {
+        a,
+        b_hi: bounds.a,
+        b_lo: bounds.a,
+    };
+    // SAFETY: as above.
+    unsafe {
+        split::<false>(
+            l.top_next.view(),
+            inner,
+            grid,
+            &mut l.top,
+            &mut l.mid,
+            &mut l.band_next,
+        )
+    };
+    bounds.a = a;
 }
 
-/// Sort keys `(desc_key(l) << 32) | position` of a part.
-fn fill_keys(part: &Part, keys: &mut Vec<u64>) {
+/// Adds the tokens of `part` to `sum` in llama.cpp's order (the
+/// `offset`-th onwards), exactly; the cut if it falls among them.
+#[target_feature(enable = "avx512f,popcnt")]
+fn replay(
+    part: &Part,
+    keys: &mut Vec<u64>,
+    sum: &mut F32Sum,
+    offset: usize,
+    t: Target,
+) -> Option<Cut> {
     keys.clear();
     keys.extend(
         part.idx
@@ -462,4 +347,6 @@ fn fill_keys(part: &Part, keys: &mut Vec<u64>) {
             .zip(&part.val)
             .map(|(&i, &l)| sort_key(l, i)),
     );
+    keys.sort_unstable();
+    replay_sorted(sum, keys, offset, t)
 }

@@ -1,69 +1,110 @@
-//! The ladder walk's AVX-512 passes over the tokens: the probabilities
-//! (`exp_div`), the masses above each rung of a ladder, the split into top
-//! set, middle and band, and the units ordered before each tie.
+//! The sets of the ladder walk and the AVX-512 passes that fill them: the
+//! top set and band ([`Part`]), the middle ([`Middle`]), the masses above
+//! each rung of a ladder, the split into the sets, and the units ordered
+//! before each tie.
 
 use std::arch::x86_64::*;
 
-use super::{Bounds, Grid, Middle, Part};
-use crate::top_p::cut::key_logit;
-use crate::top_p::exp::exp16x4;
+use super::placement::Bounds;
+use crate::top_p::exp::{EXP_REL_ERR, lanes_below};
 use crate::top_p::grid_sum::{MAGIC, MAGIC_BITS};
-use crate::top_p::normaliser::Gathered;
+use crate::top_p::shared::{Gathered, key_logit};
+
+/// Tokens of one set of the split: positions, logits and approximate
+/// probabilities.
+#[derive(Clone, Default)]
+pub(super) struct Part {
+    pub(super) idx: Vec<u32>,
+    pub(super) val: Vec<f32>,
+    pub(super) v: Vec<f32>,
+}
+
+impl Part {
+    pub(super) fn clear(&mut self) {
+        self.idx.clear();
+        self.val.clear();
+        self.v.clear();
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.idx.len()
+    }
+
+    pub(super) fn view(&self) -> PartRef<'_> {
+        PartRef {
+            idx: &self.idx,
+            val: &self.val,
+            v: &self.v,
+        }
+    }
+}
 
 /// Borrowed columns of the tokens a split reads.
 #[derive(Clone, Copy)]
 pub(super) struct PartRef<'a> {
-    pub(super) idx: &'a [u32],
-    pub(super) val: &'a [f32],
-    pub(super) v: &'a [f32],
+    idx: &'a [u32],
+    val: &'a [f32],
+    v: &'a [f32],
 }
 
-/// `out[i] = exp(val[i] - max) / z` (the FMA exp of the normaliser pass);
-/// returns their sum (f32 lanes).
-///
-/// # Safety
-/// The CPU must support AVX-512F and POPCNT.
-#[target_feature(enable = "avx512f,popcnt")]
-pub(in crate::top_p) unsafe fn exp_div(val: &[f32], max: f32, z: f32, out: &mut Vec<f32>) -> f32 {
-    let n = val.len();
-    out.clear();
-    out.reserve(n + 64);
-    let vmax = _mm512_set1_ps(max);
-    let vz = _mm512_set1_ps(z);
-    let src = val.as_ptr();
-    let dst = out.as_mut_ptr();
-    let mut sum = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
-    while i < n {
-        // SAFETY: lanes at or past n are masked off the loads (they read
-        // -inf, whose exp is 0); the stores write 64 lanes at i < n, inside
-        // the reserved n + 64.
-        unsafe {
-            let x: [__m512; 4] = std::array::from_fn(|k| {
-                let at = i + 16 * k;
-                let live = lanes_below(n, at);
-                _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), live, src.add(at.min(n)))
-            });
-            let e = exp16x4(x.map(|x| _mm512_sub_ps(x, vmax)));
-            for (k, ek) in e.iter().enumerate() {
-                let p = _mm512_div_ps(*ek, vz);
-                _mm512_storeu_ps(dst.add(i + 16 * k), p);
-                sum[k] = _mm512_add_ps(sum[k], p);
-            }
+impl<'a> PartRef<'a> {
+    /// The gathered tokens with their probabilities (`g.prob` must be
+    /// filled).
+    pub(super) fn gathered(g: &'a Gathered) -> Self {
+        PartRef {
+            idx: &g.idx,
+            val: &g.val,
+            v: &g.prob,
         }
-        i += 64;
     }
-    // SAFETY: n values were written.
-    unsafe { out.set_len(n) };
-    let sum = _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
-    _mm512_reduce_add_ps(sum)
 }
 
-/// The mask of lanes `at + j < n`.
-#[inline(always)]
-pub(super) fn lanes_below(n: usize, at: usize) -> __mmask16 {
-    let live = n.saturating_sub(at).min(16);
-    ((1u32 << live) - 1) as __mmask16
+/// p's binade `[base, 2·base)`, where the running sum stays from the end
+/// of the top set to the cut, its grid and the probabilities' error bound.
+#[derive(Clone, Copy)]
+pub(super) struct Grid {
+    pub(super) base: f32,
+    /// Exponent of `base`.
+    pub(super) exp: i32,
+    /// 1 / the grid unit (`base·2^-23`).
+    pub(super) inv: f32,
+    /// Relative error of the approximate probabilities.
+    pub(super) rel_err: f32,
+}
+
+impl Grid {
+    /// The binade of `p` (positive and normal).
+    pub(super) fn of(p: f32) -> Self {
+        let base = f32::from_bits(p.to_bits() & 0xFF80_0000);
+        let exp = ((base.to_bits() >> 23) as i32) - 127;
+        Grid {
+            base,
+            exp,
+            inv: f32::from_bits(((127 + 23 - exp) as u32) << 23),
+            // the exp's error (at most half of EXP_REL_ERR) and the
+            // divisions' roundings (ours and llama.cpp's, half an ulp
+            // each), with room to spare
+            rel_err: EXP_REL_ERR + f32::EPSILON / 2.0,
+        }
+    }
+}
+
+/// The middle: summed units on the binade's grid, its size, and the lanes
+/// whose rounding the approximation could not decide (positions, logits
+/// and approximate probabilities).
+#[derive(Clone, Default)]
+pub(super) struct Middle {
+    pub(super) units: u64,
+    pub(super) count: usize,
+    pub(super) uncertain: Part,
+}
+
+impl Middle {
+    pub(super) fn clear(&mut self) {
+        self.units = 0;
+        self.count = 0;
+        self.uncertain.clear();
+    }
 }
 
 /// `Σ v[i]` over `val[i] >= rung` for each rung (f32 lanes).
@@ -91,7 +132,21 @@ pub(super) unsafe fn masses<const R: usize>(val: &[f32], v: &[f32], rungs: &[f32
         }
         i += 16;
     }
-    acc.map(|a| _mm512_reduce_add_ps(a))
+    reduce_each(acc)
+}
+
+/// The horizontal sum of each register. A loop rather than `array::map`:
+/// a closure there is a function of its own that LLVM may leave out of
+/// line (with the register passed through memory) once `masses` or
+/// `split` is inlined into a caller.
+#[inline]
+#[target_feature(enable = "avx512f,popcnt")]
+fn reduce_each<const R: usize>(regs: [__m512; R]) -> [f32; R] {
+    let mut out = [0.0f32; R];
+    for (o, r) in out.iter_mut().zip(regs) {
+        *o = _mm512_reduce_add_ps(r);
+    }
+    out
 }
 
 /// Write positions in the spare capacity of a [`Part`]'s three columns,
@@ -157,14 +212,13 @@ impl PartCursor {
 /// Splits `src` by `b`: the top set appended to `top` (positions and
 /// logits), the band to `band`, the middle summed into `mid` (grid units
 /// at `inv`, lanes too close to a rounding boundary appended to
-/// `uncertain`); tokens below the band are dropped.
+/// `mid.uncertain`); tokens below the band are dropped.
 ///
 /// # Safety
 /// The CPU must support AVX-512F and POPCNT.
 ///
 /// With `MEASURE`, also returns the probability mass at or above `b.a`,
 /// `b.b_hi` and `b.b_lo` (f32 lane sums); zeros otherwise.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,popcnt")]
 pub(super) unsafe fn split<const MEASURE: bool>(
     src: PartRef<'_>,
@@ -172,20 +226,19 @@ pub(super) unsafe fn split<const MEASURE: bool>(
     grid: Grid,
     top: &mut Part,
     mid: &mut Middle,
-    uncertain: &mut Part,
     band: &mut Part,
 ) -> [f32; 3] {
     let mut measured = [_mm512_setzero_ps(); 3];
     let n = src.idx.len();
     let mut top_at = PartCursor::new(top, n);
     let mut band_at = PartCursor::new(band, n);
-    let mut unc_at = PartCursor::new(uncertain, n);
+    let mut unc_at = PartCursor::new(&mut mid.uncertain, n);
     let (va, vhi, vlo) = (
         _mm512_set1_ps(b.a),
         _mm512_set1_ps(b.b_hi),
         _mm512_set1_ps(b.b_lo),
     );
-    let Grid { inv, rel_err } = grid;
+    let Grid { inv, rel_err, .. } = grid;
     let vinv = _mm512_set1_ps(inv);
     let magic = _mm512_set1_ps(MAGIC);
     let magic_bits = _mm512_set1_epi32(MAGIC_BITS as i32);
@@ -236,14 +289,14 @@ pub(super) unsafe fn split<const MEASURE: bool>(
     unsafe {
         top_at.finish(top);
         band_at.finish(band);
-        unc_at.finish(uncertain);
+        unc_at.finish(&mut mid.uncertain);
     }
     let mut lanes = [0u32; 16];
     // SAFETY: 16 u32 into a 16-u32 array.
     unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), units) };
     mid.units += lanes.iter().map(|&u| u as u64).sum::<u64>();
     mid.count += count;
-    measured.map(|m| _mm512_reduce_add_ps(m))
+    reduce_each(measured)
 }
 
 /// Ties settled by one pass of [`units_before`].

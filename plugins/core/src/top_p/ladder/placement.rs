@@ -1,9 +1,26 @@
-//! Where the ladder walk's sets go: ladders of logit thresholds and the
-//! placement of the top set, the middle and the band from their masses.
+//! Where the ladder walk's sets go, importing no sibling: the [`Bounds`]
+//! between them, ladders of logit thresholds and the placement of the top
+//! set, the middle and the band from their masses.
 
 #![forbid(unsafe_code)]
 
-use super::{Bounds, FIRST_RUNGS, MASS_MARGIN};
+/// Thresholds of the ladder over all gathered tokens (when the sample's
+/// placement fails; each costs a compare and an add per token), and of the
+/// other ladders (a band's, the top set's, the sample's).
+pub(super) const FIRST_RUNGS: usize = 16;
+pub(super) const RUNGS: usize = 16;
+/// Absolute slack on the approximate masses (all in [0, 1]; their f32
+/// lane sums drift by far less) when placing the sets.
+pub(super) const MASS_MARGIN: f32 = 1e-4;
+
+/// Which set a token falls in, by logit: top `l >= a`, middle
+/// `b_hi <= l < a`, band `b_lo <= l < b_hi`, dropped below `b_lo`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Bounds {
+    pub(super) a: f32,
+    pub(super) b_hi: f32,
+    pub(super) b_lo: f32,
+}
 
 /// R thresholds descending from just below `hi` to `lo` (the last is `lo`
 /// itself).

@@ -3,9 +3,10 @@
 
 use std::arch::x86_64::*;
 
-use super::passes::{exp_div, lanes_below, masses};
-use super::placement::ladder;
-use super::{Bounds, RUNGS};
+use super::passes::masses;
+use super::placement::{Bounds, RUNGS, ladder};
+use crate::top_p::exp::{exp_div, lanes_below};
+use crate::top_p::shared::Sample;
 
 /// Lines of 16 logits sampled by [`estimate_floor`]: about this many.
 const SAMPLE_LINES: usize = 256;
@@ -20,25 +21,22 @@ const FLOOR_SPAN: f32 = 64.0;
 /// between the two rungs it picked (a resolution of 1/60 logit). Only
 /// speed depends on it: the caller checks the gathered mass. Also leaves
 /// the sample, its `exp(l - max)`, the sampling rate and the sample's total
-/// for [`predict`].
+/// in `s` for [`predict`].
 ///
 /// # Safety
 /// The CPU must support AVX-512F and POPCNT.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,popcnt")]
 pub(in crate::top_p) unsafe fn estimate_floor(
     x: &[f32],
     max: f32,
     allowed_share: f32,
-    sample: &mut Vec<f32>,
-    sample_e: &mut Vec<f32>,
-    sample_rate: &mut f32,
-    sample_total: &mut f32,
+    s: &mut Sample,
     filtered: &mut (Vec<f32>, Vec<f32>),
 ) -> f32 {
     let n = x.len();
     let stride = (n / SAMPLE_LINES / 16 * 16).max(32);
-    *sample_rate = 16.0 / stride as f32;
+    s.rate = 16.0 / stride as f32;
+    let (sample, sample_e) = (&mut s.val, &mut s.e);
     sample.clear();
     let mut at = 0;
     while at + 16 <= n {
@@ -47,7 +45,7 @@ pub(in crate::top_p) unsafe fn estimate_floor(
     }
     // SAFETY: AVX-512F and POPCNT are enabled in this function.
     let total = unsafe { exp_div(sample, max, 1.0, sample_e) };
-    *sample_total = total;
+    s.total = total;
     // the mass at or above the floor must reach `total - allowed`
     let need = total - allowed_share * total;
     // rungs from max itself down to max - FLOOR_SPAN
@@ -130,8 +128,7 @@ const BASE_SLACK: f32 = 0.05;
 /// 1/256 of the span above the floor.
 const PREDICT_LEVELS: usize = 2;
 
-/// The sets placed from the sample of [`estimate_floor`] (its logits, their
-/// `exp(l - max)`, the sampling rate and their total): the top set where
+/// The sets placed from the sample of [`estimate_floor`]: the top set where
 /// the mass above
 /// passes `base` clearly, a band from where it is clearly short of p to
 /// where it clearly passes it. The mass above t is estimated as z minus
@@ -144,7 +141,7 @@ const PREDICT_LEVELS: usize = 2;
 /// The CPU must support AVX-512F and POPCNT.
 #[target_feature(enable = "avx512f,popcnt")]
 pub(super) unsafe fn predict(
-    sample: (&[f32], &[f32], f32, f32),
+    sample: &Sample,
     floor: f32,
     max: f32,
     z: f32,
@@ -152,7 +149,7 @@ pub(super) unsafe fn predict(
     base: f32,
     filtered: &mut (Vec<f32>, Vec<f32>),
 ) -> Option<Bounds> {
-    let (val, e, rate, total) = sample;
+    let (val, e, rate, total) = (&sample.val[..], &sample.e[..], sample.rate, sample.total);
     let usable = rate > 0.0 && val.len() == e.len() && max > floor;
     if !usable {
         return None;

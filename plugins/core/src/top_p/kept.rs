@@ -1,76 +1,18 @@
-//! Where the walk cut: llama.cpp's order as integer keys (descending
-//! logit, then ascending position), the [`Cut`], and the writer of the
-//! kept tokens.
+//! Writing the kept tokens: from the gathered set (a superset, in
+//! position order) into the candidate view, portable and AVX-512, and the
+//! in-place compaction of a candidate list.
 
 use samplerd_plugin_sdk::prelude::SdCandidate;
 
 #[cfg(target_arch = "x86_64")]
-use super::has_avx512;
-use super::normaliser::Gathered;
-
-/// The order-preserving map of f32 to u32, reversed: ascending keys are
-/// descending logits.
-#[inline(always)]
-pub fn desc_key(l: f32) -> u32 {
-    !ord_key(l)
-}
-
-/// The order-preserving map of f32 to u32 (ascending with the value,
-/// -0.0 below +0.0), branch-free.
-#[inline(always)]
-pub(super) fn ord_key(l: f32) -> u32 {
-    let b = l.to_bits();
-    b ^ (((b as i32) >> 31) as u32 | 0x8000_0000)
-}
-
-/// The key of the token at `pos` with logit `l` in llama.cpp's walk
-/// order: descending logit, then ascending position.
-#[inline(always)]
-pub fn sort_key(l: f32, pos: u32) -> u64 {
-    ((desc_key(l) as u64) << 32) | pos as u64
-}
-
-/// The logit of a [`desc_key`].
-#[inline(always)]
-pub fn key_logit(k: u32) -> f32 {
-    let ord = !k;
-    f32::from_bits(if ord >> 31 == 1 {
-        ord & 0x7fff_ffff
-    } else {
-        !ord
-    })
-}
-
-/// Where [`nucleus`](super::nucleus::nucleus) cut: the kept tokens are
-/// exactly those whose key `(desc_key(logit) << 32) | position` is
-/// `<= last_key`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cut {
-    pub kept: usize,
-    pub last_key: u64,
-}
-
-impl Cut {
-    /// Whether the token at `pos` with logit `l` is kept.
-    #[inline(always)]
-    pub fn keeps(&self, l: f32, pos: u32) -> bool {
-        sort_key(l, pos) <= self.last_key
-    }
-}
-
-impl Cut {
-    /// The cut's `ord_key` and position (the AVX-512 writer compares
-    /// those rather than building 64-bit keys).
-    pub(super) fn ord_and_pos(&self) -> (u32, u32) {
-        (!((self.last_key >> 32) as u32), self.last_key as u32)
-    }
-}
+use super::shared::has_avx512;
+use super::shared::{Cut, Gathered};
 
 /// Writes the kept tokens of `g` (a superset, in position order) to
 /// `out[..kept]` in position order as candidates; `out` must hold
 /// `g.len()` entries. Branch-free (the kept ones are scattered among the
 /// gathered ones); AVX-512 compresses 16 at a time.
-pub fn write_kept(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
+pub(super) fn write_kept(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
     assert!(
         out.len() >= g.len(),
         "write_kept: output shorter than the gathered set"
@@ -100,7 +42,7 @@ pub(super) fn write_kept_from(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,popcnt")]
-pub(super) unsafe fn write_kept_avx512(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
+unsafe fn write_kept_avx512(g: &Gathered, cut: Cut, out: &mut [SdCandidate]) {
     use std::arch::x86_64::*;
     let (ord_cut, pos_cut) = cut.ord_and_pos();
     let n = g.len();
@@ -132,4 +74,17 @@ pub(super) unsafe fn write_kept_avx512(g: &Gathered, cut: Cut, out: &mut [SdCand
         j += 16;
     }
     write_kept_from(g, cut, out, j, k);
+}
+
+/// Compacts the candidate list `cand` (whose logits and positions `g`
+/// gathered) in place to the kept tokens, in position order: the write
+/// index never passes the read index.
+pub(super) fn compact_kept(g: &Gathered, cut: Cut, cand: &mut [SdCandidate]) {
+    // in place: position i is read before any write at k <= i
+    let mut w = 0usize;
+    for (&i, &l) in g.idx.iter().zip(&g.val) {
+        cand[w] = cand[i as usize];
+        w += cut.keeps(l, i) as usize;
+    }
+    debug_assert_eq!(w, cut.kept);
 }
