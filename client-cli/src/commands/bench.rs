@@ -10,7 +10,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -20,43 +20,14 @@ use samplerd_api::v1::{
 };
 use serde_json::json;
 
+use super::bench_worker::{OpenStream, Shared, WorkerStats, random_logits, stream_step};
 use crate::cli::{BenchArgs, BenchRpc, Compression, ConnArgs};
 use crate::connect::{Sampler, connect};
-use crate::output::{Style, emit, paint, status_line, warn};
+use crate::output::{Style, emit, paint, warn};
 use crate::params::sampling_params;
 
 /// Duration when neither --duration nor --requests is given.
 const DEFAULT_DURATION_S: f64 = 10.0;
-
-/// What one worker measured.
-#[derive(Default)]
-pub(super) struct WorkerStats {
-    /// Latency of each successful request, microseconds.
-    pub latencies_us: Vec<u64>,
-    pub tokens: u64,
-    pub errors: u64,
-    pub first_error: Option<String>,
-}
-
-impl WorkerStats {
-    /// Counts one request that took `us` microseconds: its tokens, or its
-    /// error. Says whether it succeeded (a stream worker reopens after an
-    /// error).
-    pub fn record(&mut self, us: u64, result: Result<u64, tonic::Status>) -> bool {
-        match result {
-            Ok(tokens) => {
-                self.latencies_us.push(us);
-                self.tokens += tokens;
-                true
-            }
-            Err(s) => {
-                self.errors += 1;
-                self.first_error.get_or_insert_with(|| status_line(&s));
-                false
-            }
-        }
-    }
-}
 
 /// The final numbers.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,52 +96,6 @@ pub fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Deterministic pseudo-random logits in [-4, 4) as raw LE f32.
-pub(super) fn random_logits(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut out = Vec::with_capacity(n * 4);
-    for _ in 0..n {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let v = ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0;
-        out.extend(v.to_le_bytes());
-    }
-    out
-}
-
-/// Shared run state.
-pub(super) struct Shared {
-    stop: AtomicBool,
-    /// Requests started (for --requests).
-    started: AtomicU64,
-    /// Requests finished, ok or not (for the progress bar).
-    pub done: AtomicU64,
-    limit: Option<u64>,
-    deadline: Option<Instant>,
-}
-
-impl Shared {
-    /// Claims the next request, or None when the run is over.
-    pub fn next(&self) -> Option<u64> {
-        if self.stop.load(Ordering::Relaxed) {
-            return None;
-        }
-        if let Some(d) = self.deadline
-            && Instant::now() >= d
-        {
-            return None;
-        }
-        let n = self.started.fetch_add(1, Ordering::Relaxed);
-        match self.limit {
-            Some(l) if n >= l => None,
-            _ => Some(n),
-        }
-    }
-}
-
 async fn worker(
     id: u32,
     mut client: Sampler,
@@ -214,9 +139,6 @@ async fn worker(
     stats
 }
 
-/// An open bidirectional stream: the request sender and the responses.
-pub(super) type OpenStream<Req, Resp> = (tokio::sync::mpsc::Sender<Req>, tonic::Streaming<Resp>);
-
 /// SampleStream: one long-lived stream per worker; a request is one message
 /// and its response (one token). A stream that fails counts one error and
 /// is reopened for the next request.
@@ -245,36 +167,6 @@ async fn stream_worker(
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     stats
-}
-
-/// Sends one message on the worker's stream (opening it first with
-/// `call`, e.g. `|rx| client.sample_stream(rx)`) and waits for its
-/// response.
-pub(super) async fn stream_step<Req, Resp, Call, Fut>(
-    open: &mut Option<OpenStream<Req, Resp>>,
-    msg: Req,
-    call: Call,
-) -> Result<Resp, tonic::Status>
-where
-    Call: FnOnce(tokio_stream::wrappers::ReceiverStream<Req>) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<tonic::Streaming<Resp>>, tonic::Status>>,
-{
-    let gone = || tonic::Status::unavailable("the server closed the stream");
-    let (tx, rx) = match open {
-        Some(o) => o,
-        None => {
-            let (tx, rx) = tokio::sync::mpsc::channel(1);
-            // Queued before the call so the server sees a message at once.
-            tx.send(msg).await.map_err(|_| gone())?;
-            let responses = call(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await?
-                .into_inner();
-            let o = open.insert((tx, responses));
-            return o.1.message().await?.ok_or_else(gone);
-        }
-    };
-    tx.send(msg).await.map_err(|_| gone())?;
-    rx.message().await?.ok_or_else(gone)
 }
 
 /// One full Generate stream; returns the completion tokens.
@@ -324,13 +216,7 @@ pub async fn run(conn: &ConnArgs, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let params = sampling_params(&args.sampling);
     let json_out = args.json;
     let start = Instant::now();
-    let shared = Arc::new(Shared {
-        stop: AtomicBool::new(false),
-        started: AtomicU64::new(0),
-        done: AtomicU64::new(0),
-        limit: args.requests,
-        deadline: duration.map(|d| start + d),
-    });
+    let shared = Arc::new(Shared::new(args.requests, duration.map(|d| start + d)));
 
     let bar = progress_bar(duration, args.requests);
     let shared_args = Arc::new((args, params));
@@ -375,7 +261,7 @@ pub async fn run(conn: &ConnArgs, args: BenchArgs) -> anyhow::Result<ExitCode> {
             }
             _ = &mut ctrl_c, if !interrupted => {
                 interrupted = true;
-                shared.stop.store(true, Ordering::Relaxed);
+                shared.stop();
             }
         }
     };
@@ -480,13 +366,5 @@ mod tests {
         assert_eq!(percentile(&v, 0.99), 99);
         assert_eq!(percentile(&[7], 0.99), 7);
         assert_eq!(percentile(&[], 0.5), 0);
-    }
-
-    #[test]
-    fn logits_are_deterministic() {
-        let a = random_logits(8, 1);
-        assert_eq!(a.len(), 32);
-        assert_eq!(a, random_logits(8, 1));
-        assert_ne!(a, random_logits(8, 2));
     }
 }

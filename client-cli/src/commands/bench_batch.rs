@@ -17,7 +17,7 @@ use samplerd_api::v1::{
 };
 use tonic::codegen::Bytes;
 
-use super::bench::{OpenStream, Shared, WorkerStats, random_logits, stream_step};
+use super::bench_worker::{OpenStream, Shared, WorkerStats, random_logits, stream_step};
 use crate::cli::{BenchArgs, BenchRpc, WireDtype};
 use crate::connect::Sampler;
 

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod bench_batch;
+mod bench_worker;
 pub mod generate;
 pub mod health;
 pub mod sample;
