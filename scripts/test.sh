@@ -3,6 +3,7 @@
 # (the Python venv with llama-cpp-python, grpcio, grpcurl; the default model),
 # builds the workspace once (release profile: the same binaries serve the Rust
 # tests, the Python/grpcurl tests and the parity scripts), then runs
+#   0. the documentation's citations (before the installs: it needs none)
 #   1. cargo fmt --check and cargo clippy -D warnings
 #   2. cargo test (every crate: unit, property, loader, service tests)
 #   3. the llama.cpp parity scripts and the Python/grpcurl client tests
@@ -18,6 +19,8 @@ PY="$SAMPLERD_VENV/bin/python"
 
 step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
+# First, since it takes seconds and needs nothing installed.
+step "documentation citations (scripts/ci/docs.sh)"; scripts/ci/docs.sh
 step "python environment"
 scripts/setup-python.sh
 step "default model"
