@@ -13,7 +13,7 @@ pub(crate) fn usable() -> bool {
     static U: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *U.get_or_init(|| {
         let f = samplerd_numerics::features();
-        f.avx2() && f.fma() && std::arch::is_x86_feature_detected!("f16c")
+        f.avx2() && f.fma() && f.f16c()
     })
 }
 

@@ -429,17 +429,7 @@ pub(crate) fn dot_half_row_scalar<B: HalfBlock>(w: &[B], x: &[f32], gemm: bool, 
 /// Whether this CPU has AVX-512 BF16 (a native llama.cpp build then
 /// multiplies BF16 with `vdpbf16ps`).
 pub(crate) fn has_avx512_bf16() -> bool {
-    static F: OnceLock<bool> = OnceLock::new();
-    *F.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("avx512bf16")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    samplerd_numerics::features().avx512bf16()
 }
 
 /// A BF16 row product as llama.cpp's AVX-512 BF16 build computes it:
@@ -481,8 +471,7 @@ pub(crate) fn dot_bf16_pairs<B: HalfBlock>(w: &[B], x: &[f32], gemm: bool) -> f3
 
 #[cfg(target_arch = "x86_64")]
 fn has_f16c() -> bool {
-    static F: OnceLock<bool> = OnceLock::new();
-    *F.get_or_init(|| std::arch::is_x86_feature_detected!("f16c"))
+    samplerd_numerics::features().f16c()
 }
 
 /// The lanes of [`dot_half_row`] in 8-wide vectors, for `T` activation rows

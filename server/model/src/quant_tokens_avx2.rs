@@ -108,11 +108,8 @@ unsafe fn lanes<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256 {
 
 /// Whether this CPU has AVX-512 VNNI with VL (the `vpdpbusd` build).
 pub(crate) fn has_vnni() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-    })
+    let f = samplerd_numerics::features();
+    f.avx512vnni() && f.avx512vl()
 }
 
 /// `out[t·R + r] = W[r] · a_t` for the `R = out.len() / n_tok` rows of `w`
