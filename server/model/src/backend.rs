@@ -2,7 +2,7 @@
 //! [`SequenceState`] (its KV cache and scratch), or one decode step for
 //! several sequences at once ([`Backend::forward_batch`], so the weights are
 //! read once per step rather than once per sequence). The CPU implementation
-//! is [`crate::forward::CpuBackend`]; a CUDA backend implements the same two
+//! is [`crate::cpu::forward::CpuBackend`]; a CUDA backend implements the same two
 //! traits with device-resident weights and cache.
 
 #![forbid(unsafe_code)]

@@ -23,54 +23,29 @@
 //! # Ok::<(), samplerd_model::ModelError>(())
 //! ```
 
-pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx2;
 pub mod backend;
-pub mod chat;
-pub mod chat_tokens;
+pub mod cpu;
 pub mod cuda;
 pub mod error;
-pub mod forward;
 pub mod ggml;
 pub mod gguf;
 pub mod pool;
-pub mod pre_tokenizer;
 pub mod prefix;
 pub mod quant;
-#[cfg(target_arch = "x86_64")]
-mod quant_avx2;
-mod quant_convert;
-pub mod quant_f16;
-pub mod quant_k;
-#[cfg(target_arch = "x86_64")]
-mod quant_k_avx2;
-#[cfg(test)]
-mod quant_k_tests;
-mod quant_kernels;
-pub mod quant_q5_0;
-pub mod quant_q5_1;
-#[cfg(target_arch = "x86_64")]
-mod quant_tokens_avx2;
-pub mod rope;
-mod spm;
-pub mod streamer;
 #[cfg(test)]
 mod test_rng;
-pub mod tokenizer;
-pub mod vocab_file;
-pub mod weights;
+pub mod text;
 
 pub use backend::{Backend, SequenceState};
-pub use chat::{ChatMessage, ChatTemplate};
 pub use cuda::{DeviceRequest, Placement};
 pub use error::ModelError;
 pub use ggml::Numerics;
 pub use gguf::{Arch, Config};
 pub use prefix::{CachedTokens, StepOrder};
-pub use streamer::Utf8Streamer;
-pub use tokenizer::{TokenInfo, Tokenizer, attr};
-pub use vocab_file::read_vocabulary;
+pub use text::chat::{ChatMessage, ChatTemplate};
+pub use text::streamer::Utf8Streamer;
+pub use text::tokenizer::{TokenInfo, Tokenizer, attr};
+pub use text::vocab_file::read_vocabulary;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -156,7 +131,7 @@ impl Model {
             &text(tokenizer.bos()),
             &text(tokenizer.eos()),
         )?;
-        let weights = Arc::new(weights::Weights::load(&mut g, &config)?);
+        let weights = Arc::new(gguf::Weights::load(&mut g, &config)?);
         let (weight_bytes, weight_formats) = (weights.nbytes(), weights.formats());
         let n_ctx = if opts.n_ctx == 0 {
             config.n_ctx_train
@@ -221,7 +196,7 @@ impl Model {
         messages: &[ChatMessage],
         parse_special_in_content: bool,
     ) -> Result<Vec<u32>, ModelError> {
-        chat_tokens::chat_tokens(
+        text::chat_tokens::chat_tokens(
             &self.template,
             &self.tokenizer,
             messages,

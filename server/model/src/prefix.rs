@@ -18,7 +18,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::quant_k::TILED_MIN_ROWS;
+use crate::quant::format::kquant::TILED_MIN_ROWS;
 
 /// The arithmetic order of the forward step that computed a position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use super::upload::{DevWeights, rope_table, upload_f32, upload_weights};
 use crate::backend::{Backend, SequenceState, batch_rows, check_logits, downcast_state};
 use crate::error::ModelError;
 use crate::gguf::Config;
-use crate::weights::Weights;
+use crate::gguf::weights::Weights;
 
 pub use super::sampling::{DeviceOp, DeviceStatus};
 pub use super::state::{CudaState, StepTiming};

@@ -76,7 +76,7 @@ impl CudaBackend {
     /// Diagnostics: runs `tokens` like [`Self::forward_device`] but eagerly,
     /// layer by layer, and returns the residual stream after every layer
     /// (`tokens.len() × n_embd` values each) — the CPU's twin is
-    /// `crate::forward::trace_layers`. The logits land as usual.
+    /// `crate::cpu::forward::trace_layers`. The logits land as usual.
     pub fn forward_trace(
         &self,
         st: &mut CudaState,

@@ -11,7 +11,7 @@ use super::state::{CudaState, dptr};
 use super::upload::{DevFused, DevMatrix, Needs};
 use crate::error::ModelError;
 use crate::quant::QK;
-use crate::quant_k::QK_K;
+use crate::quant::format::kquant::QK_K;
 
 /// Device addresses of one product input's activations in each form (only
 /// those some matrix reads are written).
@@ -264,7 +264,7 @@ impl CudaBackend {
         );
         let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
         let scale = 1.0 / (hd as f32).sqrt();
-        // The CPU's orders (crate::forward): the last layer's feed-forward
+        // The CPU's orders (crate::cpu::forward): the last layer's feed-forward
         // runs on the output rows only in llama.cpp, so in the one-row
         // orders whatever the step's size.
         let order = Order::of_step(n, false);

@@ -14,7 +14,7 @@
 //! Q4_K, Q5_K, Q6_K, F16 or BF16, none converted (`format`) — and
 //! dequantises inside the product kernels (at batch 1 decode reads every
 //! weight once, so fewer bytes is the speed), and reproduces
-//! `crate::forward` bit for bit: each product's activations in the form the
+//! `crate::cpu::forward` bit for bit: each product's activations in the form the
 //! CPU gives its format (Q8_1 or Q8_K blocks, or f32 rounded to f16 / bf16),
 //! the CPU kernels' lane orders in whichever order the step's size picks
 //! (the K-quants' tiled one for 8+ tokens, tinyBLAS's for F16 / BF16 in
@@ -45,19 +45,17 @@ mod upload;
 // The kernels checked against the CPU backend on the CPU (no GPU needed).
 #[cfg(test)]
 mod emulation;
-#[cfg(test)]
-mod emulation_formats;
 
 /// The CUDA C source of every kernel: the files are one translation unit,
 /// concatenated in this order (kernels.cu's header says what each holds).
 /// NVRTC compiles it at start-up; the emulation test compiles it as C++.
 #[cfg(any(test, feature = "cuda"))]
 pub(crate) const KERNEL_SOURCE: &str = concat!(
-    include_str!("kernels.cu"),
-    include_str!("kernels_q32.cu"),
-    include_str!("kernels_kquant.cu"),
-    include_str!("kernels_half.cu"),
-    include_str!("kernels_sampling.cu"),
+    include_str!("kernels/forward.cu"),
+    include_str!("kernels/q32.cu"),
+    include_str!("kernels/kquant.cu"),
+    include_str!("kernels/half.cu"),
+    include_str!("kernels/sampling.cu"),
 );
 
 #[cfg(feature = "cuda")]
@@ -231,12 +229,12 @@ fn cuda_device() -> Result<Placement, DeviceError> {
 pub(crate) fn new_backend(
     placement: &Placement,
     config: &crate::gguf::Config,
-    weights: std::sync::Arc<crate::weights::Weights>,
+    weights: std::sync::Arc<crate::gguf::weights::Weights>,
     n_threads: usize,
     flavor: crate::ggml::Flavor,
 ) -> Result<std::sync::Arc<dyn crate::backend::Backend>, crate::ModelError> {
     match placement {
-        Placement::Cpu => Ok(std::sync::Arc::new(crate::forward::CpuBackend::new(
+        Placement::Cpu => Ok(std::sync::Arc::new(crate::cpu::forward::CpuBackend::new(
             config.clone(),
             weights,
             n_threads,

@@ -12,8 +12,8 @@ use super::format::Q8K_BYTES;
 use super::kernels;
 use crate::backend::SequenceState;
 use crate::error::ModelError;
+use crate::quant::format::kquant::QK_K;
 use crate::quant::{BlockQ8_1, QK};
-use crate::quant_k::QK_K;
 
 /// A decode-step graph. `CudaGraph` holds raw driver handles and is not
 /// `Send`; it is only ever launched through `&mut CudaState`, one thread at

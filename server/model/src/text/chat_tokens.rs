@@ -13,9 +13,9 @@
 
 #![forbid(unsafe_code)]
 
-use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::ModelError;
-use crate::tokenizer::Tokenizer;
+use crate::text::chat::{ChatMessage, ChatTemplate};
+use crate::text::tokenizer::Tokenizer;
 
 /// Private-use characters around a content marker: nothing a template
 /// would produce or change.

@@ -1,5 +1,5 @@
 //! The attention pass of a CPU step: every row's grouped-query groups over
-//! its own sequence's f16 cache (`crate::attention`), spread over the pool
+//! its own sequence's f16 cache (`crate::cpu::attention`), spread over the pool
 //! one (row, KV head) item at a time, dearest first.
 
 use std::sync::Mutex;
@@ -69,7 +69,7 @@ impl CpuBackend {
                 let o = unsafe {
                     std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + g * rep * hd), rep * hd)
                 };
-                let group = crate::attention::CachedHead {
+                let group = crate::cpu::attention::CachedHead {
                     q16: q,
                     k: &view.k[base..base + n_pos * hd],
                     v: &view.v[base..base + n_pos * hd],
@@ -78,7 +78,7 @@ impl CpuBackend {
                     decode: view.decode,
                     flavor: self.flavor,
                 };
-                crate::attention::attention_group(&group, rep, scores, acc, o);
+                crate::cpu::attention::attention_group(&group, rep, scores, acc, o);
             }
         });
     }

@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use super::CpuBackend;
+use crate::quant::format::kquant::BlockQ8K;
 use crate::quant::{BlockQ8_1, QK};
-use crate::quant_k::BlockQ8K;
 
 #[derive(Default)]
 pub(super) struct Scratch {

@@ -19,9 +19,11 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::format::q5_1::BlockQ5_1;
+use crate::quant::kernels::avx2::rows::{
+    bytes_from_bits_32, hsum, nibbles_32, prefetch_ahead, token_major,
+};
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
-use crate::quant_avx2::{bytes_from_bits_32, hsum, nibbles_32, prefetch_ahead, token_major};
-use crate::quant_q5_1::BlockQ5_1;
 
 /// A 32-value block as `vpmaddubsw` / `vpdpbusd` take it: unsigned bytes,
 /// with the signs (Q8_0) moved to the activations.

@@ -2,9 +2,9 @@
 //! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and Q5_0's exact
 //! expansion to Q8_0.
 
+use crate::quant::format::kquant::{self, QK_K};
+use crate::quant::format::q5_0;
 use crate::quant::{BlockQ8_0, QK, QMatrix, blocks_from_bytes, f16_le, whole_rows};
-use crate::quant_k::{self, QK_K};
-use crate::quant_q5_0;
 
 /// The K-quant types kept natively.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,9 +18,9 @@ impl KQuant {
     /// Bytes of one stored 256-value block.
     pub fn block_bytes(self) -> usize {
         match self {
-            KQuant::Q4K => quant_k::Q4K_BYTES,
-            KQuant::Q5K => quant_k::Q5K_BYTES,
-            KQuant::Q6K => quant_k::Q6K_BYTES,
+            KQuant::Q4K => kquant::Q4K_BYTES,
+            KQuant::Q5K => kquant::Q5K_BYTES,
+            KQuant::Q6K => kquant::Q6K_BYTES,
         }
     }
 }
@@ -32,7 +32,7 @@ impl QMatrix {
         let QMatrix::Q5_0 { rows, cols, blocks } = self else {
             return None;
         };
-        let blocks = blocks.iter().map(quant_q5_0::as_q8_0).collect();
+        let blocks = blocks.iter().map(q5_0::as_q8_0).collect();
         Some(QMatrix::Q8_0 {
             rows: *rows,
             cols: *cols,
@@ -51,42 +51,42 @@ impl QMatrix {
             KQuant::Q4K => QMatrix::Q4K {
                 rows,
                 cols,
-                blocks: quant_k::q4k_from_bytes(raw)?,
+                blocks: kquant::q4k_from_bytes(raw)?,
             },
             KQuant::Q5K => QMatrix::Q5K {
                 rows,
                 cols,
-                blocks: quant_k::q5k_from_bytes(raw)?,
+                blocks: kquant::q5k_from_bytes(raw)?,
             },
             KQuant::Q6K => QMatrix::Q6K {
                 rows,
                 cols,
-                blocks: quant_k::q6k_from_bytes(raw)?,
+                blocks: kquant::q6k_from_bytes(raw)?,
             },
         })
     }
 
     /// From raw GGUF Q5_0 bytes (22 bytes per block), kept natively.
     pub fn from_q5_0_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        if !whole_rows(rows, cols, QK, quant_q5_0::Q5_0_BYTES, raw) {
+        if !whole_rows(rows, cols, QK, q5_0::Q5_0_BYTES, raw) {
             return None;
         }
         Some(QMatrix::Q5_0 {
             rows,
             cols,
-            blocks: quant_q5_0::from_bytes(raw)?,
+            blocks: q5_0::from_bytes(raw)?,
         })
     }
 
     /// From raw GGUF Q5_1 bytes (24 bytes per block), kept natively.
     pub fn from_q5_1_bytes(rows: usize, cols: usize, raw: &[u8]) -> Option<Self> {
-        if !whole_rows(rows, cols, QK, crate::quant_q5_1::Q5_1_BYTES, raw) {
+        if !whole_rows(rows, cols, QK, crate::quant::format::q5_1::Q5_1_BYTES, raw) {
             return None;
         }
         Some(QMatrix::Q5_1 {
             rows,
             cols,
-            blocks: crate::quant_q5_1::from_bytes(raw)?,
+            blocks: crate::quant::format::q5_1::from_bytes(raw)?,
         })
     }
 

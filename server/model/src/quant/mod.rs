@@ -20,13 +20,19 @@
 //! with `SAMPLERD_MODEL_SCALAR=1`); [`QMatrix::matmul`] splits output rows
 //! over the [`ThreadPool`].
 
+mod convert;
+pub mod format;
+pub(crate) mod kernels;
+#[cfg(test)]
+mod tests;
+
 use crate::pool::{ThreadPool, split_range};
-pub use crate::quant_convert::KQuant;
-use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
-use crate::quant_kernels::{Kernels, kernels};
-pub use crate::quant_kernels::{kernel_name, scalar};
-use crate::quant_q5_0::{self, BlockQ5_0};
-use crate::quant_q5_1::BlockQ5_1;
+pub use crate::quant::convert::KQuant;
+use crate::quant::format::kquant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::quant::format::q5_0::{self, BlockQ5_0};
+use crate::quant::format::q5_1::BlockQ5_1;
+use crate::quant::kernels::{Kernels, kernels};
+pub use crate::quant::kernels::{kernel_name, scalar};
 use half::f16;
 
 /// Values per quantisation block.
@@ -101,12 +107,12 @@ pub enum QMatrix {
     F16 {
         rows: usize,
         cols: usize,
-        blocks: Vec<crate::quant_f16::BlockF16>,
+        blocks: Vec<crate::quant::format::half::BlockF16>,
     },
     Bf16 {
         rows: usize,
         cols: usize,
-        blocks: Vec<crate::quant_f16::BlockBf16>,
+        blocks: Vec<crate::quant::format::half::BlockBf16>,
     },
 }
 
@@ -275,8 +281,8 @@ block32!(BlockQ4_1, min: true, values: |b: &BlockQ4_1| {
     }
     v
 });
-block32!(BlockQ5_0, min: false, values: crate::quant_q5_0::values);
-block32!(BlockQ5_1, min: true, values: |b| crate::quant_q5_1::values(b).map(|q| q as i8));
+block32!(BlockQ5_0, min: false, values: crate::quant::format::q5_0::values);
+block32!(BlockQ5_1, min: true, values: |b| crate::quant::format::q5_1::values(b).map(|q| q as i8));
 
 impl QMatrix {
     /// `(rows, cols)`.
@@ -451,7 +457,7 @@ impl QMatrix {
                 if by_tokens {
                     if let QMatrix::Q5_0 { blocks, .. } = self {
                         expanded.clear();
-                        expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(quant_q5_0::as_q8_0));
+                        expanded.extend(blocks[r0 * nb..r1 * nb].iter().map(q5_0::as_q8_0));
                     }
                     local.resize(n * n_tok, 0.0);
                     k.tokens(self, r0..r1, &expanded, xq.q8, n_tok, &mut local);
@@ -505,7 +511,7 @@ impl QMatrix {
         );
         assert_eq!(out.len(), n_tok * rows, "output length");
         let mut x16 = Vec::new();
-        crate::quant_f16::round_acts(xq.x, B::BF16, &mut x16);
+        crate::quant::format::half::round_acts(xq.x, B::BF16, &mut x16);
         let gemm = |t: usize| xq.gemm.get(t).copied().unwrap_or(false);
         let nb = cols / QK;
         let out_ptr = SyncPtr(out.as_mut_ptr());
@@ -549,7 +555,7 @@ impl QMatrix {
         Some(QMatrix::Bf16 {
             rows,
             cols,
-            blocks: crate::quant_f16::bf16_blocks_from_bytes(raw)?,
+            blocks: crate::quant::format::half::bf16_blocks_from_bytes(raw)?,
         })
     }
 
@@ -561,7 +567,7 @@ impl QMatrix {
         Some(QMatrix::F16 {
             rows,
             cols,
-            blocks: crate::quant_f16::blocks_from_bytes(raw)?,
+            blocks: crate::quant::format::half::blocks_from_bytes(raw)?,
         })
     }
 }
@@ -588,61 +594,5 @@ pub fn quantize_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
         }
         b.d = f16::from_f32(d).to_f32();
         b.s = f16::from_f32(d * sum as f32).to_f32();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_rng::Lcg;
-
-    #[test]
-    fn kernels_match_scalar_and_f32() {
-        let (rows, cols) = (37, 96);
-        let mut seed = Lcg(7);
-        let w: Vec<f32> = (0..rows * cols).map(|_| seed.f31()).collect();
-        let x: Vec<f32> = (0..cols).map(|_| seed.f31() * 3.0).collect();
-        let mut xq = vec![BlockQ8_1::default(); cols / QK];
-        quantize_q8_1(&x, &mut xq);
-        let q8 = QMatrix::q8_0_from_f32(rows, cols, &w).unwrap();
-        // A Q4_1 matrix from raw bytes (d = 0.1, m = -0.75, nibbles from the lcg).
-        let mut raw = Vec::new();
-        for _ in 0..rows * cols / QK {
-            raw.extend_from_slice(&f16::from_f32(0.1).to_le_bytes());
-            raw.extend_from_slice(&f16::from_f32(-0.75).to_le_bytes());
-            for _ in 0..16 {
-                raw.push(((seed.f31() + 1.0) * 127.0) as u8);
-            }
-        }
-        let q4 = QMatrix::from_q4_1_bytes(rows, cols, &raw).unwrap();
-        let pool = ThreadPool::new(2);
-        for m in [&q8, &q4] {
-            let mut out = vec![0f32; rows];
-            m.matmul(&pool, Acts::q8(&xq), 1, &mut out);
-            let mut row = vec![0f32; cols];
-            for r in 0..rows {
-                let reference = match m {
-                    QMatrix::Q8_0 { blocks, .. } => scalar::dot(&blocks[r * 3..r * 3 + 3], &xq),
-                    QMatrix::Q4_1 { blocks, .. } => scalar::dot(&blocks[r * 3..r * 3 + 3], &xq),
-                    _ => unreachable!(),
-                };
-                // The SIMD kernels and the scalar reference do the same float
-                // operations in the same order: equal bits.
-                assert_eq!(
-                    out[r].to_bits(),
-                    reference.to_bits(),
-                    "{} row {r}",
-                    m.format()
-                );
-                m.dequant_row(r, &mut row);
-                let exact: f32 = row.iter().zip(&x).map(|(a, b)| a * b).sum();
-                assert!(
-                    (out[r] - exact).abs() < 0.05 * (1.0 + exact.abs()),
-                    "{} row {r}: {} vs {exact}",
-                    m.format(),
-                    out[r]
-                );
-            }
-        }
     }
 }

@@ -12,13 +12,13 @@ use std::path::Path;
 
 use half::{bf16, f16};
 
-use super::emulation::{Out, bytes, quantized};
-use super::format::{ActKind, DevFormat, Order, Q8K_BYTES};
+use super::{Out, bytes, quantized};
+use crate::cuda::format::{ActKind, DevFormat, Order, Q8K_BYTES};
 use crate::ggml::{self, Flavor};
 use crate::pool::ThreadPool;
+use crate::quant::format::half::BlockBf16;
+use crate::quant::format::kquant::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant::{Acts, KQuant, QK, QMatrix};
-use crate::quant_f16::BlockBf16;
-use crate::quant_k::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::test_rng::Lcg;
 
 /// A random `rows × cols` matrix of format `f` (scales of realistic size,
@@ -169,7 +169,7 @@ fn bf16_other_order(m: &QMatrix, x: &[f32], n: usize, gemm: bool) -> (bool, Vec<
     };
     let pairs = !ggml::has_avx512_bf16();
     let mut xr = Vec::new();
-    crate::quant_f16::round_acts(x, true, &mut xr);
+    crate::quant::format::half::round_acts(x, true, &mut xr);
     let nb = cols / QK;
     let mut out = Vec::new();
     for t in 0..n {

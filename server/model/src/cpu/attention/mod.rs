@@ -21,8 +21,11 @@
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
-use crate::attention_avx2 as simd;
+mod avx2;
+
 use crate::ggml::{self, Flavor, Head};
+#[cfg(target_arch = "x86_64")]
+use avx2 as simd;
 
 /// One attention head over `n_pos` cached positions (see [`attention_head`]).
 #[derive(Clone, Copy, Debug)]

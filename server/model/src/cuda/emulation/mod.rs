@@ -13,6 +13,8 @@
 //! with or without the `cuda` feature; it skips with a notice when no C++20
 //! compiler is found (`CXX`, else `g++`).
 
+mod formats;
+
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
@@ -23,9 +25,9 @@ use crate::ggml::{self, Flavor};
 use crate::quant::{BlockQ8_1, QK, quantize_q8_1};
 use crate::test_rng::Lcg;
 
-const PRELUDE: &str = include_str!("emu/prelude.h");
-const HARNESS: &str = include_str!("emu/harness.cpp");
-const FORMATS: &str = include_str!("emu/formats.cpp");
+const PRELUDE: &str = include_str!("prelude.h");
+const HARNESS: &str = include_str!("harness.cpp");
+const FORMATS: &str = include_str!("formats.cpp");
 
 pub(super) fn bytes<T>(v: &[T]) -> &[u8] {
     // SAFETY: only used on slices of f32 / i32 / u16 / u8 and the
@@ -105,7 +107,7 @@ fn write_norm(dir: &Path, r: &mut Lcg) {
     let w: Vec<f32> = (0..d).map(|_| r.f31() * 2.0).collect();
     let summed: Vec<f32> = x.iter().zip(&add).map(|(a, b)| a + b).collect();
     let mut normed = vec![0f32; rows * d];
-    crate::forward::rms_norm(&summed, &w, eps, &mut normed);
+    crate::cpu::forward::rms_norm(&summed, &w, eps, &mut normed);
     let mut f = Out::create(dir, "norm.bin");
     f.put(&[rows as i32, d as i32]);
     f.put(&[eps]);
@@ -145,7 +147,7 @@ fn write_rope(dir: &Path, r: &mut Lcg) {
     for neox in [false, true] {
         let mut want = qkv.clone();
         for h in 0..nh + nkv {
-            crate::rope::apply_rope(&mut want[h * hd..(h + 1) * hd], &row, neox);
+            crate::cpu::rope::apply_rope(&mut want[h * hd..(h + 1) * hd], &row, neox);
         }
         let to_f16 =
             |v: &[f32]| -> Vec<u16> { v.iter().map(|&x| f16::from_f32(x).to_bits()).collect() };
@@ -224,7 +226,7 @@ fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
             write_norm(&cases, &mut r);
             write_rope(&cases, &mut r);
         }
-        super::emulation_formats::write_cases(&cases, &mut r, fl, shared);
+        formats::write_cases(&cases, &mut r, fl, shared);
         let run = Command::new(&exe)
             .arg(&cases)
             .arg(fl.lanes().to_string())

@@ -1,13 +1,13 @@
-//! The AVX2 build of `crate::attention`: one head, or one grouped-query
+//! The AVX2 build of `crate::cpu::attention`: one head, or one grouped-query
 //! group's heads, straight from the f16 cache, operation for operation the
-//! arithmetic of `ggml::attention_head` (the tests in `crate::attention`
+//! arithmetic of `ggml::attention_head` (the tests in `crate::cpu::attention`
 //! compare them bit for bit). Used only when the CPU has AVX2, FMA and F16C.
 
 use std::arch::x86_64::*;
 
-use crate::attention::CachedHead;
+use crate::cpu::attention::CachedHead;
 use crate::ggml::{Flavor, expf8};
-use crate::quant_avx2::hsum;
+use crate::quant::kernels::avx2::rows::hsum;
 
 pub(crate) fn usable() -> bool {
     static U: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

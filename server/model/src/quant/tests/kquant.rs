@@ -4,9 +4,9 @@
 //! Q8_K quantisation follows `quantize_row_q8_K_ref`.
 
 use crate::pool::ThreadPool;
+use crate::quant::format::kquant::{BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant::kernels::Kernels;
 use crate::quant::{Acts, KQuant, QMatrix};
-use crate::quant_k::{BlockQ8K, QK_K, quantize_q8_k};
-use crate::quant_kernels::Kernels;
 use crate::test_rng::Lcg;
 use candle_core::quantized::GgmlDType;
 use half::f16;

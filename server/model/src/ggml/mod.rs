@@ -121,7 +121,7 @@ fn has_fma() -> bool {
 }
 
 /// `ggml_v_expf`'s constants (shared with the vectorised copy in
-/// `crate::attention`).
+/// `crate::cpu::attention`).
 pub(crate) mod expf_consts {
     pub(crate) const R: u32 = 0x4b40_0000; // 0x1.8p23
     pub(crate) const LOG2E: u32 = 0x3fb8_aa3b; // 0x1.715476p+0

@@ -3,7 +3,7 @@
 //!
 //! Supported (`tokenizer.ggml.model`):
 //! - `"gpt2"`: byte-level BPE (never a prefix space) with the pre-tokenizer
-//!   family llama.cpp picks for `tokenizer.ggml.pre` (`crate::pre_tokenizer`:
+//!   family llama.cpp picks for `tokenizer.ggml.pre` (`crate::text::pre_tokenizer`:
 //!   default, GPT-2, SmolLM, Qwen2 and Llama 3 — whose whole-word vocabulary
 //!   hits skip the merges, as llama.cpp's `ignore_merges`); another name is
 //!   a load error naming it. Control and user-defined tokens (from
@@ -11,7 +11,7 @@
 //!   `<|im_start|>` written in a raw prompt is one token when special
 //!   parsing is on (as llama-server does for prompts).
 //! - `"llama"`: SentencePiece-style merges by `tokenizer.ggml.scores` with
-//!   byte fallback, as llama.cpp runs them (`crate::spm`): Llama 1 and 2,
+//!   byte fallback, as llama.cpp runs them (`crate::text::spm`): Llama 1 and 2,
 //!   Mistral v0.1–v0.3.
 //!
 //! Another model is a load error naming the key and value.
@@ -25,8 +25,8 @@
 
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-use crate::pre_tokenizer::PreTokenizer;
-use crate::spm::{Special, SpmEncoder};
+use crate::text::pre_tokenizer::PreTokenizer;
+use crate::text::spm::{Special, SpmEncoder};
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::AddedToken;
 use tokenizers::models::bpe::{BPE, Vocab};

@@ -7,9 +7,9 @@
 //! in `quant_k_avx2`. Installed by `quant::kernels()` only when the CPU has
 //! AVX2 and FMA.
 
+use crate::quant::format::q5_0::BlockQ5_0;
+use crate::quant::format::q5_1::BlockQ5_1;
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
-use crate::quant_q5_0::BlockQ5_0;
-use crate::quant_q5_1::BlockQ5_1;
 use std::arch::x86_64::*;
 
 /// ggml's `hsum_float_8`.

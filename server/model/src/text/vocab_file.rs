@@ -11,7 +11,7 @@ use tokenizers::DecoderWrapper;
 
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-use crate::tokenizer::{TokenInfo, Tokenizer, attr};
+use crate::text::tokenizer::{TokenInfo, Tokenizer, attr};
 
 /// Plain text: no [`attr`] flag.
 const TEXT: u32 = 0;

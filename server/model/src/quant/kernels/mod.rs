@@ -3,10 +3,13 @@
 //! `SAMPLERD_MODEL_SCALAR=1`) and the dispatch from a [`QMatrix`] to a
 //! format's row kernel, which [`QMatrix::matmul`] and the tests share.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
+use crate::quant::format::kquant::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::format::q5_0::BlockQ5_0;
+use crate::quant::format::q5_1::BlockQ5_1;
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1, QMatrix, WeightBlock};
-use crate::quant_k::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
-use crate::quant_q5_0::BlockQ5_0;
-use crate::quant_q5_1::BlockQ5_1;
 
 /// One kernel family: a row-product function per format (`_t`: the
 /// K-quants in ggml's tiled order).
@@ -47,7 +50,7 @@ impl Kernels {
     /// The portable kernels (also the reference the AVX2 ones are tested
     /// against).
     pub(crate) fn scalar() -> Kernels {
-        use quant_k::scalar as k;
+        use kquant::scalar as k;
         Kernels {
             name: "scalar",
             q8_0: scalar::rows,
@@ -74,12 +77,12 @@ impl Kernels {
     /// chains overlap: four for Q8_0 / Q4_1, two for the others.
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn avx2() -> Option<Kernels> {
-        use crate::quant_avx2::rows_safe as rows;
-        use crate::quant_k_avx2::tiled_safe as tiled;
-        use crate::quant_k_avx2::tiled_tokens_safe as tiled_tokens;
-        use crate::quant_tokens_avx2::tokens_safe as tokens;
+        use crate::quant::kernels::avx2::kquant::tiled_safe as tiled;
+        use crate::quant::kernels::avx2::kquant::tiled_tokens_safe as tiled_tokens;
+        use crate::quant::kernels::avx2::rows::rows_safe as rows;
+        use crate::quant::kernels::avx2::tokens::tokens_safe as tokens;
         let f = samplerd_numerics::features();
-        let vnni = crate::quant_tokens_avx2::has_vnni();
+        let vnni = crate::quant::kernels::avx2::tokens::has_vnni();
         (f.avx2() && f.fma()).then_some(Kernels {
             name: "avx2",
             q8_0: rows::<BlockQ8_0, 4>,
@@ -190,7 +193,7 @@ impl Kernels {
         n_tok: usize,
         dst: &mut [f32],
     ) {
-        let nb = m.cols() / quant_k::QK_K;
+        let nb = m.cols() / kquant::QK_K;
         let part = r.start * nb..r.end * nb;
         match m {
             QMatrix::Q4K { blocks, .. } => (self.q4k_tx)(&blocks[part], ak, n_tok, dst),
@@ -350,9 +353,10 @@ mod tests {
                     let what = format!("{} {rows}x{cols}, {n_tok} tokens", m.format());
                     assert_eq!(bits(&got), bits(&want), "matmul: {what}");
                     let expanded: Vec<BlockQ8_0> = match &m {
-                        QMatrix::Q5_0 { blocks, .. } => {
-                            blocks.iter().map(crate::quant_q5_0::as_q8_0).collect()
-                        }
+                        QMatrix::Q5_0 { blocks, .. } => blocks
+                            .iter()
+                            .map(crate::quant::format::q5_0::as_q8_0)
+                            .collect(),
                         _ => Vec::new(),
                     };
                     let mut scalar = vec![0f32; n_tok * rows];
@@ -365,7 +369,7 @@ mod tests {
                         // The build without VNNI, whatever this CPU has.
                         #[cfg(target_arch = "x86_64")]
                         {
-                            use crate::quant_tokens_avx2::tokens_no_vnni as no_vnni;
+                            use crate::quant::kernels::avx2::tokens::tokens_no_vnni as no_vnni;
                             let mut v = vec![0f32; n_tok * rows];
                             match &m {
                                 QMatrix::Q8_0 { blocks, .. } => {

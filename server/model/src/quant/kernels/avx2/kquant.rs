@@ -6,9 +6,9 @@
 //! tiled matmul ([`tiled_safe`]). Installed by `quant::kernels()` only when
 //! the CPU has AVX2 and FMA.
 
-use crate::quant_avx2::{RowDot, hsum, prefetch_ahead, token_major};
-use crate::quant_k::scalar::tiled_step;
-use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::format::kquant::scalar::tiled_step;
+use crate::quant::format::kquant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::kernels::avx2::rows::{RowDot, hsum, prefetch_ahead, token_major};
 use std::arch::x86_64::*;
 
 /// `madd(mins, hadd(bsums lo, bsums hi))`: the four int32 minimum products

@@ -13,9 +13,6 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-mod hparams;
-pub use hparams::{Arch, Config, MAX_HEAD_DIM};
-
 /// An open GGUF file: parsed header and metadata, plus the file for tensor reads.
 pub struct GgufFile {
     path: PathBuf,
@@ -121,7 +118,7 @@ impl GgufFile {
         self.content.metadata.get(key)
     }
 
-    fn meta_err(&self, key: &str, problem: impl Into<String>) -> ModelError {
+    pub(super) fn meta_err(&self, key: &str, problem: impl Into<String>) -> ModelError {
         ModelError::Metadata {
             path: self.path.clone(),
             key: key.into(),
@@ -200,7 +197,7 @@ impl GgufFile {
         }
     }
 
-    fn require_usize(&self, key: &str) -> Result<usize, ModelError> {
+    pub(super) fn require_usize(&self, key: &str) -> Result<usize, ModelError> {
         self.get_usize(key)?
             .ok_or_else(|| self.meta_err(key, "missing"))
     }
@@ -222,7 +219,7 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
+    pub(super) fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
         self.content
             .tensor_infos
             .get(name)
@@ -331,7 +328,7 @@ impl GgufFile {
             GgmlDType::Q5_1 => Some(QMatrix::from_q5_1_bytes),
             GgmlDType::Q4_0 => Some(|r, c, raw| QMatrix::q8_0_from_q4_0_or_q5_0(false, r, c, raw)),
             GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K => {
-                if !cols.is_multiple_of(crate::quant_k::QK_K) {
+                if !cols.is_multiple_of(crate::quant::format::kquant::QK_K) {
                     return Err(self.tensor_err(
                         name,
                         format!("{dtype:?} row length {cols} is not a multiple of 256"),
