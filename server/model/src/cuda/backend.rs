@@ -164,7 +164,7 @@ impl CudaBackend {
             opts,
             lanes: opts.flavor.lanes() as i32,
             bf16_pairs: opts.flavor == crate::ggml::Flavor::Avx512
-                && crate::ggml::has_avx512_bf16(),
+                && crate::ggml::flavor::has_avx512_bf16(),
         })
     }
 

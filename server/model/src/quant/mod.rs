@@ -495,7 +495,7 @@ impl QMatrix {
 impl QMatrix {
     /// [`QMatrix::matmul`] of an F16 or BF16 matrix (see `quant_f16`):
     /// every row dotted with each token's activations rounded to its type.
-    fn matmul_half<B: crate::ggml::HalfBlock>(
+    fn matmul_half<B: crate::ggml::half::HalfBlock>(
         &self,
         blocks: &[B],
         pool: &ThreadPool,
@@ -526,13 +526,13 @@ impl QMatrix {
                     // Four tinyBLAS tokens at once (independent fma chains).
                     let four = t + 4 <= n_tok && (t..t + 4).all(gemm);
                     let ds: &[f32] = if four {
-                        &crate::ggml::dot_half_row_x4(
+                        &crate::ggml::half::dot_half_row_x4(
                             w,
                             [x(t), x(t + 1), x(t + 2), x(t + 3)],
                             xq.flavor,
                         )
                     } else {
-                        &[crate::ggml::dot_half_row(w, x(t), gemm(t), xq.flavor)]
+                        &[crate::ggml::half::dot_half_row(w, x(t), gemm(t), xq.flavor)]
                     };
                     for (k, &d) in ds.iter().enumerate() {
                         // SAFETY: each thread writes only its own rows `r`

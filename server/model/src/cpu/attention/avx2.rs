@@ -6,8 +6,9 @@
 use std::arch::x86_64::*;
 
 use crate::cpu::attention::CachedHead;
-use crate::ggml::{Flavor, expf8};
-use crate::quant::kernels::avx2::rows::hsum;
+use crate::ggml::Flavor;
+use crate::ggml::expf::expf8;
+use crate::ggml::reduce::hsum;
 
 pub(crate) fn usable() -> bool {
     static U: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

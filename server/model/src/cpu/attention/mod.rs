@@ -23,7 +23,8 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
-use crate::ggml::{self, Flavor, Head};
+use crate::ggml::Flavor;
+use crate::ggml::attention::{self as reference, Head};
 #[cfg(target_arch = "x86_64")]
 use avx2 as simd;
 
@@ -72,7 +73,7 @@ pub fn attention_head(h: &CachedHead<'_>, scores: &mut [f32], acc: &mut [f32], o
         decode: h.decode,
         flavor: h.flavor,
     };
-    ggml::attention_head(&head, scores, acc, out);
+    reference::attention_head(&head, scores, acc, out);
 }
 
 /// [`attention_head`] of each of the `heads` heads of one grouped-query
@@ -207,7 +208,7 @@ mod tests {
                                 (vec![0f32; n_sc], vec![0f32; 64 * hd], vec![0f32; hd]);
                             let (mut s2, mut a2, mut o2) =
                                 (vec![f32::NAN; n_sc], vec![0f32; 64 * hd], vec![0f32; hd]);
-                            let reference = Head {
+                            let want = Head {
                                 q16: &q16,
                                 kf: &kf,
                                 vf: &vf,
@@ -216,7 +217,7 @@ mod tests {
                                 decode,
                                 flavor: fl,
                             };
-                            ggml::attention_head(&reference, &mut s1, &mut a1, &mut o1);
+                            reference::attention_head(&want, &mut s1, &mut a1, &mut o1);
                             let cached = CachedHead {
                                 q16: &q16,
                                 k: &k,

@@ -358,7 +358,7 @@ impl CpuBackend {
                 .for_rows(&mut s.act[..n * c.n_ff], c.n_ff, PAR_MIN_ROWS, &|r, act| {
                     for (t, a) in r.zip(act.chunks_exact_mut(c.n_ff)) {
                         let (g, u) = gu[t * 2 * c.n_ff..(t + 1) * 2 * c.n_ff].split_at(c.n_ff);
-                        crate::ggml::swiglu(g, u, a, self.flavor);
+                        crate::ggml::expf::swiglu(g, u, a, self.flavor);
                     }
                 });
             let actq = self.quantize_acts(

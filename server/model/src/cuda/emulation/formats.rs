@@ -167,7 +167,7 @@ fn bf16_other_order(m: &QMatrix, x: &[f32], n: usize, gemm: bool) -> (bool, Vec<
     let QMatrix::Bf16 { blocks, cols, .. } = m else {
         unreachable!("a BF16 matrix")
     };
-    let pairs = !ggml::has_avx512_bf16();
+    let pairs = !ggml::flavor::has_avx512_bf16();
     let mut xr = Vec::new();
     crate::quant::format::half::round_acts(x, true, &mut xr);
     let nb = cols / QK;
@@ -176,9 +176,9 @@ fn bf16_other_order(m: &QMatrix, x: &[f32], n: usize, gemm: bool) -> (bool, Vec<
         for row in blocks.chunks_exact(nb) {
             let xt = &xr[t * cols..(t + 1) * cols];
             out.push(if pairs {
-                ggml::dot_bf16_pairs::<BlockBf16>(row, xt, gemm)
+                ggml::half::dot_bf16_pairs::<BlockBf16>(row, xt, gemm)
             } else {
-                ggml::dot_half_row_scalar(row, xt, gemm, Flavor::Avx512)
+                ggml::half::dot_half_row_scalar(row, xt, gemm, Flavor::Avx512)
             });
         }
     }
@@ -216,7 +216,8 @@ fn write_mm(dir: &Path, r: &mut Lcg, fl: Flavor, formats: &[DevFormat]) {
             for &(n, order) in orders {
                 let x: Vec<f32> = (0..n * cols).map(|_| r.f31() * 3.0).collect();
                 let (sent, want) = product(&m, &x, n, order, fl);
-                let pairs = f == DevFormat::Bf16 && fl == Flavor::Avx512 && ggml::has_avx512_bf16();
+                let pairs =
+                    f == DevFormat::Bf16 && fl == Flavor::Avx512 && ggml::flavor::has_avx512_bf16();
                 let label = format!(
                     "{} {rows}x{cols} n_tok={n}{}{}",
                     f.suffix(),

@@ -78,7 +78,7 @@ fn write_attention(dir: &Path, r: &mut Lcg, fl: Flavor) {
                     .iter()
                     .map(|&x| f16::from_f32(x).to_f32())
                     .collect();
-                let head = ggml::Head {
+                let head = ggml::attention::Head {
                     q16: &q,
                     kf: &kf,
                     vf: &vf,
@@ -87,7 +87,12 @@ fn write_attention(dir: &Path, r: &mut Lcg, fl: Flavor) {
                     decode,
                     flavor: fl,
                 };
-                ggml::attention_head(&head, &mut scores, &mut acc, &mut out[h * hd..(h + 1) * hd]);
+                ggml::attention::attention_head(
+                    &head,
+                    &mut scores,
+                    &mut acc,
+                    &mut out[h * hd..(h + 1) * hd],
+                );
             }
             f.put(&[decode as i32, n_pos as i32, nh as i32, hd as i32]);
             f.put(&qkv);
@@ -125,7 +130,7 @@ fn write_swiglu(dir: &Path, r: &mut Lcg, fl: Flavor) {
     let mut act = vec![0f32; n * n_ff];
     for t in 0..n {
         let (g, u) = gu[t * 2 * n_ff..(t + 1) * 2 * n_ff].split_at(n_ff);
-        ggml::swiglu(g, u, &mut act[t * n_ff..(t + 1) * n_ff], fl);
+        ggml::expf::swiglu(g, u, &mut act[t * n_ff..(t + 1) * n_ff], fl);
     }
     let mut f = Out::create(dir, "swiglu.bin");
     f.put(&[n as i32, n_ff as i32]);

@@ -18,7 +18,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use crate::ggml::HalfBlock;
+use crate::ggml::half::HalfBlock;
 use crate::quant::{QK, WeightBlock};
 
 /// A block type of 32 half-precision weights (`$t`: f16 or bf16), its
@@ -80,7 +80,9 @@ pub fn round_acts(x: &[f32], to_bf16: bool, out: &mut Vec<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ggml::{Flavor, dot_half_row, dot_half_row_scalar, dot_half_row_x4};
+    use crate::ggml::Flavor;
+    use crate::ggml::flavor::has_avx512_bf16;
+    use crate::ggml::half::{dot_bf16_pairs, dot_half_row, dot_half_row_scalar, dot_half_row_x4};
 
     /// The two orders are each a plain dot product up to rounding, and
     /// differ from each other in the last bits (else the choice would not
@@ -174,11 +176,11 @@ mod tests {
             let exact: f64 = wf.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
             for fl in [Flavor::Avx2, Flavor::Avx512] {
                 // AVX-512 on a CPU with AVX-512 BF16: the vdpbf16ps pairs.
-                let pairs = fl == Flavor::Avx512 && crate::ggml::has_avx512_bf16();
+                let pairs = fl == Flavor::Avx512 && has_avx512_bf16();
                 for gemm in [false, true] {
                     let a = dot_half_row(&w, &x, gemm, fl);
                     let b = if pairs {
-                        crate::ggml::dot_bf16_pairs(&w, &x, gemm)
+                        dot_bf16_pairs(&w, &x, gemm)
                     } else {
                         dot_half_row_scalar(&w, &x, gemm, fl)
                     };

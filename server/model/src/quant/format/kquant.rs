@@ -284,7 +284,7 @@ pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
 /// operations in the same order.
 pub mod scalar {
     use super::*;
-    use crate::ggml::hsum8;
+    use crate::ggml::reduce::hsum8;
 
     /// `madd(mins, hadd(bsums))`: per pair of sub-blocks,
     /// `m[2k]·Σ32 + m[2k+1]·Σ32` (ggml adds the 16-value sums in i16; they

@@ -264,7 +264,7 @@ pub mod scalar {
                 *acc = d.mul_add(s as f32, *acc);
             }
         }
-        let v = crate::ggml::hsum8(&acc);
+        let v = crate::ggml::reduce::hsum8(&acc);
         if B::MIN { v + summs } else { v }
     }
 

@@ -6,9 +6,10 @@
 //! tiled matmul ([`tiled_safe`]). Installed by `quant::kernels()` only when
 //! the CPU has AVX2 and FMA.
 
+use crate::ggml::reduce::hsum;
 use crate::quant::format::kquant::scalar::tiled_step;
 use crate::quant::format::kquant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
-use crate::quant::kernels::avx2::rows::{RowDot, hsum, prefetch_ahead, token_major};
+use crate::quant::kernels::avx2::rows::{RowDot, prefetch_ahead, token_major};
 use std::arch::x86_64::*;
 
 /// `madd(mins, hadd(bsums lo, bsums hi))`: the four int32 minimum products

@@ -7,22 +7,11 @@
 //! in `quant_k_avx2`. Installed by `quant::kernels()` only when the CPU has
 //! AVX2 and FMA.
 
+use crate::ggml::reduce::hsum;
 use crate::quant::format::q5_0::BlockQ5_0;
 use crate::quant::format::q5_1::BlockQ5_1;
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
-
-/// ggml's `hsum_float_8`.
-#[inline(always)]
-pub(crate) unsafe fn hsum(v: __m256) -> f32 {
-    // SAFETY: callers run with avx2 enabled (target_feature functions).
-    unsafe {
-        let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-}
 
 /// How far ahead of the blocks being multiplied the weights are
 /// prefetched, in bytes. A one-token product reads every weight once, and

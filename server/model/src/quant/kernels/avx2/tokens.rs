@@ -19,9 +19,10 @@
 
 use std::arch::x86_64::*;
 
+use crate::ggml::reduce::hsum;
 use crate::quant::format::q5_1::BlockQ5_1;
 use crate::quant::kernels::avx2::rows::{
-    bytes_from_bits_32, hsum, nibbles_32, prefetch_ahead, token_major,
+    bytes_from_bits_32, nibbles_32, prefetch_ahead, token_major,
 };
 use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 
