@@ -172,8 +172,8 @@ fn hex_bytes(hex: &str) -> Result<Vec<u8>, std::num::ParseIntError> {
 /// Single-row products for `tests/kquant_parity.py`, which compares them
 /// with llama.cpp's own `ggml_vec_dot_*` on the same bytes.
 fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
-    use samplerd_model::quant::format::kquant::{BlockQ8K, quantize_q8_k};
     use samplerd_model::quant::{Acts, BlockQ8_1, KQuant, QMatrix, quantize_q8_1};
+    use samplerd_model::quant::{BlockQ8K, quantize_q8_k};
     let kind = req["kind"].as_str().ok_or("kind")?;
     let cols = req["cols"].as_u64().ok_or("cols")? as usize;
     let pool = samplerd_model::pool::ThreadPool::new(1);
@@ -211,8 +211,8 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
 /// token) in ggml's tiled order. The product's bits, token-major
 /// (`kquant_parity.py` compares them with llama.cpp's graph).
 fn ktiled(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
-    use samplerd_model::quant::format::kquant::{BlockQ8K, quantize_q8_k};
     use samplerd_model::quant::{Acts, KQuant, QMatrix};
+    use samplerd_model::quant::{BlockQ8K, quantize_q8_k};
     let kind = match req["kind"].as_str().ok_or("kind")? {
         "q4_K" => KQuant::Q4K,
         "q5_K" => KQuant::Q5K,

@@ -7,7 +7,7 @@
 //! (attention summed in decode order: four vectors a lane, see
 //! `ggml::attention`); two or more are a prefill (tinyBLAS's order); from
 //! [`TILED_MIN_ROWS`] on, K-quant products also follow ggml's tiled matmul
-//! (`quant_k`). A position's K/V therefore carries the order of the step
+//! (`quant::kernels::scalar`). A position's K/V therefore carries the order of the step
 //! that computed it, and a fresh prefill of an `n`-token prompt computes
 //! every position in [`StepOrder::of`]`(n)`. Reuse keeps to positions of
 //! that order and leaves a remainder that runs in it too; generated tokens
@@ -18,7 +18,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::quant::format::kquant::TILED_MIN_ROWS;
+use crate::quant::TILED_MIN_ROWS;
 
 /// The arithmetic order of the forward step that computed a position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

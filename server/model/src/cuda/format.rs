@@ -5,8 +5,8 @@
 //! backend (`upload`, `launch`) and the emulation test, so both name the
 //! same kernels and upload the same bytes.
 
+use crate::quant::QK_K;
 use crate::quant::QMatrix;
-use crate::quant::format::kquant::QK_K;
 
 /// A weight matrix's block format on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,7 +125,7 @@ fn block_bytes<T>(blocks: &[T]) -> &[u8] {
 
 /// Which of the CPU backend's arithmetic orders a product follows
 /// (`crate::cpu::forward`): the K-quants' tiled order for the rows of a step of
-/// 8+ tokens (`quant_k::TILED_MIN_ROWS`), tinyBLAS's for F16/BF16 in steps
+/// 8+ tokens (`quant::TILED_MIN_ROWS`), tinyBLAS's for F16/BF16 in steps
 /// of 2+ tokens, the vector-dot orders otherwise. Q8_0 / Q4_1 / Q5_0 /
 /// Q5_1 have one order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ impl Order {
     /// one-row orders.
     pub(crate) fn of_step(n: usize, one_row: bool) -> Order {
         Order {
-            tiled: !one_row && n >= crate::quant::format::kquant::TILED_MIN_ROWS,
+            tiled: !one_row && n >= crate::quant::TILED_MIN_ROWS,
             gemm: !one_row && n >= 2,
         }
     }
@@ -150,11 +150,11 @@ impl Order {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::format::half::{BlockBf16, BlockF16};
-    use crate::quant::format::kquant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
-    use crate::quant::format::q5_0::BlockQ5_0;
-    use crate::quant::format::q5_1::BlockQ5_1;
+    use crate::quant::BlockQ5_0;
+    use crate::quant::BlockQ5_1;
+    use crate::quant::{BlockBf16, BlockF16};
     use crate::quant::{BlockQ4_1, BlockQ8_0};
+    use crate::quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 
     /// The CPU loader's blocks have no padding and the sizes of the CUDA
     /// structs they are uploaded into (the emulation harness checks the

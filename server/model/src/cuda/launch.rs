@@ -11,7 +11,7 @@ use super::state::{CudaState, dptr};
 use super::upload::{DevFused, DevMatrix, Needs};
 use crate::error::ModelError;
 use crate::quant::QK;
-use crate::quant::format::kquant::QK_K;
+use crate::quant::QK_K;
 
 /// Device addresses of one product input's activations in each form (only
 /// those some matrix reads are written).

@@ -12,7 +12,7 @@ use super::format::Q8K_BYTES;
 use super::kernels;
 use crate::backend::SequenceState;
 use crate::error::ModelError;
-use crate::quant::format::kquant::QK_K;
+use crate::quant::QK_K;
 use crate::quant::{BlockQ8_1, QK};
 
 /// A decode-step graph. `CudaGraph` holds raw driver handles and is not

@@ -328,7 +328,7 @@ impl GgufFile {
             GgmlDType::Q5_1 => Some(QMatrix::from_q5_1_bytes),
             GgmlDType::Q4_0 => Some(|r, c, raw| QMatrix::q8_0_from_q4_0_or_q5_0(false, r, c, raw)),
             GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K => {
-                if !cols.is_multiple_of(crate::quant::format::kquant::QK_K) {
+                if !cols.is_multiple_of(crate::quant::QK_K) {
                     return Err(self.tensor_err(
                         name,
                         format!("{dtype:?} row length {cols} is not a multiple of 256"),

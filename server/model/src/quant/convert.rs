@@ -2,9 +2,12 @@
 //! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and Q5_0's exact
 //! expansion to Q8_0.
 
+use crate::quant::format::block::QK;
+use crate::quant::format::bytes::{blocks_from_bytes, f16_le, whole_rows};
 use crate::quant::format::kquant::{self, QK_K};
 use crate::quant::format::q5_0;
-use crate::quant::{BlockQ8_0, QK, QMatrix, blocks_from_bytes, f16_le, whole_rows};
+use crate::quant::format::q8::BlockQ8_0;
+use crate::quant::matrix::QMatrix;
 
 /// The K-quant types kept natively.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +29,7 @@ impl KQuant {
 }
 
 impl QMatrix {
-    /// A Q5_0 matrix as the exactly equal Q8_0 blocks (`quant_q5_0`);
+    /// A Q5_0 matrix as the exactly equal Q8_0 blocks (`format::q5_0`);
     /// `None` for any other format.
     pub fn q5_0_as_q8_0(&self) -> Option<QMatrix> {
         let QMatrix::Q5_0 { rows, cols, blocks } = self else {
@@ -140,7 +143,7 @@ impl QMatrix {
         raw: &[u8],
     ) -> Option<Self> {
         if five {
-            // ggml's dequantize_row_q5_0 values (`quant_q5_0::values`).
+            // ggml's dequantize_row_q5_0 values (`q5_0::values`).
             return Self::from_q5_0_bytes(rows, cols, raw).and_then(|m| m.q5_0_as_q8_0());
         }
         if !whole_rows(rows, cols, QK, 18, raw) {

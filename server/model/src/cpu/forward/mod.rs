@@ -28,8 +28,8 @@ use crate::ggml::Flavor;
 use crate::gguf::Config;
 use crate::gguf::weights::{Fused, Weights};
 use crate::pool::ThreadPool;
-use crate::quant::format::kquant::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::quant::{Acts, BlockQ8_1, QK, QMatrix, quantize_q8_1};
+use crate::quant::{BlockQ8K, QK_K, quantize_q8_k};
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use std::any::Any;
@@ -231,7 +231,7 @@ impl CpuBackend {
         let tiled: Vec<bool> = segs
             .iter()
             .flat_map(|g| {
-                let t = g.tokens.len() >= crate::quant::format::kquant::TILED_MIN_ROWS;
+                let t = g.tokens.len() >= crate::quant::TILED_MIN_ROWS;
                 std::iter::repeat_n(t, g.tokens.len())
             })
             .collect();

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use super::CpuBackend;
-use crate::quant::format::kquant::BlockQ8K;
+use crate::quant::BlockQ8K;
 use crate::quant::{BlockQ8_1, QK};
 
 #[derive(Default)]

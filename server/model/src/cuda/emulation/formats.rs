@@ -16,9 +16,9 @@ use super::{Out, bytes, quantized};
 use crate::cuda::format::{ActKind, DevFormat, Order, Q8K_BYTES};
 use crate::ggml::{self, Flavor};
 use crate::pool::ThreadPool;
-use crate::quant::format::half::BlockBf16;
-use crate::quant::format::kquant::{BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant::BlockBf16;
 use crate::quant::{Acts, KQuant, QK, QMatrix};
+use crate::quant::{BlockQ8K, QK_K, quantize_q8_k};
 use crate::test_rng::Lcg;
 
 /// A random `rows × cols` matrix of format `f` (scales of realistic size,

@@ -18,8 +18,8 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use super::block::{QK, WeightBlock};
 use crate::ggml::half::HalfBlock;
-use crate::quant::{QK, WeightBlock};
 
 /// A block type of 32 half-precision weights (`$t`: f16 or bf16), its
 /// dequantisation, its bits for the kernels, and its reading from GGUF bytes.
@@ -50,7 +50,7 @@ macro_rules! half_block {
 
         /// Blocks from raw little-endian GGUF bytes (64 bytes per block).
         pub fn $from_bytes(raw: &[u8]) -> Option<Vec<$name>> {
-            crate::quant::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| $name {
+            super::bytes::blocks_from_bytes(raw, |c: &[u8; 2 * QK]| $name {
                 v: std::array::from_fn(|i| <$t>::from_le_bytes([c[2 * i], c[2 * i + 1]])),
             })
         }

@@ -1,48 +1,22 @@
-//! K-quant weights (Q4_K, Q5_K, Q6_K: 256-value super-blocks) and their
-//! activation format Q8_K, kept natively so a Q4_K_M file costs what it
-//! costs on disk and its products are the ones llama.cpp's CPU backend
-//! computes.
+//! K-quant blocks (Q4_K, Q5_K, Q6_K: 256-value super-blocks) and their activation format Q8_K.
 //!
-//! For these weight types ggml quantises the activations to Q8_K
-//! (`quantize_row_q8_K_ref`: one f32 scale per 256 values, `-127/max`, and
-//! per-16 sums for the minimum terms), then `ggml_vec_dot_q{4,5,6}_K_q8_K`
-//! (AVX2) sums integer products per sub-block scale in eight int32 lanes, one
-//! `fma(d, lanes, acc)` per super-block, `hsum_float_8` at the end, plus the
-//! minimum term (Q4_K: four f32 lanes of `fma(dmin, ...)`; Q5_K: one scalar
-//! fma chain, as GCC contracts `summs += dmin * s`). Integer sums are exact
-//! in any order, but how they are split over the eight lanes is not free
-//! (each lane is converted and accumulated on its own): Q6_K's lanes carry
-//! ggml's `32·madd(bsums, scales)` correction, see `scalar::q6k_lanes`.
-//! The scalar reference below computes the same lanes and repeats ggml's
-//! float operations one by one; it equals the AVX2 kernels
-//! (`quant_k_avx2.rs`) bit for bit, and `tests/kquant_parity.py` checks
-//! both against llama.cpp's own kernels. ggml has no AVX-512 variant of
-//! these three products, so [`crate::ggml::flavor`] plays no part in them.
-//!
-//! For batches of 8 or more rows ggml takes another path, its tiled matmul
-//! (`ggml-cpu/tiled`): whole-super-block int32 sums and
-//! `acc += (d·s1 − dmin·s2)·d8` per block (`scalar::tiled_step`). Which one
-//! ran changes the last bits, so [`crate::quant::Acts::tiled`] says per row
-//! which to mirror: the tiled one for the rows of a sequence's step of 8+
-//! tokens (a prompt), the vector dot otherwise — each row's arithmetic
-//! still depends only on its own sequence's step, never on what else is
-//! batched with it. The tiled float epilogue is one fma in both of ggml's
-//! microkernels as built (`scalar::tiled_step` says why), so the build
-//! (`model.numerics`) plays no part in it either.
+//! Kept natively so a Q4_K_M file costs what it costs on disk and its
+//! products are the ones llama.cpp's CPU backend computes. For these weight
+//! types ggml quantises the activations to Q8_K (`quantize_row_q8_K_ref`:
+//! one f32 scale per 256 values, `-127/max`, and per-16 sums for the minimum
+//! terms: [`quantize_q8_k`]); the products' arithmetic is described with the
+//! scalar kernels, their reference (`quant::kernels::scalar`).
 //!
 //! The f16 scales are widened to f32 at load (exact) and the 6-bit packed
 //! sub-block scales/minimums of Q4_K/Q5_K unpacked (`get_scale_min_k4`), so a
 //! Q4_K/Q5_K block is 8 bytes larger than ggml's and a Q6_K block 2; the
 //! quants stay as stored.
 
-use crate::quant::{WeightBlock, blocks_from_bytes, bytes_at, f16_le};
+use super::block::WeightBlock;
+use super::bytes::{blocks_from_bytes, bytes_at, f16_le};
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
-
-/// The smallest batch for which ggml takes its tiled K-quant matmul
-/// (`ggml_tiled_min_batch`).
-pub const TILED_MIN_ROWS: usize = 8;
 
 /// Q4_K: `x = d * sc[s] * q - dmin * m[s]` for sub-block `s` (32 values);
 /// `qs[32j + l]` holds value `64j + l` (low nibble) and `64j + 32 + l` (high).
@@ -169,7 +143,7 @@ pub fn q6k_from_bytes(raw: &[u8]) -> Option<Vec<BlockQ6K>> {
 
 /// The 5-bit value `v` (0..256) of a Q5_K block.
 #[inline(always)]
-fn q5(b: &BlockQ5K, v: usize) -> u8 {
+pub(crate) fn q5(b: &BlockQ5K, v: usize) -> u8 {
     let (j, h, l) = (v / 64, (v / 32) % 2, v % 32);
     let lo = if h == 0 {
         b.qs[32 * j + l] & 0xF
@@ -181,7 +155,7 @@ fn q5(b: &BlockQ5K, v: usize) -> u8 {
 
 /// The 6-bit value `v` (0..256) of a Q6_K block, before the `- 32`.
 #[inline(always)]
-fn q6(b: &BlockQ6K, v: usize) -> u8 {
+pub(crate) fn q6(b: &BlockQ6K, v: usize) -> u8 {
     let (n, c, l) = (v / 128, (v / 32) % 4, v % 32);
     let (ql, qh) = (&b.ql[64 * n..], b.qh[32 * n + l]);
     let lo = match c {
@@ -275,174 +249,5 @@ pub fn quantize_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
             *s = q.iter().map(|&v| v as i16).sum();
         }
         b.d = 1.0 / iscale;
-    }
-}
-
-/// Portable K-quant products, the reference the AVX2 kernels are tested
-/// against: the same eight int32 lanes (lane `l` sums the values whose index
-/// within their 32-value chunk is in `4l..4l + 4`) and the same float
-/// operations in the same order.
-pub mod scalar {
-    use super::*;
-    use crate::ggml::reduce::hsum8;
-
-    /// `madd(mins, hadd(bsums))`: per pair of sub-blocks,
-    /// `m[2k]·Σ32 + m[2k+1]·Σ32` (ggml adds the 16-value sums in i16; they
-    /// cannot overflow).
-    #[inline(always)]
-    pub(crate) fn min_prods(m: &[u8; 8], a: &BlockQ8K) -> [i32; 4] {
-        let s = |i: usize| (a.bsums[2 * i] + a.bsums[2 * i + 1]) as i32;
-        std::array::from_fn(|k| m[2 * k] as i32 * s(2 * k) + m[2 * k + 1] as i32 * s(2 * k + 1))
-    }
-
-    /// The eight int32 lanes of one Q4_K block times one Q8_K block.
-    #[inline(always)]
-    pub(crate) fn q4k_lanes(w: &BlockQ4K, a: &BlockQ8K) -> [i32; 8] {
-        let mut lanes = [0i32; 8];
-        for j in 0..4 {
-            let (sl, sh) = (w.sc[2 * j] as i32, w.sc[2 * j + 1] as i32);
-            let (q, y) = (&w.qs[32 * j..32 * j + 32], &a.qs[64 * j..64 * j + 64]);
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                let (mut lo, mut hi) = (0i32, 0i32);
-                for e in 4 * l..4 * l + 4 {
-                    lo += (q[e] & 0xF) as i32 * y[e] as i32;
-                    hi += (q[e] >> 4) as i32 * y[32 + e] as i32;
-                }
-                *lane += sl * lo + sh * hi;
-            }
-        }
-        lanes
-    }
-
-    #[inline(always)]
-    pub(crate) fn q5k_lanes(w: &BlockQ5K, a: &BlockQ8K) -> [i32; 8] {
-        let mut lanes = [0i32; 8];
-        for c in 0..8 {
-            let s = w.sc[c] as i32;
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                let mut t = 0i32;
-                for e in 4 * l..4 * l + 4 {
-                    t += q5(w, 32 * c + e) as i32 * a.qs[32 * c + e] as i32;
-                }
-                *lane += s * t;
-            }
-        }
-        lanes
-    }
-
-    /// Q6_K's lanes as ggml's AVX2 kernel forms them: the products of the
-    /// unsigned 6-bit values, minus the `32·Σ scale·bsum` correction, which
-    /// `madd(bsums, scales)` spreads over the lanes differently (lane `l`
-    /// takes sub-blocks `2l` and `2l + 1`), so the lanes differ from those of
-    /// `(q − 32)` products even though their sum does not.
-    #[inline(always)]
-    pub(crate) fn q6k_lanes(w: &BlockQ6K, a: &BlockQ8K) -> [i32; 8] {
-        let mut lanes = [0i32; 8];
-        for c in 0..8 {
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                for e in 4 * l..4 * l + 4 {
-                    let v = 32 * c + e;
-                    *lane += w.scales[v / 16] as i32 * q6(w, v) as i32 * a.qs[v] as i32;
-                }
-            }
-        }
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let corr = w.scales[2 * l] as i32 * a.bsums[2 * l] as i32
-                + w.scales[2 * l + 1] as i32 * a.bsums[2 * l + 1] as i32;
-            *lane -= corr << 5;
-        }
-        lanes
-    }
-
-    /// `ggml_vec_dot_q4_K_q8_K` (AVX2 order).
-    pub fn dot_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-        let mut acc = [0f32; 8];
-        let mut acc_m = [0f32; 4];
-        for (w, a) in w.iter().zip(a) {
-            let d = a.d * w.d;
-            let dmin = -a.d * w.dmin;
-            let p = min_prods(&w.m, a);
-            for k in 0..4 {
-                acc_m[k] = dmin.mul_add(p[k] as f32, acc_m[k]);
-            }
-            let lanes = q4k_lanes(w, a);
-            for l in 0..8 {
-                acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
-            }
-        }
-        hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-    }
-
-    /// `ggml_vec_dot_q5_K_q8_K` (AVX2 order: the minimum term is one scalar
-    /// sum, `summs = fma(dmin, Σ prods, summs)`).
-    pub fn dot_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
-        let mut acc = [0f32; 8];
-        let mut summs = 0f32;
-        for (w, a) in w.iter().zip(a) {
-            let d = a.d * w.d;
-            let dmin = -a.d * w.dmin;
-            let p = min_prods(&w.m, a);
-            // GCC contracts ggml's `summs += dmin * s` into one fma.
-            summs = dmin.mul_add((p[0] + p[1] + p[2] + p[3]) as f32, summs);
-            let lanes = q5k_lanes(w, a);
-            for l in 0..8 {
-                acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
-            }
-        }
-        hsum8(&acc) + summs
-    }
-
-    /// `ggml_vec_dot_q6_K_q8_K` (AVX2 order; the `- 32` is folded into the
-    /// integer lanes, see `q6k_lanes`, so there is no minimum term).
-    pub fn dot_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-        let mut acc = [0f32; 8];
-        for (w, a) in w.iter().zip(a) {
-            let d = a.d * w.d;
-            let lanes = q6k_lanes(w, a);
-            for l in 0..8 {
-                acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
-            }
-        }
-        hsum8(&acc)
-    }
-
-    /// One super-block's step of ggml's tiled K-quant matmul
-    /// (`tiled_run_microtile`, the path ggml takes for batches of 8 or more
-    /// rows): whole-block integer sums `s1` (scaled quants) and `s2`
-    /// (scaled minimums), then `res = d·s1 − dmin·s2` (fnmadd) and
-    /// `acc += res·d8` as one fma. One fma in both of ggml's microkernels:
-    /// the AVX2 one writes `_mm256_fmadd_ps`; the AVX-512 VNNI one writes a
-    /// multiply and an add, which GCC (llama.cpp's compiler, whose GNU mode
-    /// contracts by default) turns into the same fma — measured: every
-    /// product of 8 to 40 tokens by 64 Q4_K, Q5_K and Q6_K rows equal to
-    /// an AVX-512 VNNI build's bit for bit with the fma, half of them off by
-    /// an ulp or more without it.
-    #[inline(always)]
-    pub(crate) fn tiled_step(s1: i32, s2: i32, d: f32, dmin: f32, d8: f32, acc: f32) -> f32 {
-        let res = (-dmin).mul_add(s2 as f32, d * s1 as f32);
-        res.mul_add(d8, acc)
-    }
-
-    pub fn tiled_q4k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-        w.iter().zip(a).fold(0f32, |acc, (w, a)| {
-            let s1 = q4k_lanes(w, a).iter().sum();
-            let s2 = min_prods(&w.m, a).iter().sum();
-            tiled_step(s1, s2, w.d, w.dmin, a.d, acc)
-        })
-    }
-
-    pub fn tiled_q5k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
-        w.iter().zip(a).fold(0f32, |acc, (w, a)| {
-            let s1 = q5k_lanes(w, a).iter().sum();
-            let s2 = min_prods(&w.m, a).iter().sum();
-            tiled_step(s1, s2, w.d, w.dmin, a.d, acc)
-        })
-    }
-
-    pub fn tiled_q6k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-        w.iter().zip(a).fold(0f32, |acc, (w, a)| {
-            let s1 = q6k_lanes(w, a).iter().sum();
-            tiled_step(s1, 0, w.d, 0.0, a.d, acc)
-        })
     }
 }

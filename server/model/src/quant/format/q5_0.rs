@@ -1,5 +1,7 @@
-//! Q5_0 weights kept natively (llama.cpp's fallback for Q4_K_M/Q4_K_S tensors
-//! whose rows are not a multiple of 256 — most matrices of narrow models).
+//! Q5_0 weights: 5-bit values with a scale, kept natively.
+//!
+//! llama.cpp's fallback for Q4_K_M/Q4_K_S tensors whose rows are not a
+//! multiple of 256 — most matrices of narrow models.
 //!
 //! `x = d·(q − 16)` with a 5-bit `q`: low nibbles in `qs` (value `j` in the
 //! low nibble of `qs[j]`, value `j + 16` in the high one), fifth bits in `qh`
@@ -7,13 +9,14 @@
 //! block to 32 signed bytes (`bytes_from_nibbles_32 | andnot(bytes_from_bits_32(qh), 0xF0)`)
 //! and then does exactly what `ggml_vec_dot_q8_0_q8_0` does, so its kernels
 //! are the Q8_0 ones on the expanded values ([`values`]; the
-//! [`crate::quant::Block32`] products), and they equal the Q8_0 kernels on
-//! [`QMatrix::q8_0_from_q4_0_or_q5_0`]'s blocks bit for bit.
+//! [`Block32`](super::block::Block32) products), and they equal the Q8_0
+//! kernels on the blocks [`as_q8_0`] expands them to (a Q5_0 matrix loaded
+//! as Q8_0) bit for bit.
 //! 24 bytes per block in memory (f16 scale widened) instead of 36 as Q8_0.
-//!
-//! [`QMatrix::q8_0_from_q4_0_or_q5_0`]: crate::quant::QMatrix::q8_0_from_q4_0_or_q5_0
 
-use crate::quant::{BlockQ8_0, QK, blocks_from_bytes, bytes_at, f16_le};
+use super::block::{QK, block32};
+use super::bytes::{blocks_from_bytes, bytes_at, f16_le};
+use super::q8::BlockQ8_0;
 
 /// A Q5_0 weight block.
 #[repr(C)]
@@ -57,3 +60,5 @@ pub fn values(b: &BlockQ5_0) -> [i8; QK] {
     }
     v
 }
+
+block32!(BlockQ5_0, min: false, values: values);

@@ -1,15 +1,18 @@
-//! Q5_1 weights kept natively (llama.cpp's fallback for Q5_K_M/Q5_K_S
-//! tensors whose rows are not a multiple of 256).
+//! Q5_1 weights: 5-bit values with a scale and a minimum, kept natively.
+//!
+//! llama.cpp's fallback for Q5_K_M/Q5_K_S tensors whose rows are not a
+//! multiple of 256.
 //!
 //! `x = d·q + m` with a 5-bit `q` laid out like Q5_0's. ggml's
 //! `ggml_vec_dot_q5_1_q8_1` (AVX2) multiplies the unsigned values with the
 //! Q8_1 activations (`mul_sum_us8_pairs_float`), one `fma(q, d·d8, acc)` per
 //! block, `hsum_float_8`, plus `Σ m·s` (an fma chain; `m·s` is exact, both
 //! being f16 values, so fused or not gives the same bits): the
-//! [`crate::quant::Block32`] products. 28 bytes per block in memory (f16
+//! [`Block32`](super::block::Block32) products. 28 bytes per block in memory (f16
 //! scale and minimum widened).
 
-use crate::quant::{QK, blocks_from_bytes, bytes_at, f16_le};
+use super::block::{QK, block32};
+use super::bytes::{blocks_from_bytes, bytes_at, f16_le};
 
 /// A Q5_1 weight block.
 #[repr(C)]
@@ -44,3 +47,5 @@ pub fn values(b: &BlockQ5_1) -> [u8; QK] {
     }
     v
 }
+
+block32!(BlockQ5_1, min: true, values: |b| values(b).map(|q| q as i8));

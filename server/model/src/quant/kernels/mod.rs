@@ -1,15 +1,21 @@
-//! The weight-product kernel families (AVX2+FMA, chosen at run time by
-//! `samplerd_numerics::features`, and the portable scalar ones, forced with
-//! `SAMPLERD_MODEL_SCALAR=1`) and the dispatch from a [`QMatrix`] to a
-//! format's row kernel, which [`QMatrix::matmul`] and the tests share.
+//! The weight-product kernels per instruction set and the dispatch from a [`QMatrix`] to them.
+//!
+//! Two families: AVX2+FMA (`avx2`, chosen at run time by
+//! `samplerd_numerics::features`) and the portable scalar ones (`scalar`,
+//! forced with `SAMPLERD_MODEL_SCALAR=1`); [`Kernels`] maps a matrix's
+//! format to its row kernel, which the pool-split matmul and the tests share.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+pub mod scalar;
 
-use crate::quant::format::kquant::{self, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::format::block::{QK, WeightBlock};
+use crate::quant::format::kquant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::quant::format::q4_1::BlockQ4_1;
 use crate::quant::format::q5_0::BlockQ5_0;
 use crate::quant::format::q5_1::BlockQ5_1;
-use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1, QMatrix, WeightBlock};
+use crate::quant::format::q8::{BlockQ8_0, BlockQ8_1};
+use crate::quant::matrix::QMatrix;
 
 /// One kernel family: a row-product function per format (`_t`: the
 /// K-quants in ggml's tiled order).
@@ -50,25 +56,24 @@ impl Kernels {
     /// The portable kernels (also the reference the AVX2 ones are tested
     /// against).
     pub(crate) fn scalar() -> Kernels {
-        use kquant::scalar as k;
         Kernels {
             name: "scalar",
             q8_0: scalar::rows,
             q4_1: scalar::rows,
             q5_0: scalar::rows,
             q5_1: scalar::rows,
-            q4k: |w, a, out| scalar::each_row(w, a, out, k::dot_q4k),
-            q5k: |w, a, out| scalar::each_row(w, a, out, k::dot_q5k),
-            q6k: |w, a, out| scalar::each_row(w, a, out, k::dot_q6k),
-            q4k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q4k),
-            q5k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q5k),
-            q6k_t: |w, a, out| scalar::each_row(w, a, out, k::tiled_q6k),
+            q4k: |w, a, out| scalar::each_row(w, a, out, scalar::dot_q4k),
+            q5k: |w, a, out| scalar::each_row(w, a, out, scalar::dot_q5k),
+            q6k: |w, a, out| scalar::each_row(w, a, out, scalar::dot_q6k),
+            q4k_t: |w, a, out| scalar::each_row(w, a, out, scalar::tiled_q4k),
+            q5k_t: |w, a, out| scalar::each_row(w, a, out, scalar::tiled_q5k),
+            q6k_t: |w, a, out| scalar::each_row(w, a, out, scalar::tiled_q6k),
             q8_0_x: scalar::rows_tokens,
             q4_1_x: scalar::rows_tokens,
             q5_1_x: scalar::rows_tokens,
-            q4k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, k::tiled_q4k),
-            q5k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, k::tiled_q5k),
-            q6k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, k::tiled_q6k),
+            q4k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, scalar::tiled_q4k),
+            q5k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, scalar::tiled_q5k),
+            q6k_tx: |w, a, n, out| scalar::each_token(w, a, n, out, scalar::tiled_q6k),
         }
     }
 
@@ -77,10 +82,10 @@ impl Kernels {
     /// chains overlap: four for Q8_0 / Q4_1, two for the others.
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn avx2() -> Option<Kernels> {
-        use crate::quant::kernels::avx2::kquant::tiled_safe as tiled;
-        use crate::quant::kernels::avx2::kquant::tiled_tokens_safe as tiled_tokens;
-        use crate::quant::kernels::avx2::rows::rows_safe as rows;
-        use crate::quant::kernels::avx2::tokens::tokens_safe as tokens;
+        use avx2::kquant::tiled_safe as tiled;
+        use avx2::kquant::tiled_tokens_safe as tiled_tokens;
+        use avx2::rows::rows_safe as rows;
+        use avx2::tokens::tokens_safe as tokens;
         let f = samplerd_numerics::features();
         let vnni = crate::quant::kernels::avx2::tokens::has_vnni();
         (f.avx2() && f.fma()).then_some(Kernels {
@@ -172,7 +177,7 @@ impl Kernels {
         n_tok: usize,
         dst: &mut [f32],
     ) {
-        let nb = m.cols() / crate::quant::QK;
+        let nb = m.cols() / QK;
         let part = r.start * nb..r.end * nb;
         match m {
             QMatrix::Q8_0 { blocks, .. } => (self.q8_0_x)(&blocks[part], a, n_tok, dst),
@@ -193,7 +198,7 @@ impl Kernels {
         n_tok: usize,
         dst: &mut [f32],
     ) {
-        let nb = m.cols() / kquant::QK_K;
+        let nb = m.cols() / QK_K;
         let part = r.start * nb..r.end * nb;
         match m {
             QMatrix::Q4K { blocks, .. } => (self.q4k_tx)(&blocks[part], ak, n_tok, dst),
@@ -231,166 +236,4 @@ pub(crate) fn kernels() -> &'static Kernels {
 /// Which kernel family is in use ("avx2" or "scalar").
 pub fn kernel_name() -> &'static str {
     kernels().name
-}
-
-/// Portable kernels: the same arithmetic as the AVX2 ones, lane by lane.
-pub mod scalar {
-    use super::*;
-
-    /// `out[r] = dot(W[r], a)` for every row of `w` (`a.len()` blocks a row).
-    #[inline(always)]
-    pub fn each_row<W, A>(w: &[W], a: &[A], out: &mut [f32], dot: impl Fn(&[W], &[A]) -> f32) {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(a.len())) {
-            *o = dot(row, a);
-        }
-    }
-
-    /// A 32-value format's product ([`Block32`]): eight int32 lanes of
-    /// four products each, one fma per lane and block, `hsum_float_8`, then
-    /// the minimum term.
-    pub fn dot<B: Block32>(w: &[B], a: &[BlockQ8_1]) -> f32 {
-        let mut acc = [0f32; 8];
-        let mut summs = 0f32;
-        for (w, a) in w.iter().zip(a) {
-            if B::MIN {
-                summs += w.m() * a.s;
-            }
-            let d = w.d() * a.d;
-            let q = w.values();
-            for (l, acc) in acc.iter_mut().enumerate() {
-                let s: i32 = (4 * l..4 * l + 4)
-                    .map(|j| q[j] as i32 * a.qs[j] as i32)
-                    .sum();
-                *acc = d.mul_add(s as f32, *acc);
-            }
-        }
-        let v = crate::ggml::reduce::hsum8(&acc);
-        if B::MIN { v + summs } else { v }
-    }
-
-    pub fn rows<B: Block32>(w: &[B], a: &[BlockQ8_1], out: &mut [f32]) {
-        each_row(w, a, out, dot)
-    }
-
-    /// [`each_row`] for each of `n_tok` tokens (`a` and `out` token-major).
-    pub fn each_token<W, A>(
-        w: &[W],
-        a: &[A],
-        n_tok: usize,
-        out: &mut [f32],
-        dot: impl Fn(&[W], &[A]) -> f32 + Copy,
-    ) {
-        let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
-        for (a, out) in a.chunks_exact(nb).zip(out.chunks_exact_mut(n_rows)) {
-            each_row(w, a, out, dot);
-        }
-    }
-
-    /// [`rows`] for each of `n_tok` tokens (`a` and `out` token-major).
-    pub fn rows_tokens<B: Block32>(w: &[B], a: &[BlockQ8_1], n_tok: usize, out: &mut [f32]) {
-        let (nb, n_rows) = (a.len() / n_tok, out.len() / n_tok);
-        for (a, out) in a.chunks_exact(nb).zip(out.chunks_exact_mut(n_rows)) {
-            rows(w, a, out);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pool::ThreadPool;
-    use crate::quant::{Acts, quantize_q8_1};
-    use crate::test_rng::Lcg;
-    use half::f16;
-
-    /// `n` random GGUF blocks of a 32-value format: an f16 scale (and an
-    /// f16 minimum where `with_min`), then `rest` random bytes.
-    fn raw_blocks(n: usize, with_min: bool, rest: usize, r: &mut Lcg) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for _ in 0..n {
-            raw.extend_from_slice(&f16::from_f32(0.01 + r.f().abs() * 0.1).to_le_bytes());
-            if with_min {
-                raw.extend_from_slice(&f16::from_f32(-r.f().abs()).to_le_bytes());
-            }
-            raw.extend((0..rest).map(|_| r.byte()));
-        }
-        raw
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    /// A prompt's product (several tokens through `Kernels::tokens`, on the
-    /// pool, 64-row tiles) equals each token's one-token product bit for
-    /// bit, for every 32-value format, row counts that leave partial row
-    /// groups and token counts that leave partial token groups; and the
-    /// AVX2 several-token kernels equal the scalar ones.
-    #[test]
-    fn several_tokens_equal_one_token_at_a_time() {
-        let mut r = Lcg(21);
-        let pool = ThreadPool::new(2);
-        for (rows, cols) in [(1usize, 64usize), (5, 96), (67, 64), (130, 128)] {
-            let nb = rows * cols / 32;
-            let mats = [
-                QMatrix::from_q8_0_bytes(rows, cols, &raw_blocks(nb, false, 32, &mut r)),
-                QMatrix::from_q4_1_bytes(rows, cols, &raw_blocks(nb, true, 16, &mut r)),
-                QMatrix::from_q5_0_bytes(rows, cols, &raw_blocks(nb, false, 20, &mut r)),
-                QMatrix::from_q5_1_bytes(rows, cols, &raw_blocks(nb, true, 20, &mut r)),
-            ];
-            for m in mats.into_iter().map(|m| m.expect("whole blocks")) {
-                for n_tok in [2usize, 3, 5] {
-                    let x: Vec<f32> = (0..n_tok * cols).map(|_| r.f() * 4.0).collect();
-                    let mut xq = vec![BlockQ8_1::default(); n_tok * cols / 32];
-                    quantize_q8_1(&x, &mut xq);
-                    let mut got = vec![0f32; n_tok * rows];
-                    m.matmul(&pool, Acts::q8(&xq), n_tok, &mut got);
-                    let mut want = vec![0f32; n_tok * rows];
-                    for t in 0..n_tok {
-                        let a = &xq[t * cols / 32..(t + 1) * cols / 32];
-                        m.matmul(&pool, Acts::q8(a), 1, &mut want[t * rows..(t + 1) * rows]);
-                    }
-                    let what = format!("{} {rows}x{cols}, {n_tok} tokens", m.format());
-                    assert_eq!(bits(&got), bits(&want), "matmul: {what}");
-                    let expanded: Vec<BlockQ8_0> = match &m {
-                        QMatrix::Q5_0 { blocks, .. } => blocks
-                            .iter()
-                            .map(crate::quant::format::q5_0::as_q8_0)
-                            .collect(),
-                        _ => Vec::new(),
-                    };
-                    let mut scalar = vec![0f32; n_tok * rows];
-                    Kernels::scalar().tokens(&m, 0..rows, &expanded, &xq, n_tok, &mut scalar);
-                    assert_eq!(bits(&scalar), bits(&want), "scalar kernels: {what}");
-                    if let Some(avx2) = Kernels::avx2() {
-                        let mut v = vec![0f32; n_tok * rows];
-                        avx2.tokens(&m, 0..rows, &expanded, &xq, n_tok, &mut v);
-                        assert_eq!(bits(&v), bits(&want), "avx2 kernels: {what}");
-                        // The build without VNNI, whatever this CPU has.
-                        #[cfg(target_arch = "x86_64")]
-                        {
-                            use crate::quant::kernels::avx2::tokens::tokens_no_vnni as no_vnni;
-                            let mut v = vec![0f32; n_tok * rows];
-                            match &m {
-                                QMatrix::Q8_0 { blocks, .. } => {
-                                    no_vnni::<_, 4, 2>(blocks, &xq, n_tok, &mut v)
-                                }
-                                QMatrix::Q4_1 { blocks, .. } => {
-                                    no_vnni::<_, 4, 2>(blocks, &xq, n_tok, &mut v)
-                                }
-                                QMatrix::Q5_0 { .. } => {
-                                    no_vnni::<_, 4, 2>(&expanded, &xq, n_tok, &mut v)
-                                }
-                                QMatrix::Q5_1 { blocks, .. } => {
-                                    no_vnni::<_, 4, 2>(blocks, &xq, n_tok, &mut v)
-                                }
-                                _ => unreachable!(),
-                            }
-                            assert_eq!(bits(&v), bits(&want), "avx2 kernels without VNNI: {what}");
-                        }
-                    }
-                }
-            }
-        }
-    }
 }

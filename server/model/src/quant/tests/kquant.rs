@@ -4,9 +4,12 @@
 //! Q8_K quantisation follows `quantize_row_q8_K_ref`.
 
 use crate::pool::ThreadPool;
+use crate::quant::acts::Acts;
+use crate::quant::convert::KQuant;
 use crate::quant::format::kquant::{BlockQ8K, QK_K, quantize_q8_k};
+use crate::quant::format::q8::{BlockQ8_1, quantize_q8_1};
 use crate::quant::kernels::Kernels;
-use crate::quant::{Acts, KQuant, QMatrix};
+use crate::quant::matrix::QMatrix;
 use crate::test_rng::Lcg;
 use candle_core::quantized::GgmlDType;
 use half::f16;
@@ -81,7 +84,7 @@ fn k_matmul(pool: &ThreadPool, m: &QMatrix, a: &[BlockQ8K], tiled: &[bool]) -> V
 }
 
 /// `m` times one token's Q8_1 activations with kernel family `k`.
-fn q8_rows(k: &Kernels, m: &QMatrix, a: &[crate::quant::BlockQ8_1]) -> Vec<f32> {
+fn q8_rows(k: &Kernels, m: &QMatrix, a: &[BlockQ8_1]) -> Vec<f32> {
     let mut out = vec![0f32; m.rows()];
     k.tile(m, 0..m.rows(), a, &[], false, &mut out);
     out
@@ -269,8 +272,8 @@ fn q4_0_and_q5_0_become_equal_q8_0() {
                 assert_eq!(&ours[..], &theirs[i * cols..(i + 1) * cols], "native q5_0");
             }
             let x: Vec<f32> = (0..cols).map(|_| r.f() * 4.0).collect();
-            let mut xq = vec![crate::quant::BlockQ8_1::default(); cols / 32];
-            crate::quant::quantize_q8_1(&x, &mut xq);
+            let mut xq = vec![BlockQ8_1::default(); cols / 32];
+            quantize_q8_1(&x, &mut xq);
             let pool = ThreadPool::new(2);
             let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
             m.matmul(&pool, Acts::q8(&xq), 1, &mut a);
@@ -347,8 +350,8 @@ fn q5_1_kernels_agree() {
     let theirs = candle_dequant(GgmlDType::Q5_1, &raw, rows, cols);
     assert_rows_close(&m, &theirs, 1e-6, "q5_1");
     let x: Vec<f32> = (0..cols).map(|_| r.f() * 4.0).collect();
-    let mut xq = vec![crate::quant::BlockQ8_1::default(); cols / 32];
-    crate::quant::quantize_q8_1(&x, &mut xq);
+    let mut xq = vec![BlockQ8_1::default(); cols / 32];
+    quantize_q8_1(&x, &mut xq);
     let want = q8_rows(&Kernels::scalar(), &m, &xq);
     let mut got = vec![0f32; rows];
     m.matmul(&ThreadPool::new(2), Acts::q8(&xq), 1, &mut got);

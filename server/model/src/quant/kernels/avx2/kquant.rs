@@ -1,15 +1,17 @@
-//! AVX2 K-quant products: ggml's `ggml_vec_dot_q{4,5,6}_K_q8_K` AVX2 code
-//! as [`RowDot`]s, run two rows at a time by `quant_avx2::rows_safe` (the
+//! AVX2 K-quant products, in ggml's vector-dot order and in its tiled matmul's.
+//!
+//! ggml's `ggml_vec_dot_q{4,5,6}_K_q8_K` AVX2 code
+//! as [`RowDot`]s, run two rows at a time by `rows::rows_safe` (the
 //! two fma chains overlap) with each row keeping ggml's own order: one
 //! `fma(d, lanes, acc)` per super-block, blocks in order, `hsum_float_8`,
 //! then the minimum term; and the same integer lanes in the order of ggml's
-//! tiled matmul ([`tiled_safe`]). Installed by `quant::kernels()` only when
+//! tiled matmul ([`tiled_safe`]). Installed by the kernel table only when
 //! the CPU has AVX2 and FMA.
 
 use crate::ggml::reduce::hsum;
-use crate::quant::format::kquant::scalar::tiled_step;
 use crate::quant::format::kquant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::quant::kernels::avx2::rows::{RowDot, prefetch_ahead, token_major};
+use crate::quant::kernels::scalar::tiled_step;
 use std::arch::x86_64::*;
 
 /// `madd(mins, hadd(bsums lo, bsums hi))`: the four int32 minimum products
@@ -330,7 +332,7 @@ unsafe fn hsum_i32_4(v: __m128i) -> i32 {
 }
 
 // ggml's tiled matmul (8+ row batches): the same integer lanes, summed per
-// super-block, then `quant_k::scalar::tiled_step` (see the `quant_k` module
+// super-block, then `scalar::tiled_step` (see the `scalar` module
 // comment).
 
 /// Every row of `w` in the tiled order.

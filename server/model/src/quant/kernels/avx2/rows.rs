@@ -1,16 +1,18 @@
-//! The AVX2 weight products' shared part: ggml's `hsum_float_8`, and the
-//! row driver every format's kernel runs in — `N` rows at a time, so their
-//! fma chains overlap, each row keeping ggml's own per-row order (one
-//! accumulator, blocks in order, the horizontal sum, then the format's
-//! minimum term). A format supplies its block product as a [`RowDot`]; the
-//! Q8_0 and Q4_1 ones are here, Q5_0 / Q5_1 in their modules, the K-quants
-//! in `quant_k_avx2`. Installed by `quant::kernels()` only when the CPU has
-//! AVX2 and FMA.
+//! The AVX2 row driver every format's one-token kernel runs in, and the 32-value formats' block products.
+//!
+//! `N` rows at a time, so their fma chains overlap, each row keeping
+//! ggml's own per-row order (one accumulator, blocks in order, the
+//! horizontal sum, then the format's minimum term). A format supplies its
+//! block product as a [`RowDot`]; the 32-value ones (Q8_0, Q4_1, Q5_0,
+//! Q5_1) are here, the K-quants in `kquant`. Installed by the kernel table
+//! (`kernels()`) only when the CPU has AVX2 and FMA.
 
 use crate::ggml::reduce::hsum;
+use crate::quant::format::block::Block32;
+use crate::quant::format::q4_1::BlockQ4_1;
 use crate::quant::format::q5_0::BlockQ5_0;
 use crate::quant::format::q5_1::BlockQ5_1;
-use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
+use crate::quant::format::q8::{BlockQ8_0, BlockQ8_1};
 use std::arch::x86_64::*;
 
 /// How far ahead of the blocks being multiplied the weights are

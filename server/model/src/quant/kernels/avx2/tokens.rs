@@ -1,12 +1,13 @@
-//! A prompt's weight products for the 32-value formats (Q8_0 — and so the
-//! Q5_0 matrices, which a prompt's product expands to Q8_0 once per tile —
-//! Q4_1 and Q5_1): `N` rows by `T` tokens per step, the way tinyBLAS
+//! A prompt's weight products for the 32-value formats, `N` rows by `T` tokens per step.
+//!
+//! Q8_0 — and so the Q5_0 matrices, which a prompt's product expands to
+//! Q8_0 once per tile — Q4_1 and Q5_1, blocked the way tinyBLAS
 //! (llama.cpp's `llamafile/sgemm.cpp`) blocks its registers, so each weight
 //! block is loaded and unpacked once for `T` tokens and each activation
 //! block once for `N` rows, and the block scales are multiplied as vectors.
 //!
 //! Every output keeps the one-token kernel's exact arithmetic
-//! (`quant_avx2`): the same eight int32 lanes of four byte products per
+//! (`rows`): the same eight int32 lanes of four byte products per
 //! block (exact integers however they are summed, so AVX-512 VNNI's
 //! `vpdpbusd` gives the same lanes as `vpmaddubsw` + `vpmaddwd`: a pair of
 //! byte products lies in [-32768, 32512] for Q8_0's |w| and within
@@ -20,11 +21,13 @@
 use std::arch::x86_64::*;
 
 use crate::ggml::reduce::hsum;
+use crate::quant::format::block::Block32;
+use crate::quant::format::q4_1::BlockQ4_1;
 use crate::quant::format::q5_1::BlockQ5_1;
+use crate::quant::format::q8::{BlockQ8_0, BlockQ8_1};
 use crate::quant::kernels::avx2::rows::{
     bytes_from_bits_32, nibbles_32, prefetch_ahead, token_major,
 };
-use crate::quant::{Block32, BlockQ4_1, BlockQ8_0, BlockQ8_1};
 
 /// A 32-value block as `vpmaddubsw` / `vpdpbusd` take it: unsigned bytes,
 /// with the signs (Q8_0) moved to the activations.
