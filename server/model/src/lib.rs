@@ -42,10 +42,8 @@ pub use error::ModelError;
 pub use ggml::Numerics;
 pub use gguf::{Arch, Config};
 pub use prefix::{CachedTokens, StepOrder};
-pub use text::chat::{ChatMessage, ChatTemplate};
-pub use text::streamer::Utf8Streamer;
-pub use text::tokenizer::{TokenInfo, Tokenizer, attr};
-pub use text::vocab_file::read_vocabulary;
+pub use text::{ChatMessage, ChatTemplate};
+pub use text::{TokenInfo, Tokenizer, Utf8Streamer, attr, read_vocabulary};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -196,7 +194,7 @@ impl Model {
         messages: &[ChatMessage],
         parse_special_in_content: bool,
     ) -> Result<Vec<u32>, ModelError> {
-        text::chat_tokens::chat_tokens(
+        text::chat_tokens(
             &self.template,
             &self.tokenizer,
             messages,

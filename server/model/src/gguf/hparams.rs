@@ -100,6 +100,7 @@ impl GgufFile {
             other => Err(ModelError::UnsupportedArchitecture {
                 path: self.path().to_path_buf(),
                 arch: other.to_string(),
+                supported: Arch::SUPPORTED,
             }),
         }
     }

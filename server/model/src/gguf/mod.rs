@@ -2,6 +2,7 @@
 
 mod file;
 mod hparams;
+mod matrix;
 pub mod weights;
 
 pub use file::GgufFile;

@@ -6,8 +6,9 @@
 
 #![forbid(unsafe_code)]
 
+use super::file::GgufFile;
+use super::hparams::{Arch, Config};
 use crate::error::ModelError;
-use crate::gguf::{Config, GgufFile};
 use crate::quant::QMatrix;
 
 /// One transformer block.
@@ -179,7 +180,7 @@ impl Weights {
             // Biases are optional for llama and qwen2 (llama.cpp creates
             // them TENSOR_NOT_REQUIRED); qwen3 has none, so there a bias is
             // left unused and refused by `load`.
-            let bqkv = if c.arch != crate::gguf::Arch::Qwen3 && g.has_tensor(&n("attn_q.bias")) {
+            let bqkv = if c.arch != Arch::Qwen3 && g.has_tensor(&n("attn_q.bias")) {
                 let mut b = g.vector(&n("attn_q.bias"), dq)?;
                 b.extend(g.vector(&n("attn_k.bias"), dkv)?);
                 b.extend(g.vector(&n("attn_v.bias"), dkv)?);
@@ -223,8 +224,7 @@ impl Weights {
         // for the llama architecture only, shape {n_rot/2}
         // (`src/models/llama.cpp`, LLM_TENSOR_ROPE_FREQS), and passes it to
         // `ggml_rope_ext` as `freq_factors`.
-        let rope_freqs = if c.arch == crate::gguf::Arch::Llama && g.has_tensor("rope_freqs.weight")
-        {
+        let rope_freqs = if c.arch == Arch::Llama && g.has_tensor("rope_freqs.weight") {
             vectors.push("rope_freqs.weight".into());
             let v = g.f32_values("rope_freqs.weight")?;
             if v.len() != c.rope_dim / 2 {

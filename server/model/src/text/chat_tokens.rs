@@ -13,9 +13,9 @@
 
 #![forbid(unsafe_code)]
 
+use super::chat::{ChatMessage, ChatTemplate};
+use super::tokenizer::Tokenizer;
 use crate::error::ModelError;
-use crate::text::chat::{ChatMessage, ChatTemplate};
-use crate::text::tokenizer::Tokenizer;
 
 /// Private-use characters around a content marker: nothing a template
 /// would produce or change.

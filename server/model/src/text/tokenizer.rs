@@ -1,9 +1,10 @@
-//! The tokenizer, built from the GGUF metadata itself (`tokenizer.ggml.*`)
-//! with the `tokenizers` crate so that token ids equal llama.cpp's.
+//! The tokenizer, built from the GGUF metadata (`tokenizer.ggml.*`) so that token ids equal llama.cpp's.
+//!
+//! BPE runs through the `tokenizers` crate.
 //!
 //! Supported (`tokenizer.ggml.model`):
 //! - `"gpt2"`: byte-level BPE (never a prefix space) with the pre-tokenizer
-//!   family llama.cpp picks for `tokenizer.ggml.pre` (`crate::text::pre_tokenizer`:
+//!   family llama.cpp picks for `tokenizer.ggml.pre` (`pre_tokenizer`:
 //!   default, GPT-2, SmolLM, Qwen2 and Llama 3 — whose whole-word vocabulary
 //!   hits skip the merges, as llama.cpp's `ignore_merges`); another name is
 //!   a load error naming it. Control and user-defined tokens (from
@@ -11,58 +12,27 @@
 //!   `<|im_start|>` written in a raw prompt is one token when special
 //!   parsing is on (as llama-server does for prompts).
 //! - `"llama"`: SentencePiece-style merges by `tokenizer.ggml.scores` with
-//!   byte fallback, as llama.cpp runs them (`crate::text::spm`): Llama 1 and 2,
+//!   byte fallback, as llama.cpp runs them (`spm`): Llama 1 and 2,
 //!   Mistral v0.1–v0.3.
 //!
 //! Another model is a load error naming the key and value.
 //!
 //! Decoding: [`Tokenizer::token_bytes`] gives a token's raw bytes (which may
-//! be part of a UTF-8 character; see [`crate::Utf8Streamer`]): byte-level
+//! be part of a UTF-8 character; see
+//! [`Utf8Streamer`](super::streamer::Utf8Streamer)): byte-level
 //! for BPE, `▁` as a space and `<0xXX>` as its byte for SentencePiece, as
 //! llama.cpp's `token_to_piece`.
 
 #![forbid(unsafe_code)]
 
+use super::pre_tokenizer::PreTokenizer;
+use super::spm::{Special, SpmEncoder};
+use super::vocab::{TokenInfo, attr, token_infos, token_type};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-use crate::text::pre_tokenizer::PreTokenizer;
-use crate::text::spm::{Special, SpmEncoder};
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::AddedToken;
 use tokenizers::models::bpe::{BPE, Vocab};
-
-/// GGUF token types (`tokenizer.ggml.token_type`).
-pub mod token_type {
-    pub const NORMAL: i32 = 1;
-    pub const UNKNOWN: i32 = 2;
-    pub const CONTROL: i32 = 3;
-    pub const USER_DEFINED: i32 = 4;
-    pub const UNUSED: i32 = 5;
-    pub const BYTE: i32 = 6;
-}
-
-/// Attribute flags of a vocabulary entry (see [`TokenInfo`]).
-pub mod attr {
-    /// A control token (`<|im_start|>`, `<|endoftext|>`…): not text.
-    pub const CONTROL: u32 = 1;
-    /// Ends generation (eos, eot, eom, `<|im_end|>`…).
-    pub const END_OF_GENERATION: u32 = 2;
-    /// A single raw byte (`<0x0A>`-style tokens).
-    pub const BYTE: u32 = 4;
-    /// Unused / unknown slot.
-    pub const UNUSED: u32 = 8;
-    /// User-defined token (matched verbatim in text).
-    pub const USER_DEFINED: u32 = 16;
-}
-
-/// One vocabulary entry for sampler plugins.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenInfo {
-    /// The bytes the token stands for (control tokens: their text).
-    pub bytes: Vec<u8>,
-    /// [`attr`] flags.
-    pub attrs: u32,
-}
 
 /// Strings llama.cpp treats as end-of-generation when they are tokens.
 const EOG_TEXTS: &[&str] = &[
@@ -115,24 +85,6 @@ impl std::fmt::Debug for Tokenizer {
             .field("pre", &self.pre)
             .finish_non_exhaustive()
     }
-}
-
-fn bytes_to_unicode() -> [char; 256] {
-    let mut map = ['\0'; 256];
-    let mut n = 0u32;
-    for b in 0..256u32 {
-        let keep = (b'!' as u32..=b'~' as u32).contains(&b)
-            || (0xA1..=0xAC).contains(&b)
-            || (0xAE..=0xFF).contains(&b);
-        map[b as usize] = if keep {
-            char::from_u32(b).unwrap_or('\0')
-        } else {
-            let c = char::from_u32(256 + n).unwrap_or('\0');
-            n += 1;
-            c
-        };
-    }
-    map
 }
 
 fn tok_err(gguf: &GgufFile, key: &str, problem: impl Into<String>) -> ModelError {
@@ -262,72 +214,120 @@ fn spm_encoder(gguf: &GgufFile, texts: &[String], types: &[i32]) -> Result<Encod
     ))))
 }
 
+/// Whether `tokenizer.ggml.model` names a SentencePiece vocabulary
+/// (`"llama"`) rather than byte-level BPE (`"gpt2"`, the default); another
+/// model is an error naming it.
+fn is_spm(gguf: &GgufFile) -> Result<bool, ModelError> {
+    let model = gguf.get_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
+    match model {
+        "gpt2" => Ok(false),
+        "llama" => Ok(true),
+        _ => Err(tok_err(
+            gguf,
+            "tokenizer.ggml.model",
+            format!(
+                "unsupported tokenizer model {model:?} (supported: \"gpt2\" byte-level \
+                 BPE, \"llama\" SentencePiece)"
+            ),
+        )),
+    }
+}
+
+/// Every token's text (`tokenizer.ggml.tokens`).
+fn token_texts(gguf: &GgufFile) -> Result<Vec<String>, ModelError> {
+    match gguf.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.to_string().cloned())
+            .collect::<Result<_, _>>()
+            .map_err(|e| tok_err(gguf, "tokenizer.ggml.tokens", e.to_string())),
+        _ => Err(tok_err(
+            gguf,
+            "tokenizer.ggml.tokens",
+            "missing or not an array",
+        )),
+    }
+}
+
+/// Every token's type (`tokenizer.ggml.token_type`; all normal without the
+/// key), one per token of the `n`.
+fn token_types(gguf: &GgufFile, n: usize) -> Result<Vec<i32>, ModelError> {
+    let types: Vec<i32> = match gguf.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.to_i32()
+                    .or_else(|_| v.to_u32().map(|x| x as i32))
+                    .unwrap_or(1)
+            })
+            .collect(),
+        _ => vec![token_type::NORMAL; n],
+    };
+    if types.len() != n {
+        return Err(tok_err(
+            gguf,
+            "tokenizer.ggml.token_type",
+            format!("{} entries for {n} tokens", types.len()),
+        ));
+    }
+    Ok(types)
+}
+
+/// The token id under `key` (else `default`), when inside the `n` tokens.
+fn token_id(
+    gguf: &GgufFile,
+    key: &str,
+    default: Option<usize>,
+    n: usize,
+) -> Result<Option<u32>, ModelError> {
+    Ok(gguf
+        .get_usize(key)?
+        .or(default)
+        .map(|x| x as u32)
+        .filter(|&x| (x as usize) < n))
+}
+
+/// The end-of-generation ids, sorted: eos, eot and eom, and every control or
+/// user-defined token whose text llama.cpp treats as one ([`EOG_TEXTS`]).
+fn eog_ids(
+    gguf: &GgufFile,
+    eos: Option<u32>,
+    texts: &[String],
+    types: &[i32],
+) -> Result<Vec<u32>, ModelError> {
+    let n = texts.len();
+    let mut eog: Vec<u32> = Vec::new();
+    eog.extend(eos);
+    for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        eog.extend(token_id(gguf, key, None, n)?);
+    }
+    for (i, t) in texts.iter().enumerate() {
+        if EOG_TEXTS.contains(&t.as_str())
+            && matches!(types[i], token_type::CONTROL | token_type::USER_DEFINED)
+        {
+            eog.push(i as u32);
+        }
+    }
+    eog.sort_unstable();
+    eog.dedup();
+    Ok(eog)
+}
+
 impl Tokenizer {
     /// Builds the tokenizer from `tokenizer.ggml.*` metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, ModelError> {
-        let model = gguf.get_str("tokenizer.ggml.model")?.unwrap_or("gpt2");
-        let spm = match model {
-            "gpt2" => false,
-            "llama" => true,
-            _ => {
-                return Err(tok_err(
-                    gguf,
-                    "tokenizer.ggml.model",
-                    format!(
-                        "unsupported tokenizer model {model:?} (supported: \"gpt2\" byte-level \
-                         BPE, \"llama\" SentencePiece)"
-                    ),
-                ));
-            }
-        };
-        let texts: Vec<String> = match gguf.get("tokenizer.ggml.tokens") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.to_string().cloned())
-                .collect::<Result<_, _>>()
-                .map_err(|e| tok_err(gguf, "tokenizer.ggml.tokens", e.to_string()))?,
-            _ => {
-                return Err(tok_err(
-                    gguf,
-                    "tokenizer.ggml.tokens",
-                    "missing or not an array",
-                ));
-            }
-        };
+        let spm = is_spm(gguf)?;
+        let texts = token_texts(gguf)?;
+        let types = token_types(gguf, texts.len())?;
         let n = texts.len();
-        let types: Vec<i32> = match gguf.get("tokenizer.ggml.token_type") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.to_i32()
-                        .or_else(|_| v.to_u32().map(|x| x as i32))
-                        .unwrap_or(1)
-                })
-                .collect(),
-            _ => vec![token_type::NORMAL; n],
-        };
-        if types.len() != n {
-            return Err(tok_err(
-                gguf,
-                "tokenizer.ggml.token_type",
-                format!("{} entries for {n} tokens", types.len()),
-            ));
-        }
         // llama.cpp's defaults for a SentencePiece vocabulary without the keys.
         let (bos_default, eos_default) = if spm {
             (Some(1), Some(2))
         } else {
             (None, None)
         };
-        let id = |key: &str, default: Option<usize>| -> Result<Option<u32>, ModelError> {
-            Ok(gguf
-                .get_usize(key)?
-                .or(default)
-                .map(|x| x as u32)
-                .filter(|&x| (x as usize) < n))
-        };
-        let bos = id("tokenizer.ggml.bos_token_id", bos_default)?;
-        let eos = id("tokenizer.ggml.eos_token_id", eos_default)?;
+        let bos = token_id(gguf, "tokenizer.ggml.bos_token_id", bos_default, n)?;
+        let eos = token_id(gguf, "tokenizer.ggml.eos_token_id", eos_default, n)?;
         let (encoder, pre, family_adds_bos) = if spm {
             let encoder = spm_encoder(gguf, &texts, &types)?;
             (encoder, "spm".to_string(), true)
@@ -342,66 +342,8 @@ impl Tokenizer {
         let add_bos = gguf
             .get_bool("tokenizer.ggml.add_bos_token")?
             .unwrap_or(family_adds_bos);
-
-        let mut eog: Vec<u32> = Vec::new();
-        eog.extend(eos);
-        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
-            eog.extend(id(key, None)?);
-        }
-        for (i, t) in texts.iter().enumerate() {
-            if EOG_TEXTS.contains(&t.as_str())
-                && matches!(types[i], token_type::CONTROL | token_type::USER_DEFINED)
-            {
-                eog.push(i as u32);
-            }
-        }
-        eog.sort_unstable();
-        eog.dedup();
-
-        let b2u = bytes_to_unicode();
-        let mut u2b = std::collections::HashMap::with_capacity(256);
-        for (b, c) in b2u.iter().enumerate() {
-            u2b.insert(*c, b as u8);
-        }
-        let vocab_info = texts
-            .iter()
-            .zip(&types)
-            .enumerate()
-            .map(|(i, (t, &ty))| {
-                let mut attrs = match ty {
-                    token_type::CONTROL => attr::CONTROL,
-                    token_type::BYTE => attr::BYTE,
-                    token_type::UNUSED | token_type::UNKNOWN => attr::UNUSED,
-                    token_type::USER_DEFINED => attr::USER_DEFINED,
-                    _ => 0,
-                };
-                if eog.contains(&(i as u32)) {
-                    attrs |= attr::END_OF_GENERATION;
-                }
-                let bytes = match ty {
-                    token_type::CONTROL | token_type::USER_DEFINED => t.as_bytes().to_vec(),
-                    token_type::UNUSED => Vec::new(),
-                    token_type::BYTE => parse_byte_token(t)
-                        .map(|b| vec![b])
-                        .unwrap_or_else(|| t.as_bytes().to_vec()),
-                    // SentencePiece's `<unk>` is printed as its text (and
-                    // skipped as a control token when decoding without
-                    // special tokens), as llama.cpp's `token_to_piece`.
-                    token_type::UNKNOWN if spm => t.as_bytes().to_vec(),
-                    _ if spm => t.replace('\u{2581}', " ").into_bytes(),
-                    _ => t
-                        .chars()
-                        .flat_map(|c| {
-                            u2b.get(&c)
-                                .copied()
-                                .map(|b| vec![b])
-                                .unwrap_or_else(|| c.to_string().into_bytes())
-                        })
-                        .collect(),
-                };
-                TokenInfo { bytes, attrs }
-            })
-            .collect();
+        let eog = eog_ids(gguf, eos, &texts, &types)?;
+        let vocab_info = token_infos(&texts, &types, &eog, spm);
         let control_texts = match &encoder {
             Encoder::Spm(e) => e.parsed_special_texts().map(String::from).collect(),
             Encoder::Bpe(_) => (0..n)
@@ -543,9 +485,4 @@ impl Tokenizer {
     pub fn vocabulary(&self) -> &[TokenInfo] {
         &self.vocab
     }
-}
-
-fn parse_byte_token(t: &str) -> Option<u8> {
-    let hex = t.strip_prefix("<0x")?.strip_suffix('>')?;
-    u8::from_str_radix(hex, 16).ok()
 }

@@ -9,9 +9,10 @@ use std::path::Path;
 
 use tokenizers::DecoderWrapper;
 
+use super::tokenizer::Tokenizer;
+use super::vocab::{TokenInfo, attr};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
-use crate::text::tokenizer::{TokenInfo, Tokenizer, attr};
 
 /// Plain text: no [`attr`] flag.
 const TEXT: u32 = 0;
