@@ -1,11 +1,12 @@
-//! The AVX2 build of `crate::cpu::attention`: one head, or one grouped-query
-//! group's heads, straight from the f16 cache, operation for operation the
-//! arithmetic of `ggml::attention_head` (the tests in `crate::cpu::attention`
-//! compare them bit for bit). Used only when the CPU has AVX2, FMA and F16C.
+//! The AVX2 build of the cached attention: one head, or one group's heads, from the f16 cache.
+//!
+//! Operation for operation the arithmetic of `ggml::attention::attention_head`
+//! (the tests of `cpu::attention` compare them bit for bit). Used only when
+//! the CPU has AVX2, FMA and F16C.
 
 use std::arch::x86_64::*;
 
-use crate::cpu::attention::CachedHead;
+use super::cached::CachedHead;
 use crate::ggml::Flavor;
 use crate::ggml::expf::expf8;
 use crate::ggml::reduce::hsum;
@@ -67,7 +68,7 @@ unsafe fn head_avx512<const V: usize>(
     unsafe { body::<V>(h, s, a, o) }
 }
 
-/// [`super::attention_group`] of a prompt row whose group has `R` heads
+/// `attention_group` of a prompt row whose group has `R` heads
 /// (1..=4), picking the build as [`head`] does.
 ///
 /// # Safety

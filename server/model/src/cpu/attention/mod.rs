@@ -1,9 +1,10 @@
-//! Attention of one head — or of one grouped-query group's heads, which
-//! share a K and V head — read straight from the f16 KV cache, computing
-//! exactly what the reference [`crate::ggml::attention_head`] computes
+//! Attention of one head, or of one grouped-query group's heads, straight from the f16 KV cache.
+//!
+//! Heads of a group share a K and V head. Computes exactly what the
+//! reference [`ggml::attention::attention_head`](reference::attention_head) computes
 //! (llama.cpp's non-flash path) operation for operation, so the results are
 //! bit-equal (tested below against the reference on random heads of both
-//! arithmetic orders). The AVX2 build is `attention_avx2`; without AVX2,
+//! arithmetic orders). The AVX2 build is `avx2`; without AVX2,
 //! F16C and FMA, the reference runs on f32 copies.
 //!
 //! Why a second implementation: the reference takes f32 copies of the
@@ -18,34 +19,17 @@
 //! lane-per-position accumulators become one register per lane, reduced
 //! vertically in the same order).
 
-use half::f16;
-
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod cached;
 
-use crate::ggml::Flavor;
+pub use cached::CachedHead;
+
 use crate::ggml::attention::{self as reference, Head};
 #[cfg(target_arch = "x86_64")]
 use avx2 as simd;
 
-/// One attention head over `n_pos` cached positions (see [`attention_head`]).
-#[derive(Clone, Copy, Debug)]
-pub struct CachedHead<'a> {
-    /// The query already rounded to f16 (`hd` values).
-    pub q16: &'a [f32],
-    /// `n_pos × hd` keys and values, straight from the cache.
-    pub k: &'a [f16],
-    pub v: &'a [f16],
-    pub n_pos: usize,
-    pub scale: f32,
-    /// A one-token batch (llama.cpp's `ggml_vec_dot_f16` order; see
-    /// [`Head::decode`]).
-    pub decode: bool,
-    /// Whose lane order (`model.numerics`).
-    pub flavor: Flavor,
-}
-
-/// [`crate::ggml::attention_head`] of `h`, bit for bit. `scores`: scratch
+/// [`reference::attention_head`] of `h`, bit for bit. `scores`: scratch
 /// (≥ n_pos rounded up to 16); `acc`: scratch (≥ 64·hd); `out`: `hd` values.
 pub fn attention_head(h: &CachedHead<'_>, scores: &mut [f32], acc: &mut [f32], out: &mut [f32]) {
     let hd = h.q16.len();
@@ -113,7 +97,9 @@ pub fn attention_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml::Flavor;
     use crate::test_rng::Lcg;
+    use half::f16;
 
     /// `n` random f16 values in [-scale, scale).
     fn halves(r: &mut Lcg, n: usize, scale: f32) -> Vec<f16> {

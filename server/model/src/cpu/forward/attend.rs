@@ -1,12 +1,14 @@
-//! The attention pass of a CPU step: every row's grouped-query groups over
-//! its own sequence's f16 cache (`crate::cpu::attention`), spread over the pool
-//! one (row, KV head) item at a time, dearest first.
+//! The attention pass of a CPU step: every row's grouped-query groups over its own sequence's cache.
+//!
+//! Each group through `cpu::attention` from the f16 cache, spread over the
+//! pool one (row, KV head) item at a time, dearest first.
 
 use std::sync::Mutex;
 
 use half::f16;
 
-use super::{CpuBackend, SyncPtr};
+use super::backend::CpuBackend;
+use crate::cpu::attention::{CachedHead, attention_group};
 
 /// A read-only view of one sequence's cache for the attention pass.
 pub(super) struct CacheView<'a> {
@@ -16,6 +18,11 @@ pub(super) struct CacheView<'a> {
     /// The sequence runs one token this step (llama.cpp's decode ordering).
     pub(super) decode: bool,
 }
+
+struct SyncPtr<T>(*mut T);
+// SAFETY: only used to give pool threads disjoint parts of one buffer; every
+// use documents why the parts are disjoint and outlive the parallel section.
+unsafe impl<T> Sync for SyncPtr<T> {}
 
 impl CpuBackend {
     /// Attention of every row of the step over its own sequence's cache;
@@ -69,7 +76,7 @@ impl CpuBackend {
                 let o = unsafe {
                     std::slice::from_raw_parts_mut(out_ptr.0.add(t * dq + g * rep * hd), rep * hd)
                 };
-                let group = crate::cpu::attention::CachedHead {
+                let group = CachedHead {
                     q16: q,
                     k: &view.k[base..base + n_pos * hd],
                     v: &view.v[base..base + n_pos * hd],
@@ -78,7 +85,7 @@ impl CpuBackend {
                     decode: view.decode,
                     flavor: self.flavor,
                 };
-                crate::cpu::attention::attention_group(&group, rep, scores, acc, o);
+                attention_group(&group, rep, scores, acc, o);
             }
         });
     }

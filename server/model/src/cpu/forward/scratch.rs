@@ -1,11 +1,11 @@
-//! The CPU forward pass's scratch: every per-step buffer, sized on first
-//! use for the largest step seen and kept across steps.
+//! The CPU forward pass's scratch: every per-step buffer, sized on first use for the largest step seen.
+//!
+//! Kept across steps (a session's own, or the backend's for batched steps).
 
 use std::sync::Mutex;
 
-use super::CpuBackend;
-use crate::quant::BlockQ8K;
-use crate::quant::{BlockQ8_1, QK};
+use crate::gguf::{Config, Weights};
+use crate::quant::{BlockQ8_1, BlockQ8K, QK};
 
 #[derive(Default)]
 pub(super) struct Scratch {
@@ -46,13 +46,23 @@ impl std::fmt::Debug for Scratch {
     }
 }
 
-impl CpuBackend {
-    pub(super) fn ensure_scratch(&self, s: &mut Scratch, n: usize, capacity: usize) {
-        let c = &self.config;
-        if s.per_thread.len() != self.pool.n_threads() || s.per_thread_cap < capacity {
+impl Scratch {
+    /// Sizes the buffers for a step of `n` rows of a model of `c` and `w`
+    /// over caches of up to `capacity` positions (attention scratch for
+    /// each of the pool's `n_threads`).
+    pub(super) fn ensure(
+        &mut self,
+        c: &Config,
+        w: &Weights,
+        n_threads: usize,
+        n: usize,
+        capacity: usize,
+    ) {
+        let s = self;
+        if s.per_thread.len() != n_threads || s.per_thread_cap < capacity {
             let rep = c.n_head / c.n_head_kv;
             let per = 64 * c.head_dim + rep * c.head_dim + rep * capacity.div_ceil(16) * 16;
-            s.per_thread = (0..self.pool.n_threads())
+            s.per_thread = (0..n_threads)
                 .map(|_| Mutex::new(vec![0f32; per]))
                 .collect();
             s.per_thread_cap = capacity;
@@ -62,18 +72,8 @@ impl CpuBackend {
             return;
         }
         let d = c.n_embd;
-        let qkv = self
-            .weights
-            .layers
-            .first()
-            .map(|l| l.wqkv.rows())
-            .unwrap_or(0);
-        let gu = self
-            .weights
-            .layers
-            .first()
-            .map(|l| l.wgu.rows())
-            .unwrap_or(0);
+        let qkv = w.layers.first().map(|l| l.wqkv.rows()).unwrap_or(0);
+        let gu = w.layers.first().map(|l| l.wgu.rows()).unwrap_or(0);
         s.n_tok = n;
         s.x.resize(n * d, 0.0);
         s.xn.resize(n * d, 0.0);

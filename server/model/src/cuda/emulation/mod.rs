@@ -112,7 +112,7 @@ fn write_norm(dir: &Path, r: &mut Lcg) {
     let w: Vec<f32> = (0..d).map(|_| r.f31() * 2.0).collect();
     let summed: Vec<f32> = x.iter().zip(&add).map(|(a, b)| a + b).collect();
     let mut normed = vec![0f32; rows * d];
-    crate::cpu::forward::rms_norm(&summed, &w, eps, &mut normed);
+    crate::cpu::forward::norm::rms_norm(&summed, &w, eps, &mut normed);
     let mut f = Out::create(dir, "norm.bin");
     f.put(&[rows as i32, d as i32]);
     f.put(&[eps]);
