@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::{core_plugin, device_ops};
 
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, CudaState, MmKernel};
+use samplerd_model::cuda::{CudaBackend, CudaOptions, CudaState, MmKernel};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions};
 use samplerd_sampling::device_prefix::{SdCandidate, SplitSequence, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};

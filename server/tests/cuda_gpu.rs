@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::*;
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, DeviceStatus};
+use samplerd_model::cuda::{CudaBackend, CudaOptions, DeviceStatus};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions, Placement};
 use samplerd_sampling::device_prefix::{self, SdCandidate, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};

@@ -136,7 +136,7 @@ impl Model {
         } else {
             opts.n_ctx.min(config.n_ctx_train)
         };
-        let backend = cuda::new_backend(
+        let backend = new_backend(
             placement,
             &config,
             weights,
@@ -257,6 +257,37 @@ impl Model {
             logits: vec![0.0; self.config.n_vocab],
             cached: Box::default(),
         })
+    }
+}
+
+/// The backend for `placement` over freshly loaded `weights` (the CUDA
+/// backend uploads them and lets the host copy go).
+fn new_backend(
+    placement: &Placement,
+    config: &Config,
+    weights: Arc<gguf::Weights>,
+    n_threads: usize,
+    flavor: ggml::Flavor,
+) -> Result<Arc<dyn Backend>, ModelError> {
+    match placement {
+        Placement::Cpu => Ok(Arc::new(cpu::CpuBackend::new(
+            config.clone(),
+            weights,
+            n_threads,
+            flavor,
+        ))),
+        #[cfg(feature = "cuda")]
+        Placement::Cuda { ordinal, .. } => Ok(Arc::new(cuda::CudaBackend::new(
+            config.clone(),
+            &weights,
+            cuda::CudaOptions {
+                ordinal: *ordinal,
+                flavor,
+                ..Default::default()
+            },
+        )?)),
+        #[cfg(not(feature = "cuda"))]
+        Placement::Cuda { .. } => Err(ModelError::Backend(cuda::DeviceError::NotBuilt.to_string())),
     }
 }
 

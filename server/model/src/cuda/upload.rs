@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::backend::err;
+use super::err::err;
 use super::format::{ActKind, DevFormat};
 use crate::error::ModelError;
 use crate::gguf::Config;
@@ -135,7 +135,7 @@ pub(super) fn upload_f32(
 }
 
 /// cos/sin per rotated pair for every position, from the CPU path's
-/// [`crate::cpu::rope::rope_table`] (iterative theta, Llama 3.1+ frequency
+/// [`rope_table`](crate::cpu::rope::rope_table) (iterative theta, Llama 3.1+ frequency
 /// factors, linear scaling), so RoPE matches `crate::cpu::forward` bit for bit.
 pub(super) fn rope_table(c: &Config, freq_factors: Option<&[f32]>, positions: usize) -> Vec<f32> {
     let pairs = c.rope_dim / 2;

@@ -1,18 +1,19 @@
-//! The emulation cases of every weight format the CUDA backend keeps (see
-//! `emulation`, which runs them with `emu/formats.cpp`): the embedding
+//! The emulation cases of every weight format the CUDA backend keeps.
+//!
+//! `emulation` runs them with `formats.cpp`: the embedding
 //! lookup against `QMatrix::dequant_row`, the weight products in both
 //! kernel layouts (`mmw_*`, `mm_*`) against `QMatrix::matmul` in each of
 //! the CPU's orders a launch can pick (`format::Order`: one token, several
 //! tokens, the tiled K-quant order of 8+, the one-row order of the last
 //! layer's feed-forward), and `quantize_q8_k` against
-//! `quant_k::quantize_q8_k`. The matrices are built from GGUF bytes as the
+//! `quant::quantize_q8_k`. The matrices are built from GGUF bytes as the
 //! loader builds them and sent as `format::DevFormat::of` uploads them.
 
 use std::path::Path;
 
 use half::{bf16, f16};
 
-use super::{Out, bytes, quantized};
+use super::out::{Out, bytes, quantized};
 use crate::cuda::format::{ActKind, DevFormat, Order, Q8K_BYTES};
 use crate::ggml::{self, Flavor};
 use crate::pool::ThreadPool;

@@ -1,12 +1,13 @@
-//! The CUDA kernels checked bit for bit against the CPU backend without a
-//! GPU: the kernel source is compiled as C++ with a small emulation of the
-//! CUDA built-ins (`emu/prelude.h`: a thread per CUDA thread, barriers,
-//! shuffles through shared slots) and run by `emu/harness.cpp` over cases
+//! The CUDA kernels checked bit for bit against the CPU backend without a GPU.
+//!
+//! The kernel source is compiled as C++ with a small emulation of the
+//! CUDA built-ins (`prelude.h`: a thread per CUDA thread, barriers,
+//! shuffles through shared slots) and run by `harness.cpp` over cases
 //! whose expected results come from the CPU code itself
-//! (`ggml::attention_head`, `ggml::swiglu`, `forward::rms_norm`,
-//! `rope::apply_rope`, `quantize_q8_1`; every weight format's cases,
-//! `QMatrix::matmul` / `dequant_row` / `quantize_q8_k`, are in
-//! `emulation_formats`), in both ggml flavours. The GPU
+//! (`ggml::attention::attention_head`, `ggml::expf::swiglu`,
+//! `cpu::forward::norm::rms_norm`, `cpu::rope::apply_rope`, `quantize_q8_1`;
+//! every weight format's cases, `QMatrix::matmul` / `dequant_row` /
+//! `quantize_q8_k`, are in `formats`), in both ggml flavours. The GPU
 //! must match the CPU exactly (docs/ARCHITECTURE.md, "CUDA", and
 //! docs/perf-log/2026-11-30-cuda.md: last-bit differences change greedy
 //! tokens), so this runs with every `cargo test`,
@@ -14,43 +15,20 @@
 //! compiler is found (`CXX`, else `g++`).
 
 mod formats;
+mod out;
 
-use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
 use half::f16;
 
 use crate::ggml::{self, Flavor};
-use crate::quant::{BlockQ8_1, QK, quantize_q8_1};
 use crate::test_rng::Lcg;
+use out::{Out, quantized};
 
 const PRELUDE: &str = include_str!("prelude.h");
 const HARNESS: &str = include_str!("harness.cpp");
 const FORMATS: &str = include_str!("formats.cpp");
-
-pub(super) fn bytes<T>(v: &[T]) -> &[u8] {
-    // SAFETY: only used on slices of f32 / i32 / u16 / u8 and the
-    // #[repr(C)] block structs, whose bytes are all initialised (no padding).
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-pub(super) struct Out(std::fs::File);
-
-impl Out {
-    pub(super) fn create(dir: &Path, name: &str) -> Out {
-        Out(std::fs::File::create(dir.join(name)).expect("case file"))
-    }
-    pub(super) fn put<T>(&mut self, v: &[T]) {
-        self.0.write_all(bytes(v)).expect("case file write");
-    }
-}
-
-pub(super) fn quantized(x: &[f32]) -> Vec<BlockQ8_1> {
-    let mut q = vec![BlockQ8_1::default(); x.len() / QK];
-    quantize_q8_1(x, &mut q);
-    q
-}
 
 fn write_attention(dir: &Path, r: &mut Lcg, fl: Flavor) {
     let (nh, hd) = (3usize, 64usize);
@@ -191,7 +169,7 @@ fn kernels_match_the_cpu_bit_for_bit_in_a_cpu_emulation() {
         ("prelude.h", PRELUDE),
         ("harness.cpp", HARNESS),
         ("formats.cpp", FORMATS),
-        ("kernels_all.cu", super::KERNEL_SOURCE),
+        ("kernels_all.cu", crate::cuda::source::KERNEL_SOURCE),
     ] {
         std::fs::write(d.join(name), text).expect("emulation sources");
     }

@@ -1,5 +1,8 @@
-//! The CUDA kernels (`kernels*.cu`, embedded at build time as one source)
-//! compiled with NVRTC at start-up, once per process and GPU architecture
+//! The CUDA kernels compiled with NVRTC and loaded as a table of functions, and their launch helper.
+//!
+//! The `.cu` files beside this one are embedded at build time as one source
+//! (`source`), compiled with NVRTC at start-up, once per process and GPU
+//! architecture
 //! (the PTX is kept in memory, so a second model or a reload does not
 //! recompile), and loaded into a context as a table of functions. Also the
 //! launch helper that turns a list of plain arguments into a kernel launch.
@@ -13,7 +16,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use super::format::DevFormat;
 
 /// The CUDA C source of every kernel.
-pub const SOURCE: &str = super::KERNEL_SOURCE;
+pub const SOURCE: &str = super::source::KERNEL_SOURCE;
 
 /// Threads per block of the `mm_*` weight-product kernels (8 lanes per row).
 pub const MM_THREADS: u32 = 128;
