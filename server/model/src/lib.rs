@@ -1,17 +1,18 @@
-//! samplerd's model host: loads a GGUF model (llama — also Mistral's GGUFs —,
-//! qwen2 or qwen3 architecture;
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 weights kept in
-//! their block formats, Q4_0 as the equal Q8_0 blocks, anything else
-//! requantised to Q8_0),
-//! builds its tokenizer and chat template from the
-//! file's metadata, and runs the forward pass through a [`Backend`]: the CPU
-//! backend (`forward`: quantised weight kernels on a persistent thread
-//! pool, an f16 KV cache per [`Session`] read by `attention`, llama.cpp's
-//! rounding reproduced by `ggml`) or, with the `cuda` cargo feature, the CUDA backend (`cuda`), which
-//! gives the same bits. [`cuda::resolve`] picks the device and
-//! [`Model::load_on`] loads for it ([`Model::load`]: CPU).
-//! [`Model::decode_batch`] runs one decode step for several sessions, reading
-//! each weight once; [`Utf8Streamer`] turns token bytes into whole characters.
+//! samplerd's model host: loads a GGUF model, tokenizes its prompts and runs its forward pass.
+//!
+//! It loads a GGUF model (`gguf`; llama — also Mistral's GGUFs —, qwen2 or
+//! qwen3 architecture; Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and
+//! BF16 weights kept in their block formats, `quant`, Q4_0 as the equal
+//! Q8_0 blocks, anything else requantised to Q8_0), builds its tokenizer
+//! and chat template from the file's metadata (`text`), and runs the
+//! forward pass through a [`Backend`]: the CPU backend (`cpu`: quantised
+//! weight kernels on a persistent thread pool, `pool`, an f16 KV cache per
+//! [`Session`], llama.cpp's rounding reproduced by `ggml`) or, with the
+//! `cuda` cargo feature, the CUDA backend (`cuda`), which gives the same
+//! bits. [`cuda::resolve`] picks the device and [`Model::load_on`] loads
+//! for it ([`Model::load`]: CPU). [`Model::decode_batch`] runs one decode
+//! step for several sessions, reading each weight once; [`Utf8Streamer`]
+//! turns token bytes into whole characters.
 //!
 //! ```no_run
 //! use samplerd_model::{ChatMessage, Model, ModelOptions};
@@ -187,7 +188,7 @@ impl Model {
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         self.template.render(messages)
     }
-    /// The tokens of a chat prompt (see [`chat_tokens`]): message content
+    /// The tokens of a chat prompt (see [`text::chat_tokens`]): message content
     /// is plain text unless `parse_special_in_content`.
     pub fn chat_tokens(
         &self,

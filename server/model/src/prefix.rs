@@ -1,3 +1,5 @@
+//! What a session's KV cache holds, position by position, and which prefix a prompt can reuse.
+//!
 //! What a session's KV cache holds, position by position: the token and the
 //! arithmetic order its forward step used — so a later prompt can reuse the
 //! cached prefix it shares **and get the same bits** as a fresh prefill.

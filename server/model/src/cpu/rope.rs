@@ -1,3 +1,5 @@
+//! Rotary position embedding: the angle table and the rotation.
+//!
 //! Rotary position embedding as llama.cpp's CPU backend computes it
 //! (`ggml/src/ggml-cpu/ops.cpp`: `ggml_rope_cache_init`, `rope_yarn`,
 //! `rotate_pairs`), shared by the CPU forward pass and the CUDA backend's

@@ -1,4 +1,4 @@
-//! [`CudaBackend`]: its options, the kernels and weights it holds on one device, and its construction.
+//! [`CudaBackend`]: its options, the kernels and weights it holds on a device, its construction.
 //!
 //! Weights are uploaded once in the CPU loader's block formats (every one
 //! it keeps: Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16); one CUDA

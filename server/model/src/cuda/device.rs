@@ -1,4 +1,4 @@
-//! What `model.device` asks for ([`DeviceRequest`]), where the forward pass runs ([`Placement`]), and why CUDA is unavailable.
+//! What `model.device` asks for, where the forward pass runs, and why CUDA is unavailable.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,3 +1,5 @@
+//! The weight formats the CUDA kernels take, and the orders a launch picks.
+//!
 //! The weight formats the CUDA kernels take — every [`QMatrix`] variant, in
 //! the CPU loader's in-memory block layout, uploaded as is — and the
 //! choices the launches make for a product: which activations its weights

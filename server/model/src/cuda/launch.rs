@@ -1,3 +1,5 @@
+//! The kernel launches of one forward pass.
+//!
 //! The kernel launches of one forward pass, enqueued on the sequence's
 //! stream: the embedding, each layer's norms, weight products, RoPE and
 //! cache store, attention and SwiGLU, and the output head.

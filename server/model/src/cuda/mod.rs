@@ -1,5 +1,4 @@
-//! Device placement: which backend (CPU or CUDA) runs the forward pass, and,
-//! with the `cuda` cargo feature, the CUDA backend itself.
+//! Device placement (which backend runs the forward pass), and the CUDA backend (feature `cuda`).
 //!
 //! [`resolve`] turns the configured [`DeviceRequest`] (`model.device`) into a
 //! [`Placement`] before any model memory is touched: `cuda` without a usable

@@ -1,4 +1,6 @@
-//! Picking the device for a request before any model memory is touched: CUDA when usable, else the CPU or an error.
+//! Picking the device for a request before any model memory is touched.
+//!
+//! CUDA when usable; else the CPU (`auto`) or an error (`cuda`).
 
 use super::device::{DeviceError, DeviceRequest, Placement};
 #[cfg(feature = "cuda")]

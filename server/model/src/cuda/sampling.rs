@@ -1,3 +1,5 @@
+//! The device sampling prefix: logit bias, penalties, temperature and top-k on the GPU.
+//!
 //! The device sampling prefix: logit bias, penalties, temperature and top-k
 //! run over a working copy of a sequence's logits ([`DeviceOp`]), so only
 //! the k survivors are copied to the host; and replacing the device logits

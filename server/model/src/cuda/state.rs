@@ -1,3 +1,5 @@
+//! One sequence on the device ([`CudaState`]) and its allocation.
+//!
 //! One sequence on the device ([`CudaState`]): its stream, f16 KV cache,
 //! per-token scratch, sampling buffers and captured decode graph, and their
 //! allocation.

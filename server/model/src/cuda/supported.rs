@@ -1,4 +1,4 @@
-//! Which models the CUDA kernels can run: the reason they refuse one, independent of the `cuda` feature.
+//! Which models the CUDA kernels can run, and why they refuse the others (without the feature too).
 
 use crate::gguf::Config;
 

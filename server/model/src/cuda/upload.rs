@@ -1,3 +1,5 @@
+//! The model on the device: the weights and the RoPE table, uploaded once.
+//!
 //! The model on the device: every weight matrix uploaded once in the CPU
 //! loader's block format, whichever it is (Q8_0, Q4_1, Q5_0, Q5_1, Q4_K,
 //! Q5_K, Q6_K, F16, BF16; dequantised inside the kernels, never converted),

@@ -1,7 +1,7 @@
 //! ggml's vectorised `expf` (`ggml_v_expf`) and the SwiGLU activation built on it.
 //!
-//! One lane at a time ([`expf_lane`], the reference) and eight lanes in AVX2
-//! registers ([`expf8`], the same operations, so the same bits).
+//! One lane at a time (`expf_lane`, the reference) and eight lanes in AVX2
+//! registers (`expf8`, the same operations, so the same bits).
 
 use super::flavor::{Flavor, has_fma};
 

@@ -33,7 +33,7 @@ pub trait HalfBlock: Sized + Sync {
 /// tinyBLAS (`llamafile_sgemm`) for a step of 2+ tokens (`gemm`), else
 /// `ggml_vec_dot_f16` / `ggml_vec_dot_bf16` (the sgemm path takes prompt
 /// steps only), for the build `fl` mirrors (BF16 in an AVX-512 build on a
-/// CPU with AVX-512 BF16: its `vdpbf16ps` pair order, [`dot_bf16_pairs`]).
+/// CPU with AVX-512 BF16: its `vdpbf16ps` pair order, `dot_bf16_pairs`).
 pub fn dot_half_row<B: HalfBlock>(w: &[B], x: &[f32], gemm: bool, fl: Flavor) -> f32 {
     if B::BF16 && fl == Flavor::Avx512 && has_avx512_bf16() {
         return dot_bf16_pairs(w, x, gemm);

@@ -1,4 +1,4 @@
-//! An open GGUF file: the header, metadata and tensor index, and the raw bytes or f32 values of a tensor.
+//! An open GGUF file: header, metadata and tensor index, and a tensor's raw bytes or f32 values.
 //!
 //! Parsed through candle-core's `quantized::gguf_file`; the
 //! hyper-parameters (`hparams`) and the weight matrices (`matrix`) are read

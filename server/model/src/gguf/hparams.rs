@@ -1,3 +1,5 @@
+//! Hyper-parameters: the supported architectures and their [`Config`].
+//!
 //! Hyper-parameters: the supported architectures and their [`Config`],
 //! read from `<arch>.*` metadata with llama.cpp's keys and defaults, and the
 //! ones refused because this host does not implement them.

@@ -1,3 +1,5 @@
+//! Model weights in the CPU kernels' formats, loaded once and shared read-only.
+//!
 //! Model weights in the CPU kernels' formats, loaded once and shared
 //! read-only (`Arc`) by every session.
 //!

@@ -1,4 +1,4 @@
-//! [`Acts`]: a step's activations in the forms its weight products take, and the order each row follows.
+//! [`Acts`]: a step's activations in the forms its products take, and each row's order.
 
 use crate::ggml::Flavor;
 use crate::quant::format::kquant::BlockQ8K;

@@ -1,3 +1,5 @@
+//! [`QMatrix`] constructors beyond Q8_0/Q4_1, fusing matrices, and Q5_0 as Q8_0.
+//!
 //! [`QMatrix`] constructors from the GGUF block formats beyond Q8_0/Q4_1
 //! (K-quants, Q5_0, Q4_0), fusing same-format matrices, and Q5_0's exact
 //! expansion to Q8_0.

@@ -1,4 +1,4 @@
-//! The weight products over the thread pool: output rows split over it, each tile through the format's kernel.
+//! The weight products over the thread pool: rows split over it, each tile through its kernel.
 
 use crate::ggml::half::{HalfBlock, dot_half_row, dot_half_row_x4};
 use crate::pool::{ThreadPool, split_range};

@@ -1,3 +1,5 @@
+//! Chat prompts: the model's chat template rendered with minijinja.
+//!
 //! Chat prompts: renders the model's `tokenizer.chat_template` (Jinja) with
 //! minijinja, or ChatML when the model has no template.
 //!

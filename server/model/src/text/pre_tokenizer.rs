@@ -1,3 +1,5 @@
+//! The pre-tokenizers of llama.cpp's byte-level BPE vocabularies.
+//!
 //! The pre-tokenizers of llama.cpp's byte-level BPE vocabularies, chosen by
 //! `tokenizer.ggml.pre` exactly as llama.cpp chooses them
 //! (`llama_vocab::impl::load` and `llm_tokenizer_bpe::llm_tokenizer_bpe` in

@@ -1,3 +1,5 @@
+//! SentencePiece-style tokenization, as llama.cpp runs it.
+//!
 //! SentencePiece-style tokenization, as llama.cpp runs it for
 //! `tokenizer.ggml.model = "llama"` (Llama 1 and 2, Mistral v0.1–v0.3,
 //! and other vocabularies converted from a SentencePiece model).

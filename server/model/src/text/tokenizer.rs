@@ -1,4 +1,4 @@
-//! The tokenizer, built from the GGUF metadata (`tokenizer.ggml.*`) so that token ids equal llama.cpp's.
+//! The tokenizer, built from the GGUF metadata so that token ids equal llama.cpp's.
 //!
 //! BPE runs through the `tokenizers` crate.
 //!

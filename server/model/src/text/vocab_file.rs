@@ -1,3 +1,5 @@
+//! A vocabulary read on its own, without a model (GGUF or `tokenizer.json`).
+//!
 //! A vocabulary read on its own, without a model: each token's bytes and
 //! attributes from a GGUF's tokenizer metadata, or from a Hugging Face
 //! `tokenizer.json` (through the `tokenizers` crate). For clients that run

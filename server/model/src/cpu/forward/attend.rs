@@ -1,4 +1,4 @@
-//! The attention pass of a CPU step: every row's grouped-query groups over its own sequence's cache.
+//! The attention pass of a CPU step: each row's query groups over its own sequence's cache.
 //!
 //! Each group through `cpu::attention` from the f16 cache, spread over the
 //! pool one (row, KV head) item at a time, dearest first.

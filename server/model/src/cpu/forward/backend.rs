@@ -1,4 +1,4 @@
-//! [`CpuBackend`]: the shared weights, the thread pool and the arithmetic order a CPU step runs with.
+//! [`CpuBackend`]: the weights, thread pool and arithmetic order a CPU step runs with.
 
 use std::sync::{Arc, Mutex};
 

@@ -1,4 +1,4 @@
-//! A step's per-row work over the pool: norms, residual adds, activation quantisation, fused products.
+//! A step's per-row work over the pool: norms, residual adds, activation quantisation, products.
 
 use super::backend::{CpuBackend, PAR_MIN_ROWS};
 use super::norm::rms_norm;

@@ -1,4 +1,4 @@
-//! The CPU forward pass's scratch: every per-step buffer, sized on first use for the largest step seen.
+//! The CPU forward pass's scratch: every per-step buffer, sized for the largest step seen.
 //!
 //! Kept across steps (a session's own, or the backend's for batched steps).
 

@@ -1,4 +1,7 @@
-//! One forward step over every segment's rows together, in its phases: embedding, each layer's attention and feed-forward blocks, the output head.
+//! One forward step over every segment's rows together, phase by phase.
+//!
+//! The token embeddings, each layer's attention and feed-forward blocks,
+//! the output head.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};

@@ -1,4 +1,4 @@
-// The cases of every weight format (server/model/src/cuda/emulation_formats.rs
+// The cases of every weight format (server/model/src/cuda/emulation/formats.rs
 // writes them): the block sizes, the embedding lookups, quantize_q8_k, and
 // the weight products in both kernel layouts. Included by harness.cpp.
 

@@ -1,6 +1,6 @@
-// Runs the kernels (kernels_all.cu: the kernel source, every kernels*.cu)
+// Runs the kernels (kernels_all.cu: the kernel source, every kernels/*.cu)
 // on the CPU (prelude.h) over the cases that server/model/src/cuda/
-// emulation.rs and emulation_formats.rs wrote with the CPU backend's results,
+// emulation/mod.rs and formats.rs wrote with the CPU backend's results,
 // and compares bit for bit. Usage: harness DIR LANES SHARED (LANES 8 or 16:
 // the CPU flavour's vector width; SHARED 1: also the flavour-independent
 // cases, which the run of the other flavour leaves out). Prints one line

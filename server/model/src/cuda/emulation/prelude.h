@@ -1,6 +1,6 @@
-// A CPU emulation of the CUDA built-ins the kernels (kernels*.cu) use, so
+// A CPU emulation of the CUDA built-ins the kernels (kernels/*.cu) use, so
 // they can be compiled as C++ and checked bit for bit against the CPU
-// backend without a GPU (server/model/src/cuda/emulation.rs). One
+// backend without a GPU (server/model/src/cuda/emulation/mod.rs). One
 // std::thread per CUDA thread, one block at a time; __syncthreads /
 // __syncwarp are barriers, shuffles / ballots exchange values through a
 // per-thread slot between two warp barriers; __shared__ variables become

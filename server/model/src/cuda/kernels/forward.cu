@@ -2,18 +2,18 @@
 // headers needed: f16 conversions are inline PTX, no <cuda_fp16.h>). This
 // file holds what every weight format shares (the activation kernels,
 // RoPE, attention, SwiGLU); the weight products and embedding lookups are
-// in kernels_q32.cu (Q8_0, Q4_1, Q5_0, Q5_1), kernels_kquant.cu (Q4_K,
-// Q5_K, Q6_K) and kernels_half.cu (F16, BF16), the device sampling in
-// kernels_sampling.cu; they are compiled as one source, in that order.
+// in q32.cu (Q8_0, Q4_1, Q5_0, Q5_1), kquant.cu (Q4_K, Q5_K, Q6_K) and
+// half.cu (F16, BF16), the device sampling in sampling.cu; they are
+// compiled as one source, in that order (cuda/source.rs).
 //
-// The forward kernels reproduce server/model/src/forward.rs bit for bit:
+// The forward kernels reproduce server/model/src/cpu/forward/ bit for bit:
 // every weight matrix in the CPU loader's block format (f32 scales, the
 // quants as stored, uploaded as is), the activations of each product in
 // the form its weights take on the CPU (Q8_1 blocks for the 32-value
 // formats, Q8_K for the K-quants, f32 rounded to f16 / bf16 for the half
 // formats), the weight products in the CPU kernels' exact arithmetic
 // (integer lane sums, one fma per lane and block, the same horizontal
-// sums, in whichever order crate::forward picks for the step), and
+// sums, in whichever order crate::cpu::forward picks for the step), and
 // attention / SiLU in crate::ggml's arithmetic (ggml's expf, the lane
 // orders of llama.cpp's AVX2 or AVX-512 build, whichever the CPU backend
 // uses). Only the order of the f64 sum in RMSNorm differs. Compiled with
@@ -36,13 +36,13 @@ __device__ __forceinline__ float h2f(unsigned short h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
-#endif // (cuda/emu/prelude.h defines both for the CPU emulation test)
+#endif // (cuda/emulation/prelude.h defines both for the CPU emulation test)
 __device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
 
 // ---------------------------------------------------------------- forward
 
 // ggml's vectorised expf (`ggml_v_expf`), one lane, bit for bit as
-// crate::ggml::expf_lane computes it: `w16` selects the AVX-512 variant
+// crate::ggml::expf::expf_lane computes it: `w16` selects the AVX-512 variant
 // (scalef), else the AVX2 one. The CPU backend uses this in softmax and
 // SiLU; the GPU must too, or the two drift apart by the size of the
 // difference between llama.cpp's AVX2 and AVX-512 builds (~2e-2 relative).
@@ -311,7 +311,7 @@ extern "C" __global__ void attn_scores(const float* qkv, const unsigned short* k
 }
 
 // Causal grouped-query attention of token t, head h over cache positions
-// 0..pos0+t, in crate::ggml::attention_head's exact arithmetic (`w` = 8 or
+// 0..pos0+t, in crate::ggml::attention::attention_head's exact arithmetic (`w` = 8 or
 // 16 lanes: the CPU flavour; `decode`: the step runs one token): scores
 // K . q16 (query rounded to f16) in the CPU's lane order, softmax with
 // ggml's expf, each vector of w exponentials summed horizontally and the

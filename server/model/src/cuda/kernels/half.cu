@@ -1,7 +1,7 @@
 // F16 and BF16 weights (32 stored values per block, uploaded as is) against
-// the f32 activations rounded to the weights' type, as crate::quant_f16 /
-// crate::ggml::dot_half_row compute them: per output one of llama.cpp's
-// orders, picked by the launch exactly as crate::forward picks it —
+// the f32 activations rounded to the weights' type, as crate::quant::format::half /
+// crate::ggml::half::dot_half_row compute them: per output one of llama.cpp's
+// orders, picked by the launch exactly as crate::cpu::forward picks it —
 //   gemm (tinyBLAS, steps of 2+ tokens): w accumulators (the flavour's
 //     lanes, 8 or 16), lane i % w an fma chain, then the horizontal sum;
 //   vector dot (ggml_vec_dot_f16 / _bf16, one-token steps, the last
@@ -11,7 +11,7 @@
 //     CPU backend uses vdpbf16ps): 16 lanes (gemm) or two sets of 16
 //     (vector dot), each adding the odd element's product, then the even
 //     one's.
-// Part of the one source kernels.cu opens.
+// Part of the one source forward.cu opens.
 
 struct bh_f16 { unsigned short v[32]; };
 struct bh_bf16 { unsigned short v[32]; };

@@ -1,12 +1,12 @@
 // The K-quants (Q4_K, Q5_K, Q6_K: 256-value super-blocks) against Q8_K
-// activations, as crate::quant_k computes them (ggml's
+// activations, as crate::quant computes them (ggml's
 // quantize_row_q8_K_ref and ggml_vec_dot_q{4,5,6}_K_q8_K, AVX2, or for a
 // step of 8+ tokens ggml's tiled matmul). The blocks are the CPU loader's:
 // f32 d / dmin, the 6-bit sub-block scales and minimums of Q4_K / Q5_K
 // unpacked to bytes, the quants as stored. Part of the one source
-// kernels.cu opens.
+// forward.cu opens.
 //
-// The integer lanes are crate::quant_k::scalar's: lane l sums, over the
+// The integer lanes are crate::quant::kernels::scalar's: lane l sums, over the
 // eight 32-value chunks of a super-block, the products of the chunk's
 // values 4l..4l+3 times their sub-block scale (exact in any order; Q6_K
 // subtracts its 32 * scale * bsum correction per lane as ggml does). The

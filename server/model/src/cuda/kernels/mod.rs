@@ -1,4 +1,4 @@
-//! The CUDA kernels compiled with NVRTC and loaded as a table of functions, and their launch helper.
+//! The CUDA kernels compiled with NVRTC, loaded as a table of functions, and their launch helper.
 //!
 //! The `.cu` files beside this one are embedded at build time as one source
 //! (`source`), compiled with NVRTC at start-up, once per process and GPU

@@ -5,7 +5,7 @@
 // fma(d_w * d_a, lane, acc) per lane and block in block order, hsum_float_8,
 // then for the formats with a minimum (Q4_1, Q5_1) `+ sum of m * s` in
 // block order. The blocks are the CPU loader's (f32 scales; the quants as
-// stored). Part of the one source kernels.cu opens.
+// stored). Part of the one source forward.cu opens.
 
 struct bq8_0 { float d; signed char qs[32]; };
 struct bq4_1 { float d; float m; unsigned char qs[16]; };

@@ -1,6 +1,6 @@
 // The device prefix of a sampler chain (server/sampling/src/device_prefix.rs
 // documents the semantics; its `reference` module is the CPU twin the
-// tests compare against). Part of the one source kernels.cu opens.
+// tests compare against). Part of the one source forward.cu opens.
 
 // Status words written by the sampling kernels (read back with the result).
 #define ST_OK 0

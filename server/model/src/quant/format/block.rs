@@ -1,4 +1,4 @@
-//! What a block format is: its values per block and dequantisation, and the 32-value formats' integer form.
+//! What a block format is: values per block, dequantisation, the 32-value formats' integers.
 
 /// Values per quantisation block.
 pub const QK: usize = 32;

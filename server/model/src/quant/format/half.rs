@@ -1,16 +1,18 @@
+//! F16 and BF16 weight blocks, kept as stored, and their activations' rounding.
+//!
 //! F16 and BF16 weight matrices kept as stored (GGUF types F16, BF16),
 //! multiplied as llama.cpp multiplies them: the activations rounded to the
 //! weights' type (its `vec_dot_type`, round to nearest even), then per
 //! output either tinyBLAS's dot (`llamafile_sgemm`, which takes steps of 2+
 //! tokens only) or `ggml_vec_dot_f16` / `ggml_vec_dot_bf16` (one-token
 //! steps), in the lane order of the build `model.numerics` mirrors
-//! (`crate::ggml::dot_half_row`). Requantising F16 weights to Q8_0, as the
+//! (`ggml::half::dot_half_row`). Requantising F16 weights to Q8_0, as the
 //! loader did before, moved log-probabilities by up to 0.24 against
 //! llama.cpp on the same file.
 //!
 //! BF16 has three orders: llama.cpp's AVX2 build (`portable`), its AVX-512F
 //! build, and an AVX-512 build on a CPU with AVX-512 BF16, which multiplies
-//! pairs with `vdpbf16ps` (`crate::ggml::dot_bf16_pairs`, scalar: only
+//! pairs with `vdpbf16ps` (`ggml::half::dot_bf16_pairs`, scalar: only
 //! `native` on such CPUs takes it).
 
 #![forbid(unsafe_code)]

@@ -1,4 +1,4 @@
-//! The portable kernels: the AVX2 ones' arithmetic lane by lane, and the reference they are tested against.
+//! The portable kernels: the AVX2 ones' arithmetic lane by lane, and the reference for them.
 //!
 //! The 32-value formats ([`dot`]): eight int32 lanes of four products each,
 //! one fma per lane and block, `hsum_float_8`, then the minimum term.
@@ -10,7 +10,7 @@
 //! contracts `summs += dmin * s`). Integer sums are exact in any order, but
 //! how they are split over the eight lanes is not free (each lane is
 //! converted and accumulated on its own): Q6_K's lanes carry ggml's
-//! `32·madd(bsums, scales)` correction, see [`q6k_lanes`]. The functions
+//! `32·madd(bsums, scales)` correction, see `q6k_lanes`. The functions
 //! below compute the same lanes and repeat ggml's float operations one by
 //! one; they equal the AVX2 kernels (`avx2::kquant`) bit for bit, and
 //! `tests/kquant_parity.py` checks both against llama.cpp's own kernels.
@@ -19,13 +19,13 @@
 //!
 //! For batches of 8 or more rows ggml takes another path, its tiled matmul
 //! (`ggml-cpu/tiled`): whole-super-block int32 sums and
-//! `acc += (d·s1 − dmin·s2)·d8` per block ([`tiled_step`]). Which one ran
+//! `acc += (d·s1 − dmin·s2)·d8` per block (`tiled_step`). Which one ran
 //! changes the last bits, so `Acts::tiled` says per row which to mirror:
 //! the tiled one for the rows of a sequence's step of 8+ tokens (a prompt),
 //! the vector dot otherwise — each row's arithmetic still depends only on
 //! its own sequence's step, never on what else is batched with it. The
 //! tiled float epilogue is one fma in both of ggml's microkernels as built
-//! ([`tiled_step`] says why), so the build plays no part in it either.
+//! (`tiled_step` says why), so the build plays no part in it either.
 
 use crate::ggml::reduce::hsum8;
 use crate::quant::format::block::Block32;

@@ -1,3 +1,5 @@
+//! Tests of the K-quant formats and their kernels.
+//!
 //! Tests of the K-quant formats: the AVX2 kernels equal the scalar reference
 //! bit for bit on random blocks, the block layouts decode like candle's
 //! independent ggml port, products approximate the f32 dot product, and

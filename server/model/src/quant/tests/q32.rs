@@ -1,4 +1,4 @@
-//! The 32-value formats' products: the kernels against the scalar reference and the f32 dot product.
+//! The 32-value formats' products against the scalar reference and the f32 dot product.
 
 use crate::pool::ThreadPool;
 use crate::quant::acts::Acts;

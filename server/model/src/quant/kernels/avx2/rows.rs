@@ -1,4 +1,4 @@
-//! The AVX2 row driver every format's one-token kernel runs in, and the 32-value formats' block products.
+//! The AVX2 row driver every one-token kernel runs in, and the 32-value formats' block products.
 //!
 //! `N` rows at a time, so their fma chains overlap, each row keeping
 //! ggml's own per-row order (one accumulator, blocks in order, the
