@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use samplerd_model::gguf::GgufFile;
-use samplerd_model::{ChatMessage, ChatTemplate, Tokenizer, weights::Weights};
+use samplerd_model::gguf::{GgufFile, Weights};
+use samplerd_model::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// One scratch file per fuzzing process (tmpfs when available).
 fn scratch() -> &'static PathBuf {

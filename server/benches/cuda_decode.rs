@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::{core_plugin, device_ops};
 
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, CudaState, MmKernel};
+use samplerd_model::cuda::{CudaBackend, CudaOptions, CudaState, MmKernel};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions};
 use samplerd_sampling::device_prefix::{SdCandidate, SplitSequence, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};
@@ -153,7 +153,7 @@ fn main() {
     .expect("model");
     let mut g = samplerd_model::gguf::GgufFile::open(&path).unwrap();
     let config = g.config().unwrap();
-    let weights = samplerd_model::weights::Weights::load(&mut g, &config).unwrap();
+    let weights = samplerd_model::gguf::Weights::load(&mut g, &config).unwrap();
     let gpu = CudaBackend::new(config, &weights, CudaOptions::default()).expect("CUDA backend");
     let registry = StageRegistry::load(&[], &[core_plugin()]).expect("core stages");
     let chain = registry
@@ -255,7 +255,7 @@ fn main() {
 /// layout, attention scores computed inside the attention kernel. Separates
 /// per-launch cost, weight products and attention's growth with the
 /// position.
-fn forward_matrix(gpu: &CudaBackend, weights: &samplerd_model::weights::Weights, prompt: &[u32]) {
+fn forward_matrix(gpu: &CudaBackend, weights: &samplerd_model::gguf::Weights, prompt: &[u32]) {
     let steps = env_usize("SAMPLERD_BENCH_FWD_STEPS", 64);
     let variants = [
         ("graphs, mm=warp", None),

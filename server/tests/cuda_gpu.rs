@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::*;
-use samplerd_model::cuda::backend::{CudaBackend, CudaOptions, DeviceStatus};
+use samplerd_model::cuda::{CudaBackend, CudaOptions, DeviceStatus};
 use samplerd_model::{Backend, ChatMessage, DeviceRequest, Model, ModelOptions, Placement};
 use samplerd_sampling::device_prefix::{self, SdCandidate, Survivors};
 use samplerd_sampling::{SamplingParams, StageRegistry, TokenBuffer};
@@ -60,7 +60,7 @@ fn both(path: &std::path::Path) -> Both {
     let cpu = Model::load(path, &opts).expect("CPU model loads");
     let mut g = samplerd_model::gguf::GgufFile::open(path).unwrap();
     let config = g.config().unwrap();
-    let weights = samplerd_model::weights::Weights::load(&mut g, &config).unwrap();
+    let weights = samplerd_model::gguf::Weights::load(&mut g, &config).unwrap();
     let gpu = CudaBackend::new(config, &weights, CudaOptions::default()).expect("CUDA backend");
     Both { cpu, gpu }
 }
@@ -125,7 +125,7 @@ fn gpu_logits_match_the_cpu_at_every_position() {
             // others through the decode graph.
             let (cl, layers) = if i == 0 {
                 let (cl, cpu_layers) =
-                    samplerd_model::forward::trace_layers(|| cs.decode(t).unwrap().to_vec());
+                    samplerd_model::cpu::trace_layers(|| cs.decode(t).unwrap().to_vec());
                 let gpu_layers = b.gpu.forward_trace(&mut gs, &[t]).unwrap();
                 (cl, Some(layer_errors(&gpu_layers, &cpu_layers)))
             } else {

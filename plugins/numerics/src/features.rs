@@ -15,6 +15,9 @@ pub struct Features {
     avx512vl: bool,
     avx512bw: bool,
     avx512dq: bool,
+    f16c: bool,
+    avx512bf16: bool,
+    avx512vnni: bool,
 }
 
 /// The instruction-set tier a [`dispatch!`](crate::dispatch) body is compiled for, from the
@@ -43,6 +46,9 @@ impl Features {
                 avx512vl: has!("avx512vl"),
                 avx512bw: has!("avx512bw"),
                 avx512dq: has!("avx512dq"),
+                f16c: has!("f16c"),
+                avx512bf16: has!("avx512bf16"),
+                avx512vnni: has!("avx512vnni"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -67,6 +73,25 @@ impl Features {
 
     pub fn avx512dq(self) -> bool {
         self.avx512dq
+    }
+
+    pub fn avx512vl(self) -> bool {
+        self.avx512vl
+    }
+
+    /// F16C (`vcvtph2ps`: f16 → f32 in registers).
+    pub fn f16c(self) -> bool {
+        self.f16c
+    }
+
+    /// AVX-512 BF16 (`vdpbf16ps`).
+    pub fn avx512bf16(self) -> bool {
+        self.avx512bf16
+    }
+
+    /// AVX-512 VNNI (`vpdpbusd`).
+    pub fn avx512vnni(self) -> bool {
+        self.avx512vnni
     }
 
     /// AVX-512F and POPCNT (the AVX-512 kernels that count mask bits).
@@ -153,6 +178,29 @@ mod tests {
         }
         if isa == Isa::Avx512 {
             assert!(f.avx512f());
+        }
+    }
+
+    /// Each getter reports its own feature, as the standard library
+    /// detects it.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn getters_report_their_own_feature() {
+        use std::arch::is_x86_feature_detected as has;
+        let f = features();
+        let pairs = [
+            ("avx2", f.avx2(), has!("avx2")),
+            ("fma", f.fma(), has!("fma")),
+            ("popcnt", f.popcnt(), has!("popcnt")),
+            ("avx512f", f.avx512f(), has!("avx512f")),
+            ("avx512vl", f.avx512vl(), has!("avx512vl")),
+            ("avx512dq", f.avx512dq(), has!("avx512dq")),
+            ("f16c", f.f16c(), has!("f16c")),
+            ("avx512bf16", f.avx512bf16(), has!("avx512bf16")),
+            ("avx512vnni", f.avx512vnni(), has!("avx512vnni")),
+        ];
+        for (name, got, want) in pairs {
+            assert_eq!(got, want, "{name}");
         }
     }
 

@@ -173,7 +173,7 @@ fn hex_bytes(hex: &str) -> Result<Vec<u8>, std::num::ParseIntError> {
 /// with llama.cpp's own `ggml_vec_dot_*` on the same bytes.
 fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
     use samplerd_model::quant::{Acts, BlockQ8_1, KQuant, QMatrix, quantize_q8_1};
-    use samplerd_model::quant_k::{BlockQ8K, quantize_q8_k};
+    use samplerd_model::quant::{BlockQ8K, quantize_q8_k};
     let kind = req["kind"].as_str().ok_or("kind")?;
     let cols = req["cols"].as_u64().ok_or("cols")? as usize;
     let pool = samplerd_model::pool::ThreadPool::new(1);
@@ -212,7 +212,7 @@ fn kdot(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
 /// (`kquant_parity.py` compares them with llama.cpp's graph).
 fn ktiled(req: &Value) -> Result<Value, Box<dyn std::error::Error>> {
     use samplerd_model::quant::{Acts, KQuant, QMatrix};
-    use samplerd_model::quant_k::{BlockQ8K, quantize_q8_k};
+    use samplerd_model::quant::{BlockQ8K, quantize_q8_k};
     let kind = match req["kind"].as_str().ok_or("kind")? {
         "q4_K" => KQuant::Q4K,
         "q5_K" => KQuant::Q5K,

@@ -1,9 +1,11 @@
-//! The device seam: a [`Backend`] runs the forward pass for one sequence's
-//! [`SequenceState`] (its KV cache and scratch), or one decode step for
-//! several sequences at once ([`Backend::forward_batch`], so the weights are
-//! read once per step rather than once per sequence). The CPU implementation
-//! is [`crate::forward::CpuBackend`]; a CUDA backend implements the same two
-//! traits with device-resident weights and cache.
+//! The device seam: the [`Backend`] and [`SequenceState`] traits every backend implements.
+//!
+//! A [`Backend`] runs the forward pass for one sequence's [`SequenceState`]
+//! (its KV cache and scratch), or one decode step for several sequences at
+//! once ([`Backend::forward_batch`], so the weights are read once per step
+//! rather than once per sequence); and the input checks every backend makes
+//! alike. The CPU backend (`cpu::CpuBackend`) and the CUDA one
+//! (`cuda::CudaBackend`) implement the two traits.
 
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,4 @@
-//! The crate's error type: every variant names the file, tensor, key or value
-//! at fault.
+//! The crate's error type: every variant names the file, tensor, key or value at fault.
 
 #![forbid(unsafe_code)]
 
@@ -18,11 +17,13 @@ pub enum ModelError {
     NotGguf { path: PathBuf, reason: String },
     #[error("model file {path}: truncated or corrupt: {reason}")]
     Truncated { path: PathBuf, reason: String },
-    #[error(
-        "model file {path}: unsupported architecture {arch:?} (supported: {})",
-        crate::gguf::Arch::SUPPORTED
-    )]
-    UnsupportedArchitecture { path: PathBuf, arch: String },
+    #[error("model file {path}: unsupported architecture {arch:?} (supported: {supported})")]
+    UnsupportedArchitecture {
+        path: PathBuf,
+        arch: String,
+        /// Every supported architecture (`Arch::SUPPORTED`).
+        supported: &'static str,
+    },
     #[error("model file {path}: metadata key {key}: {problem}")]
     Metadata {
         path: PathBuf,

@@ -1,17 +1,18 @@
-//! samplerd's model host: loads a GGUF model (llama — also Mistral's GGUFs —,
-//! qwen2 or qwen3 architecture;
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and BF16 weights kept in
-//! their block formats, Q4_0 as the equal Q8_0 blocks, anything else
-//! requantised to Q8_0),
-//! builds its tokenizer and chat template from the
-//! file's metadata, and runs the forward pass through a [`Backend`]: the CPU
-//! backend (`forward`: quantised weight kernels on a persistent thread
-//! pool, an f16 KV cache per [`Session`] read by `attention`, llama.cpp's
-//! rounding reproduced by `ggml`) or, with the `cuda` cargo feature, the CUDA backend (`cuda`), which
-//! gives the same bits. [`cuda::resolve`] picks the device and
-//! [`Model::load_on`] loads for it ([`Model::load`]: CPU).
-//! [`Model::decode_batch`] runs one decode step for several sessions, reading
-//! each weight once; [`Utf8Streamer`] turns token bytes into whole characters.
+//! samplerd's model host: loads a GGUF model, tokenizes its prompts and runs its forward pass.
+//!
+//! It loads a GGUF model (`gguf`; llama — also Mistral's GGUFs —, qwen2 or
+//! qwen3 architecture; Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16 and
+//! BF16 weights kept in their block formats, `quant`, Q4_0 as the equal
+//! Q8_0 blocks, anything else requantised to Q8_0), builds its tokenizer
+//! and chat template from the file's metadata (`text`), and runs the
+//! forward pass through a [`Backend`]: the CPU backend (`cpu`: quantised
+//! weight kernels on a persistent thread pool, `pool`, an f16 KV cache per
+//! [`Session`], llama.cpp's rounding reproduced by `ggml`) or, with the
+//! `cuda` cargo feature, the CUDA backend (`cuda`), which gives the same
+//! bits. [`cuda::resolve`] picks the device and [`Model::load_on`] loads
+//! for it ([`Model::load`]: CPU). [`Model::decode_batch`] runs one decode
+//! step for several sessions, reading each weight once; [`Utf8Streamer`]
+//! turns token bytes into whole characters.
 //!
 //! ```no_run
 //! use samplerd_model::{ChatMessage, Model, ModelOptions};
@@ -23,54 +24,27 @@
 //! # Ok::<(), samplerd_model::ModelError>(())
 //! ```
 
-pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx2;
 pub mod backend;
-pub mod chat;
-pub mod chat_tokens;
+pub mod cpu;
 pub mod cuda;
 pub mod error;
-pub mod forward;
 pub mod ggml;
 pub mod gguf;
 pub mod pool;
-pub mod pre_tokenizer;
 pub mod prefix;
 pub mod quant;
-#[cfg(target_arch = "x86_64")]
-mod quant_avx2;
-mod quant_convert;
-pub mod quant_f16;
-pub mod quant_k;
-#[cfg(target_arch = "x86_64")]
-mod quant_k_avx2;
-#[cfg(test)]
-mod quant_k_tests;
-mod quant_kernels;
-pub mod quant_q5_0;
-pub mod quant_q5_1;
-#[cfg(target_arch = "x86_64")]
-mod quant_tokens_avx2;
-pub mod rope;
-mod spm;
-pub mod streamer;
 #[cfg(test)]
 mod test_rng;
-pub mod tokenizer;
-pub mod vocab_file;
-pub mod weights;
+pub mod text;
 
 pub use backend::{Backend, SequenceState};
-pub use chat::{ChatMessage, ChatTemplate};
 pub use cuda::{DeviceRequest, Placement};
 pub use error::ModelError;
 pub use ggml::Numerics;
 pub use gguf::{Arch, Config};
 pub use prefix::{CachedTokens, StepOrder};
-pub use streamer::Utf8Streamer;
-pub use tokenizer::{TokenInfo, Tokenizer, attr};
-pub use vocab_file::read_vocabulary;
+pub use text::{ChatMessage, ChatTemplate};
+pub use text::{TokenInfo, Tokenizer, Utf8Streamer, attr, read_vocabulary};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -156,14 +130,14 @@ impl Model {
             &text(tokenizer.bos()),
             &text(tokenizer.eos()),
         )?;
-        let weights = Arc::new(weights::Weights::load(&mut g, &config)?);
+        let weights = Arc::new(gguf::Weights::load(&mut g, &config)?);
         let (weight_bytes, weight_formats) = (weights.nbytes(), weights.formats());
         let n_ctx = if opts.n_ctx == 0 {
             config.n_ctx_train
         } else {
             opts.n_ctx.min(config.n_ctx_train)
         };
-        let backend = cuda::new_backend(
+        let backend = new_backend(
             placement,
             &config,
             weights,
@@ -214,14 +188,14 @@ impl Model {
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         self.template.render(messages)
     }
-    /// The tokens of a chat prompt (see [`chat_tokens`]): message content
+    /// The tokens of a chat prompt (see [`text::chat_tokens`]): message content
     /// is plain text unless `parse_special_in_content`.
     pub fn chat_tokens(
         &self,
         messages: &[ChatMessage],
         parse_special_in_content: bool,
     ) -> Result<Vec<u32>, ModelError> {
-        chat_tokens::chat_tokens(
+        text::chat_tokens(
             &self.template,
             &self.tokenizer,
             messages,
@@ -284,6 +258,37 @@ impl Model {
             logits: vec![0.0; self.config.n_vocab],
             cached: Box::default(),
         })
+    }
+}
+
+/// The backend for `placement` over freshly loaded `weights` (the CUDA
+/// backend uploads them and lets the host copy go).
+fn new_backend(
+    placement: &Placement,
+    config: &Config,
+    weights: Arc<gguf::Weights>,
+    n_threads: usize,
+    flavor: ggml::Flavor,
+) -> Result<Arc<dyn Backend>, ModelError> {
+    match placement {
+        Placement::Cpu => Ok(Arc::new(cpu::CpuBackend::new(
+            config.clone(),
+            weights,
+            n_threads,
+            flavor,
+        ))),
+        #[cfg(feature = "cuda")]
+        Placement::Cuda { ordinal, .. } => Ok(Arc::new(cuda::CudaBackend::new(
+            config.clone(),
+            &weights,
+            cuda::CudaOptions {
+                ordinal: *ordinal,
+                flavor,
+                ..Default::default()
+            },
+        )?)),
+        #[cfg(not(feature = "cuda"))]
+        Placement::Cuda { .. } => Err(ModelError::Backend(cuda::DeviceError::NotBuilt.to_string())),
     }
 }
 

@@ -1,3 +1,5 @@
+//! What a session's KV cache holds, position by position, and which prefix a prompt can reuse.
+//!
 //! What a session's KV cache holds, position by position: the token and the
 //! arithmetic order its forward step used — so a later prompt can reuse the
 //! cached prefix it shares **and get the same bits** as a fresh prefill.
@@ -7,7 +9,7 @@
 //! (attention summed in decode order: four vectors a lane, see
 //! `ggml::attention`); two or more are a prefill (tinyBLAS's order); from
 //! [`TILED_MIN_ROWS`] on, K-quant products also follow ggml's tiled matmul
-//! (`quant_k`). A position's K/V therefore carries the order of the step
+//! (`quant::kernels::scalar`). A position's K/V therefore carries the order of the step
 //! that computed it, and a fresh prefill of an `n`-token prompt computes
 //! every position in [`StepOrder::of`]`(n)`. Reuse keeps to positions of
 //! that order and leaves a remainder that runs in it too; generated tokens
@@ -18,7 +20,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::quant_k::TILED_MIN_ROWS;
+use crate::quant::TILED_MIN_ROWS;
 
 /// The arithmetic order of the forward step that computed a position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,3 +1,5 @@
+//! The tests' source of random weights and activations.
+//!
 //! The tests' source of random weights and activations: a small
 //! deterministic generator (Knuth's MMIX LCG), so no test depends on
 //! `rand`'s stream stability. Shared by the unit tests and, through

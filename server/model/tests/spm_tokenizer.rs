@@ -4,8 +4,8 @@
 //! this file checks what the host does with them.
 
 use candle_core::quantized::gguf_file::{self, Value};
-use samplerd_model::chat_tokens::chat_tokens;
 use samplerd_model::gguf::GgufFile;
+use samplerd_model::text::chat_tokens;
 use samplerd_model::{ChatMessage, ChatTemplate, Tokenizer, attr};
 use std::path::Path;
 

@@ -438,6 +438,12 @@ fn unsupported_architecture_is_named() {
         "{e:?}"
     );
     assert!(e.to_string().contains("tiny-gpt2.gguf"), "{e}");
+    assert!(
+        e.to_string().ends_with(
+            "unsupported architecture \"gpt2\" (supported: llama (also Mistral), qwen2, qwen3)"
+        ),
+        "{e}"
+    );
 }
 
 /// A pre-tokenizer llama.cpp does not know is a load error naming the key

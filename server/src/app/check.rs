@@ -117,7 +117,7 @@ fn open_files(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         samplerd_model::gguf::GgufFile::open(path)
             .and_then(|g| {
                 g.config()?;
-                samplerd_model::tokenizer::Tokenizer::from_gguf(&g)
+                samplerd_model::Tokenizer::from_gguf(&g)
             })
             .map_err(|e| file_error("model.path", format!("model.path: {e}")))?;
     }

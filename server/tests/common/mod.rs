@@ -529,8 +529,8 @@ pub fn device_ops<'a>(
     stages: &'a [samplerd_sampling::device_prefix::DeviceStage],
     ids: &'a [u32],
     counts: &'a [u32],
-) -> Vec<samplerd_model::cuda::backend::DeviceOp<'a>> {
-    use samplerd_model::cuda::backend::DeviceOp;
+) -> Vec<samplerd_model::cuda::DeviceOp<'a>> {
+    use samplerd_model::cuda::DeviceOp;
     use samplerd_sampling::device_prefix::DeviceStage;
     stages
         .iter()

@@ -1,9 +1,11 @@
-//! The CUDA [`Backend`]: weights uploaded once in the CPU loader's block
-//! formats (every one it keeps: Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
-//! F16, BF16), one CUDA stream, KV cache and scratch per sequence, the forward
-//! pass as a fixed sequence of NVRTC-compiled kernels (see `kernels*.cu`),
-//! the decode step (one token) captured into a CUDA graph on first use and
-//! replayed afterwards, and the device sampling prefix ([`DeviceOp`]) that
+//! [`CudaBackend`]: its options, the kernels and weights it holds on a device, its construction.
+//!
+//! Weights are uploaded once in the CPU loader's block formats (every one
+//! it keeps: Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16); one CUDA
+//! stream, KV cache and scratch per sequence; the forward pass as a fixed
+//! sequence of NVRTC-compiled kernels (the `.cu` files of `kernels/`), the
+//! decode step (one token) captured into a CUDA graph on first use and
+//! replayed afterwards; and the device sampling prefix (`sampling`) that
 //! leaves at most k candidates to copy to the host.
 //!
 //! Position and token live in device memory and the kernels read them there,
@@ -11,24 +13,23 @@
 //! is dropped whenever the scratch it points into is reallocated.
 //!
 //! The parts, one file each: `upload` (the weights on the device), `state`
-//! (one sequence's device memory), `forward` (running a pass on a sequence),
-//! `launch` (the kernels of a pass), `sampling` (the device sampling
-//! prefix); this file holds the options, construction and the [`Backend`]
-//! implementation.
+//! (one sequence's device memory), `forward` (running a pass on a sequence,
+//! and the `Backend` implementation), `launch` (the kernels of a pass),
+//! `sampling` (the device sampling prefix); this file holds the options and
+//! construction.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
+use super::err::err;
 use super::kernels::{self, Kernels};
+use super::state::{CudaState, Scratch};
+use super::supported::unsupported;
 use super::upload::{DevWeights, rope_table, upload_f32, upload_weights};
-use crate::backend::{Backend, SequenceState, batch_rows, check_logits, downcast_state};
 use crate::error::ModelError;
-use crate::gguf::Config;
-use crate::weights::Weights;
-
-pub use super::sampling::{DeviceOp, DeviceStatus};
-pub use super::state::{CudaState, StepTiming};
+use crate::ggml::{Flavor, Numerics};
+use crate::gguf::{Config, Weights};
 
 /// Options of the CUDA backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +47,7 @@ pub struct CudaOptions {
     /// kernel (`SAMPLERD_CUDA_ATTN=fused` turns it off; same results).
     pub split_scores: bool,
     /// Whose lane order the kernels follow (`model.numerics`).
-    pub flavor: crate::ggml::Flavor,
+    pub flavor: Flavor,
 }
 
 /// The layout of the weight-product kernels; same arithmetic, same bits.
@@ -71,13 +72,9 @@ impl Default for CudaOptions {
                 _ => MmKernel::Warp,
             },
             split_scores: std::env::var("SAMPLERD_CUDA_ATTN").as_deref() != Ok("fused"),
-            flavor: crate::ggml::Numerics::default().flavor(),
+            flavor: Numerics::default().flavor(),
         }
     }
-}
-
-pub(super) fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
-    ModelError::Backend(format!("cuda: {what}: {e}"))
 }
 
 /// The CUDA backend.
@@ -90,12 +87,12 @@ pub struct CudaBackend {
     pub(super) rope_positions: usize,
     pub(super) opts: CudaOptions,
     /// Vector width (8 or 16) of the ggml build the CPU backend mirrors
-    /// (`crate::ggml::flavor`): attention, SiLU and the F16/BF16 products
+    /// (`ggml::flavor`): attention, SiLU and the F16/BF16 products
     /// follow its lane order.
     pub(super) lanes: i32,
     /// BF16 products in the `vdpbf16ps` pair order: the CPU backend's
     /// choice for the AVX-512 flavour on a CPU with AVX-512 BF16
-    /// (`crate::ggml::dot_half_row`), so the device follows the host it
+    /// (`ggml::half::dot_half_row`), so the device follows the host it
     /// runs on there; never for `portable`.
     pub(super) bf16_pairs: bool,
     pub(super) name: String,
@@ -111,7 +108,7 @@ impl std::fmt::Debug for CudaBackend {
 
 impl CudaBackend {
     /// Uploads `weights` to device `opts.ordinal` and compiles the kernels.
-    /// Call after [`super::resolve`] found a device (cudarc panics when the
+    /// Call after `cuda::resolve` found a device (cudarc panics when the
     /// driver library is missing; `resolve` checks for it).
     pub fn new(config: Config, weights: &Weights, opts: CudaOptions) -> Result<Self, ModelError> {
         if config.head_dim > kernels::MAX_HEAD_DIM {
@@ -121,7 +118,7 @@ impl CudaBackend {
                 kernels::MAX_HEAD_DIM
             )));
         }
-        if let Some(why) = super::unsupported(&config) {
+        if let Some(why) = unsupported(&config) {
             return Err(ModelError::Backend(why));
         }
         if !config.n_head.is_multiple_of(config.n_head_kv) {
@@ -163,8 +160,7 @@ impl CudaBackend {
             rope_positions,
             opts,
             lanes: opts.flavor.lanes() as i32,
-            bf16_pairs: opts.flavor == crate::ggml::Flavor::Avx512
-                && crate::ggml::has_avx512_bf16(),
+            bf16_pairs: opts.flavor == Flavor::Avx512 && crate::ggml::flavor::has_avx512_bf16(),
         })
     }
 
@@ -183,51 +179,18 @@ impl CudaBackend {
     pub fn new_sequence(&self, capacity: usize) -> Result<CudaState, ModelError> {
         self.new_cuda_state(capacity.max(1))
     }
-}
 
-fn downcast(state: &mut dyn SequenceState) -> Result<&mut CudaState, ModelError> {
-    downcast_state(state, "CUDA")
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> String {
-        self.name.clone()
+    /// A sequence with room for `capacity` tokens and scratch for one.
+    pub(super) fn new_cuda_state(&self, capacity: usize) -> Result<CudaState, ModelError> {
+        CudaState::new(&self.ctx, &self.config, self.weights.needs_q8k(), capacity)
     }
 
-    fn new_state(&self, capacity: usize) -> Result<Box<dyn SequenceState>, ModelError> {
-        Ok(Box::new(self.new_cuda_state(capacity.max(1))?))
-    }
-
-    fn forward(
+    /// Scratch for a step of `n` tokens on `stream`.
+    pub(super) fn new_scratch(
         &self,
-        state: &mut dyn SequenceState,
-        tokens: &[u32],
-        logits: &mut [f32],
-    ) -> Result<(), ModelError> {
-        let st = downcast(state)?;
-        check_logits(logits.len(), self.config.n_vocab)?;
-        self.forward_device(st, tokens)?;
-        self.copy_logits(st, logits)
-    }
-
-    /// Enqueues every sequence's step on its own stream first, then copies
-    /// the logits back, so the sequences' kernels overlap on the device.
-    fn forward_batch(
-        &self,
-        states: &mut [&mut dyn SequenceState],
-        tokens: &[u32],
-        logits: &mut [&mut [f32]],
-    ) -> Result<(), ModelError> {
-        for (st, tok, l) in batch_rows(states, tokens, logits)? {
-            self.check_input(downcast(st)?, std::slice::from_ref(tok))?;
-            check_logits(l.len(), self.config.n_vocab)?;
-        }
-        for (st, &tok) in states.iter_mut().zip(tokens) {
-            self.forward_device(downcast(&mut **st)?, &[tok])?;
-        }
-        for (st, l) in states.iter_mut().zip(logits.iter_mut()) {
-            self.copy_logits(downcast(&mut **st)?, l)?;
-        }
-        Ok(())
+        stream: &Arc<CudaStream>,
+        n: usize,
+    ) -> Result<Scratch, ModelError> {
+        Scratch::new(stream, &self.config, self.weights.needs_q8k(), n)
     }
 }

@@ -1,3 +1,5 @@
+//! The weight formats the CUDA kernels take, and the orders a launch picks.
+//!
 //! The weight formats the CUDA kernels take — every [`QMatrix`] variant, in
 //! the CPU loader's in-memory block layout, uploaded as is — and the
 //! choices the launches make for a product: which activations its weights
@@ -5,8 +7,8 @@
 //! backend (`upload`, `launch`) and the emulation test, so both name the
 //! same kernels and upload the same bytes.
 
+use crate::quant::QK_K;
 use crate::quant::QMatrix;
-use crate::quant_k::QK_K;
 
 /// A weight matrix's block format on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,8 +126,8 @@ fn block_bytes<T>(blocks: &[T]) -> &[u8] {
 }
 
 /// Which of the CPU backend's arithmetic orders a product follows
-/// (`crate::forward`): the K-quants' tiled order for the rows of a step of
-/// 8+ tokens (`quant_k::TILED_MIN_ROWS`), tinyBLAS's for F16/BF16 in steps
+/// (`crate::cpu::forward`): the K-quants' tiled order for the rows of a step of
+/// 8+ tokens (`quant::TILED_MIN_ROWS`), tinyBLAS's for F16/BF16 in steps
 /// of 2+ tokens, the vector-dot orders otherwise. Q8_0 / Q4_1 / Q5_0 /
 /// Q5_1 have one order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +143,7 @@ impl Order {
     /// one-row orders.
     pub(crate) fn of_step(n: usize, one_row: bool) -> Order {
         Order {
-            tiled: !one_row && n >= crate::quant_k::TILED_MIN_ROWS,
+            tiled: !one_row && n >= crate::quant::TILED_MIN_ROWS,
             gemm: !one_row && n >= 2,
         }
     }
@@ -150,11 +152,11 @@ impl Order {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::BlockQ5_0;
+    use crate::quant::BlockQ5_1;
+    use crate::quant::{BlockBf16, BlockF16};
     use crate::quant::{BlockQ4_1, BlockQ8_0};
-    use crate::quant_f16::{BlockBf16, BlockF16};
-    use crate::quant_k::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
-    use crate::quant_q5_0::BlockQ5_0;
-    use crate::quant_q5_1::BlockQ5_1;
+    use crate::quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 
     /// The CPU loader's blocks have no padding and the sizes of the CUDA
     /// structs they are uploaded into (the emulation harness checks the

@@ -1,7 +1,8 @@
-//! Running a forward pass on one sequence: the input checks (the CPU
-//! backend's errors), uploading tokens and position, the decode step's CUDA
-//! graph (captured on first use, replayed after), the layer-by-layer trace,
-//! and copying the logits back.
+//! Running a forward pass on one sequence, and the CUDA backend's `Backend` implementation.
+//!
+//! The input checks (the CPU backend's errors), uploading tokens and
+//! position, the decode step's CUDA graph (captured on first use, replayed
+//! after), the layer-by-layer trace, and copying the logits back.
 
 #![forbid(unsafe_code)]
 
@@ -9,9 +10,12 @@ use std::time::Instant;
 
 use cudarc::driver::sys;
 
-use super::backend::{CudaBackend, err};
+use super::backend::CudaBackend;
+use super::err::err;
 use super::state::{CudaState, DecodeGraph};
-use crate::backend::check_tokens;
+use crate::backend::{
+    Backend, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
+};
 use crate::error::ModelError;
 
 impl CudaBackend {
@@ -76,7 +80,7 @@ impl CudaBackend {
     /// Diagnostics: runs `tokens` like [`Self::forward_device`] but eagerly,
     /// layer by layer, and returns the residual stream after every layer
     /// (`tokens.len() × n_embd` values each) — the CPU's twin is
-    /// `crate::forward::trace_layers`. The logits land as usual.
+    /// `cpu::trace_layers`. The logits land as usual.
     pub fn forward_trace(
         &self,
         st: &mut CudaState,
@@ -154,6 +158,53 @@ impl CudaBackend {
             .map_err(|e| err("forward pass", e))?;
         st.d2h_bytes += (n * size_of::<f32>()) as u64;
         st.timing.copy_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+}
+
+fn downcast(state: &mut dyn SequenceState) -> Result<&mut CudaState, ModelError> {
+    downcast_state(state, "CUDA")
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn new_state(&self, capacity: usize) -> Result<Box<dyn SequenceState>, ModelError> {
+        Ok(Box::new(self.new_cuda_state(capacity.max(1))?))
+    }
+
+    fn forward(
+        &self,
+        state: &mut dyn SequenceState,
+        tokens: &[u32],
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let st = downcast(state)?;
+        check_logits(logits.len(), self.config.n_vocab)?;
+        self.forward_device(st, tokens)?;
+        self.copy_logits(st, logits)
+    }
+
+    /// Enqueues every sequence's step on its own stream first, then copies
+    /// the logits back, so the sequences' kernels overlap on the device.
+    fn forward_batch(
+        &self,
+        states: &mut [&mut dyn SequenceState],
+        tokens: &[u32],
+        logits: &mut [&mut [f32]],
+    ) -> Result<(), ModelError> {
+        for (st, tok, l) in batch_rows(states, tokens, logits)? {
+            self.check_input(downcast(st)?, std::slice::from_ref(tok))?;
+            check_logits(l.len(), self.config.n_vocab)?;
+        }
+        for (st, &tok) in states.iter_mut().zip(tokens) {
+            self.forward_device(downcast(&mut **st)?, &[tok])?;
+        }
+        for (st, l) in states.iter_mut().zip(logits.iter_mut()) {
+            self.copy_logits(downcast(&mut **st)?, l)?;
+        }
         Ok(())
     }
 }

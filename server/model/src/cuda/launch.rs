@@ -1,3 +1,5 @@
+//! The kernel launches of one forward pass.
+//!
 //! The kernel launches of one forward pass, enqueued on the sequence's
 //! stream: the embedding, each layer's norms, weight products, RoPE and
 //! cache store, attention and SwiGLU, and the output head.
@@ -11,7 +13,7 @@ use super::state::{CudaState, dptr};
 use super::upload::{DevFused, DevMatrix, Needs};
 use crate::error::ModelError;
 use crate::quant::QK;
-use crate::quant_k::QK_K;
+use crate::quant::QK_K;
 
 /// Device addresses of one product input's activations in each form (only
 /// those some matrix reads are written).
@@ -249,26 +251,33 @@ impl CudaBackend {
         n: usize,
         l: usize,
     ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let s = &st.stream;
-        let lw = &self.weights.layers[l];
-        let (d, hd) = (c.n_embd, c.head_dim);
-        let qkv_rows = d + 2 * c.n_head_kv * hd;
-        let sc = &st.scratch;
-        let (x, xq, xa) = (dptr(&sc.x, s), dptr(&sc.xq, s), dptr(&sc.xa, s));
-        let (qkv, attn, proj, gu) = (
-            dptr(&sc.qkv, s),
-            dptr(&sc.attn, s),
-            dptr(&sc.proj, s),
-            dptr(&sc.gu, s),
-        );
-        let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
-        let scale = 1.0 / (hd as f32).sqrt();
-        // The CPU's orders (crate::forward): the last layer's feed-forward
+        // The CPU's orders (crate::cpu::forward): the last layer's feed-forward
         // runs on the output rows only in llama.cpp, so in the one-row
         // orders whatever the step's size.
         let order = Order::of_step(n, false);
         let ffn_order = Order::of_step(n, l + 1 == self.weights.layers.len());
+        self.enqueue_attention_block(st, n, l, order)?;
+        self.enqueue_ffn_block(st, n, l, ffn_order)
+    }
+
+    /// Layer `l`'s attention block: the previous down product added and
+    /// RMSNorm, the q/k/v product, RoPE + cache store, attention, and the
+    /// output product into `proj`.
+    fn enqueue_attention_block(
+        &self,
+        st: &CudaState,
+        n: usize,
+        l: usize,
+        order: Order,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = &st.stream;
+        let lw = &self.weights.layers[l];
+        let d = c.n_embd;
+        let qkv_rows = d + 2 * c.n_head_kv * c.head_dim;
+        let sc = &st.scratch;
+        let (x, xq) = (dptr(&sc.x, s), dptr(&sc.xq, s));
+        let (qkv, attn, proj) = (dptr(&sc.qkv, s), dptr(&sc.attn, s), dptr(&sc.proj, s));
         let needs = Needs::of(lw.wqkv.parts());
         let a = self.add_norm_quant(
             st,
@@ -279,6 +288,35 @@ impl CudaBackend {
             needs,
         )?;
         self.fused(st, &lw.wqkv, a, qkv, n, qkv_rows, order)?;
+        self.enqueue_rope_store(st, n, l, qkv)?;
+        // hd % 32 == 0: each head's output is whole Q8_1 blocks, quantised
+        // by the attention kernel itself (when the output matrix takes Q8_1).
+        let needs = Needs::of(std::slice::from_ref(&lw.wo));
+        let fused_quant = needs.q8_1 && c.head_dim.is_multiple_of(QK);
+        self.enqueue_attention(st, n, l, if fused_quant { xq } else { 0 })?;
+        if needs.q8_1 && !fused_quant {
+            self.quantize(st, attn, n * d)?;
+        }
+        if needs.q8k {
+            self.quantize_q8_k(st, attn, n * d)?;
+        }
+        self.mm(st, &lw.wo, self.acts(st, attn), proj, n, d, 0, order)
+    }
+
+    /// Layer `l`'s biases, RoPE and K/V cache store over the q/k/v rows at
+    /// `qkv` (one launch).
+    fn enqueue_rope_store(
+        &self,
+        st: &CudaState,
+        n: usize,
+        l: usize,
+        qkv: u64,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = &st.stream;
+        let lw = &self.weights.layers[l];
+        let hd = c.head_dim;
+        let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
         let bias = lw.bqkv.as_ref().map_or(0, |b| dptr(b, s));
         // SAFETY: qkv_rope_store(qkv, bias, rope, pos, n_head, n_kv, hd,
         // n_pairs, neox, k, v, layer, cap): qkv holds n rows of qkv_rows,
@@ -307,11 +345,27 @@ impl CudaBackend {
                 ],
             )
         }
-        .map_err(ModelError::Backend)?;
-        // hd % 32 == 0: each head's output is whole Q8_1 blocks, quantised
-        // by the attention kernel itself (when the output matrix takes Q8_1).
-        let needs = Needs::of(std::slice::from_ref(&lw.wo));
-        let fused_quant = needs.q8_1 && hd.is_multiple_of(QK);
+        .map_err(ModelError::Backend)
+    }
+
+    /// Layer `l`'s attention of the step's `n` rows over the cache, into
+    /// `attn` and, where `outq` is not null, quantised to Q8_1 there:
+    /// one-token steps with their scores in their own wide kernel first
+    /// (`split_scores`).
+    fn enqueue_attention(
+        &self,
+        st: &CudaState,
+        n: usize,
+        l: usize,
+        outq: u64,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = &st.stream;
+        let hd = c.head_dim;
+        let sc = &st.scratch;
+        let (qkv, attn) = (dptr(&sc.qkv, s), dptr(&sc.attn, s));
+        let (kc, vc, pos) = (dptr(&st.k, s), dptr(&st.v, s), dptr(&st.pos_dev, s));
+        let scale = 1.0 / (hd as f32).sqrt();
         let split = n == 1 && self.opts.split_scores;
         // The parameters `attn_scores` and `attention` share after their
         // pointers: layer, cap, n_head, n_kv, hd, scale, w.
@@ -368,7 +422,7 @@ impl CudaBackend {
                         Arg::Ptr(vc),
                         Arg::Ptr(if split { dptr(&st.scores, s) } else { 0 }),
                         Arg::Ptr(attn),
-                        Arg::Ptr(if fused_quant { xq } else { 0 }),
+                        Arg::Ptr(outq),
                         Arg::Ptr(pos),
                     ][..],
                     &head,
@@ -379,14 +433,26 @@ impl CudaBackend {
                 .concat(),
             )
         }
-        .map_err(ModelError::Backend)?;
-        if needs.q8_1 && !fused_quant {
-            self.quantize(st, attn, n * d)?;
-        }
-        if needs.q8k {
-            self.quantize_q8_k(st, attn, n * d)?;
-        }
-        self.mm(st, &lw.wo, self.acts(st, attn), proj, n, d, 0, order)?;
+        .map_err(ModelError::Backend)
+    }
+
+    /// Layer `l`'s feed-forward block: the attention output added and
+    /// RMSNorm, the gate/up product, SiLU·up (quantised for the down
+    /// product) and the down product into `proj`.
+    fn enqueue_ffn_block(
+        &self,
+        st: &CudaState,
+        n: usize,
+        l: usize,
+        ffn_order: Order,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = &st.stream;
+        let lw = &self.weights.layers[l];
+        let d = c.n_embd;
+        let sc = &st.scratch;
+        let (x, xq, xa) = (dptr(&sc.x, s), dptr(&sc.xq, s), dptr(&sc.xa, s));
+        let (proj, gu) = (dptr(&sc.proj, s), dptr(&sc.gu, s));
         let needs = Needs::of(lw.wgu.parts());
         let a = self.add_norm_quant(st, x, proj, &lw.ffn_norm, n, needs)?;
         self.fused(st, &lw.wgu, a, gu, n, 2 * c.n_ff, ffn_order)?;

@@ -1,8 +1,10 @@
+//! Probing the CUDA libraries and device 0 without panicking.
+//!
 //! Probing the CUDA libraries and device 0 without panicking: cudarc's
 //! dynamically loaded entry points panic when their library is absent, so
 //! the libraries are looked up with `is_culib_present` before any call.
 
-use super::{DeviceError, Placement};
+use super::device::{DeviceError, Placement};
 use cudarc::driver::{CudaContext, result, sys};
 
 /// True when the driver library can be loaded.

@@ -1,3 +1,5 @@
+//! One sequence on the device ([`CudaState`]) and its allocation.
+//!
 //! One sequence on the device ([`CudaState`]): its stream, f16 KV cache,
 //! per-token scratch, sampling buffers and captured decode graph, and their
 //! allocation.
@@ -5,15 +7,18 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
 
-use super::backend::{CudaBackend, err};
+use super::err::err;
 use super::format::Q8K_BYTES;
 use super::kernels;
 use crate::backend::SequenceState;
 use crate::error::ModelError;
+use crate::gguf::Config;
+use crate::quant::QK_K;
 use crate::quant::{BlockQ8_1, QK};
-use crate::quant_k::QK_K;
 
 /// A decode-step graph. `CudaGraph` holds raw driver handles and is not
 /// `Send`; it is only ever launched through `&mut CudaState`, one thread at
@@ -124,17 +129,19 @@ pub(super) fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     s.device_ptr(stream).0
 }
 
-impl CudaBackend {
-    pub(super) fn new_scratch(
-        &self,
+impl Scratch {
+    /// Scratch for a step of `n` tokens of a model of `c` on `stream`
+    /// (`needs_q8k`: some weight matrix takes Q8_K activations).
+    pub(super) fn new(
         stream: &Arc<CudaStream>,
+        c: &Config,
+        needs_q8k: bool,
         n: usize,
     ) -> Result<Scratch, ModelError> {
-        let c = &self.config;
         let d = c.n_embd;
         let qkv = d + 2 * c.n_head_kv * c.head_dim;
         let widest = d.max(c.n_ff);
-        let q8k = if self.weights.needs_q8k() {
+        let q8k = if needs_q8k {
             n * widest.div_ceil(QK_K) * Q8K_BYTES
         } else {
             1
@@ -152,13 +159,18 @@ impl CudaBackend {
             gu: alloc(stream, n * 2 * c.n_ff, "gate/up")?,
         })
     }
+}
 
-    pub(super) fn new_cuda_state(&self, capacity: usize) -> Result<CudaState, ModelError> {
-        let c = &self.config;
-        let stream = self
-            .ctx
-            .new_stream()
-            .map_err(|e| err("creating a stream", e))?;
+impl CudaState {
+    /// A sequence of a model of `c` with room for `capacity` tokens, on a
+    /// new stream of `ctx`, with scratch for one token.
+    pub(super) fn new(
+        ctx: &Arc<CudaContext>,
+        c: &Config,
+        needs_q8k: bool,
+        capacity: usize,
+    ) -> Result<CudaState, ModelError> {
+        let stream = ctx.new_stream().map_err(|e| err("creating a stream", e))?;
         let cache = c.n_layer * c.n_head_kv * capacity * c.head_dim;
         let st = CudaState {
             capacity,
@@ -168,7 +180,7 @@ impl CudaBackend {
             pos_dev: alloc(&stream, 1, "position")?,
             scores: alloc(&stream, c.n_head * capacity, "attention scores")?,
             logits: alloc(&stream, c.n_vocab, "logits")?,
-            scratch: self.new_scratch(&stream, 1)?,
+            scratch: Scratch::new(&stream, c, needs_q8k, 1)?,
             sample: SampleBuffers {
                 work: alloc(&stream, c.n_vocab, "sampling logits")?,
                 status: alloc(&stream, 1, "sampling status")?,

@@ -1,3 +1,5 @@
+//! The model on the device: the weights and the RoPE table, uploaded once.
+//!
 //! The model on the device: every weight matrix uploaded once in the CPU
 //! loader's block format, whichever it is (Q8_0, Q4_1, Q5_0, Q5_1, Q4_K,
 //! Q5_K, Q6_K, F16, BF16; dequantised inside the kernels, never converted),
@@ -7,12 +9,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::backend::err;
+use super::err::err;
 use super::format::{ActKind, DevFormat};
 use crate::error::ModelError;
 use crate::gguf::Config;
+use crate::gguf::weights::{Fused, Weights};
 use crate::quant::QMatrix;
-use crate::weights::{Fused, Weights};
 
 /// A weight matrix on the device, in the CPU loader's block format.
 #[derive(Debug)]
@@ -135,14 +137,14 @@ pub(super) fn upload_f32(
 }
 
 /// cos/sin per rotated pair for every position, from the CPU path's
-/// [`crate::rope::rope_table`] (iterative theta, Llama 3.1+ frequency
-/// factors, linear scaling), so RoPE matches `crate::forward` bit for bit.
+/// [`rope_table`](crate::cpu::rope::rope_table) (iterative theta, Llama 3.1+ frequency
+/// factors, linear scaling), so RoPE matches `crate::cpu::forward` bit for bit.
 pub(super) fn rope_table(c: &Config, freq_factors: Option<&[f32]>, positions: usize) -> Vec<f32> {
     let pairs = c.rope_dim / 2;
     let mut row = vec![(0f32, 0f32); pairs];
     let mut t = Vec::with_capacity(positions * pairs * 2);
     for pos in 0..positions {
-        crate::rope::rope_table(c, freq_factors, pos, &mut row);
+        crate::cpu::rope::rope_table(c, freq_factors, pos, &mut row);
         for &(cos, sin) in &row {
             t.push(cos);
             t.push(sin);

@@ -1,10 +1,12 @@
+//! Hyper-parameters: the supported architectures and their [`Config`].
+//!
 //! Hyper-parameters: the supported architectures and their [`Config`],
 //! read from `<arch>.*` metadata with llama.cpp's keys and defaults, and the
 //! ones refused because this host does not implement them.
 
 #![forbid(unsafe_code)]
 
-use super::GgufFile;
+use super::file::GgufFile;
 use crate::error::ModelError;
 
 /// Supported model architectures (`general.architecture`).
@@ -98,8 +100,9 @@ impl GgufFile {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             other => Err(ModelError::UnsupportedArchitecture {
-                path: self.path.clone(),
+                path: self.path().to_path_buf(),
                 arch: other.to_string(),
+                supported: Arch::SUPPORTED,
             }),
         }
     }
@@ -169,10 +172,7 @@ impl GgufFile {
             ));
         }
         self.check_unsupported(p)?;
-        let n_vocab = match self.content.tensor_infos.get("token_embd.weight") {
-            Some(t) => t.shape.dims()[0],
-            None => return Err(self.tensor_err("token_embd.weight", "missing")),
-        };
+        let n_vocab = self.info("token_embd.weight")?.shape.dims()[0];
         Ok(Config {
             arch,
             n_ctx_train: self.get_usize(&k("context_length"))?.unwrap_or(2048),

@@ -1,0 +1,41 @@
+//! One sequence on the CPU ([`CpuState`]): its f16 KV cache and its step scratch.
+
+use std::any::Any;
+
+use super::scratch::Scratch;
+use crate::backend::SequenceState;
+
+/// A sequence's KV cache and scratch on the CPU.
+pub struct CpuState {
+    pub(super) cache: KvCache,
+    pub(super) s: Scratch,
+}
+
+/// One sequence's f16 K/V cache.
+pub(super) struct KvCache {
+    pub(super) capacity: usize,
+    pub(super) pos: usize,
+    /// `[layer][kv_head][position][head_dim]`.
+    /// Stored as raw f16 bits so a new cache is a zeroed (lazily paged)
+    /// allocation rather than a 100 MB write per session.
+    pub(super) k: Vec<u16>,
+    pub(super) v: Vec<u16>,
+}
+
+impl SequenceState for CpuState {
+    fn position(&self) -> usize {
+        self.cache.pos
+    }
+    fn capacity(&self) -> usize {
+        self.cache.capacity
+    }
+    fn truncate(&mut self, position: usize) {
+        self.cache.pos = self.cache.pos.min(position);
+    }
+    fn release_scratch(&mut self) {
+        self.s = Scratch::default();
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}

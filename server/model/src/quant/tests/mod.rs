@@ -1,0 +1,4 @@
+//! Tests of the weight formats and their kernels together.
+
+mod kquant;
+mod q32;
