@@ -224,9 +224,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn check(args: ServeArgs) -> anyhow::Result<()> {
-    let report =
+    let checked =
         samplerd::app::check::check_config(args.config.config.as_deref(), &args.overrides())?;
-    print!("{report}");
+    for warning in &checked.warnings {
+        eprintln!("samplerd: warning: {warning}");
+    }
+    print!("{}", checked.report);
     Ok(())
 }
 
