@@ -163,6 +163,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // Before plugins and the model load (which can take minutes): a SIGHUP
+    // from logrotate then must not kill the start-up either.
+    {
+        let _runtime = rt.enter();
+        samplerd::app::shutdown::ignore_other_signals();
+    }
     let registry = server::load_registry(&cfg).context("loading plugins")?;
     let generator: Option<std::sync::Arc<dyn samplerd::generate::generator::Generator>> =
         match &cfg.model.path {
@@ -182,9 +191,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None => None,
         };
     let state = server::build_state(&cfg, registry, generator)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let result = rt.block_on(async move {
         if let Some(handle) = metrics {
             match samplerd::transport::metrics::bind(&cfg.metrics).await {
@@ -203,7 +209,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 Err(e) => return Err(e.into()),
             }
         }
-        // Listening for SIGTERM/SIGINT from here on (see `shutdown::signal`).
+        // Listening for SIGTERM/SIGINT/SIGQUIT from here on (see
+        // `shutdown::signal`).
         let shutdown = samplerd::app::shutdown::signal();
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
@@ -217,9 +224,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn check(args: ServeArgs) -> anyhow::Result<()> {
-    let report =
+    let checked =
         samplerd::app::check::check_config(args.config.config.as_deref(), &args.overrides())?;
-    print!("{report}");
+    for warning in &checked.warnings {
+        eprintln!("samplerd: warning: {warning}");
+    }
+    print!("{}", checked.report);
     Ok(())
 }
 

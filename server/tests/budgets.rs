@@ -1,7 +1,8 @@
 //! Requests that are hostile by size rather than by shape, against the real
 //! `samplerd serve` process (its RSS read from /proc): an oversized
 //! Generate request is refused from its length prefix, before its bytes
-//! are read or decoded, and the server keeps serving.
+//! are read or decoded, a compressed one by its inflated size, and the
+//! server keeps serving.
 
 mod common;
 mod process;
@@ -15,6 +16,8 @@ use tonic::Code;
 /// A generous bound on the refusal (the refusal itself takes well under
 /// 100 ms on loopback; this leaves room for a loaded CI machine).
 const REFUSAL_BOUND: Duration = Duration::from_secs(2);
+/// Bound on a call that also compresses 16 MiB on the client side.
+const CALL_BOUND: Duration = Duration::from_secs(30);
 
 /// The server's resident set in bytes (`VmRSS` of /proc/PID/status).
 fn rss_bytes(pid: u32) -> u64 {
@@ -64,6 +67,52 @@ async fn an_oversized_generate_request_is_refused_before_it_is_read() {
         })
         .await;
     assert!(ok.is_ok(), "{ok:?}");
+}
+
+/// A compressed message's length prefix is its compressed length: a 16 MiB
+/// prompt is ~16 KB of gzip. It is refused by what it inflates to — tonic
+/// stops inflating at the limit — with the same status naming the same
+/// key, in both encodings the server accepts, and a small compressed
+/// Generate still gets past the size gate (to the missing model).
+#[tokio::test]
+async fn a_compressed_generate_request_is_held_to_the_limit_by_its_inflated_size() {
+    use tonic::codec::CompressionEncoding;
+    let p = process::start("");
+    let ch = p.channel().await;
+    for encoding in [CompressionEncoding::Gzip, CompressionEncoding::Zstd] {
+        let mut client = SamplerClient::new(ch.clone())
+            .send_compressed(encoding)
+            .max_encoding_message_size(usize::MAX);
+        let req = v1::GenerateRequest {
+            prompt: "x".repeat(16 << 20),
+            ..Default::default()
+        };
+        let err = tokio::time::timeout(CALL_BOUND, client.generate(req))
+            .await
+            .expect("answered within the bound")
+            .expect_err("16 MiB of prompt is refused however it is compressed");
+        common::assert_status(
+            &err,
+            Code::ResourceExhausted,
+            &[
+                "Generate request decompresses to more than the limit of 4194304 bytes",
+                "generate.max_request_bytes",
+            ],
+        );
+        let small = v1::GenerateRequest {
+            prompt: "x".repeat(1 << 20),
+            ..Default::default()
+        };
+        let err = tokio::time::timeout(CALL_BOUND, client.generate(small))
+            .await
+            .expect("answered within the bound")
+            .expect_err("no model is configured");
+        assert_eq!(
+            err.code(),
+            Code::FailedPrecondition,
+            "{encoding:?}: {err:?}"
+        );
+    }
 }
 
 /// SampleStream sessions are charged to `limits.memory_budget_bytes` for

@@ -3,8 +3,13 @@
 //! one with no RPC in flight at `limits.idle_connection_timeout_secs` (but
 //! not one whose stream is merely quiet; a tonic client's next call then
 //! simply reconnects), and past `limits.max_connections`
-//! new connections are refused while the others keep serving. Every wait is
-//! bounded.
+//! new connections are refused while the others keep serving. One peer is
+//! held to `limits.max_connections_per_peer`, so it locks out neither
+//! another peer nor a health check, and a loopback health check still
+//! connects when every ordinary slot is taken
+//! (`limits.reserved_loopback_connections`). Each peer is an address of
+//! its own in 127.0.0.0/8 (all of it is the loopback interface on Linux).
+//! Every wait is bounded.
 
 mod common;
 
@@ -191,8 +196,15 @@ async fn a_tonic_client_s_next_call_after_an_idle_close_succeeds() {
 
 #[tokio::test]
 async fn connections_past_the_cap_are_refused_and_the_rest_keep_serving() {
-    // The test server's own channel holds one of the three.
-    let s = start_tuned(|c| c.limits.max_connections = 3).await;
+    // The test server's own channel holds one of the three; every
+    // connection here comes from 127.0.0.1, so neither the per-peer cap
+    // nor the loopback reserve may get in the way.
+    let s = start_tuned(|c| {
+        c.limits.max_connections = 3;
+        c.limits.max_connections_per_peer = 3;
+        c.limits.reserved_loopback_connections = 0;
+    })
+    .await;
     s.assert_serving().await;
     let a = h2_connection(s.addr()).await;
     let b = h2_connection(s.addr()).await;
@@ -229,4 +241,173 @@ async fn connections_past_the_cap_are_refused_and_the_rest_keep_serving() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(b);
+}
+
+/// The client preface of HTTP/2: the magic and an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+
+/// A TCP connection to `addr` from the loopback address `source`.
+async fn tcp_from(source: &str, addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source.parse().unwrap(), 0))?;
+    socket.connect(addr).await
+}
+
+/// A connection from `source` that sent the HTTP/2 preface (so no
+/// handshake deadline applies) and nothing else, and whether the server
+/// kept it: `Some` once the server's own SETTINGS arrive, `None` when the
+/// server closed it instead (a refusal). Bounded by CLOSE_BOUND.
+async fn idle_from(source: &str, addr: std::net::SocketAddr) -> Option<TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tcp_from(source, addr).await.expect("TCP connect");
+    // A refused connection may be closed before the preface is written.
+    if tcp.write_all(H2_PREFACE).await.is_err() {
+        return None;
+    }
+    let mut first = [0u8; 9];
+    match tokio::time::timeout(CLOSE_BOUND, tcp.read(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => Some(tcp),
+        Ok(_) => None,
+        Err(_) => panic!("the server neither served nor closed a connection from {source}"),
+    }
+}
+
+/// A gRPC channel whose connection comes from the loopback address `source`.
+async fn channel_from(source: &'static str, addr: std::net::SocketAddr) -> Channel {
+    let connector = tower::service_fn(move |_: http::Uri| async move {
+        tcp_from(source, addr)
+            .await
+            .map(hyper_util::rt::TokioIo::new)
+    });
+    tokio::time::timeout(
+        CLOSE_BOUND,
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(connector),
+    )
+    .await
+    .expect("connects in time")
+    .unwrap_or_else(|e| panic!("connect from {source}: {e:?}"))
+}
+
+/// A health check on a fresh connection from `source`: whether it answered
+/// SERVING (a refused connection fails the call).
+async fn health_from(source: &'static str, addr: std::net::SocketAddr) -> bool {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let connector = tower::service_fn(move |_: http::Uri| async move {
+        tcp_from(source, addr)
+            .await
+            .map(hyper_util::rt::TokioIo::new)
+    });
+    let Ok(Ok(channel)) = tokio::time::timeout(
+        CLOSE_BOUND,
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(connector),
+    )
+    .await
+    else {
+        return false;
+    };
+    let mut health = HealthClient::new(channel);
+    let check = health.check(HealthCheckRequest {
+        service: String::new(),
+    });
+    matches!(
+        tokio::time::timeout(CLOSE_BOUND, check).await,
+        Ok(Ok(r)) if r.get_ref().status == 1 // SERVING
+    )
+}
+
+/// Opens `n` idle connections from `source` at once; returns those the
+/// server kept (the others it closed).
+async fn hold_from(source: &str, addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+    futures::future::join_all((0..n).map(|_| idle_from(source, addr)))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+#[tokio::test]
+async fn one_peer_holding_its_cap_locks_out_neither_another_peer_nor_a_health_check() {
+    // 60 connections, so 15 per peer (a quarter, the default). Every
+    // 127.x address is loopback, which could also take the loopback
+    // reserve: none here, so the cap alone is seen. The handshake deadline
+    // is far out, so any close below is a refusal.
+    let s = start_tuned(|c| {
+        c.limits.max_connections = 60;
+        c.limits.reserved_loopback_connections = 0;
+        c.limits.handshake_timeout_ms = 600_000;
+    })
+    .await;
+    // One client tries to hold twice the server's connections.
+    let held = hold_from("127.0.0.3", s.addr(), 120).await;
+    assert_eq!(
+        held.len(),
+        15,
+        "one peer keeps exactly its cap; the rest are closed at once"
+    );
+    // Another client is served.
+    let mut other = SamplerClient::new(channel_from("127.0.0.2", s.addr()).await);
+    other
+        .sample(v1::SampleRequest {
+            logits: logits(64, 1),
+            ..Default::default()
+        })
+        .await
+        .expect("another peer is served");
+    // And so is a health check on a connection of its own.
+    assert!(
+        health_from("127.0.0.1", s.addr()).await,
+        "health check refused"
+    );
+    // The greedy peer's next connection is still refused.
+    assert!(idle_from("127.0.0.3", s.addr()).await.is_none());
+    drop(held);
+    s.assert_serving().await;
+}
+
+#[tokio::test]
+async fn a_loopback_health_check_connects_while_every_ordinary_slot_is_taken() {
+    // Four ordinary slots, two per peer, one in reserve for loopback.
+    let s = start_tuned(|c| {
+        c.limits.max_connections = 4;
+        c.limits.max_connections_per_peer = 2;
+        c.limits.reserved_loopback_connections = 1;
+        c.limits.handshake_timeout_ms = 600_000;
+    })
+    .await;
+    // The test's own channel (127.0.0.1) holds one; two peers take the rest.
+    let a = hold_from("127.0.0.3", s.addr(), 2).await;
+    let b = hold_from("127.0.0.4", s.addr(), 1).await;
+    assert_eq!((a.len(), b.len()), (2, 1));
+    // A health check from inside the host still connects: the reserve.
+    assert!(
+        health_from("127.0.0.1", s.addr()).await,
+        "health check refused"
+    );
+    // The reserve is one connection. Once the check's slot is back (the
+    // server has seen its close; hence the bounded retries), another
+    // loopback peer holds it: then nothing more gets in, health checks
+    // included — the reserve was what let the check in.
+    let deadline = Instant::now() + CLOSE_BOUND;
+    let reserved = loop {
+        if let Some(tcp) = idle_from("127.0.0.5", s.addr()).await {
+            break tcp;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reserve's slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        idle_from("127.0.0.6", s.addr()).await.is_none(),
+        "the reserve is used up"
+    );
+    assert!(!health_from("127.0.0.1", s.addr()).await, "no slot is left");
+    drop((a, b, reserved));
+    s.assert_serving().await;
 }

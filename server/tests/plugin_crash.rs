@@ -2,8 +2,9 @@
 //! write, abort(3), a stack overflow, a trap) takes the real `samplerd
 //! serve` down with it — but first the fatal-signal handler writes one
 //! line on stderr naming the signal, the stage, the library and the
-//! request, and the process then dies by that very signal. Every wait is
-//! bounded.
+//! request, and the process then dies by that very signal. A library that
+//! crashes in its initialiser, while it is loaded, is named by its path.
+//! Every wait is bounded.
 
 mod common;
 mod process;
@@ -95,4 +96,39 @@ async fn a_stack_overflow_is_reported_from_the_alternate_stack() {
 #[tokio::test]
 async fn a_trap_is_reported_and_the_process_dies_by_sigill() {
     assert_crash_reported("ill", libc::SIGILL, "SIGILL").await;
+}
+
+#[test]
+fn a_crash_in_a_plugin_s_initialiser_names_the_library_being_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = build_fixture_plugin_with(
+        "crash_stage.c",
+        dir.path(),
+        "crash_on_load",
+        &["CRASH_WHILE_LOADING"],
+    );
+    let fixture = std::fs::canonicalize(fixture).unwrap();
+    let run = process::run_to_exit(
+        "serve",
+        &format!(
+            "[plugins]\nfiles = [{}, {}]\n",
+            process::toml_path(&core_plugin()),
+            process::toml_path(&fixture),
+        ),
+        &[],
+        WAIT,
+    );
+    assert_eq!(run.status.signal(), Some(libc::SIGSEGV), "{run:?}");
+    let report: Vec<&String> = run
+        .stderr
+        .iter()
+        .filter(|l| l.starts_with("samplerd: fatal signal"))
+        .collect();
+    assert_eq!(
+        report,
+        [&format!(
+            "samplerd: fatal signal SIGSEGV while loading plugin library {}",
+            fixture.display()
+        )]
+    );
 }

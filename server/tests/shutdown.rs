@@ -105,6 +105,40 @@ async fn stream_in_flight_at_sigterm_completes_and_process_exits_0() {
     assert!(stopped.contains("INFO"), "{stopped}");
 }
 
+/// The signals that must not stop a serving process (logrotate's
+/// `kill -HUP`, stray user signals, an alarm) are each logged as one line
+/// and otherwise ignored, streams and health untouched; SIGQUIT drains like
+/// SIGTERM and the process exits 0.
+#[tokio::test]
+async fn hup_usr1_usr2_and_alrm_are_logged_and_ignored_and_sigquit_drains() {
+    let mut p = process::start("[shutdown]\ngrace_period_secs = 5\n");
+    let ch = p.channel().await;
+    let mut client = SamplerClient::new(ch.clone());
+    let (tx, mut responses, _) = open_stream(&mut client, stream_msg(0, true)).await;
+    for name in ["HUP", "USR1", "USR2", "ALRM"] {
+        p.signal(name);
+        let line = p.wait_log_starting(&format!("SIG{name} received: ignored ("), STEP_TIMEOUT);
+        assert!(line.contains("WARN"), "{line}");
+    }
+    // Nothing else happened: still SERVING, the stream goes on.
+    assert_health(&ch, "", ServingStatus::Serving).await;
+    tx.send(stream_msg(1, false)).await.unwrap();
+    let r = next_message(&mut responses, STEP_TIMEOUT).await;
+    assert_eq!(r.token_id, argmax(&logits(VOCAB, 1)));
+    drop(tx);
+    assert_clean_end(&mut responses, STEP_TIMEOUT).await;
+
+    p.signal("QUIT");
+    p.wait_log("SIGQUIT received", STEP_TIMEOUT);
+    p.wait_log(
+        "shutting down: NOT_SERVING, refusing new requests, draining",
+        STEP_TIMEOUT,
+    );
+    let status = p.wait_exit(EXIT_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    p.wait_log("samplerd stopped", Duration::from_secs(5));
+}
+
 /// SIGTERM the moment the server says it serves: the handler is already
 /// installed (a signal before the first poll of the shutdown future must not
 /// take the default action and kill the process undrained).

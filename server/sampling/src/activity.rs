@@ -13,7 +13,8 @@
 //! Separately, for a fatal-signal handler on the same thread (the server's
 //! crash report): every plugin call records its [`CallSite`] (the stage and
 //! library names, static and NUL-terminated) in a thread-local pointer for
-//! the duration of the call, and the server records the request a thread
+//! the duration of the call — loading a library too, its path standing in
+//! for the library and no stage ([`CallSite::loading`]) — and the server records the request a thread
 //! is serving ([`set_request`]). Both are plain thread-local words (no
 //! allocation, no lock, no lazy initialisation, no destructor), so
 //! [`crash_context`] may be read from a signal handler: two stores per
@@ -78,6 +79,17 @@ impl CallSite {
     /// A call site that lives for the process (one per registered stage).
     pub fn leak(stage: &'static CStr, library: &'static CStr) -> &'static CallSite {
         Box::leak(Box::new(CallSite { stage, library }))
+    }
+
+    /// The site of loading `library` (its path): its initialisers and
+    /// entry point run before it has any stage, so the stage is empty.
+    pub fn loading(library: &'static CStr) -> &'static CallSite {
+        Self::leak(c"", library)
+    }
+
+    /// Whether this is a library being loaded rather than a stage's call.
+    pub fn is_loading(&self) -> bool {
+        self.stage.is_empty()
     }
 }
 

@@ -100,10 +100,20 @@ fn open_entry(lib: TrustedLibrary) -> Result<PluginEntryFn, LoadError> {
     // dynamic loader opens the inode that was checked (and hashed).
     let by_fd = format!("/proc/self/fd/{}", lib.file.as_raw_fd());
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL | RTLD_NODELETE;
+    // A crash in the library's initialisers or entry point is reported
+    // naming this file (the path is leaked once per library, which is
+    // never unloaded either).
+    let site = crate::activity::CallSite::loading(Box::leak(
+        CString::new(path.as_os_str().as_encoded_bytes())
+            .unwrap_or_else(|_| c"?".to_owned())
+            .into_boxed_c_str(),
+    ));
     // SAFETY: loading runs the library's initialisers. Plugins are trusted
     // native code from the configured directories (see docs/PLUGINS.md), and
     // loading happens once, from one thread, at start-up.
-    let opened = unsafe { libloading::os::unix::Library::open(Some(&by_fd), flags) };
+    let opened = crate::activity::in_plugin(site, || unsafe {
+        libloading::os::unix::Library::open(Some(&by_fd), flags)
+    });
     // Never closed: glibc recognises an already-loaded library by the name
     // it was opened under before it compares files, so a later plugin
     // opened through a reused descriptor number would be taken for this
@@ -133,7 +143,7 @@ fn open_entry(lib: TrustedLibrary) -> Result<PluginEntryFn, LoadError> {
 fn descriptor(entry: PluginEntryFn, path: &Path) -> Result<&'static SdPlugin, LoadError> {
     // SAFETY: the entry point takes no arguments and returns a pointer to a
     // static descriptor (or NULL to refuse).
-    let desc = unsafe { entry() };
+    let desc = crate::activity::in_plugin(site, || unsafe { entry() });
     let abi = |reason: String| LoadError::Abi {
         path: path.to_owned(),
         reason,

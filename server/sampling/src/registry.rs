@@ -33,20 +33,42 @@ unsafe fn text(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
-/// Shared-library files directly inside `dir`, sorted by name.
+/// Shared-library files directly inside `dir`, sorted by name. Every
+/// `*.so` entry must be a regular file once symlinks are followed: a
+/// dangling link (a plugin that was meant to be there) or a FIFO is a
+/// broken deployment, refused naming the entry and the link's target,
+/// never skipped (its stages would be missing without a word).
 fn libraries_in(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     let entries = std::fs::read_dir(dir).map_err(|e| LoadError::Directory {
         path: dir.to_owned(),
         reason: e.to_string(),
     })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_file()
-                && p.extension()
-                    .is_some_and(|x| x == std::env::consts::DLL_EXTENSION)
-        })
-        .collect();
+    let mut files = Vec::new();
+    for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        if path
+            .extension()
+            .is_none_or(|x| x != std::env::consts::DLL_EXTENSION)
+        {
+            continue;
+        }
+        let refuse = |reason: String| LoadError::Open {
+            path: path.clone(),
+            reason,
+        };
+        match std::fs::metadata(&path) {
+            Ok(md) if md.is_file() => files.push(path),
+            Ok(_) => return Err(refuse("not a regular file".into())),
+            Err(e) => {
+                return Err(refuse(match std::fs::read_link(&path) {
+                    Ok(target) => format!(
+                        "a symbolic link to {}, which cannot be opened: {e}",
+                        target.display()
+                    ),
+                    Err(_) => e.to_string(),
+                }));
+            }
+        }
+    }
     files.sort();
     Ok(files)
 }

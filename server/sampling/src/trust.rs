@@ -3,7 +3,9 @@
 //! directory above that up to `/` must be safe from other users (the rule
 //! sshd applies with `StrictModes`); optionally its SHA-256 must match a
 //! pinned digest. Checks run once, at start-up, on the configured paths only
-//! — no request can name a file.
+//! — no request can name a file. `plugins.allow_untrusted_permissions`
+//! turns a failed permission check into a warning naming the path and its
+//! mode (pins still apply).
 //!
 //! The file is opened once ([`TrustPolicy::open_library`]): its mode, owner
 //! and digest are read from that descriptor, and the loader maps the same
@@ -33,8 +35,9 @@ const HASH_CHUNK: usize = 64 * 1024;
 /// What the loader demands of a plugin before opening it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrustPolicy {
-    /// Skip the ownership and permission checks (config
-    /// `plugins.allow_untrusted_permissions`); pins still apply.
+    /// Load despite failed ownership and permission checks, each logged as
+    /// a warning (config `plugins.allow_untrusted_permissions`); pins still
+    /// apply.
     pub allow_untrusted_permissions: bool,
     /// The user that may own plugins besides root (the service user).
     pub owner_uid: u32,
@@ -126,15 +129,45 @@ impl TrustPolicy {
     /// listed): the directory itself strictly (anyone who may write it may
     /// add a library), every directory above it up to `/` as an ancestor.
     pub fn check_directory(&self, dir: &Path) -> Result<(), TrustError> {
-        if self.allow_untrusted_permissions {
-            return Ok(());
-        }
+        self.enforce(self.directory_modes(dir))
+    }
+
+    /// The permission walk of [`check_directory`](Self::check_directory).
+    fn directory_modes(&self, dir: &Path) -> Result<(), TrustError> {
         let canonical = std::fs::canonicalize(dir).map_err(|e| TrustError::Inspect {
             path: dir.to_owned(),
             reason: e.to_string(),
         })?;
         check_path_mode(&canonical, &canonical, "directory", judge, self.owner_uid)?;
         self.check_ancestors(&canonical, canonical.parent())
+    }
+
+    /// A permission check's verdict as this policy applies it: the refusal
+    /// itself, or — with `plugins.allow_untrusted_permissions` — a warning
+    /// naming the path and its mode (one line) and a pass, so the escape
+    /// hatch never loads an unsafe plugin without a word.
+    fn enforce(&self, verdict: Result<(), TrustError>) -> Result<(), TrustError> {
+        match verdict {
+            Err(e) if self.allow_untrusted_permissions => {
+                match e {
+                    TrustError::Permissions {
+                        plugin,
+                        kind,
+                        path,
+                        reason,
+                    } => tracing::warn!(
+                        "plugin {}: its {kind} {} {reason}; loaded anyway ({ESCAPE_KEY} = true)",
+                        plugin.display(),
+                        path.display()
+                    ),
+                    other => tracing::warn!(
+                        "plugin permissions not checked: {other}; loaded anyway ({ESCAPE_KEY} = true)"
+                    ),
+                }
+                Ok(())
+            }
+            verdict => verdict,
+        }
     }
 
     /// Opens a plugin library (`path` canonical) once and checks it: every
@@ -145,20 +178,21 @@ impl TrustPolicy {
             path: path.to_owned(),
             reason: e.to_string(),
         };
-        let parent = path.parent().filter(|d| !d.as_os_str().is_empty());
-        if !self.allow_untrusted_permissions
-            && let Some(dir) = parent
-        {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             // The directory holding the library is held to the strict
             // rule, as a configured directory is.
-            check_path_mode(path, dir, "directory", judge, self.owner_uid)?;
-            self.check_ancestors(path, dir.parent())?;
+            self.enforce(
+                check_path_mode(path, dir, "directory", judge, self.owner_uid)
+                    .and_then(|()| self.check_ancestors(path, dir.parent())),
+            )?;
         }
         // O_NOFOLLOW: the path is canonical, so a symlink here appeared
-        // after canonicalisation. std adds O_CLOEXEC itself.
+        // after canonicalisation. O_NONBLOCK: opening a FIFO would wait for
+        // a writer (start-up hanging); it has no effect on a regular file,
+        // and anything else is refused just below. std adds O_CLOEXEC.
         let mut file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
             .map_err(inspect)?;
         let md = file.metadata().map_err(inspect)?;
@@ -168,7 +202,7 @@ impl TrustPolicy {
                 reason: "not a regular file".into(),
             });
         }
-        if !self.allow_untrusted_permissions {
+        self.enforce(
             judge(md.mode() & 0o7777, md.uid(), self.owner_uid).map_err(|reason| {
                 TrustError::Permissions {
                     plugin: path.to_owned(),
@@ -176,8 +210,8 @@ impl TrustPolicy {
                     path: path.to_owned(),
                     reason,
                 }
-            })?;
-        }
+            }),
+        )?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -14,10 +14,23 @@ use crate::app::config::{self, CliOverrides, ConfigError, LoadedConfig};
 use crate::app::server::load_registry;
 use crate::service::Defaults;
 
+/// What `check-config` found in a configuration that passes.
+#[derive(Debug)]
+pub struct Checked {
+    /// The effective configuration, the loaded stages and the default chain.
+    pub report: String,
+    /// What `serve` would log as a warning at start-up (an expired server
+    /// certificate), one line each.
+    pub warnings: Vec<String>,
+}
+
 /// Loads everything `serve` would load and renders a report.
-pub fn check_config(config_file: Option<&Path>, cli: &CliOverrides) -> Result<String, ConfigError> {
+pub fn check_config(
+    config_file: Option<&Path>,
+    cli: &CliOverrides,
+) -> Result<Checked, ConfigError> {
     let loaded = config::load(config_file, cli)?;
-    open_files(&loaded)?;
+    let warnings = open_files(&loaded)?;
     let registry = load_registry(&loaded.config).map_err(|e| plugin_error(&loaded, e))?;
     let defaults = Defaults::build(&loaded.config, &registry).map_err(|e| {
         let value = loaded
@@ -59,7 +72,10 @@ pub fn check_config(config_file: Option<&Path>, cli: &CliOverrides) -> Result<St
             }
         );
     }
-    Ok(out)
+    Ok(Checked {
+        report: out,
+        warnings,
+    })
 }
 
 fn plugin_error(loaded: &LoadedConfig, e: samplerd_sampling::LoadError) -> ConfigError {
@@ -88,29 +104,38 @@ fn plugin_error(loaded: &LoadedConfig, e: samplerd_sampling::LoadError) -> Confi
     loaded.invalid(key, value, e.to_string())
 }
 
-/// Opens what `serve` reads before it serves: TLS files (and their PEM
-/// content), the bearer-token file, and the model's GGUF header,
-/// hyper-parameters and tokenizer (the weights are not read).
-fn open_files(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+/// Opens what `serve` reads before it serves: TLS files (their PEM
+/// content, the key against the certificate), the bearer-token file, and
+/// the model's GGUF header, hyper-parameters and tokenizer (the weights
+/// are not read). Returns the warnings `serve` would log.
+fn open_files(loaded: &LoadedConfig) -> Result<Vec<String>, ConfigError> {
+    use crate::transport::tls::TlsError;
     let c = &loaded.config;
     let file_error = |key: &str, message: String| ConfigError::File {
         origin: loaded.source_of(key),
         message,
     };
-    if let Err(e) = c.tls.server_config() {
-        let key = match &e {
-            crate::transport::tls::TlsError::Read { key, .. }
-            | crate::transport::tls::TlsError::Content { key, .. }
-            | crate::transport::tls::TlsError::Incomplete { key, .. } => key,
-            crate::transport::tls::TlsError::Build(_) => "tls.cert_file",
-        };
-        return Err(file_error(key, e.to_string()));
+    let mut warnings = Vec::new();
+    match c.tls.server_config() {
+        Ok(tls) => warnings.extend(tls.and_then(|t| t.validity_warning)),
+        Err(e) => {
+            let key = match &e {
+                TlsError::Read { key, .. }
+                | TlsError::Content { key, .. }
+                | TlsError::Incomplete { key, .. } => key,
+                TlsError::Mismatch { .. } => "tls.key_file",
+                TlsError::Build(_) => "tls.cert_file",
+            };
+            return Err(file_error(key, e.to_string()));
+        }
     }
     if let Some(path) = &c.auth.tokens_file {
         crate::transport::auth::TokenSet::load(path)
             .map_err(|e| file_error("auth.tokens_file", e.to_string()))?;
     }
     if let Some(path) = &c.model.path {
+        crate::generate::check_model_file(path)
+            .map_err(|e| file_error("model.path", e.to_string()))?;
         // The header, the hyper-parameters and the tokenizer (its
         // pre-tokenizer family among them): what `serve` reads before the
         // weights.
@@ -121,5 +146,5 @@ fn open_files(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             })
             .map_err(|e| file_error("model.path", format!("model.path: {e}")))?;
     }
-    Ok(())
+    Ok(warnings)
 }

@@ -332,6 +332,13 @@ pub struct LimitsConfig {
     /// Most open client connections; past it a new one is closed at once
     /// (logged once per 10 s with the count).
     pub max_connections: usize,
+    /// Most open connections from one IP address (one client cannot lock
+    /// the others out); 0: a quarter of `max_connections`. Behind a proxy
+    /// every client shares the proxy's address: raise it there.
+    pub max_connections_per_peer: usize,
+    /// Connections a loopback peer may open beyond both caps once they
+    /// refuse it, so a health check from inside the pod still connects.
+    pub reserved_loopback_connections: usize,
     /// A new connection must send the HTTP/2 preface (and finish its TLS
     /// handshake) within this many milliseconds, or it is closed.
     pub handshake_timeout_ms: u64,
@@ -351,8 +358,20 @@ impl LimitsConfig {
     pub fn connections(&self) -> crate::transport::connections::ConnectionPolicy {
         crate::transport::connections::ConnectionPolicy {
             max_connections: self.max_connections,
+            max_connections_per_peer: self.connections_per_peer(),
+            reserved_loopback_connections: self.reserved_loopback_connections,
             handshake_timeout: std::time::Duration::from_millis(self.handshake_timeout_ms),
             idle_timeout: std::time::Duration::from_secs(self.idle_connection_timeout_secs),
+        }
+    }
+
+    /// `max_connections_per_peer`, its 0 resolved: a quarter of
+    /// `max_connections` (at least 1), so at least four clients share a
+    /// full server and a probe from another address finds room.
+    pub fn connections_per_peer(&self) -> usize {
+        match self.max_connections_per_peer {
+            0 => (self.max_connections / 4).max(1),
+            n => n,
         }
     }
 
@@ -390,6 +409,8 @@ impl Default for LimitsConfig {
             max_stuck_workers: 4,
             memory_budget_bytes: 0,
             max_connections: 1024,
+            max_connections_per_peer: 0,
+            reserved_loopback_connections: 8,
             handshake_timeout_ms: 10_000,
             idle_connection_timeout_secs: 300,
             keepalive_interval_secs: 60,

@@ -6,7 +6,9 @@
 //! samplerd: fatal signal SIGSEGV in plugin stage `crash` (library libcrash.so) while serving request 17
 //! ```
 //!
-//! or `… outside any plugin call` when the thread was in host code. The
+//! or `… while loading plugin library /path/libcrash.so` when its
+//! initialisers or entry point crash at start-up, or `… outside any plugin
+//! call` when the thread was in host code. The
 //! stage, library and request come from the thread's record in
 //! [`samplerd_sampling::activity`], which the chain updates around every
 //! plugin call and the service before every step.
@@ -183,6 +185,10 @@ fn report(signal: c_int, site: Option<&activity::CallSite>, request: u64) -> Lin
         None => line.push_u64(signal as u64),
     }
     match site {
+        Some(site) if site.is_loading() => {
+            line.push(b" while loading plugin library ");
+            line.push_name(site.library.to_bytes());
+        }
         Some(site) => {
             line.push(b" in plugin stage `");
             line.push_name(site.stage.to_bytes());
@@ -241,6 +247,12 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(line.as_bytes()).unwrap(),
             "samplerd: fatal signal SIGSEGV in plugin stage `crash` (library libcrash.so) while serving request 17\n"
+        );
+        let loading = activity::CallSite::loading(c"/opt/plugins/libcrash.so");
+        let line = report(libc::SIGSEGV, Some(loading), 0);
+        assert_eq!(
+            std::str::from_utf8(line.as_bytes()).unwrap(),
+            "samplerd: fatal signal SIGSEGV while loading plugin library /opt/plugins/libcrash.so\n"
         );
         let line = report(libc::SIGABRT, None, 0);
         assert_eq!(

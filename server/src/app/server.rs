@@ -30,13 +30,15 @@ use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
 use crate::transport::status_fixup::CompleteStatus;
-use crate::transport::unary::{UnaryGuard, UnaryMethod};
+use crate::transport::unary::{SplitMethod, UnaryGuard, UnaryMethod};
 
 /// HTTP/2 SETTINGS_MAX_FRAME_SIZE the server accepts: a 0.6 MB logits
 /// message arrives in one DATA frame instead of 37 of the default 16 KiB
 /// (fewer wake-ups of the request task per message).
 pub const HTTP2_MAX_FRAME_BYTES: u32 = 1 << 20;
 
+/// The one Sampler method with a request limit of its own.
+const GENERATE_PATH: &str = "/samplerd.v1.Sampler/Generate";
 /// How often health re-checks a model that is still loading.
 const MODEL_READY_POLL: Duration = Duration::from_millis(100);
 /// How often readiness re-checks the sampling pool's health.
@@ -141,22 +143,34 @@ pub async fn serve(
         },
         // Server-streaming, but one request message like a unary call.
         UnaryMethod {
-            path: "/samplerd.v1.Sampler/Generate",
+            path: GENERATE_PATH,
             limit: Some((
                 config.generate.max_request_bytes,
                 "generate.max_request_bytes",
             )),
         },
     ]);
+    // Generate has an instance of its own whose decoding limit is its
+    // request limit: tonic then stops inflating a compressed prompt there
+    // (`transport/unary.rs`).
+    let generate = compressed!(SamplerServer::new(SamplerService {
+        state: state.clone(),
+    }))
+    .max_decoding_message_size(config.generate.max_request_bytes)
+    .max_encoding_message_size(limits.max_message_bytes);
     let sampler = Wrap::new(
         unary,
-        Wrap::new(
-            OneFrameDecode::new(limits.max_message_bytes),
-            compressed!(SamplerServer::new(SamplerService {
-                state: state.clone(),
-            }))
-            .max_decoding_message_size(limits.max_message_bytes)
-            .max_encoding_message_size(limits.max_message_bytes),
+        SplitMethod::new(
+            GENERATE_PATH,
+            generate,
+            Wrap::new(
+                OneFrameDecode::new(limits.max_message_bytes),
+                compressed!(SamplerServer::new(SamplerService {
+                    state: state.clone(),
+                }))
+                .max_decoding_message_size(limits.max_message_bytes)
+                .max_encoding_message_size(limits.max_message_bytes),
+            ),
         ),
     );
 

@@ -1,9 +1,12 @@
-//! Graceful shutdown: on SIGTERM/SIGINT the server turns NOT_SERVING at
-//! once, refuses new Sampler RPCs with UNAVAILABLE (clients retry on another
-//! replica), lets the requests and streams already running finish for up to
-//! `shutdown.grace_period_secs`, then closes the connections and returns, so
-//! the process exits 0. Kubernetes' `terminationGracePeriodSeconds` must
-//! exceed the grace period plus [`CLOSE_TIMEOUT`].
+//! Graceful shutdown: on SIGTERM, SIGINT or SIGQUIT the server turns
+//! NOT_SERVING at once, refuses new Sampler RPCs with UNAVAILABLE (clients
+//! retry on another replica), lets the requests and streams already running
+//! finish for up to `shutdown.grace_period_secs`, then closes the
+//! connections and returns, so the process exits 0. Kubernetes'
+//! `terminationGracePeriodSeconds` must exceed the grace period plus
+//! [`CLOSE_TIMEOUT`]. SIGHUP, SIGUSR1, SIGUSR2 and SIGALRM are logged and
+//! otherwise ignored ([`ignore_other_signals`]): none of them may kill a
+//! serving process.
 //!
 //! [`Drain`] is the admission gate and in-flight counter the request layer
 //! (`metrics::ObserveRpc`) consults for every Sampler RPC.
@@ -120,7 +123,9 @@ impl Drain {
     }
 }
 
-/// A future that resolves on the first SIGTERM or SIGINT (Ctrl-C).
+/// A future that resolves on the first SIGTERM, SIGINT (Ctrl-C) or
+/// SIGQUIT (`Ctrl-\`): each starts the same drain, logged as one line
+/// naming the signal.
 ///
 /// The handlers are installed by this call, not when the future is first
 /// polled: `serve` polls its shutdown future only after it started serving,
@@ -128,41 +133,80 @@ impl Drain {
 /// answer a client (who then sends SIGTERM) before that first poll — the
 /// default action would then kill the process without a drain (seen on one
 /// CPU: 2 of 12 runs of the shutdown tests exited by signal 15). Call it
-/// before the listener is served, inside the runtime.
+/// before the listener is served, inside the runtime. Once installed, a
+/// handler stays for the life of the process, so a second signal during the
+/// drain is absorbed rather than killing it.
 pub fn signal() -> impl Future<Output = ()> + Send {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let interrupt = signal(SignalKind::interrupt());
-        let terminate = signal(SignalKind::terminate());
-        async move {
-            match (interrupt, terminate) {
-                (Ok(mut int), Ok(mut term)) => {
-                    tokio::select! {
-                        _ = int.recv() => tracing::info!("SIGINT received"),
-                        _ = term.recv() => tracing::info!("SIGTERM received"),
-                    }
-                }
-                (Ok(mut int), Err(e)) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops samplerd");
-                    int.recv().await;
-                    tracing::info!("SIGINT received");
-                }
-                (Err(e), Ok(mut term)) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGINT; only SIGTERM stops samplerd");
-                    term.recv().await;
-                    tracing::info!("SIGTERM received");
-                }
-                (Err(e), Err(_)) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGTERM or SIGINT: samplerd stops only when killed");
-                    std::future::pending::<()>().await;
+        let mut waiting = Vec::new();
+        for (kind, name) in [
+            (SignalKind::terminate(), "SIGTERM"),
+            (SignalKind::interrupt(), "SIGINT"),
+            (SignalKind::quit(), "SIGQUIT"),
+        ] {
+            match signal(kind) {
+                Ok(mut s) => waiting.push(Box::pin(async move {
+                    s.recv().await;
+                    name
+                })),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for {name}: it kills samplerd without a drain");
                 }
             }
+        }
+        async move {
+            if waiting.is_empty() {
+                tracing::warn!(
+                    "cannot listen for any stop signal: samplerd stops only when killed"
+                );
+                std::future::pending::<()>().await;
+            }
+            let (name, _, _) = futures::future::select_all(waiting).await;
+            tracing::info!("{name} received");
         }
     }
     #[cfg(not(unix))]
     async {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The signals samplerd takes no action on, and why: without a handler
+/// their default action kills the process at once, with no drain and no
+/// log line, cutting every stream (logrotate's `kill -HUP`, a stray
+/// `kill -USR1` meant for another daemon, an `alarm` left by a wrapper).
+#[cfg(unix)]
+const IGNORED_SIGNALS: [(i32, &str, &str); 4] = [
+    (
+        libc::SIGHUP,
+        "SIGHUP",
+        "nothing to reopen or reload: logs go to stderr and the configuration is read only at start-up",
+    ),
+    (libc::SIGUSR1, "SIGUSR1", "samplerd gives it no meaning"),
+    (libc::SIGUSR2, "SIGUSR2", "samplerd gives it no meaning"),
+    (libc::SIGALRM, "SIGALRM", "samplerd sets no alarm"),
+];
+
+/// Handles SIGHUP, SIGUSR1, SIGUSR2 and SIGALRM for the life of the
+/// process: each delivery is logged as one line and otherwise ignored.
+/// Installed by this call (inside a runtime, as early as one exists); a
+/// task per signal logs them.
+pub fn ignore_other_signals() {
+    #[cfg(unix)]
+    for (number, name, why) in IGNORED_SIGNALS {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::from_raw(number)) {
+            Ok(mut s) => {
+                tokio::spawn(async move {
+                    while s.recv().await.is_some() {
+                        tracing::warn!("{name} received: ignored ({why})");
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for {name}: it kills samplerd"),
+        }
     }
 }
 

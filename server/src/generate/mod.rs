@@ -192,6 +192,39 @@ pub struct ModelLoadError {
     pub source: samplerd_model::ModelError,
 }
 
+/// Refuses a `model.path` that is not a regular file (symlinks followed)
+/// before anything opens it: opening a FIFO blocks until some process
+/// writes to it, so start-up would hang with the port closed, and a
+/// device, socket or directory is no model either. A path that cannot be
+/// inspected is left to the loader, whose error names it.
+pub fn check_model_file(path: &std::path::Path) -> Result<(), ModelLoadError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let Ok(md) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let t = md.file_type();
+    let kind = if t.is_file() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    };
+    Err(ModelLoadError {
+        path: path.display().to_string(),
+        source: samplerd_model::ModelError::Io {
+            path: path.to_owned(),
+            source: std::io::Error::other(format!("is {kind}, not a regular file")),
+        },
+    })
+}
+
 impl ModelHost {
     /// Loads the GGUF at `path` for the CPU backend.
     pub fn load(path: &std::path::Path, config: GenerateConfig) -> Result<Self, ModelLoadError> {
@@ -212,6 +245,7 @@ impl ModelHost {
         placement: &samplerd_model::Placement,
         numerics: samplerd_model::Numerics,
     ) -> Result<Self, ModelLoadError> {
+        check_model_file(path)?;
         let opts = ModelOptions {
             n_threads: config.n_threads,
             n_ctx: config.n_ctx,

@@ -8,6 +8,16 @@
 //! - **A cap on open connections** (`limits.max_connections`): past it a
 //!   new connection is closed at once, and the refusals are logged once per
 //!   [`LOG_INTERVAL`] with their count.
+//! - **A cap per peer** (`limits.max_connections_per_peer`, by IP address;
+//!   0: a quarter of `max_connections`): one client cannot hold every
+//!   connection and lock the others out. Its connections past the cap are
+//!   closed at once, logged the same way.
+//! - **A loopback reserve** (`limits.reserved_loopback_connections`): when
+//!   either cap refuses a loopback peer, it may still take one of these
+//!   few extra slots, so a health check run inside the pod or host
+//!   (`grpc_health_probe`, `samplerctl health`) connects while the
+//!   ordinary slots are full. (Kubernetes' native gRPC probes come from
+//!   the node's address: the per-peer cap is what keeps room for them.)
 //! - **Accept errors back off**: EMFILE and friends are logged (once per
 //!   interval) and accepting pauses, doubling from 10 ms to 1 s, instead of
 //!   spinning.
@@ -32,17 +42,19 @@
 
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
@@ -67,9 +79,115 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// The connection limits (from `[limits]`).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionPolicy {
+    /// Connections open at once, loopback reserve aside.
     pub max_connections: usize,
+    /// Connections one IP address may hold (resolved: never 0).
+    pub max_connections_per_peer: usize,
+    /// Extra slots only loopback peers may take once a cap refuses them.
+    pub reserved_loopback_connections: usize,
     pub handshake_timeout: Duration,
     pub idle_timeout: Duration,
+}
+
+/// Why a connection was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Its peer already holds `max_connections_per_peer`.
+    PeerFull,
+    /// `max_connections` are open.
+    Full,
+}
+
+/// Who holds the connection slots: each open connection counts against its
+/// peer's address and against either the shared slots or the loopback
+/// reserve. One lock, taken by the accept loop and by a closing
+/// connection, never while anything else is held.
+#[derive(Debug)]
+struct Slots {
+    policy: ConnectionPolicy,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    shared: usize,
+    reserved: usize,
+    /// Open connections by peer; a peer with none has no entry, so the map
+    /// never outgrows the connections open.
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+/// A connection's place under the caps, given back when it drops.
+#[derive(Debug)]
+struct Slot {
+    slots: Arc<Slots>,
+    peer: IpAddr,
+    reserved: bool,
+}
+
+impl Slots {
+    fn new(policy: ConnectionPolicy) -> Arc<Self> {
+        Arc::new(Slots {
+            policy,
+            held: Mutex::new(Held::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A slot for a connection from `peer`, or why not.
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refusal> {
+        // An IPv4 client of a dual-stack listener is `::ffff:a.b.c.d`: the
+        // same peer as `a.b.c.d`.
+        let peer = peer.to_canonical();
+        let p = &self.policy;
+        let mut held = self.lock();
+        let of_peer = held.by_peer.get(&peer).copied().unwrap_or(0);
+        let refusal = if of_peer >= p.max_connections_per_peer {
+            Some(Refusal::PeerFull)
+        } else if held.shared >= p.max_connections {
+            Some(Refusal::Full)
+        } else {
+            None
+        };
+        let reserved = match refusal {
+            None => false,
+            Some(_) if peer.is_loopback() && held.reserved < p.reserved_loopback_connections => {
+                true
+            }
+            Some(why) => return Err(why),
+        };
+        if reserved {
+            held.reserved += 1;
+        } else {
+            held.shared += 1;
+        }
+        *held.by_peer.entry(peer).or_insert(0) += 1;
+        Ok(Slot {
+            slots: Arc::clone(self),
+            peer,
+            reserved,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.slots.lock();
+        if self.reserved {
+            held.reserved -= 1;
+        } else {
+            held.shared -= 1;
+        }
+        if let Some(n) = held.by_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                held.by_peer.remove(&self.peer);
+            }
+        }
+    }
 }
 
 /// In-flight RPCs of one connection, and when the last one ended.
@@ -129,7 +247,7 @@ pub struct ConnInfo {
 /// its deadlines.
 pub struct Conn {
     tcp: TcpStream,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
     activity: Arc<Activity>,
     policy: ConnectionPolicy,
     read_total: u64,
@@ -299,14 +417,17 @@ async fn accept_loop(
     policy: ConnectionPolicy,
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
-    let slots = Arc::new(Semaphore::new(policy.max_connections));
+    let slots = Slots::new(policy);
     let mut refused = Throttled::new(
         "connection refused: limits.max_connections reached (refusals since the last report)",
+    );
+    let mut refused_peer = Throttled::new(
+        "connection refused: its peer holds limits.max_connections_per_peer (refusals since the last report)",
     );
     let mut failed = Throttled::new("accept failed (failures since the last report)");
     let mut backoff = BACKOFF_MIN;
     loop {
-        let (tcp, _peer) = match listener.accept().await {
+        let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => {
                 backoff = BACKOFF_MIN;
                 accepted
@@ -320,10 +441,24 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            refused.hit(&policy.max_connections);
-            drop(tcp);
-            continue;
+        let slot = match slots.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                match why {
+                    Refusal::Full => refused.hit(&format_args!(
+                        "{} open, peer {}",
+                        policy.max_connections,
+                        peer.ip()
+                    )),
+                    Refusal::PeerFull => refused_peer.hit(&format_args!(
+                        "peer {} holds {}",
+                        peer.ip(),
+                        policy.max_connections_per_peer
+                    )),
+                }
+                drop(tcp);
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
         let conn = Conn {
@@ -400,5 +535,75 @@ impl http_body::Body for Guarded {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(max: usize, per_peer: usize, reserve: usize) -> ConnectionPolicy {
+        ConnectionPolicy {
+            max_connections: max,
+            max_connections_per_peer: per_peer,
+            reserved_loopback_connections: reserve,
+            handshake_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn one_peer_stops_at_its_cap_and_others_still_get_in() {
+        let slots = Slots::new(policy(8, 2, 0));
+        let held: Vec<Slot> = (0..2)
+            .map(|_| slots.admit(ip("10.0.0.1")).unwrap())
+            .collect();
+        assert_eq!(slots.admit(ip("10.0.0.1")).unwrap_err(), Refusal::PeerFull);
+        // The same peer through a dual-stack listener is the same peer.
+        assert_eq!(
+            slots.admit(ip("::ffff:10.0.0.1")).unwrap_err(),
+            Refusal::PeerFull
+        );
+        let other = slots.admit(ip("10.0.0.2")).unwrap();
+        drop(held);
+        // Its slots come back when its connections close.
+        let again = slots.admit(ip("10.0.0.1")).unwrap();
+        drop((other, again));
+        assert!(
+            slots.lock().by_peer.is_empty(),
+            "no entry outlives its connections"
+        );
+        assert_eq!(slots.lock().shared, 0);
+    }
+
+    #[test]
+    fn the_server_cap_holds_across_peers() {
+        let slots = Slots::new(policy(3, 2, 0));
+        let _a: Vec<Slot> = (0..2)
+            .map(|_| slots.admit(ip("10.0.0.1")).unwrap())
+            .collect();
+        let _b = slots.admit(ip("10.0.0.2")).unwrap();
+        assert_eq!(slots.admit(ip("10.0.0.3")).unwrap_err(), Refusal::Full);
+    }
+
+    #[test]
+    fn only_loopback_peers_use_the_reserve_and_only_once_refused() {
+        let slots = Slots::new(policy(2, 1, 2));
+        let lo = slots.admit(ip("127.0.0.1")).unwrap();
+        assert!(!lo.reserved, "a free shared slot is taken first");
+        let _other = slots.admit(ip("10.0.0.2")).unwrap();
+        assert_eq!(slots.admit(ip("10.0.0.3")).unwrap_err(), Refusal::Full);
+        // Past both caps, loopback gets the reserve, and no more than it.
+        let r1 = slots.admit(ip("127.0.0.1")).unwrap();
+        let r2 = slots.admit(ip("::1")).unwrap();
+        assert!(r1.reserved && r2.reserved);
+        assert_eq!(slots.admit(ip("127.0.0.1")).unwrap_err(), Refusal::PeerFull);
+        drop(r1);
+        assert_eq!(slots.lock().reserved, 1);
+        assert!(slots.admit(ip("127.0.0.5")).unwrap().reserved);
     }
 }

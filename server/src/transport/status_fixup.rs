@@ -32,8 +32,8 @@ use crate::status::{Failure, Reason};
 /// bytes, the limit is: M bytes`.
 const TOO_LARGE: &str = "message length too large";
 /// tonic's RESOURCE_EXHAUSTED for a compressed message that decompresses
-/// past the limit.
-const DECOMPRESSED_TOO_LARGE: &str = "Error decompressing: size limit";
+/// past the limit (also `unary.rs`'s, for a method's own limit).
+pub(crate) const DECOMPRESSED_TOO_LARGE: &str = "Error decompressing: size limit";
 /// tonic's UNIMPLEMENTED for an unknown `grpc-encoding`: "Content is
 /// compressed with `X` which isn't supported".
 const UNSUPPORTED_ENCODING: (&str, &str) =

@@ -2,7 +2,11 @@
 //! key, optional client CA for mutual TLS), building tonic's rustls server
 //! config from it with errors naming the key and file, and the rule that a
 //! non-loopback address is served in plaintext only when explicitly
-//! allowed (`tls.allow_insecure = true`).
+//! allowed (`tls.allow_insecure = true`). The key must be the certificate's
+//! (refused naming both files, by `check-config` as by `serve`); a
+//! certificate outside its validity dates is served with a warning naming
+//! the file and the date (clients refuse it, but an operator may be
+//! replacing it).
 
 #![forbid(unsafe_code)]
 
@@ -10,8 +14,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rustls::InconsistentKeys;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use x509_parser::time::ASN1Time;
 
 /// `[tls]`: TLS is on when both `cert_file` and `key_file` are set.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -47,8 +55,26 @@ pub enum TlsError {
     },
     #[error("{key}: {reason}")]
     Incomplete { key: &'static str, reason: String },
+    #[error(
+        "tls.key_file = {key} is not the private key of tls.cert_file = {cert}: the certificate \
+         was issued for another key ({reason})"
+    )]
+    Mismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
     #[error("tls.cert_file / tls.key_file: {0}")]
     Build(String),
+}
+
+/// The server's TLS as loaded from its files.
+#[derive(Debug)]
+pub struct ServerTls {
+    /// tonic's rustls configuration.
+    pub config: ServerTlsConfig,
+    /// Set when the server certificate is expired or not yet valid.
+    pub validity_warning: Option<String>,
 }
 
 impl TlsConfig {
@@ -97,9 +123,10 @@ impl TlsConfig {
     }
 
     /// tonic's rustls server configuration, or `None` when TLS is off.
-    /// Files are read and their PEM checked here, so a wrong path or a key
-    /// in the certificate slot fails start-up naming the key and file.
-    pub fn server_config(&self) -> Result<Option<ServerTlsConfig>, TlsError> {
+    /// Files are read and their PEM checked here, so a wrong path, a key
+    /// in the certificate slot or a key that is not the certificate's fails
+    /// start-up naming the key and file.
+    pub fn server_config(&self) -> Result<Option<ServerTls>, TlsError> {
         let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) else {
             if let Some(ca) = &self.client_ca_file {
                 return Err(TlsError::Incomplete {
@@ -119,6 +146,8 @@ impl TlsConfig {
             &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"],
             "a PEM private key",
         )?;
+        let leaf = check_pair(cert, &cert_pem, key, &key_pem)?;
+        let validity_warning = validity_warning(cert, &leaf, x509_parser::time::ASN1Time::now());
         let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
         if let Some(ca) = &self.client_ca_file {
             let ca_pem = read_pem(
@@ -129,7 +158,75 @@ impl TlsConfig {
             )?;
             tls = tls.client_ca_root(Certificate::from_pem(ca_pem));
         }
-        Ok(Some(tls))
+        Ok(Some(ServerTls {
+            config: tls,
+            validity_warning,
+        }))
+    }
+}
+
+/// Parses the certificate chain and the key and checks that the key is the
+/// leaf certificate's (rustls refuses a mismatched pair too, but only once
+/// serving starts, so `check-config` would pass it); returns the leaf.
+fn check_pair(
+    cert: &Path,
+    cert_pem: &[u8],
+    key: &Path,
+    key_pem: &[u8],
+) -> Result<CertificateDer<'static>, TlsError> {
+    use rustls::pki_types::pem::PemObject as _;
+    let content = |key: &'static str, path: &Path, reason: String| TlsError::Content {
+        key,
+        path: path.to_owned(),
+        reason,
+    };
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| content("tls.cert_file", cert, format!("cannot parse the PEM: {e}")))?;
+    let Some(leaf) = chain.first().cloned() else {
+        return Err(content(
+            "tls.cert_file",
+            cert,
+            "holds no certificate".into(),
+        ));
+    };
+    let private = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| content("tls.key_file", key, format!("cannot parse the PEM: {e}")))?;
+    let signing = rustls::crypto::ring::default_provider()
+        .key_provider
+        .load_private_key(private)
+        .map_err(|e| content("tls.key_file", key, format!("unusable private key: {e}")))?;
+    match CertifiedKey::new(chain, signing).keys_match() {
+        // `Unknown`: the key type cannot say (rustls serves it too).
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(leaf),
+        Err(e) => Err(TlsError::Mismatch {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// The warning for a certificate (`leaf`, read from `path`) that is not
+/// valid at `now`: expired, or not valid yet; `None` while it is valid.
+pub fn validity_warning(path: &Path, leaf: &[u8], now: ASN1Time) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    let validity = parsed.validity();
+    let date = |t: ASN1Time| t.to_rfc2822().unwrap_or_else(|_| t.to_string());
+    if now > validity.not_after {
+        Some(format!(
+            "tls.cert_file = {}: the certificate expired on {} (notAfter): clients will refuse it",
+            path.display(),
+            date(validity.not_after)
+        ))
+    } else if now < validity.not_before {
+        Some(format!(
+            "tls.cert_file = {}: the certificate is not valid before {} (notBefore): clients will refuse it until then",
+            path.display(),
+            date(validity.not_before)
+        ))
+    } else {
+        None
     }
 }
 
@@ -147,8 +244,13 @@ pub fn secured_builder(
 > {
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = config.tls.server_config()? {
+        if let Some(warning) = &tls.validity_warning {
+            tracing::warn!("{warning}");
+        }
         // A client that stalls mid-handshake is dropped, not kept forever.
-        let tls = tls.timeout(Duration::from_millis(config.limits.handshake_timeout_ms));
+        let tls = tls
+            .config
+            .timeout(Duration::from_millis(config.limits.handshake_timeout_ms));
         builder = builder
             .tls_config(tls)
             .map_err(|e| TlsError::Build(samplerd_sampling::error::error_chain(&e)))?;
@@ -283,5 +385,61 @@ mod tests {
         let msg = swapped.server_config().unwrap_err().to_string();
         assert!(msg.starts_with("tls.key_file"), "{msg}");
         assert!(msg.contains("private key"), "{msg}");
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificate_s_is_refused_naming_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = dir.path().join("server.crt");
+        let key = dir.path().join("server.key");
+        let other_key = dir.path().join("other.key");
+        std::fs::write(&cert, ours.cert.pem()).unwrap();
+        std::fs::write(&key, ours.signing_key.serialize_pem()).unwrap();
+        std::fs::write(&other_key, other.signing_key.serialize_pem()).unwrap();
+        let config = |key: &Path| TlsConfig {
+            cert_file: Some(cert.clone()),
+            key_file: Some(key.to_owned()),
+            ..TlsConfig::default()
+        };
+        let msg = config(&other_key).server_config().unwrap_err().to_string();
+        assert!(
+            msg.contains("tls.key_file = ") && msg.contains("other.key"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("tls.cert_file = ") && msg.contains("server.crt"),
+            "{msg}"
+        );
+        assert!(msg.contains("not the private key"), "{msg}");
+        let loaded = config(&key).server_config().unwrap().unwrap();
+        assert_eq!(
+            loaded.validity_warning, None,
+            "a fresh certificate is valid"
+        );
+    }
+
+    #[test]
+    fn a_certificate_outside_its_dates_is_named_with_the_date() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2019, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2020, 1, 2);
+        let leaf = params.self_signed(&key).unwrap();
+        let path = Path::new("/etc/samplerd/tls.crt");
+        let at = |y, m, d| {
+            let t = rcgen::date_time_ymd(y, m, d);
+            ASN1Time::from_timestamp(t.unix_timestamp()).unwrap()
+        };
+        let expired = validity_warning(path, leaf.der(), at(2021, 6, 1)).unwrap();
+        assert!(expired.contains("/etc/samplerd/tls.crt"), "{expired}");
+        assert!(expired.contains("expired on Thu, 02 Jan 2020"), "{expired}");
+        let early = validity_warning(path, leaf.der(), at(2018, 6, 1)).unwrap();
+        assert!(
+            early.contains("not valid before Tue, 01 Jan 2019"),
+            "{early}"
+        );
+        assert_eq!(validity_warning(path, leaf.der(), at(2019, 6, 1)), None);
     }
 }

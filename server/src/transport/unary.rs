@@ -18,6 +18,13 @@
 //! (`OneMessage`): a second message, or none at all, ends it with
 //! UNIMPLEMENTED, which tonic passes on as the call's status (it reads a
 //! unary body to its end before calling the handler).
+//!
+//! A compressed message's prefix gives only its compressed length (16 KB
+//! of gzip inflate to 16 MB), so a limited method is also served by an
+//! instance of the generated service of its own ([`SplitMethod`]) whose
+//! tonic `max_decoding_message_size` is that limit: tonic inflates into a
+//! buffer limited to it and stops there, and its refusal is rewritten here
+//! to the same RESOURCE_EXHAUSTED naming the key.
 
 #![forbid(unsafe_code)]
 
@@ -32,9 +39,11 @@ use prost::bytes::Bytes;
 use tokio_stream::{self as stream, StreamExt};
 use tonic::Status;
 use tonic::body::Body;
+use tonic::server::NamedService;
 use tower::{Service, ServiceExt};
 
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
+use super::status_fixup::DECOMPRESSED_TOO_LARGE;
 use crate::status::{Failure, Reason, status};
 
 /// gRPC's length prefix: a compressed flag and a big-endian u32 length.
@@ -87,10 +96,10 @@ where
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let (held, declared, rest) = read_prefix(body).await;
+            let name = method.path.rsplit('/').next().unwrap_or(method.path);
             if let Some(len) = declared
                 && len > max_bytes
             {
-                let name = method.path.rsplit('/').next().unwrap_or(method.path);
                 let status = Failure::new(
                     Reason::MessageTooLarge,
                     format!(
@@ -107,12 +116,93 @@ where
                 held.chain(BodyStream::new(rest)),
             ))));
             // The replaced `inner` was ready; the generated service always is.
-            inner
+            let resp = inner
                 .ready()
                 .await?
                 .call(http::Request::from_parts(parts, body))
-                .await
+                .await?;
+            Ok(name_inflated_limit(resp, name, max_bytes, key))
         })
+    }
+}
+
+/// Rewrites tonic's refusal of a compressed message that inflated past the
+/// method's limit to the refusal of an over-size one, naming `key`.
+fn name_inflated_limit(
+    resp: HttpResponse,
+    name: &str,
+    max_bytes: usize,
+    key: &str,
+) -> HttpResponse {
+    match Status::from_header_map(resp.headers()) {
+        Some(s)
+            if s.code() == tonic::Code::ResourceExhausted
+                && s.message().starts_with(DECOMPRESSED_TOO_LARGE) =>
+        {
+            tracing::debug!(
+                limit = max_bytes,
+                "compressed request refused by its inflated size"
+            );
+            Failure::new(
+                Reason::MessageTooLarge,
+                format!(
+                    "{name} request decompresses to more than the limit of {max_bytes} bytes ({key})"
+                ),
+            )
+            .limit(key)
+            .into_status()
+            .into_http()
+        }
+        _ => resp,
+    }
+}
+
+/// One method of a generated service served by an instance of its own:
+/// requests for `path` go to `method`, all others to `rest`. The two are
+/// instances of the same service with different tonic limits (tonic's
+/// `max_decoding_message_size` is per service instance; see the module
+/// docs for why a method needs its own).
+#[derive(Clone, Debug)]
+pub struct SplitMethod<A, B> {
+    path: &'static str,
+    method: A,
+    rest: B,
+}
+
+impl<A, B> SplitMethod<A, B> {
+    pub fn new(path: &'static str, method: A, rest: B) -> Self {
+        SplitMethod { path, method, rest }
+    }
+}
+
+impl<A, B: NamedService> NamedService for SplitMethod<A, B> {
+    const NAME: &'static str = B::NAME;
+}
+
+impl<A, B> Service<http::Request<Body>> for SplitMethod<A, B>
+where
+    A: Service<http::Request<Body>, Response = HttpResponse, Error = Infallible>,
+    A::Future: Send + 'static,
+    B: Service<http::Request<Body>, Response = HttpResponse, Error = Infallible>,
+    B::Future: Send + 'static,
+{
+    type Response = HttpResponse;
+    type Error = Infallible;
+    type Future = ResponseFuture<Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Both, since either may take the next request (tonic's generated
+        // services are always ready).
+        std::task::ready!(self.method.poll_ready(cx))?;
+        self.rest.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        if req.uri().path() == self.path {
+            Box::pin(self.method.call(req))
+        } else {
+            Box::pin(self.rest.call(req))
+        }
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Process {
     pub metrics: Option<SocketAddr>,
     /// Log lines (JSON) not yet consumed.
     pub logs: mpsc::Receiver<String>,
+    /// The lines read while waiting for the addresses (start-up warnings).
+    pub startup_logs: Vec<String>,
     dir: PathBuf,
 }
 
@@ -67,6 +69,162 @@ pub fn start_logging(filter: &str, extra_toml: &str) -> Process {
 }
 
 fn start_full(filter: &str, extra_toml: &str, max_open_files: Option<u32>) -> Process {
+    let (dir, file, config) = write_config(filter, extra_toml);
+    let metrics_enabled = !extra_toml.contains("enabled = false");
+    let bin = env!("CARGO_BIN_EXE_samplerd");
+    let mut cmd = match max_open_files {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut sh = Command::new("sh");
+            sh.arg("-c")
+                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                .arg(bin);
+            sh
+        }
+    };
+    clean_env(&mut cmd);
+    let mut child = cmd
+        .current_dir(&dir)
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn samplerd");
+    let rx = stderr_lines(&mut child);
+    let mut p = Process {
+        child,
+        grpc: "0.0.0.0:0".parse().unwrap(),
+        metrics: None,
+        logs: rx,
+        startup_logs: Vec::new(),
+        dir,
+    };
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut grpc = None;
+    while grpc.is_none() || (metrics_enabled && p.metrics.is_none()) {
+        let line = p.next_log(deadline).unwrap_or_else(|| {
+            panic!(
+                "samplerd did not log its addresses in time (config:\n{config}); its lines:\n{}",
+                p.startup_logs.join("\n")
+            )
+        });
+        match log_message(&line).as_deref() {
+            Some("samplerd serving") => grpc = log_field(&line, "addr"),
+            Some("metrics listening") => p.metrics = log_field(&line, "addr"),
+            _ => {}
+        }
+        p.startup_logs.push(line);
+    }
+    p.grpc = grpc.unwrap();
+    p
+}
+
+/// How a `samplerd` run that was expected to end by itself ended.
+#[derive(Debug)]
+pub struct Exited {
+    pub status: ExitStatus,
+    /// Its stdout, whole.
+    pub stdout: String,
+    /// Its stderr, line by line.
+    pub stderr: Vec<String>,
+}
+
+/// Runs `samplerd <subcommand> --config FILE` (the config as [`start`]
+/// writes it, `extra_toml` appended) with the extra environment `env`,
+/// to its exit: killed (and the test failed) if it has not exited within
+/// `timeout`.
+pub fn run_to_exit(
+    subcommand: &str,
+    extra_toml: &str,
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Exited {
+    let (dir, file, config) = write_config("info", extra_toml);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_samplerd"));
+    clean_env(&mut cmd);
+    cmd.envs(env.iter().copied());
+    let mut child = cmd
+        .current_dir(&dir)
+        .arg(subcommand)
+        .arg("--config")
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn samplerd");
+    let mut stdout = child.stdout.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut text);
+        text
+    });
+    let rx = stderr_lines(&mut child);
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let lines: Vec<String> = rx.try_iter().collect();
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!(
+                "samplerd {subcommand} did not exit within {timeout:?} (config:\n{config}); its stderr:\n{}",
+                lines.join("\n")
+            );
+        }
+        std::thread::sleep(EXIT_POLL);
+    };
+    // Both pipes end with the process; the bound only guards the test.
+    let mut stderr = Vec::new();
+    while let Ok(line) = rx.recv_timeout(timeout) {
+        stderr.push(line);
+    }
+    let stdout = out.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Exited {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Removes every `SAMPLERD_*` and `RUST_LOG` variable, so only the config
+/// file configures the child.
+fn clean_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("SAMPLERD_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env_remove("RUST_LOG");
+}
+
+/// The child's stderr, line by line, through a channel fed by a thread of
+/// its own (the channel ends when stderr closes).
+fn stderr_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A fresh directory holding `samplerd.toml`: ephemeral ports, JSON logs
+/// at `filter`, the core plugin unless `extra_toml` has `[plugins]`,
+/// metrics on an ephemeral port unless it has `[metrics]`. Returns the
+/// directory, the file and its text.
+fn write_config(filter: &str, extra_toml: &str) -> (PathBuf, PathBuf, String) {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "samplerd-proc-{}-{}",
@@ -74,7 +232,6 @@ fn start_full(filter: &str, extra_toml: &str, max_open_files: Option<u32>) -> Pr
         N.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let metrics_enabled = !extra_toml.contains("enabled = false");
     let config = format!(
         "listen = \"127.0.0.1:0\"\n\
          [logging]\nformat = \"json\"\nfilter = \"{filter}\"\n\
@@ -93,63 +250,7 @@ fn start_full(filter: &str, extra_toml: &str, max_open_files: Option<u32>) -> Pr
     }
     let file = dir.join("samplerd.toml");
     std::fs::write(&file, &config).unwrap();
-    let bin = env!("CARGO_BIN_EXE_samplerd");
-    let mut cmd = match max_open_files {
-        None => Command::new(bin),
-        Some(n) => {
-            let mut sh = Command::new("sh");
-            sh.arg("-c")
-                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                .arg(bin);
-            sh
-        }
-    };
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("SAMPLERD_") {
-            cmd.env_remove(&k);
-        }
-    }
-    let mut child = cmd
-        .env_remove("RUST_LOG")
-        .current_dir(&dir)
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn samplerd");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut p = Process {
-        child,
-        grpc: "0.0.0.0:0".parse().unwrap(),
-        metrics: None,
-        logs: rx,
-        dir,
-    };
-    let deadline = Instant::now() + START_TIMEOUT;
-    let mut grpc = None;
-    while grpc.is_none() || (metrics_enabled && p.metrics.is_none()) {
-        let line = p.next_log(deadline).unwrap_or_else(|| {
-            panic!("samplerd did not log its addresses in time (config:\n{config})")
-        });
-        match log_message(&line).as_deref() {
-            Some("samplerd serving") => grpc = log_field(&line, "addr"),
-            Some("metrics listening") => p.metrics = log_field(&line, "addr"),
-            _ => {}
-        }
-    }
-    p.grpc = grpc.unwrap();
-    p
+    (dir, file, config)
 }
 
 /// The `fields.message` of a JSON log line.
@@ -172,11 +273,25 @@ impl Process {
 
     /// Waits (bounded) for a log line whose message is `message`.
     pub fn wait_log(&self, message: &str, timeout: Duration) -> String {
+        self.wait_log_where(message, timeout, |m| m == message)
+    }
+
+    /// Waits (bounded) for a log line whose message starts with `prefix`.
+    pub fn wait_log_starting(&self, prefix: &str, timeout: Duration) -> String {
+        self.wait_log_where(prefix, timeout, |m| m.starts_with(prefix))
+    }
+
+    fn wait_log_where(
+        &self,
+        message: &str,
+        timeout: Duration,
+        wanted: impl Fn(&str) -> bool,
+    ) -> String {
         let deadline = Instant::now() + timeout;
         let mut seen = Vec::new();
         loop {
             match self.next_log(deadline) {
-                Some(l) if log_message(&l).as_deref() == Some(message) => return l,
+                Some(l) if log_message(&l).is_some_and(|m| wanted(&m)) => return l,
                 Some(l) => seen.push(l),
                 None => panic!(
                     "no log line {message:?} within {timeout:?} (or before stderr closed); \
@@ -201,11 +316,16 @@ impl Process {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` as kill(1) spells it (`TERM`, `HUP`, …).
+    pub fn signal(&self, name: &str) {
         let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("run kill");
-        assert!(ok.success(), "kill -TERM failed");
+        assert!(ok.success(), "kill -{name} failed");
     }
 
     /// Waits (bounded) for the process to exit.

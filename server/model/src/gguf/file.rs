@@ -13,6 +13,20 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+/// candle's error as one line, without the backtrace candle attaches when
+/// `RUST_BACKTRACE` is set (`Error::WithBacktrace` prints its frames after
+/// the message: a corrupt header's start-up error went on for ~45 frames
+/// of build paths).
+fn candle_message(e: &candle_core::Error) -> String {
+    use candle_core::Error;
+    match e {
+        Error::WithBacktrace { inner, .. } => candle_message(inner),
+        Error::WithPath { inner, path } => format!("path: {path:?} {}", candle_message(inner)),
+        Error::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
+        other => other.to_string(),
+    }
+}
+
 /// An open GGUF file: parsed header and metadata, plus the file for tensor reads.
 pub struct GgufFile {
     path: PathBuf,
@@ -75,7 +89,7 @@ impl GgufFile {
         })?;
         let mut reader = std::io::BufReader::with_capacity(1 << 20, &mut file);
         let content = Content::read(&mut reader).map_err(|e| {
-            let msg = e.to_string();
+            let msg = candle_message(&e);
             if msg.contains("unknown magic") || msg.contains("version") {
                 ModelError::NotGguf {
                     path: pb.clone(),
@@ -283,11 +297,18 @@ impl GgufFile {
             dims,
             &candle_core::Device::Cpu,
         )
-        .map_err(|e| self.tensor_err(name, format!("decoding {dtype:?}: {e}")))?;
+        .map_err(|e| {
+            self.tensor_err(name, format!("decoding {dtype:?}: {}", candle_message(&e)))
+        })?;
         qt.dequantize(&candle_core::Device::Cpu)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(|e| self.tensor_err(name, format!("dequantising {dtype:?}: {e}")))
+            .map_err(|e| {
+                self.tensor_err(
+                    name,
+                    format!("dequantising {dtype:?}: {}", candle_message(&e)),
+                )
+            })
     }
 
     /// A 1-D tensor of `n` f32 values (norm weights, biases).
