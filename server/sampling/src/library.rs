@@ -63,8 +63,8 @@ fn readable<T>(p: *const T) -> bool {
 /// descriptor.
 pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
     let path = lib.path.clone();
-    let entry = open_entry(lib)?;
-    let desc = descriptor(entry, &path)?;
+    let (entry, site) = open_entry(lib)?;
+    let desc = descriptor(entry, site, &path)?;
     let abi = |reason: String| LoadError::Abi {
         path: path.clone(),
         reason,
@@ -92,9 +92,12 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
     })
 }
 
-/// `dlopen`s the checked descriptor of `lib` and finds its entry point;
-/// neither the library nor the descriptor is ever closed.
-fn open_entry(lib: TrustedLibrary) -> Result<PluginEntryFn, LoadError> {
+/// `dlopen`s the checked descriptor of `lib` and finds its entry point,
+/// with the call site a crash while loading is reported under; neither the
+/// library nor the descriptor is ever closed.
+fn open_entry(
+    lib: TrustedLibrary,
+) -> Result<(PluginEntryFn, &'static crate::activity::CallSite), LoadError> {
     let path = &lib.path;
     // The descriptor, not the path: whatever is at the path now, the
     // dynamic loader opens the inode that was checked (and hashed).
@@ -134,13 +137,17 @@ fn open_entry(lib: TrustedLibrary) -> Result<PluginEntryFn, LoadError> {
     };
     // Never unload: the descriptor and vtables must stay mapped.
     std::mem::forget(lib);
-    Ok(entry)
+    Ok((entry, site))
 }
 
 /// Calls the entry point and checks the descriptor it returns before any
 /// field past the fixed head is read: non-NULL and aligned, the ABI
 /// version, and the sizes of the structs the host and plugin exchange.
-fn descriptor(entry: PluginEntryFn, path: &Path) -> Result<&'static SdPlugin, LoadError> {
+fn descriptor(
+    entry: PluginEntryFn,
+    site: &'static crate::activity::CallSite,
+    path: &Path,
+) -> Result<&'static SdPlugin, LoadError> {
     // SAFETY: the entry point takes no arguments and returns a pointer to a
     // static descriptor (or NULL to refuse).
     let desc = crate::activity::in_plugin(site, || unsafe { entry() });
