@@ -203,9 +203,6 @@ async fn a_sleeping_stage_fails_its_request_and_nothing_else_waits() {
     s.stop().await;
 }
 
-/// A stream whose step spins: DEADLINE_EXCEEDED on the stream, its
-/// session and permit released at once (the thread is still spinning),
-/// and the thread rejoins or leaves when the stage returns.
 /// A batch whose rows all run a stage that never returns once took one
 /// step budget and one written-off thread per row, one after the other (8
 /// rows: 16 s, and every thread of a 6-thread pool). Now its first row
@@ -247,6 +244,9 @@ async fn a_batch_stops_at_its_first_stuck_row() {
     );
 }
 
+/// A stream whose step spins: DEADLINE_EXCEEDED on the stream, its
+/// session and permit released at once (the thread is still spinning),
+/// and the thread rejoins or leaves when the stage returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spinning_stage_in_a_stream_releases_the_streams_slot() {
     let dir = tempfile::tempdir().unwrap();

@@ -229,15 +229,14 @@ impl AppState {
         request: u64,
     ) -> Result<constraint::Prepared, RequestError> {
         let vocab = match vocab {
-            Some(v) => Some(v),
-            None => match self.named_vocabulary(p) {
-                Ok(v) => v,
-                // Validation refuses the name before any chain is built.
-                Err(()) => return Ok(constraint::Prepared::default()),
+            Some(v) => v,
+            None => match self.named_vocabulary(p)? {
+                Some(v) => v,
+                None => return Ok(constraint::Prepared::default()),
             },
         };
         self.constraints
-            .prepare(&self.defaults, p, vocab, request)
+            .prepare(&self.defaults, p, Some(vocab), request)
             .await
     }
 
@@ -249,24 +248,30 @@ impl AppState {
         vocab: Option<&Arc<samplerd_sampling::Vocabulary>>,
     ) -> Result<constraint::Prepared, RequestError> {
         let vocab = match vocab {
-            Some(v) => Some(v),
-            None => match self.named_vocabulary(p) {
-                Ok(v) => v,
-                Err(()) => return Ok(constraint::Prepared::default()),
+            Some(v) => v,
+            None => match self.named_vocabulary(p)? {
+                Some(v) => v,
+                None => return Ok(constraint::Prepared::default()),
             },
         };
-        self.constraints.prepare_blocking(&self.defaults, p, vocab)
+        self.constraints
+            .prepare_blocking(&self.defaults, p, Some(vocab))
     }
 
-    /// The vocabulary `params.vocabulary` names: none when it is empty,
-    /// `Err` when no vocabulary has that name.
+    /// The vocabulary a constraint compiles against when the caller has
+    /// none of its own: the one `params.vocabulary` names, or `None` when
+    /// nothing needs compiling — the name is unknown (validation refuses
+    /// it before any chain is built), or no stage needs one. Empty while a
+    /// stage needs one is refused here as validation would, naming
+    /// `params.vocabulary` (a compile without would only say that the
+    /// stage has no vocabulary).
     fn named_vocabulary(
         &self,
         p: Option<&v1::SamplingParams>,
-    ) -> Result<Option<&Arc<samplerd_sampling::Vocabulary>>, ()> {
+    ) -> Result<Option<&Arc<samplerd_sampling::Vocabulary>>, RequestError> {
         match p.map(|p| p.vocabulary.as_str()).filter(|n| !n.is_empty()) {
-            None => Ok(None),
-            Some(n) => self.vocabularies.get(n).map(Some).ok_or(()),
+            None => validate::vocabulary_needed(self, p).map(|()| None),
+            Some(n) => Ok(self.vocabularies.get(n)),
         }
     }
 }

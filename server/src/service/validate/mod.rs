@@ -555,20 +555,8 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
     }
     let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
     let vocab = named_vocabulary(state, f.params, logits.len(), logits.field())?;
-    if vocab.is_none()
-        && let Some(stage) = stage_needing_vocabulary(state, f.params)
-    {
-        // Said here, where the fix is known: the stage's own refusal can
-        // only say that it has no vocabulary.
-        return Err(RequestError::invalid(
-            "params.vocabulary",
-            format!(
-                "is empty, but stage `{stage}` needs a vocabulary (the text of each token), \
-                 which these logits have only through params.vocabulary: name one \
-                 (loaded: {}; config [vocabularies])",
-                state.vocabularies.describe()
-            ),
-        ));
+    if vocab.is_none() {
+        vocabulary_needed(state, f.params)?;
     }
     let (chain, seed) = sampling(state, f.params, vocab, Some(logits.len()), f.prebuilt)?;
     Ok(ValidStart {
@@ -587,6 +575,29 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
 /// The first stage the request asks for that cannot be built without a
 /// vocabulary (`SD_STAGE_NEEDS_VOCAB`: the constraint's grammar), by the
 /// constraint, the chain or the typed order.
+/// Refuses parameters whose chain has a stage that needs a vocabulary
+/// (the constraint), for logits that come without one: said here, where
+/// the fix is known — the stage's own refusal can only say that it has no
+/// vocabulary. Also checked before a constraint would compile
+/// (`AppState::prepare_constraints`), so the answer is the same there.
+pub(crate) fn vocabulary_needed(
+    state: &AppState,
+    p: Option<&v1::SamplingParams>,
+) -> Result<(), RequestError> {
+    let Some(stage) = stage_needing_vocabulary(state, p) else {
+        return Ok(());
+    };
+    Err(RequestError::invalid(
+        "params.vocabulary",
+        format!(
+            "is empty, but stage `{stage}` needs a vocabulary (the text of each token), \
+             which these logits have only through params.vocabulary: name one \
+             (loaded: {}; config [vocabularies])",
+            state.vocabularies.describe()
+        ),
+    ))
+}
+
 fn stage_needing_vocabulary<'a>(
     state: &AppState,
     p: Option<&'a v1::SamplingParams>,
