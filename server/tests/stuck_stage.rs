@@ -231,6 +231,10 @@ async fn a_batch_stops_at_its_first_stuck_row() {
     assert_names_stage(&e, "test_sleep");
     assert!(e.message().starts_with("rows[0]: "), "{e:?}");
     assert_eq!(s.state().steps.stuck(), 1);
+    // No other row ever ran: had one started beside the first, it would be
+    // written off one budget after the batch failed.
+    tokio::time::sleep(2 * MAX_STEP).await;
+    assert_eq!(s.state().steps.stuck(), 1, "only the first row ran");
     assert!(s.state().steps.healthy());
     assert_eq!(
         s.client
