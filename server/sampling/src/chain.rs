@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use samplerd_plugin_sdk::abi::*;
 
-use crate::spec::ChainSpec;
+use crate::spec::{ChainSpec, StageSpec};
 use crate::stage::RegisteredStage;
 use crate::vocab::Vocabulary;
 
