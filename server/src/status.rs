@@ -56,6 +56,8 @@ pub enum Reason {
     Overloaded,
     /// The memory budget for open sessions is spent.
     BudgetExceeded,
+    /// A constraint's compile ran past `limits.max_constraint_compile_ms`.
+    ConstraintTooCostly,
     /// A message is above its size limit.
     MessageTooLarge,
     /// A plugin stage returned an error or broke a post-check.
@@ -89,7 +91,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 26] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
@@ -101,6 +103,7 @@ impl Reason {
         Reason::MalformedMessage,
         Reason::Overloaded,
         Reason::BudgetExceeded,
+        Reason::ConstraintTooCostly,
         Reason::MessageTooLarge,
         Reason::StageFailed,
         Reason::StepStuck,
@@ -131,6 +134,7 @@ impl Reason {
             Reason::MalformedMessage => "SAMPLERD_MALFORMED_MESSAGE",
             Reason::Overloaded => "SAMPLERD_OVERLOADED",
             Reason::BudgetExceeded => "SAMPLERD_BUDGET_EXCEEDED",
+            Reason::ConstraintTooCostly => "SAMPLERD_CONSTRAINT_TOO_COSTLY",
             Reason::MessageTooLarge => "SAMPLERD_MESSAGE_TOO_LARGE",
             Reason::StageFailed => "SAMPLERD_STAGE_FAILED",
             Reason::StepStuck => "SAMPLERD_STEP_STUCK",
@@ -164,9 +168,10 @@ impl Reason {
             // INTERNAL stays what it says (the server's own failures, what
             // alerts watch), so a malformed message is INVALID_ARGUMENT.
             | Reason::MalformedMessage => Code::InvalidArgument,
-            Reason::Overloaded | Reason::BudgetExceeded | Reason::MessageTooLarge => {
-                Code::ResourceExhausted
-            }
+            Reason::Overloaded
+            | Reason::BudgetExceeded
+            | Reason::ConstraintTooCostly
+            | Reason::MessageTooLarge => Code::ResourceExhausted,
             Reason::StageFailed | Reason::StepPanicked | Reason::Internal => Code::Internal,
             Reason::StepStuck | Reason::DeadlineExceeded => Code::DeadlineExceeded,
             Reason::NoSamplingThread | Reason::ModelLoading | Reason::ShuttingDown => {

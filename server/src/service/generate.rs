@@ -17,8 +17,9 @@ use crate::status::{Reason, status};
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;
 
-/// The `Generate` RPC: the chain is built on a sampling thread (it calls
-/// into plugins), then the model host runs the generation on a blocking
+/// The `Generate` RPC: the constraint (if any) is compiled on the compile
+/// pool (`service/constraint`), the chain is built on a sampling thread
+/// (it calls into plugins), then the model host runs the generation on a blocking
 /// thread, its sampling steps again on the sampling pool.
 pub async fn handle(
     state: Arc<AppState>,
@@ -33,12 +34,20 @@ pub async fn handle(
     let vocab = generator.vocabulary();
     let checker = Arc::clone(&state);
     let request_id = state.request_id();
+    // The constraint compiles off the sampling threads; held (with its
+    // memory charge) until the generation ends.
+    let prepared = Arc::new(
+        state
+            .prepare_constraints(req.params.as_ref(), vocab.as_ref(), request_id)
+            .await?,
+    );
+    let held = Arc::clone(&prepared);
     let valid = state
         .steps
         .run(move || {
             // For the crash report, should a plugin kill the process.
             let _serving = samplerd_sampling::activity::serving(request_id);
-            validate::generate(&checker, &req, vocab)
+            validate::generate(&checker, &req, vocab, held.prebuilt())
         })
         .await??;
     let permit = state.stream_permit()?;
@@ -58,6 +67,7 @@ pub async fn handle(
     };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
+        let _prepared = prepared;
         span.in_scope(|| generator.generate(job, tx));
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
