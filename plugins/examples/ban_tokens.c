@@ -93,7 +93,8 @@ static const sd_param_spec ban_params[] = {
 
 static const sd_stage ban_stage = {
     sizeof(sd_stage),
-    SD_STAGE_DENSE_OK,
+    /* It only sets listed ids to -inf: sparse rows may use it. */
+    SD_STAGE_DENSE_OK | SD_STAGE_SPARSE_LOWERS_ONLY,
     "ban_tokens",
     "removes a fixed list of token ids (example C plugin)",
     ban_params,

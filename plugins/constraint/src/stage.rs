@@ -151,8 +151,14 @@ impl Stage for Constraint {
         ),
     ];
     // Output-only: the host never replays a prompt or previous_tokens into
-    // the grammar, whose state starts where the output starts.
-    const FLAGS: u32 = SD_STAGE_DENSE_OK | SD_STAGE_NEEDS_VOCAB | SD_STAGE_OUTPUT_ONLY;
+    // the grammar, whose state starts where the output starts. Sparse
+    // lowers-only: the mask removes a token by its id and the grammar's
+    // state alone (stable in the candidate view), so a sparse row's sent
+    // entries can be masked without the others.
+    const FLAGS: u32 = SD_STAGE_DENSE_OK
+        | SD_STAGE_NEEDS_VOCAB
+        | SD_STAGE_OUTPUT_ONLY
+        | SD_STAGE_SPARSE_LOWERS_ONLY;
     type State = SeqState;
 
     fn new(params: &Params<'_>, vocab: Option<&Vocab<'_>>) -> Result<Self, String> {

@@ -56,7 +56,7 @@ extern "C" {
 #endif
 
 #define SD_ABI_MAJOR 1
-#define SD_ABI_MINOR 1 /* 1: SD_STAGE_OUTPUT_ONLY */
+#define SD_ABI_MINOR 2 /* 1: SD_STAGE_OUTPUT_ONLY; 2: SD_STAGE_SPARSE_LOWERS_ONLY */
 
 #define SD_OK 0
 #define SD_ERR 1
@@ -185,6 +185,17 @@ typedef struct sd_error {
  * what a grammar needs, whose state starts where the output starts. Since
  * ABI 1.1. */
 #define SD_STAGE_OUTPUT_ONLY (1u << 3)
+/* apply only lowers logits or removes tokens, one token at a time: a
+ * token's new logit (or its removal) depends only on its id, its own logit,
+ * the config and the sequence's state -- never on another token's logit --
+ * and is never above the logit it had; removal keeps the remaining
+ * candidates in their order; nothing is drawn from the rng; the result for
+ * a token is the same in either view. The host may then run the stage over
+ * part of a row (the entries a client sent of a sparse row) and still know
+ * that every token it did not send stays at or below the bound it had
+ * (docs/SAMPLING.md, "Sparse rows"). Without the flag a stage is assumed to
+ * need the whole row. Honoured from plugins built for ABI 1.2 or later. */
+#define SD_STAGE_SPARSE_LOWERS_ONLY (1u << 4)
 
 /*
  * One stage. Every function pointer is required (use a no-op where nothing is

@@ -6,8 +6,8 @@
 use std::ffi::{c_char, c_int, c_void};
 
 pub const SD_ABI_MAJOR: u32 = 1;
-/// 1: [`SD_STAGE_OUTPUT_ONLY`].
-pub const SD_ABI_MINOR: u32 = 1;
+/// 1: [`SD_STAGE_OUTPUT_ONLY`]; 2: [`SD_STAGE_SPARSE_LOWERS_ONLY`].
+pub const SD_ABI_MINOR: u32 = 2;
 
 pub const SD_OK: c_int = 0;
 pub const SD_ERR: c_int = 1;
@@ -38,6 +38,14 @@ pub const SD_STAGE_NEEDS_VOCAB: u32 = 1 << 2;
 /// history (a prompt's tail, `previous_tokens`): what a grammar needs.
 /// Since ABI 1.1.
 pub const SD_STAGE_OUTPUT_ONLY: u32 = 1 << 3;
+/// `apply` only lowers logits or removes tokens, one token at a time: a
+/// token's result depends only on its id, its own logit, the config and
+/// the sequence's state (never on another token's logit) and is never above
+/// its logit; removal keeps the candidates' order; nothing is drawn from
+/// the RNG; the same in either view. The host may then run the stage over
+/// the sent entries of a sparse row alone (see the header). Honoured from
+/// plugins built for ABI 1.2 or later.
+pub const SD_STAGE_SPARSE_LOWERS_ONLY: u32 = 1 << 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]

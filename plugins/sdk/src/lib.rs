@@ -29,7 +29,8 @@ pub mod prelude {
     pub use crate::abi::{
         SD_PARAM_NUMBER, SD_PARAM_STRING, SD_PARAM_STRING_LIST, SD_PARAM_TOKEN_MAP,
         SD_STAGE_DENSE_OK, SD_STAGE_NEEDS_VOCAB, SD_STAGE_OUTPUT_ONLY, SD_STAGE_SELECTS,
-        SD_TOKEN_CONTROL, SD_TOKEN_EOG, SdCandidate, SdParamSpec, SdTokenValue,
+        SD_STAGE_SPARSE_LOWERS_ONLY, SD_TOKEN_CONTROL, SD_TOKEN_EOG, SdCandidate, SdParamSpec,
+        SdTokenValue,
     };
     pub use crate::stage::{
         HostRng, Params, Stage, StatelessStage, Tokens, ViewKind, Vocab, number_param, param_spec,

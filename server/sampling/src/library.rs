@@ -40,6 +40,9 @@ pub struct Library {
     pub file_name: &'static CStr,
     pub name: String,
     pub version: String,
+    /// The ABI minor version the library was built against (flags added
+    /// later are honoured only from libraries that know them).
+    pub abi_minor: u32,
     pub stages: Vec<&'static SdStage>,
 }
 
@@ -88,6 +91,7 @@ pub fn load_library(lib: TrustedLibrary) -> Result<Library, LoadError> {
         file_name: Box::leak(file_name.into_boxed_c_str()),
         name,
         version,
+        abi_minor: desc.abi_minor,
         stages,
     })
 }

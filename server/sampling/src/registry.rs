@@ -180,6 +180,9 @@ impl StageRegistry {
                 selects: st.flags & SD_STAGE_SELECTS != 0,
                 dense_ok: st.flags & SD_STAGE_DENSE_OK != 0,
                 needs_vocab: st.flags & SD_STAGE_NEEDS_VOCAB != 0,
+                // A bit a 1.0/1.1 library sets means nothing.
+                sparse_lowers_only: lib.abi_minor >= 2
+                    && st.flags & SD_STAGE_SPARSE_LOWERS_ONLY != 0,
             };
             tracing::debug!(stage = %name, library = %lib.name, path = %lib.path.display(), "registered stage");
             self.by_name.insert(name, self.stages.len());

@@ -63,6 +63,10 @@ pub struct StageInfo {
     pub dense_ok: bool,
     /// Refuses to build without a vocabulary (`SD_STAGE_NEEDS_VOCAB`).
     pub needs_vocab: bool,
+    /// Only lowers or removes tokens, one at a time
+    /// (`SD_STAGE_SPARSE_LOWERS_ONLY`, from an ABI 1.2+ library): a sparse
+    /// row's proof may run it over the sent entries alone.
+    pub sparse_lowers_only: bool,
 }
 
 /// A stage as the host calls it: its description and the library's
