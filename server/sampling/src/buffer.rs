@@ -173,6 +173,20 @@ impl TokenBuffer {
         Ok(())
     }
 
+    /// Loads `n` logits that `fill` writes, every one of them, in the dense
+    /// view; the caller vouches for them (finite or −∞, not all −∞): a
+    /// sparse row's dense layout ([`crate::sparse`]).
+    pub(crate) fn load_with(
+        &mut self,
+        n: usize,
+        fill: impl FnOnce(&mut [f32]),
+    ) -> Result<(), LogitsError> {
+        self.load_scanned(n, |dense| {
+            fill(dense);
+            Ok(())
+        })
+    }
+
     /// Loads `n` logits through `fill`, which writes and checks them itself.
     fn load_scanned<T>(
         &mut self,

@@ -128,4 +128,28 @@ pub enum SampleError {
     AllMasked { stage: String },
     #[error("no logits loaded into the token buffer")]
     NotLoaded,
+    /// A sparse row's proof could not show that the outcome is the dense
+    /// row's ([`crate::sparse`]): the client's row is too short for this
+    /// chain, not a failure of the server.
+    #[error(transparent)]
+    Sparse(#[from] SparseRefusal),
+}
+
+/// Why a sparse row cannot stand for its dense row in this chain: the
+/// stage (or request field) whose outcome could depend on the entries that
+/// were not sent, and, where the proof can tell, how many entries would
+/// have been enough.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct SparseRefusal {
+    /// The stage at fault, when a stage is.
+    pub stage: Option<String>,
+    /// The request field at fault (`n_probs`), when not a stage.
+    pub field: Option<&'static str>,
+    /// The whole explanation, naming the stage or field and the values.
+    pub message: String,
+    /// Entries sent.
+    pub sent: usize,
+    /// At least this many would be needed (when the proof can say).
+    pub entries_needed: Option<usize>,
 }

@@ -1,7 +1,9 @@
 //! samplerd's sampling core: loads sampler-stage plugins over the C ABI
 //! (`library`, `registry`, `stage`), builds validated chains from stage
 //! specs (`spec`, `params`, `chain`), runs them over a reusable token buffer
-//! (`sequence`, `buffer`) with host-owned, counter-based randomness (`rng`);
+//! (`sequence`, `buffer`) with host-owned, counter-based randomness (`rng`),
+//! over dense rows (`step`) or sparse ones (`sparse`: the top of a row and
+//! the log-sum-exp of the rest, with a proof that the outcome is exact);
 //! `trust` refuses plugin files other users could have written,
 //! or whose pinned digest does not match.
 
@@ -22,6 +24,7 @@ pub mod registry;
 pub mod rng;
 pub mod scan;
 pub mod sequence;
+pub mod sparse;
 pub mod spec;
 pub mod stage;
 pub mod step;
@@ -31,7 +34,7 @@ pub mod vocab;
 pub use buffer::TokenBuffer;
 pub use builder::Prebuilt;
 pub use chain::{BuiltStage, Chain};
-pub use error::{ChainError, LoadError, LogitsError, SampleError};
+pub use error::{ChainError, LoadError, LogitsError, SampleError, SparseRefusal};
 pub use params::{Constraint, DEFAULT_ORDER, SamplingParams};
 pub use registry::StageRegistry;
 pub use rng::StepRng;

@@ -21,6 +21,13 @@ pub struct Sampled {
     pub token_id: u32,
 }
 
+/// Consulted before each stage's `apply` with the buffer as the stages
+/// before left it (the sparse-row proof, [`crate::sparse`]): an error ends
+/// the step there, before the stage runs.
+pub(crate) trait StageGate {
+    fn before(&mut self, stage: usize, buf: &TokenBuffer) -> Result<(), SampleError>;
+}
+
 /// Per-sequence state of every stage of a chain. Not shared between threads
 /// at once (`Send`, not `Sync`); freed through the ABI on drop.
 pub struct Sequence {
@@ -151,7 +158,18 @@ impl Sequence {
         seed: u64,
         step: u64,
     ) -> Result<Sampled, SampleError> {
-        self.run(buf, seed, step, None, true)
+        self.run(buf, seed, step, None, true, None)
+    }
+
+    /// As `sample_prepared`, asking `gate` before each stage.
+    pub(crate) fn sample_gated(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
+        gate: &mut dyn StageGate,
+    ) -> Result<Sampled, SampleError> {
+        self.run(buf, seed, step, None, false, Some(gate))
     }
 
     /// As `sample`, over the view already in `buf` (e.g. the survivors of a
@@ -163,7 +181,7 @@ impl Sequence {
         seed: u64,
         step: u64,
     ) -> Result<Sampled, SampleError> {
-        self.run(buf, seed, step, None, false)
+        self.run(buf, seed, step, None, false, None)
     }
 
     /// As `sample`, adding each stage's wall time (ns) to `stage_ns`.
@@ -174,7 +192,7 @@ impl Sequence {
         step: u64,
         stage_ns: &mut [u64],
     ) -> Result<Sampled, SampleError> {
-        self.run(buf, seed, step, Some(stage_ns), true)
+        self.run(buf, seed, step, Some(stage_ns), true, None)
     }
 
     fn run(
@@ -184,6 +202,7 @@ impl Sequence {
         step: u64,
         mut stage_ns: Option<&mut [u64]>,
         reset_view: bool,
+        mut gate: Option<&mut dyn StageGate>,
     ) -> Result<Sampled, SampleError> {
         if buf.n_vocab() == 0 {
             return Err(SampleError::NotLoaded);
@@ -197,6 +216,9 @@ impl Sequence {
         let n_vocab = buf.n_vocab();
         let links = self.chain.links();
         for (i, (link, &state)) in links.iter().zip(&self.states).enumerate() {
+            if let Some(g) = gate.as_deref_mut() {
+                g.before(i, buf)?;
+            }
             let vt = link.enter();
             if buf.is_dense() && vt.flags & SD_STAGE_DENSE_OK == 0 {
                 buf.materialize();

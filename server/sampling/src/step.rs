@@ -153,10 +153,34 @@ pub fn run<D: DeferredLse>(
     // The raw top has to be read before the chain edits the buffer.
     let raw_top = (n > 0 && !probs.post_sampling).then(|| logits::top_n(buf.dense(), n));
     let token_id = seq.sample(buf, seed, step)?.token_id;
-    let post_n = if probs.post_sampling { n } else { 0 };
+    // Needed only after the chain: a deferred sum has had the copy and the
+    // chain's time.
+    Ok(report(
+        buf,
+        token_id,
+        raw_top,
+        probs,
+        || lse.get(),
+        |id| logits.get(id),
+    ))
+}
+
+/// The step's output once the chain chose `token_id` in `buf`: its
+/// post-chain probability and the requested candidates (`raw_top`, the
+/// raw top n as (id, logit), or the survivors' post-chain top), every
+/// log-probability `raw(id) − lse` with `lse` the raw logits'
+/// log-sum-exp (asked for only after the post-chain distribution).
+pub(crate) fn report(
+    buf: &TokenBuffer,
+    token_id: u32,
+    raw_top: Option<Vec<(u32, f32)>>,
+    probs: ProbsRequest,
+    lse: impl FnOnce() -> f32,
+    raw: impl Fn(u32) -> f32,
+) -> StepOutput {
+    let post_n = if probs.post_sampling { probs.n } else { 0 };
     let (post_top, probability) = buf.distribution(post_n, token_id);
-    // Needed only now: a deferred sum has had the copy and the chain's time.
-    let lse = lse.get();
+    let lse = lse();
     let probs = match raw_top {
         Some(top) => top
             .into_iter()
@@ -171,16 +195,16 @@ pub fn run<D: DeferredLse>(
             .map(|(token_id, probability)| Candidate {
                 token_id,
                 probability,
-                logprob: logits.get(token_id) - lse,
+                logprob: raw(token_id) - lse,
             })
             .collect(),
     };
-    Ok(StepOutput {
+    StepOutput {
         token_id,
         probability,
-        logprob: logits.get(token_id) - lse,
+        logprob: raw(token_id) - lse,
         probs,
-    })
+    }
 }
 
 /// Ids of `tokens` inside a vocabulary of `n_vocab` (ids at or above it

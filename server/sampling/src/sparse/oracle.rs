@@ -1,0 +1,105 @@
+//! The property the sparse step promises, as a check: run a chain over a
+//! dense row and over a sparse row that stands for it, and compare. The
+//! property tests (`server/sampling/tests/sparse.rs`) and the fuzzer
+//! (`fuzz/fuzz_targets/sparse.rs`) drive it with rows built to be
+//! consistent (every unsent logit at most the smallest sent one, the
+//! rest's log-sum-exp computed from the dense row).
+
+use crate::chain::Chain;
+use crate::error::{SampleError, SparseRefusal};
+use crate::step::{self, Logits, NoDeferral, ProbsRequest, StepOutput};
+use crate::{Sequence, TokenBuffer};
+
+use super::SparseRow;
+
+/// How the two runs compared.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The sparse step answered, and as the dense one did.
+    Same(StepOutput),
+    /// Both failed alike (the same error).
+    BothFailed(SampleError),
+    /// The proof refused the sparse row.
+    Refused(SparseRefusal),
+}
+
+/// The largest difference allowed between the dense and the sparse
+/// `logprob` (and a raw candidate's): the dense row's f32 log-sum-exp
+/// against the sparse one's f64, each rounded to f32 — a few ulps of the
+/// log-sum-exp and of the logprob itself.
+pub fn logprob_tolerance(dense: f32) -> f32 {
+    1e-6 + 4.0 * f32::EPSILON * dense.abs().max(1.0)
+}
+
+fn sequence(chain: &Chain, window: &[u32]) -> Result<Sequence, SampleError> {
+    let mut seq = chain.new_sequence()?;
+    seq.accept_history(window)?;
+    Ok(seq)
+}
+
+/// Runs `chain` (a fresh sequence with `window` accepted) over `dense` and
+/// over `row` at (`seed`, `step`) and compares: the token, the post-chain
+/// probability and post-chain candidates bit for bit, raw candidates' ids
+/// exactly, every log-probability within [`logprob_tolerance`]. `Err`
+/// describes the first difference.
+pub fn compare(
+    chain: &Chain,
+    window: &[u32],
+    dense: &[f32],
+    row: SparseRow<'_>,
+    seed: u64,
+    step: u64,
+    probs: ProbsRequest,
+) -> Result<Outcome, String> {
+    let mut buf = TokenBuffer::new();
+    let want = sequence(chain, window).and_then(|mut seq| {
+        let logits = Logits::Floats(dense);
+        let lse = step::load::<NoDeferral>(&mut buf, logits, None)?;
+        step::run(&mut seq, &mut buf, logits, lse, seed, step, probs)
+    });
+    let got = sequence(chain, window)
+        .and_then(|mut seq| super::run(&mut seq, &mut buf, row, seed, step, probs));
+    let (want, got) = match (want, got) {
+        (_, Err(SampleError::Sparse(r))) => return Ok(Outcome::Refused(r)),
+        (Err(a), Err(b)) if a == b => return Ok(Outcome::BothFailed(a)),
+        (Ok(w), Ok(g)) => (w, g),
+        (w, g) => return Err(format!("dense {w:?}, sparse {g:?}")),
+    };
+    let close = |a: f32, b: f32| (a - b).abs() <= logprob_tolerance(a);
+    if want.token_id != got.token_id {
+        return Err(format!(
+            "token: dense {}, sparse {}",
+            want.token_id, got.token_id
+        ));
+    }
+    if want.probability.to_bits() != got.probability.to_bits() {
+        return Err(format!(
+            "probability: dense {}, sparse {}",
+            want.probability, got.probability
+        ));
+    }
+    if !close(want.logprob, got.logprob) {
+        return Err(format!(
+            "logprob: dense {}, sparse {}",
+            want.logprob, got.logprob
+        ));
+    }
+    if want.probs.len() != got.probs.len() {
+        return Err(format!(
+            "probs: dense {} candidates, sparse {}",
+            want.probs.len(),
+            got.probs.len()
+        ));
+    }
+    for (i, (w, g)) in want.probs.iter().zip(&got.probs).enumerate() {
+        let same_p = if probs.post_sampling {
+            w.probability.to_bits() == g.probability.to_bits()
+        } else {
+            close(w.probability, g.probability)
+        };
+        if w.token_id != g.token_id || !same_p || !close(w.logprob, g.logprob) {
+            return Err(format!("probs[{i}]: dense {w:?}, sparse {g:?}"));
+        }
+    }
+    Ok(Outcome::Same(got))
+}
