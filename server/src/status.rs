@@ -68,6 +68,10 @@ pub enum Reason {
     NoSamplingThread,
     /// A sampling step panicked.
     StepPanicked,
+    /// A sparse row cannot stand for its dense row in this chain: some
+    /// stage's outcome could depend on the entries not sent (metadata
+    /// `stage`, `entries_sent`, `entries_needed` where known).
+    SparseInsufficient,
     /// Generate on a server started without a model.
     NoModel,
     /// Generate before the model finished loading.
@@ -91,7 +95,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
@@ -109,6 +113,7 @@ impl Reason {
         Reason::StepStuck,
         Reason::NoSamplingThread,
         Reason::StepPanicked,
+        Reason::SparseInsufficient,
         Reason::NoModel,
         Reason::ModelLoading,
         Reason::Unauthenticated,
@@ -140,6 +145,7 @@ impl Reason {
             Reason::StepStuck => "SAMPLERD_STEP_STUCK",
             Reason::NoSamplingThread => "SAMPLERD_NO_SAMPLING_THREAD",
             Reason::StepPanicked => "SAMPLERD_STEP_PANICKED",
+            Reason::SparseInsufficient => "SAMPLERD_SPARSE_INSUFFICIENT",
             Reason::NoModel => "SAMPLERD_NO_MODEL",
             Reason::ModelLoading => "SAMPLERD_MODEL_LOADING",
             Reason::Unauthenticated => "SAMPLERD_UNAUTHENTICATED",
@@ -177,7 +183,7 @@ impl Reason {
             Reason::NoSamplingThread | Reason::ModelLoading | Reason::ShuttingDown => {
                 Code::Unavailable
             }
-            Reason::NoModel => Code::FailedPrecondition,
+            Reason::NoModel | Reason::SparseInsufficient => Code::FailedPrecondition,
             Reason::Unauthenticated => Code::Unauthenticated,
             Reason::WrongMessageCount | Reason::UnsupportedEncoding | Reason::UnknownMethod => {
                 Code::Unimplemented
@@ -254,6 +260,11 @@ impl Failure {
     /// The stage at fault.
     pub fn stage(self, name: &str) -> Self {
         self.meta("stage", name)
+    }
+
+    /// A count of entries (a sparse row's `entries_sent`, `entries_needed`).
+    pub fn entries(self, key: &str, n: usize) -> Self {
+        self.meta(key, &n.to_string())
     }
 
     /// The named thing that does not exist (a client's name: cut to

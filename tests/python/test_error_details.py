@@ -354,6 +354,17 @@ max_request_duration_secs = 1
                 assert len(found["ResourceInfo"].resource_name) < 300, len(found["ResourceInfo"].resource_name)
         check("a_long_value_is_echoed_bounded", t_long_value_is_readable)
 
+        def t_sparse_insufficient():
+            # A sparse row with only `dist` after it: nothing cuts the row
+            # down to the sent entries.
+            row = pb.SparseLogits(ids=[0, 1], values=[2.0, 1.0], rest_logsumexp=0.5, vocab_size=VOCAB)
+            meta = expect(lambda: stub.Sample(pb.SampleRequest(sparse=row, params=pb.SamplingParams(chain=[pb.StageSpec(name="dist")])),
+                                              timeout=RPC_TIMEOUT_S),
+                          grpc.StatusCode.FAILED_PRECONDITION, "SAMPLERD_SPARSE_INSUFFICIENT")
+            assert meta.get("stage") == "dist" and meta.get("entries_sent") == "2", meta
+            seen.add("SAMPLERD_SPARSE_INSUFFICIENT")
+        check("samplerd_sparse_insufficient", t_sparse_insufficient)
+
         def t_no_model():
             expect(lambda: stub.Generate(pb.GenerateRequest(prompt="hi"), timeout=RPC_TIMEOUT_S),
                    grpc.StatusCode.FAILED_PRECONDITION, "SAMPLERD_NO_MODEL")
@@ -442,7 +453,7 @@ max_step_ms = 300
     with open(os.path.join(ROOT, "docs", "API.md")) as f:
         documented = set(re.findall(r"^\| `?(SAMPLERD_[A-Z_]+)`? \|", f.read(), re.M))
     want = documented - {"SAMPLERD_STEP_PANICKED", "SAMPLERD_MODEL_LOADING", "SAMPLERD_INTERNAL"}
-    if len(documented) != 25 or seen != want:
+    if len(documented) != 27 or seen != want:
         checks.failed += 1
         print(f"FAIL reasons: documented {len(documented)}, missing here: {sorted(want - seen)}, "
               f"undocumented: {sorted(seen - documented)}")

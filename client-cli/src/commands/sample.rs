@@ -30,6 +30,7 @@ pub async fn run(conn: &ConnArgs, args: SampleArgs) -> anyhow::Result<ExitCode> 
         n_probs: args.n_probs,
         post_sampling_probs: false,
         constraint_tokens: Vec::new(),
+        sparse: None,
     };
     let raw: SampleResponse = client.sample(request.clone()).await?.into_inner();
     let post = if args.n_probs > 0 {

@@ -46,7 +46,7 @@ pub fn batch_bytes(req: &v1::SampleBatchRequest, dtype: Dtype) -> usize {
         .iter()
         .map(|r| {
             memory::request_bytes(
-                0,
+                memory::sparse_floats(r.sparse.as_ref()),
                 r.logits.len(),
                 r.previous_tokens.len() + r.constraint_tokens.len(),
                 r.params.as_ref(),
@@ -64,7 +64,8 @@ fn row_blocking(
     i: usize,
     prepared: &Prepared,
 ) -> Result<v1::SampleResponse, RequestError> {
-    let logits = RowLogits::decode(dtype, &req.rows[i].logits, state.limits.max_vocab)
+    let r = &req.rows[i];
+    let logits = RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab)
         .map_err(|e| e.in_row(i))?;
     let start = valid::row(state, req, i, &logits, prepared.prebuilt())?;
     let mut seq = start.open_sequence().map_err(|e| e.in_row(i))?;

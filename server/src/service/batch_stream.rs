@@ -46,8 +46,13 @@ fn sequence_bytes(
     dtype: Dtype,
 ) -> usize {
     let n_vocab = row.logits.len() / dtype.width();
-    memory::request_bytes(0, n_vocab * 4, row.previous_tokens.len(), params)
-        + n_vocab * memory::SESSION_BYTES_PER_LOGIT
+    let n_vocab = n_vocab.max(row.sparse.as_ref().map_or(0, |s| s.vocab_size as usize));
+    memory::request_bytes(
+        memory::sparse_floats(row.sparse.as_ref()),
+        row.logits.len() / dtype.width() * 4,
+        row.previous_tokens.len(),
+        params,
+    ) + n_vocab * memory::SESSION_BYTES_PER_LOGIT
 }
 
 /// One row's job: join (no state yet) or continue `state`.
@@ -59,10 +64,12 @@ fn row_blocking(
     open: Option<SeqState>,
     prepared: &Prepared,
 ) -> (Option<SeqState>, Result<v1::SampleResponse, RequestError>) {
-    let logits = match RowLogits::decode(dtype, &msg.rows[i].logits, state.limits.max_vocab) {
-        Ok(l) => l,
-        Err(e) => return (open, Err(e.in_row(i))),
-    };
+    let r = &msg.rows[i];
+    let logits =
+        match RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab) {
+            Ok(l) => l,
+            Err(e) => return (open, Err(e.in_row(i))),
+        };
     let (mut seq_state, input) = match open {
         Some(s) => match valid::stream_step(state, msg, i, &logits, s.n_vocab, s.step) {
             Ok(input) => (s, input),

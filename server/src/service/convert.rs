@@ -1,7 +1,7 @@
 //! Mapping between the `samplerd.v1` proto messages and the sampling
 //! core's types: request parameters → chain spec (unset fields take the
 //! configured defaults), stage specs and parameter values both ways, and
-//! the two logits encodings.
+//! the logits encodings (inline floats, raw f32 bytes, a sparse row).
 
 #![forbid(unsafe_code)]
 
@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use samplerd_api::v1;
 use samplerd_sampling::echo::quote;
+use samplerd_sampling::sparse::SparseRow;
 use samplerd_sampling::step::Logits;
 use samplerd_sampling::{
     ChainSpec, Constraint, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec,
@@ -19,20 +20,29 @@ use crate::service::errors::{InvalidKind, RequestError};
 /// Field names as clients see them (error messages name these).
 pub const FIELD_LOGITS: &str = "logits";
 pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
+pub const FIELD_SPARSE: &str = "sparse";
 
-/// The logits of one step, in whichever encoding the request used: the
-/// step's own [`Logits`], plus the request
-/// field they came from.
+/// One step's logits as the sampling core takes them: a whole row, or a
+/// sparse one (the top of the row and the log-sum-exp of the rest).
+#[derive(Clone, Copy, Debug)]
+pub enum StepLogits<'a> {
+    Dense(Logits<'a>),
+    Sparse(SparseRow<'a>),
+}
+
+/// The logits of one step, in whichever encoding the request used, plus
+/// the request field they came from.
 #[derive(Clone, Copy, Debug)]
 pub struct LogitsInput<'a> {
-    logits: Logits<'a>,
+    logits: StepLogits<'a>,
     field: &'static str,
 }
 
 impl<'a> LogitsInput<'a> {
-    /// Picks the one set encoding: both or neither is INVALID_ARGUMENT;
-    /// so are raw bytes whose length is not a multiple of 4 and a
-    /// vocabulary over `max_vocab`.
+    /// Picks the one set dense encoding: both or neither is
+    /// INVALID_ARGUMENT; so are raw bytes whose length is not a multiple
+    /// of 4 and a vocabulary over `max_vocab`. (A sparse row is checked by
+    /// `validate::sparse`, which calls this when none is set.)
     pub fn from_request(
         floats: &'a [f32],
         bytes: &'a [u8],
@@ -52,11 +62,11 @@ impl<'a> LogitsInput<'a> {
             (true, true) => {
                 return Err(RequestError::invalid(
                     "logits/logits_f32le",
-                    "set exactly one of `logits` and `logits_f32le`, got neither (both empty)",
+                    "set exactly one of `logits`, `logits_f32le` and `sparse`, got none",
                 ));
             }
             (false, true) => LogitsInput {
-                logits: Logits::Floats(floats),
+                logits: StepLogits::Dense(Logits::Floats(floats)),
                 field: FIELD_LOGITS,
             },
             (true, false) => {
@@ -71,7 +81,7 @@ impl<'a> LogitsInput<'a> {
                     ));
                 }
                 LogitsInput {
-                    logits: Logits::F32le(bytes),
+                    logits: StepLogits::Dense(Logits::F32le(bytes)),
                     field: FIELD_LOGITS_F32LE,
                 }
             }
@@ -86,7 +96,19 @@ impl<'a> LogitsInput<'a> {
         field: &'static str,
         max_vocab: usize,
     ) -> Result<Self, RequestError> {
-        LogitsInput { logits, field }.within(max_vocab)
+        LogitsInput {
+            logits: StepLogits::Dense(logits),
+            field,
+        }
+        .within(max_vocab)
+    }
+
+    /// A sparse row (already checked, `vocab_size` under the limit).
+    pub fn sparse(row: SparseRow<'a>) -> Self {
+        LogitsInput {
+            logits: StepLogits::Sparse(row),
+            field: FIELD_SPARSE,
+        }
     }
 
     fn within(self, max_vocab: usize) -> Result<Self, RequestError> {
@@ -103,9 +125,12 @@ impl<'a> LogitsInput<'a> {
         Ok(self)
     }
 
-    /// Number of logits.
+    /// Number of logits (a sparse row's `vocab_size`).
     pub fn len(&self) -> usize {
-        self.logits.len()
+        match self.logits {
+            StepLogits::Dense(l) => l.len(),
+            StepLogits::Sparse(r) => r.n_vocab(),
+        }
     }
 
     /// Whether there are no logits.
@@ -118,8 +143,17 @@ impl<'a> LogitsInput<'a> {
         self.field
     }
 
+    /// The field that says the row's length: the logits themselves, or a
+    /// sparse row's `vocab_size`.
+    pub fn len_field(&self) -> &'static str {
+        match self.logits {
+            StepLogits::Dense(_) => self.field,
+            StepLogits::Sparse(_) => "sparse.vocab_size",
+        }
+    }
+
     /// The logits as the sampling step takes them.
-    pub fn as_step(&self) -> Logits<'a> {
+    pub fn as_step(&self) -> StepLogits<'a> {
         self.logits
     }
 }
@@ -331,7 +365,10 @@ mod tests {
             .collect();
         let l = LogitsInput::from_request(&[], &bytes, 10).unwrap();
         assert_eq!(l.len(), 2);
-        assert_eq!(l.as_step().get(1), -2.0);
+        let StepLogits::Dense(dense) = l.as_step() else {
+            panic!("raw bytes are a dense row");
+        };
+        assert_eq!(dense.get(1), -2.0);
     }
 
     #[test]

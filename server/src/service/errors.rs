@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use samplerd_sampling::params::CONSTRAINT_STAGE;
-use samplerd_sampling::{ChainError, LogitsError, SampleError};
+use samplerd_sampling::{ChainError, LogitsError, SampleError, SparseRefusal};
 use tonic::Status;
 
 use crate::status::{Failure, Reason, ResourceKind};
@@ -31,6 +31,10 @@ pub enum RequestError {
     /// A stage failed while sampling.
     #[error("sampling failed: {0}")]
     Plugin(SampleError),
+    /// A sparse row too short for the chain: the proof could not show that
+    /// the outcome is the dense row's (FAILED_PRECONDITION).
+    #[error("{0}")]
+    Sparse(SparseRefusal),
     /// A server limit was reached: admission or the memory budget
     /// (`limit` is its config key).
     #[error("{message}")]
@@ -133,6 +137,7 @@ impl RequestError {
             e @ SampleError::AllMasked { .. } => {
                 Self::invalid_as(InvalidKind::AllMasked, "params", e.to_string())
             }
+            SampleError::Sparse(r) => RequestError::Sparse(r),
             other => RequestError::Plugin(other),
         }
     }
@@ -215,6 +220,20 @@ impl RequestError {
             },
             RequestError::Exhausted { reason, limit, .. } => {
                 Failure::new(*reason, msg).limit(limit)
+            }
+            RequestError::Sparse(r) => {
+                let mut out =
+                    Failure::new(Reason::SparseInsufficient, msg).entries("entries_sent", r.sent);
+                if let Some(stage) = &r.stage {
+                    out = out.stage(stage);
+                }
+                if let Some(field) = r.field {
+                    out = out.field(field);
+                }
+                if let Some(n) = r.entries_needed {
+                    out = out.entries("entries_needed", n);
+                }
+                out
             }
             RequestError::Internal(_) => Failure::new(Reason::Internal, msg),
             RequestError::Step(f) => f.failure(),

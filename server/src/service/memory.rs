@@ -189,11 +189,21 @@ pub fn request_bytes(
     logits * 4 + logits_f32le + window * 4 + maps * MAP_ENTRY_BYTES
 }
 
+/// A sparse row's ids and values in f32-sized units (what `request_bytes`
+/// takes as `logits`): two per entry.
+pub fn sparse_floats(sparse: Option<&v1::SparseLogits>) -> usize {
+    sparse.map_or(0, |s| s.ids.len() + s.values.len())
+}
+
 /// What a SampleStream session holds for its life, from its first message.
 pub fn session_bytes(first: &v1::SampleStreamRequest) -> usize {
-    let n_vocab = first.logits.len().max(first.logits_f32le.len() / 4);
+    let n_vocab = first
+        .logits
+        .len()
+        .max(first.logits_f32le.len() / 4)
+        .max(first.sparse.as_ref().map_or(0, |s| s.vocab_size as usize));
     request_bytes(
-        first.logits.len(),
+        first.logits.len() + sparse_floats(first.sparse.as_ref()),
         first.logits_f32le.len(),
         first.previous_tokens.len(),
         first.params.as_ref(),

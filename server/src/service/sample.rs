@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use prost::bytes::Bytes;
 use samplerd_api::v1;
-use samplerd_sampling::{Sequence, TokenBuffer, step};
+use samplerd_sampling::{Sequence, TokenBuffer, sparse, step};
 use tonic::Status;
 use tracing::Instrument;
 
@@ -18,7 +18,7 @@ use super::AppState;
 use super::constraint::Prepared;
 use super::lse_helper::LseJob;
 use super::validate::{self, ValidStep};
-use crate::service::convert;
+use crate::service::convert::{self, StepLogits};
 use crate::service::errors::RequestError;
 
 impl step::DeferredLse for LseJob {
@@ -46,13 +46,17 @@ pub fn run_step(
     helper: Option<LseJob>,
 ) -> Result<v1::SampleResponse, RequestError> {
     let field = input.logits.field();
-    let logits = input.logits.as_step();
-    let lse = step::load(buf, logits, helper).map_err(|source| RequestError::Logits {
-        field: field.into(),
-        source,
-    })?;
-    let out = step::run(seq, buf, logits, lse, seed, input.step, input.probs)
-        .map_err(|e| RequestError::from_sample(e, field))?;
+    let out = match input.logits.as_step() {
+        StepLogits::Dense(logits) => {
+            let lse = step::load(buf, logits, helper).map_err(|source| RequestError::Logits {
+                field: field.into(),
+                source,
+            })?;
+            step::run(seq, buf, logits, lse, seed, input.step, input.probs)
+        }
+        StepLogits::Sparse(row) => sparse::run(seq, buf, row, seed, input.step, input.probs),
+    }
+    .map_err(|e| RequestError::from_sample(e, field))?;
     Ok(v1::SampleResponse {
         token_id: out.token_id,
         probability: out.probability,
@@ -105,7 +109,7 @@ pub async fn handle(
         .memory
         .charge(
             super::memory::request_bytes(
-                req.logits.len(),
+                req.logits.len() + super::memory::sparse_floats(req.sparse.as_ref()),
                 req.logits_f32le.len(),
                 req.previous_tokens.len(),
                 req.params.as_ref(),

@@ -14,7 +14,9 @@ use samplerd_api::v1;
 use samplerd_sampling::Prebuilt;
 use samplerd_sampling::step::Logits;
 
-use super::{Fields, ValidStart, ValidStep, probs, start};
+use samplerd_sampling::sparse::SparseRow;
+
+use super::{Fields, ValidStart, ValidStep, probs, sparse, start};
 use crate::service::AppState;
 use crate::service::convert::{FIELD_LOGITS, LogitsInput};
 use crate::service::errors::{InvalidKind, RequestError};
@@ -63,16 +65,31 @@ impl Dtype {
 /// they lie; half-width ones are first widened to f32, exactly (every f16
 /// and bf16 value is an f32 value), so a row gives what `Sample` gives for
 /// the same values sent as f32.
+/// A row's `sparse` is taken as it is (the dtype does not apply to it).
 pub enum RowLogits<'a> {
     F32le(&'a [u8]),
     Widened(Vec<f32>),
+    Sparse(SparseRow<'a>),
 }
 
 impl<'a> RowLogits<'a> {
-    /// Decodes `bytes` (field `logits`) as `dtype`: a byte length that is
-    /// not a whole number of logits is INVALID_ARGUMENT, and so is a row
-    /// over `limits.max_vocab` (checked before widening allocates).
-    pub fn decode(dtype: Dtype, bytes: &'a [u8], max_vocab: usize) -> Result<Self, RequestError> {
+    /// A row's logits: its `sparse` row ([`sparse::row`]) when set (with
+    /// `logits` set too, INVALID_ARGUMENT), else `bytes` (field `logits`)
+    /// decoded as `dtype`: a byte length that is not a whole number of
+    /// logits is INVALID_ARGUMENT, and so is a row over `limits.max_vocab`
+    /// (checked before widening allocates).
+    pub fn decode(
+        dtype: Dtype,
+        bytes: &'a [u8],
+        sparse: Option<&'a v1::SparseLogits>,
+        max_vocab: usize,
+    ) -> Result<Self, RequestError> {
+        if let Some(e) = sparse::conflicts_with_bytes(bytes, sparse) {
+            return Err(e);
+        }
+        if let Some(msg) = sparse {
+            return sparse::row(msg, max_vocab).map(RowLogits::Sparse);
+        }
         let width = dtype.width();
         if !bytes.len().is_multiple_of(width) {
             return Err(RequestError::invalid_as(
@@ -112,6 +129,7 @@ impl<'a> RowLogits<'a> {
         let logits = match self {
             RowLogits::F32le(b) => Logits::F32le(b),
             RowLogits::Widened(f) => Logits::Floats(f),
+            RowLogits::Sparse(r) => return Ok(LogitsInput::sparse(*r)),
         };
         LogitsInput::from_field(logits, FIELD_LOGITS, max_vocab)
     }
@@ -121,6 +139,7 @@ impl<'a> RowLogits<'a> {
         match self {
             RowLogits::F32le(b) => b.len() / 4,
             RowLogits::Widened(f) => f.len(),
+            RowLogits::Sparse(r) => r.n_vocab(),
         }
     }
 
@@ -321,7 +340,7 @@ pub fn stream_step<'a>(
         .map_err(|e| e.in_row(i))?;
     if input.len() != n_vocab {
         return Err(RequestError::invalid(
-            FIELD_LOGITS,
+            input.len_field(),
             format!(
                 "vocabulary changed within the sequence: {} logits, its first row had {n_vocab}",
                 input.len()

@@ -41,6 +41,7 @@ use crate::service::convert::{self, LogitsInput};
 use crate::service::errors::{InvalidKind, RequestError, chain_error_kind};
 
 pub mod batch;
+pub mod sparse;
 
 /// One step's inputs.
 #[derive(Clone, Copy, Debug)]
@@ -122,9 +123,10 @@ pub fn sample<'a>(
     start(
         state,
         Fields {
-            logits: LogitsInput::from_request(
+            logits: sparse::step_logits(
                 &req.logits,
                 &req.logits_f32le,
+                req.sparse.as_ref(),
                 state.limits.max_vocab,
             )?,
             previous_tokens: &req.previous_tokens,
@@ -147,9 +149,10 @@ pub fn stream_start<'a>(
     start(
         state,
         Fields {
-            logits: LogitsInput::from_request(
+            logits: sparse::step_logits(
                 &msg.logits,
                 &msg.logits_f32le,
+                msg.sparse.as_ref(),
                 state.limits.max_vocab,
             )?,
             previous_tokens: &msg.previous_tokens,
@@ -171,7 +174,12 @@ pub fn stream_step<'a>(
     n_vocab: usize,
     step: u64,
 ) -> Result<ValidStep<'a>, RequestError> {
-    let logits = LogitsInput::from_request(&msg.logits, &msg.logits_f32le, state.limits.max_vocab)?;
+    let logits = sparse::step_logits(
+        &msg.logits,
+        &msg.logits_f32le,
+        msg.sparse.as_ref(),
+        state.limits.max_vocab,
+    )?;
     if !msg.previous_tokens.is_empty() {
         return Err(RequestError::invalid(
             "previous_tokens",
@@ -183,7 +191,7 @@ pub fn stream_step<'a>(
     }
     if logits.len() != n_vocab {
         return Err(RequestError::invalid(
-            logits.field(),
+            logits.len_field(),
             format!(
                 "vocabulary changed within the stream: {} logits, the first message had {n_vocab}",
                 logits.len(),
@@ -554,7 +562,7 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
         ));
     }
     let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
-    let vocab = named_vocabulary(state, f.params, logits.len(), logits.field())?;
+    let vocab = named_vocabulary(state, f.params, logits.len(), logits.len_field())?;
     if vocab.is_none() {
         vocabulary_needed(state, f.params)?;
     }
