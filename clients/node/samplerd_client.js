@@ -76,6 +76,32 @@ function f32le(values) {
   return out;
 }
 
+/**
+ * The top `n` of a row as a `SparseLogits` message (the `sparse` field of
+ * SampleRequest, SampleStreamRequest and the batch rows): the ids of the n
+ * largest logits, ascending (among equal values at the cut any may be
+ * taken), their f32 values, the log-sum-exp of every other logit in double
+ * precision (-Infinity when nothing is left, or all of it is -Infinity) and
+ * the row's length. The server answers what the whole row would, or
+ * refuses with FAILED_PRECONDITION when the chain needs more of it
+ * (docs/API.md, "Sparse rows").
+ */
+function sparseRow(values, n) {
+  const f32 = values instanceof Float32Array ? values : Float32Array.from(values);
+  if (!Number.isInteger(n) || n < 1 || n > f32.length) {
+    throw new RangeError(`n must be an integer in [1, ${f32.length}], got ${n}`);
+  }
+  const order = Array.from(f32.keys()).sort((a, b) => f32[b] - f32[a] || a - b);
+  const ids = order.slice(0, n).sort((a, b) => a - b);
+  const rest = order.slice(n).map((i) => f32[i]);
+  const top = rest.reduce((m, x) => Math.max(m, x), -Infinity);
+  let lse = -Infinity;
+  if (top !== -Infinity) {
+    lse = top + Math.log(rest.reduce((s, x) => s + Math.exp(x - top), 0));
+  }
+  return { ids, values: ids.map((i) => f32[i]), rest_logsumexp: lse, vocab_size: f32.length };
+}
+
 function deadlineIn(ms) {
   return new Date(Date.now() + ms);
 }
@@ -271,6 +297,7 @@ module.exports = {
   connect,
   waitForReady,
   f32le,
+  sparseRow,
   sample,
   openSampleStream,
   generate,

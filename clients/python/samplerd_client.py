@@ -92,6 +92,33 @@ def f32le(logits):
     return a.tobytes()
 
 
+def sparse_row(logits, n):
+    """The top `n` of a row as a `SparseLogits` (the `sparse` field of
+    SampleRequest, SampleStreamRequest and the batch rows): the ids of the
+    n largest logits (ascending: the server's cheapest order; among equal
+    values at the cut any may be taken) with their f32 values, the
+    log-sum-exp of every other logit computed in float64 (-inf when nothing
+    is left, or all of it is -inf), and the row's length.
+
+    The server answers exactly what the whole row would, or refuses with
+    FAILED_PRECONDITION when the chain needs more of it (docs/API.md,
+    "Sparse rows").
+    """
+    a = np.asarray(logits, dtype=np.float32)
+    if a.ndim != 1:
+        raise ValueError(f"logits must be one-dimensional, got shape {a.shape}")
+    if not 1 <= n <= a.size:
+        raise ValueError(f"n must be in [1, {a.size}], got {n}")
+    ids = np.sort(np.argpartition(-a, n - 1)[:n]) if n < a.size else np.arange(a.size)
+    rest = np.delete(a, ids).astype(np.float64)
+    top = rest.max() if rest.size else -np.inf
+    if top == -np.inf:
+        lse = -np.inf
+    else:
+        lse = top + np.log(np.sum(np.exp(rest - top)))
+    return pb.SparseLogits(ids=ids.tolist(), values=a[ids].tolist(), rest_logsumexp=float(lse), vocab_size=a.size)
+
+
 def sample_logits(stub, logits, *, step=0, previous_tokens=(), n_probs=0, timeout=10.0, **params):
     """One stateless Sample step with the logits (a numpy array or any
     sequence of floats) sent as raw bytes. Keyword arguments beyond the

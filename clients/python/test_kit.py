@@ -53,6 +53,24 @@ class KitTest(unittest.TestCase):
         self.assertEqual(len(r.probs), 3)
         self.assertLess(r.logprob, 0.0)
 
+    def test_sparse_row(self):
+        row = sc.sparse_row([0.5, 3.0, -np.inf, 2.0, 1.0], 2)
+        self.assertEqual(list(row.ids), [1, 3])
+        self.assertEqual(list(row.values), [3.0, 2.0])
+        self.assertAlmostEqual(row.rest_logsumexp, np.log(np.exp(0.5) + np.exp(1.0)), places=12)
+        self.assertEqual(row.vocab_size, 5)
+        self.assertEqual(sc.sparse_row([1.0, 2.0], 2).rest_logsumexp, -np.inf)
+        self.assertEqual(sc.sparse_row([1.0, -np.inf], 1).rest_logsumexp, -np.inf)
+        # The default chain gives the dense row's answer for the top 1,024.
+        for step in range(3):
+            dense = sc.sample_logits(self.stub, FLAT, seed=11, step=step, n_probs=4)
+            sparse = self.stub.Sample(sc.pb.SampleRequest(sparse=sc.sparse_row(FLAT, 1024), params=sc.pb.SamplingParams(seed=11),
+                                                          step=step, n_probs=4), timeout=10)
+            self.assertEqual(dense.token_id, sparse.token_id)
+            self.assertEqual(dense.probability, sparse.probability)
+            self.assertAlmostEqual(dense.logprob, sparse.logprob, delta=1e-6)
+            self.assertEqual([p.token_id for p in dense.probs], [p.token_id for p in sparse.probs])
+
     def test_bytes_equal_floats(self):
         a = sc.sample_logits(self.stub, FLAT, seed=3, step=2)
         b = self.stub.Sample(sc.pb.SampleRequest(logits=FLAT.tolist(), params=sc.pb.SamplingParams(seed=3), step=2), timeout=10)

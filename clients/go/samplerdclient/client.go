@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sort"
 	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -37,6 +38,44 @@ func F32LE(logits []float32) []byte {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 	}
 	return b
+}
+
+// SparseRow is the top n of a row as a SparseLogits message (the Sparse
+// field of SampleRequest, SampleStreamRequest and the batch rows): the ids
+// of the n largest logits, ascending (among equal values at the cut any may
+// be taken), their values, the log-sum-exp of every other logit in float64
+// (-Inf when nothing is left, or all of it is -Inf) and the row's length.
+// The server answers what the whole row would, or refuses with
+// FAILED_PRECONDITION when the chain needs more of it (docs/API.md,
+// "Sparse rows"). n must be in [1, len(logits)].
+func SparseRow(logits []float32, n int) (*pb.SparseLogits, error) {
+	if n < 1 || n > len(logits) {
+		return nil, fmt.Errorf("n must be in [1, %d], got %d", len(logits), n)
+	}
+	order := make([]int, len(logits))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return logits[order[a]] > logits[order[b]] })
+	top := append([]int(nil), order[:n]...)
+	sort.Ints(top)
+	row := &pb.SparseLogits{VocabSize: uint32(len(logits)), RestLogsumexp: math.Inf(-1)}
+	for _, id := range top {
+		row.Ids = append(row.Ids, uint32(id))
+		row.Values = append(row.Values, logits[id])
+	}
+	top := math.Inf(-1)
+	for _, id := range order[n:] {
+		top = math.Max(top, float64(logits[id]))
+	}
+	if !math.IsInf(top, -1) {
+		sum := 0.0
+		for _, id := range order[n:] {
+			sum += math.Exp(float64(logits[id]) - top)
+		}
+		row.RestLogsumexp = top + math.Log(sum)
+	}
+	return row, nil
 }
 
 // Sample runs one stateless step with the logits sent as raw bytes (no

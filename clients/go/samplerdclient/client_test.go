@@ -5,6 +5,8 @@ package samplerdclient
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -92,6 +94,43 @@ func TestSampleRawBytes(t *testing.T) {
 	}
 	if !proto.Equal(a, b) {
 		t.Fatalf("bytes %v != floats %v", a, b)
+	}
+}
+
+func TestSparseRow(t *testing.T) {
+	row, err := SparseRow([]float32{0.5, 3.0, float32(math.Inf(-1)), 2.0, 1.0}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRest := math.Log(math.Exp(0.5) + math.Exp(1.0))
+	if fmt.Sprint(row.Ids, row.Values) != "[1 3] [3 2]" || math.Abs(row.RestLogsumexp-wantRest) > 1e-12 || row.VocabSize != 5 {
+		t.Fatalf("SparseRow = %v", row)
+	}
+	if all, _ := SparseRow([]float32{1, 2}, 2); !math.IsInf(all.RestLogsumexp, -1) {
+		t.Fatalf("nothing unsent: rest %v", all.RestLogsumexp)
+	}
+	if _, err := SparseRow([]float32{1}, 2); err == nil {
+		t.Fatal("n above the row's length was taken")
+	}
+	// The default chain answers the top 1,024 as it answers the whole row.
+	c := client(t)
+	params := &pb.SamplingParams{Seed: proto.Uint64(11)}
+	dense, err := c.Sample(ctxFor(t, 10*time.Second), &pb.SampleRequest{LogitsF32Le: F32LE(flatLogits()), Params: params, Step: 1, NProbs: 4})
+	if err != nil {
+		t.Fatal(Describe(err))
+	}
+	top, _ := SparseRow(flatLogits(), 1024)
+	sparse, err := c.Sample(ctxFor(t, 10*time.Second), &pb.SampleRequest{Sparse: top, Params: params, Step: 1, NProbs: 4})
+	if err != nil {
+		t.Fatal(Describe(err))
+	}
+	if sparse.TokenId != dense.TokenId || sparse.Probability != dense.Probability || math.Abs(float64(sparse.Logprob-dense.Logprob)) > 1e-6 {
+		t.Fatalf("sparse %v, dense %v", sparse, dense)
+	}
+	for i := range dense.Probs {
+		if sparse.Probs[i].TokenId != dense.Probs[i].TokenId {
+			t.Fatalf("probs: sparse %v, dense %v", sparse.Probs, dense.Probs)
+		}
 	}
 }
 

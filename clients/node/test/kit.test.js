@@ -50,6 +50,30 @@ test('Sample with raw bytes: greedy picks the argmax, 64-bit seed echoed exactly
   assert.ok(r.logprob < 0);
 });
 
+test('sparseRow: the top n ascending, the rest as a log-sum-exp; Sample answers as the dense row', async () => {
+  const row = kit.sparseRow([0.5, 3.0, -Infinity, 2.0, 1.0], 2);
+  assert.deepEqual(row.ids, [1, 3]);
+  assert.deepEqual(row.values, [3.0, 2.0]);
+  assert.ok(Math.abs(row.rest_logsumexp - Math.log(Math.exp(0.5) + Math.exp(1.0))) < 1e-12);
+  assert.equal(row.vocab_size, 5);
+  assert.equal(kit.sparseRow([1.0, 2.0], 2).rest_logsumexp, -Infinity);
+  assert.equal(kit.sparseRow([1.0, -Infinity], 1).rest_logsumexp, -Infinity);
+  const x = flatLogits();
+  const dense = await kit.sample(client, x, { seed: '11' }, { step: 1, n_probs: 4 });
+  const sparse = await new Promise((resolve, reject) =>
+    client.Sample({ sparse: kit.sparseRow(x, 1024), params: { seed: '11' }, step: '1', n_probs: 4 }, (e, r) =>
+      e ? reject(e) : resolve(r),
+    ),
+  );
+  assert.equal(sparse.token_id, dense.token_id);
+  assert.equal(sparse.probability, dense.probability);
+  assert.ok(Math.abs(sparse.logprob - dense.logprob) < 1e-6);
+  assert.deepEqual(
+    sparse.probs.map((p) => p.token_id),
+    dense.probs.map((p) => p.token_id),
+  );
+});
+
 test('Sample: the raw bytes and the repeated float field are the same request', async () => {
   const x = flatLogits();
   const viaBytes = await kit.sample(client, x, { seed: '3' }, { step: 2 });
