@@ -147,6 +147,10 @@ put("stop_filter", "ab", bytes([1, 2, 2, 0, 1, 1, 4, 2, 0, 1, 3, 1, 0, 2, 0, 1])
 put("stop_filter", "raw", b"\x00\x02\x03wor\x02ld\x05\x03hel\x04lo wo\x03rld")
 put("chain", "typed-default", bytes([1] + [0] * 40 + list(range(0, 250, 3))))
 put("chain", "explicit", bytes([0, 3, 1, 2, 4, 0, 7, 9, 200, 1, 2, 3, 5] + list(range(0, 250, 7))))
+# sparse: a vocabulary size, logits, the number sent, then the chain's and
+# the row's choices (any bytes decode; these start from useful shapes).
+put("sparse", "typed-512", bytes([2, 0]) + bytes((i * 37) % 251 for i in range(512)) + bytes([40, 0, 200, 1, 0, 1, 3, 7] * 8))
+put("sparse", "explicit-300", bytes([1, 44]) + bytes((i * 91 + 7) % 253 for i in range(300)) + bytes([9, 0, 255, 0, 2, 1, 4, 0, 1] * 8))
 
 # --- protobuf requests, encoded by the real generated code ---
 with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 FUZZ_SECONDS=${FUZZ_SECONDS:-40}
-TARGETS=(chain stop_filter utf8_streamer gguf proto_request constraint)
+TARGETS=(chain stop_filter utf8_streamer gguf proto_request constraint sparse)
 TOOLS=${SAMPLERD_TOOLS:-$HOME/.cache/samplerd/bin}
 CARGO_FUZZ_VERSION=0.13.2
 export PATH="$TOOLS:$PATH"
