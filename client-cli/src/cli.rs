@@ -435,6 +435,11 @@ pub struct BenchArgs {
     /// Wire encoding of the batch logits (sample-batch, sample-batch-stream).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: WireDtype,
+    /// Send each batch row as a sparse row instead (sample-batch,
+    /// sample-batch-stream): its N largest logits plus the log-sum-exp of
+    /// the rest; 0 = the whole row in `--dtype`.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub sparse: u32,
     /// Compress every request with this encoding and ask for compressed
     /// responses (the server accepts gzip and zstd).
     #[arg(long, value_enum, default_value = "none")]

@@ -13,7 +13,7 @@ use std::time::Instant;
 use half::{bf16, f16};
 use samplerd_api::v1::{
     BatchRow, BatchStreamRow, LogitsDtype, SampleBatchRequest, SampleBatchResponse,
-    SampleBatchStreamRequest, SamplingParams,
+    SampleBatchStreamRequest, SamplingParams, SparseLogits,
 };
 use tonic::codegen::Bytes;
 
@@ -47,13 +47,51 @@ fn proto_dtype(dtype: WireDtype) -> i32 {
     }) as i32
 }
 
+/// A row (f32 LE bytes) as a sparse row: its `n` largest logits, ids
+/// ascending, and the log-sum-exp of the others in f64 — what the client
+/// kits' sparse-row helpers send.
+fn sparse_row(f32le: &[u8], n: usize) -> SparseLogits {
+    let values: Vec<f32> = f32le
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let n = n.clamp(1, values.len());
+    let mut order: Vec<u32> = (0..values.len() as u32).collect();
+    order.select_nth_unstable_by(n - 1, |&a, &b| {
+        values[b as usize].total_cmp(&values[a as usize])
+    });
+    let mut ids = order[..n].to_vec();
+    ids.sort_unstable();
+    let rest: Vec<f64> = order[n..]
+        .iter()
+        .map(|&i| f64::from(values[i as usize]))
+        .collect();
+    let max = rest.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let rest_logsumexp = if max == f64::NEG_INFINITY {
+        max
+    } else {
+        max + rest.iter().map(|x| (x - max).exp()).sum::<f64>().ln()
+    };
+    SparseLogits {
+        values: ids.iter().map(|&i| values[i as usize]).collect(),
+        ids,
+        rest_logsumexp,
+        vocab_size: values.len() as u32,
+    }
+}
+
 /// One row's logits per sequence of the worker (each different, so no
-/// row is a copy of another).
-fn rows_logits(id: u32, args: &BenchArgs) -> Vec<Bytes> {
+/// row is a copy of another): bytes in the wire dtype, or (`--sparse N`)
+/// empty bytes and the sparse row.
+fn rows_logits(id: u32, args: &BenchArgs) -> Vec<(Bytes, Option<SparseLogits>)> {
     (0..args.batch)
         .map(|r| {
             let seed = u64::from(id) * 1_000_003 + u64::from(r) + 1;
-            encode(&random_logits(args.vocab as usize, seed), args.dtype)
+            let row = random_logits(args.vocab as usize, seed);
+            match args.sparse {
+                0 => (encode(&row, args.dtype), None),
+                n => (Bytes::new(), Some(sparse_row(&row, n as usize))),
+            }
         })
         .collect()
 }
@@ -78,9 +116,10 @@ pub(super) async fn worker(
                     rows: logits
                         .iter()
                         .enumerate()
-                        .map(|(i, l)| BatchStreamRow {
+                        .map(|(i, (l, sparse))| BatchStreamRow {
                             sequence_id: i as u64,
                             logits: l.clone(),
+                            sparse: sparse.clone(),
                             ..Default::default()
                         })
                         .collect(),
@@ -95,8 +134,9 @@ pub(super) async fn worker(
                 .sample_batch(SampleBatchRequest {
                     rows: logits
                         .iter()
-                        .map(|l| BatchRow {
+                        .map(|(l, sparse)| BatchRow {
                             logits: l.clone(),
+                            sparse: sparse.clone(),
                             step: n,
                             ..Default::default()
                         })
@@ -115,4 +155,29 @@ pub(super) async fn worker(
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sparse_row_is_the_top_n_and_the_rest_as_a_log_sum_exp() {
+        let row: Vec<u8> = [0.5f32, 3.0, f32::NEG_INFINITY, 2.0, 1.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let s = sparse_row(&row, 2);
+        assert_eq!(
+            (s.ids, s.values, s.vocab_size),
+            (vec![1, 3], vec![3.0, 2.0], 5)
+        );
+        let want = (0.5f64.exp() + 1f64.exp()).ln();
+        assert!(
+            (s.rest_logsumexp - want).abs() < 1e-12,
+            "{}",
+            s.rest_logsumexp
+        );
+        assert_eq!(sparse_row(&row[..8], 2).rest_logsumexp, f64::NEG_INFINITY);
+    }
 }

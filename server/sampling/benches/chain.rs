@@ -7,7 +7,9 @@
 //!   (c) `default_chain`: our default chain through the plugin ABI, as the
 //!       server runs it (and `load+default_chain` with the logits copy);
 //!   (d) `greedy` (penalties + greedy) and `top_p_only` (top-k off, top-p
-//!       0.95 over the whole vocabulary), plus each stage alone.
+//!       0.95 over the whole vocabulary), plus each stage alone;
+//!   (e) `sparse_1024/default_chain` and `sparse_1024/greedy`: the same
+//!       steps from a sparse row of the top 1,024 (proof, fill, chain).
 //! Run: cargo bench -p samplerd-sampling --bench chain
 
 use std::collections::HashMap;
@@ -16,6 +18,8 @@ use std::path::PathBuf;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use samplerd_sampling::bench::random_logits;
+use samplerd_sampling::sparse;
+use samplerd_sampling::step::ProbsRequest;
 use samplerd_sampling::{ChainSpec, SamplingParams, StageRegistry, StageSpec, TokenBuffer, logits};
 
 fn core_plugin() -> PathBuf {
@@ -145,6 +149,23 @@ mod seed_port {
     }
 }
 
+/// The top `n` of `x` (ids ascending, as a client sends them) and the
+/// log-sum-exp of the rest in f64.
+fn top_of(x: &[f32], n: usize) -> (Vec<u32>, Vec<f32>, f64) {
+    let mut order: Vec<u32> = (0..x.len() as u32).collect();
+    order.select_nth_unstable_by(n - 1, |&a, &b| x[b as usize].total_cmp(&x[a as usize]));
+    let mut ids = order[..n].to_vec();
+    ids.sort_unstable();
+    let rest: Vec<f64> = order[n..]
+        .iter()
+        .map(|&i| f64::from(x[i as usize]))
+        .collect();
+    let max = rest.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + rest.iter().map(|r| (r - max).exp()).sum::<f64>().ln();
+    let values = ids.iter().map(|&i| x[i as usize]).collect();
+    (ids, values, lse)
+}
+
 fn chain_of(reg: &StageRegistry, spec: &ChainSpec) -> samplerd_sampling::Chain {
     reg.build_chain(spec, None).expect("chain builds")
 }
@@ -246,6 +267,25 @@ fn bench_chain(c: &mut Criterion) {
                 black_box(seq.sample(&mut buf, 42, step).unwrap())
             })
         });
+        // The same step from a sparse row (the top 1,024 and the rest's
+        // log-sum-exp): the proof, the candidate fill and the chain over
+        // the sent entries — what a sparse row costs the server per row.
+        let (ids, values, rest) = top_of(&input, 1024);
+        let row = sparse::SparseRow::new(&ids, &values, rest, vocab).unwrap();
+        for (name, spec) in [&configs[0], &configs[1]] {
+            let chain = chain_of(&reg, spec);
+            let mut seq = chain.new_sequence().unwrap();
+            seq.accept_history(&prev).unwrap();
+            group.bench_function(format!("sparse_1024/{name}"), |b| {
+                b.iter(|| {
+                    step += 1;
+                    black_box(
+                        sparse::run(&mut seq, &mut buf, row, 42, step, ProbsRequest::default())
+                            .unwrap(),
+                    )
+                })
+            });
+        }
         group.finish();
     }
 }
