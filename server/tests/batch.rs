@@ -290,6 +290,7 @@ async fn batch_stream_sequences_are_their_own_sample_streams() {
         params: (id == 11).then(|| params(11, 10, 1.5)),
         previous_tokens: if id == 11 { vec![1, 2, 3] } else { vec![] },
         first_step: if id == 12 { 40 } else { 0 },
+        ..Default::default()
     };
     let step = |id: u64, t: u64| v1::BatchStreamRow {
         sequence_id: id,
