@@ -6,7 +6,9 @@
 #   0. the documentation's citations (before the installs: it needs none)
 #   1. cargo fmt --check and cargo clippy -D warnings
 #   2. cargo test (every crate: unit, property, loader, service tests)
-#   3. the llama.cpp parity scripts and the Python/grpcurl client tests
+#   3. the llama.cpp parity scripts, the Python/grpcurl client tests, the
+#      client kits and the fleet test (several replicas in network
+#      namespaces behind HAProxy: needs root)
 # Caches: the venv (~/.cache/samplerd/venv) and CARGO_TARGET_DIR are reused
 # when present, never required.
 set -euo pipefail
@@ -66,6 +68,8 @@ for t in tests/grpcurl/*.sh; do
 done
 suite "Kubernetes manifests and Dockerfile (scripts/ci/k8s.sh)" scripts/ci/k8s.sh
 suite "client kits: Python, Node.js, Go (scripts/ci/clients.sh)" scripts/ci/clients.sh
+suite "fleet: replicas behind HAProxy and client-side round-robin, killed, drained, joined, cut off (scripts/fleet-test.sh)" \
+  scripts/fleet-test.sh
 if [ "${#failed[@]}" -ne 0 ]; then
   echo "scripts/test.sh: ${#failed[@]} script test suite(s) failed:"
   printf '  FAILED %s\n' "${failed[@]}"
