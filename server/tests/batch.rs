@@ -447,6 +447,19 @@ async fn bad_batch_stream_messages_end_the_stream_naming_the_row() {
             Reason::InvalidField,
         ),
         (
+            vec![message(vec![row(1)], vec![], dt)],
+            message(
+                vec![v1::BatchStreamRow {
+                    constraint_tokens: vec![4],
+                    ..row(1)
+                }],
+                vec![],
+                dt,
+            ),
+            "rows[0].constraint_tokens: is set, but sequence 1 is already open",
+            Reason::InvalidField,
+        ),
+        (
             vec![message(vec![row(1), row(2)], vec![], dt)],
             message(vec![row(3), row(4)], vec![], dt),
             "rows: 4 open sequences after this message exceed the limit of 3",
