@@ -30,10 +30,18 @@
 #
 #   scripts/fleet-test.sh
 #
-# Needs root (network namespaces) and installs HAProxy with apt-get when
-# missing. SAMPLERD_BIN, SAMPLERD_PLUGIN, SAMPLERD_MODEL and SAMPLERD_VENV
-# as in scripts/test.sh. KEEP_LOGS=DIR keeps the replicas' and HAProxy's
-# logs. Namespaces, processes and files are removed on every exit path.
+# Needs root (or passwordless sudo) for network namespaces, and installs
+# HAProxy (and iproute2) with apt-get when missing. Where the machine
+# cannot do it — no root, a container without the right to create network
+# namespaces and veth pairs, no HAProxy and no way to install it — it says
+# why and exits 77 (skipped; scripts/test.sh lists skipped suites apart);
+# FLEET_REQUIRED=1 makes that a failure. Everything else missing (the
+# binaries, the model, the venv) is a failure. The whole run is bounded by
+# FLEET_TIMEOUT_S (420 s; the scenarios take about a minute).
+#
+# SAMPLERD_BIN, SAMPLERD_PLUGIN, SAMPLERD_MODEL and SAMPLERD_VENV as in
+# scripts/test.sh. KEEP_LOGS=DIR keeps the replicas' and HAProxy's logs.
+# Namespaces, processes and files are removed on every exit path.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="$(realpath -m "${SAMPLERD_BIN:-$ROOT/target/release/samplerd}")"
@@ -41,8 +49,19 @@ PLUGIN="$(realpath -m "${SAMPLERD_PLUGIN:-$(dirname "$BIN")/libsamplerd_core_sta
 MODEL="$(realpath -m "${SAMPLERD_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
 VENV="${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}"
 PY="$VENV/bin/python"
-# The whole run, setup included (the scenarios take about two minutes).
+# The driver's whole run: starting the replicas, the scenarios (about a
+# minute) and the replicas' stop.
 FLEET_TIMEOUT_S="${FLEET_TIMEOUT_S:-420}"
+
+# What the machine cannot do is a skip (exit 77), unless FLEET_REQUIRED=1.
+skip() {
+  if [ "${FLEET_REQUIRED:-0}" = 1 ]; then
+    echo "fleet-test: FAILED: $* (FLEET_REQUIRED=1)" >&2
+    exit 1
+  fi
+  echo "fleet-test: SKIPPED: $*"
+  exit 77
+}
 
 for f in "$BIN" "$PLUGIN" "$MODEL"; do
   [ -f "$f" ] || { echo "fleet-test: missing $f (cargo build --release; scripts/fetch-model.sh)" >&2; exit 2; }
@@ -50,19 +69,37 @@ done
 case "$PLUGIN$MODEL" in *"'"*) echo "fleet-test: a path with a quote: $PLUGIN $MODEL" >&2; exit 2 ;; esac
 "$PY" -c 'import grpc, grpc_tools, grpc_status, numpy' \
   || { echo "fleet-test: the venv at $VENV lacks grpcio (scripts/setup-python.sh)" >&2; exit 2; }
-SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
-$SUDO ip netns list >/dev/null 2>&1 || { echo "fleet-test: needs root (or passwordless sudo) for ip netns" >&2; exit 2; }
-
-# --- HAProxy --------------------------------------------------------------
-if ! command -v haproxy >/dev/null 2>&1; then
-  echo "fleet-test: installing haproxy"
-  # Only when an install fails for want of package lists, fetch them.
-  if ! timeout 600 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy; then
-    timeout 600 $SUDO apt-get update
-    timeout 600 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends haproxy
-  fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo -n true 2>/dev/null || skip "network namespaces need root or passwordless sudo"
+  SUDO="sudo -n"
 fi
+
+# --- packages: HAProxy, iproute2 ------------------------------------------
+missing=()
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || missing+=(iproute2)
+if [ "${#missing[@]}" -ne 0 ]; then
+  command -v apt-get >/dev/null 2>&1 || skip "no ${missing[*]} and no apt-get to install it"
+  echo "fleet-test: installing ${missing[*]}"
+  apt_install() { timeout 300 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; }
+  # Only when an install fails for want of package lists, fetch them.
+  apt_install || { timeout 300 $SUDO apt-get update && apt_install; } \
+    || skip "could not install ${missing[*]} with apt-get (no package source reachable?)"
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
 HAPROXY="$(command -v haproxy)"
+
+# Can this machine make a network namespace with a veth in it (a container
+# without CAP_SYS_ADMIN and CAP_NET_ADMIN cannot)? A throwaway one, named
+# for this run, says.
+PROBE="sdf$$-probe"
+if ! { $SUDO ip netns add "$PROBE" \
+  && $SUDO ip -n "$PROBE" link add probe0 type veth peer name probe1; } >/dev/null 2>&1; then
+  $SUDO ip netns del "$PROBE" >/dev/null 2>&1 || true
+  skip "this machine may not create network namespaces and veth pairs (ip netns add / ip link add failed)"
+fi
+$SUDO ip netns del "$PROBE"
 
 # --- namespaces -----------------------------------------------------------
 # Names carry this run's pid, so concurrent runs do not collide.
