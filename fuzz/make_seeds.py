@@ -183,4 +183,28 @@ with tempfile.TemporaryDirectory() as tmp:
     generate("prompt", prompt="Hello", max_tokens=4, stop=["\n"], params=pb.SamplingParams(seed=1))
     generate("chat", messages=[pb.ChatMessage(role="user", content="Hi 你好")], max_tokens=2, n_probs=3)
     generate("bad-role", messages=[pb.ChatMessage(role="robot", content="x")])
+
+# --- constraint: a kind byte (0 JSON Schema, 1 regex, 2 Lark, 3 GBNF), then
+# grammar text: ordinary grammars and small forms of the hostile shapes ---
+def constraint(name, kind, text):
+    put("constraint", name, bytes([kind]) + text.encode())
+
+
+constraint("json-person", 0, '{"type":"object","properties":{"name":{"type":"string"},'
+           '"age":{"type":"integer","minimum":0}},"required":["name"]}')
+constraint("json-ref-cycle", 0, '{"$ref":"#/$defs/a","$defs":{"a":{"type":"object",'
+           '"properties":{"x":{"$ref":"#/$defs/b"}}},"b":{"anyOf":[{"$ref":"#/$defs/a"},'
+           '{"type":"null"}]}}}')
+constraint("json-ref-chain", 0, '{"$ref":"#/$defs/a0","$defs":{'
+           + ",".join(f'"a{i}":{{"$ref":"#/$defs/a{i + 1}"}}' for i in range(20))
+           + ',"a20":{"type":"string"}}}')
+constraint("regex-date", 1, r"\d{4}-\d{2}-\d{2}")
+constraint("regex-nested", 1, "((a|b)*c(d{1,3}|[e-g]+))+")
+constraint("lark-expr", 2, 'start: expr\nexpr: term (("+" | "-") term)*\n'
+           'term: NUMBER | "(" expr ")"\nNUMBER: /[0-9]+/\n')
+constraint("lark-chain", 2, "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(20)) + 'a20: "x"\n')
+constraint("lark-json", 2, 'start: "x" %json {"type":"array","items":{"type":"integer"}}\n')
+constraint("gbnf-arith", 3, 'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+           'term ::= [0-9]+ | "(" expr ")"\n')
+constraint("gbnf-nest", 3, "root ::= " + "(" * 40 + '"a"' + ")" * 40 + "\n")
 print("seeds written under", CORPUS)

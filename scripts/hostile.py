@@ -9,6 +9,14 @@ For --seconds, at once:
     budget or stream limit), never anything else;
   - --idle-connections TCP connections that never send a byte, reopened
     when the server closes them (handshake deadline);
+  - hostile constraints (deep GBNF nesting, long GBNF/Lark rule chains,
+    JSON Schema $ref chains and cycles, a 90,000-literal Lark alternation,
+    deep regex groups, an exponential regex, and schemas that are legal but
+    take seconds to compile, each new so the cache cannot answer), through
+    Generate (the model's vocabulary) and, with --vocabulary, Sample: each
+    refused (INVALID_ARGUMENT over a limit, RESOURCE_EXHAUSTED when the
+    compile budget, the compile queue or the memory budget refuses it) or
+    served, never anything else;
 while health is checked every 20 ms (latency recorded) and the server's RSS
 (/proc/PID/status) is sampled; health runs in a process of its own. Prints one JSON line and exits non-zero if a
 request got an unexpected status, the server died, health p99 reached
@@ -83,6 +91,9 @@ def main():
     ap.add_argument("--idle-connections", type=int, default=200)
     ap.add_argument("--health-p99-ms", type=float, default=100)
     ap.add_argument("--max-rss-bytes", type=int, default=0, help="0: not checked")
+    ap.add_argument("--vocabulary", default="",
+                    help="a [vocabularies] name for constrained Sample requests (its token count: --vocab-size)")
+    ap.add_argument("--vocab-size", type=int, default=49152)
     args = ap.parse_args()
 
     import multiprocessing
@@ -196,8 +207,58 @@ def main():
         for s in socks:
             s.close()
 
+    def grammars():
+        """Hostile constraints, one after another; a legal but slow schema
+        is made new each time (its property names), so only the compile
+        budget answers it."""
+        stub = pbg.SamplerStub(grpc.insecure_channel(args.addr, options=opts))
+        refused = {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}
+        cases = [
+            ("gbnf-nest", "gbnf", "root ::= " + "(" * 5000 + '"a"' + ")" * 5000, refused),
+            ("gbnf-chain", "gbnf", "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(1000))
+             + 'r1000 ::= "a"\n', refused),
+            ("lark-chain", "lark", "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(700))
+             + 'a700: "a"\n', refused),
+            ("lark-alternation", "lark", "start: " + " | ".join(f'"w{i}"' for i in range(90_000)), refused),
+            ("json-ref-chain", "json_schema", json.dumps({
+                "$ref": "#/$defs/a0",
+                "$defs": {**{f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(700)},
+                          "a700": {"type": "string"}}}), refused),
+            ("json-ref-cycle", "json_schema", json.dumps({
+                "$ref": "#/$defs/a0",
+                "$defs": {f"a{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/a{(i + 1) % 200}"}}}
+                          for i in range(200)}}), refused),
+            ("regex-nest", "regex", "(" * 5000 + "a" + ")" * 5000, refused),
+            ("regex-blowup", "regex", "[ab]*a[ab]{30}", refused | {"OK"}),
+        ]
+        n = 0
+        while time.monotonic() < stop:
+            n += 1
+            slow = json.dumps({"type": "object", "properties": {
+                f"s{n}p{i}": {"type": "string"} for i in range(3000)}})
+            for name, kind, text, allowed in cases + [("slow-schema", "json_schema", slow, refused | {"OK"})]:
+                if time.monotonic() >= stop:
+                    break
+                params = pb.SamplingParams(seed=1, constraint=pb.Constraint(**{kind: text}))
+                try:
+                    for _ in stub.Generate(pb.GenerateRequest(prompt="x", max_tokens=1, params=params),
+                                           timeout=30):
+                        pass
+                    record(f"grammar-generate-{name}", "OK", allowed)
+                except grpc.RpcError as e:
+                    record(f"grammar-generate-{name}", e.code().name, allowed)
+                if not args.vocabulary:
+                    continue
+                params.vocabulary = args.vocabulary
+                logits = struct.pack(f"<{args.vocab_size}f", *([0.5] * args.vocab_size))
+                try:
+                    stub.Sample(pb.SampleRequest(logits_f32le=logits, params=params), timeout=30)
+                    record(f"grammar-sample-{name}", "OK", allowed)
+                except grpc.RpcError as e:
+                    record(f"grammar-sample-{name}", e.code().name, allowed)
+
     threads = [threading.Thread(target=f, daemon=True)
-               for f in (oversized_prompts, big_bias, held_streams, idle_connections)]
+               for f in (oversized_prompts, big_bias, held_streams, idle_connections, grammars)]
     for t in threads:
         t.start()
 

@@ -12,8 +12,10 @@
 #   5. hostile, HOSTILE_SECONDS (scripts/hostile.py): 16 MB Generate
 #      prompts, over-long logit_bias maps, SampleStream sessions at 262,144
 #      logits held until the memory budget refuses them, and idle
-#      connections that never send a byte — with health checked every
-#      20 ms.
+#      connections that never send a byte, and hostile constraints
+#      (deep, long-chained and huge grammars in GBNF, Lark, JSON Schema and
+#      regex, and legal ones that take seconds to compile) through Generate
+#      and Sample — with health checked every 20 ms.
 # Fails if any request of phases 2–4 failed, the RSS grew by more than
 # RSS_GROWTH_PCT percent between the end of the warm-up and the end of
 # phase 4, or the hostile phase saw an unexpected status, a health p99 of
@@ -40,7 +42,7 @@ PY=${SAMPLERD_VENV:-$HOME/.cache/samplerd/venv}/bin/python
 MODEL=${SAMPLERD_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ -z "${SAMPLERD_BIN:-}" ] || [ -z "${SAMPLERCTL_BIN:-}" ]; then
-  cargo build --release -p samplerd -p samplerctl -p samplerd-core-stages
+  cargo build --release -p samplerd -p samplerctl -p samplerd-core-stages -p samplerd-constraint-stage
 fi
 SAMPLERD_BIN=${SAMPLERD_BIN:-$TARGET_DIR/release/samplerd}
 SAMPLERCTL_BIN=${SAMPLERCTL_BIN:-$TARGET_DIR/release/samplerctl}
@@ -62,6 +64,7 @@ trap cleanup EXIT
 # Loopback only, ephemeral ports, JSON logs (the address is read from them).
 SAMPLERD_LOGGING__FORMAT=json SAMPLERD_METRICS__LISTEN=127.0.0.1:0 RUST_LOG=info \
   SAMPLERD_LIMITS__MEMORY_BUDGET_BYTES=$MEMORY_BUDGET SAMPLERD_LIMITS__HANDSHAKE_TIMEOUT_MS=2000 \
+  SAMPLERD_VOCABULARIES__SMOLLM2="$MODEL" \
   "$SAMPLERD_BIN" serve --listen 127.0.0.1:0 --model "$MODEL" >"$log" 2>&1 &
 server_pid=$!
 addr=
@@ -104,6 +107,7 @@ rss_end=$(rss_kb)
 echo "soak.sh: hostile phase, ${HOSTILE_SECONDS}s"
 hostile_ok=1
 "$PY" scripts/hostile.py --addr "$addr" --pid "$server_pid" --seconds "$HOSTILE_SECONDS" --streams 96 \
+  --vocabulary smollm2 --vocab-size "$VOCAB" \
   --max-rss-bytes $((MEMORY_BUDGET + rss_warm * 1024)) || hostile_ok=0
 kill -0 "$server_pid" 2>/dev/null || { echo "soak.sh: samplerd died in the hostile phase"; hostile_ok=0; }
 hwm=$(hwm_kb)

@@ -77,7 +77,11 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = v1::SampleRequest::decode(bytes) else {
             return;
         };
-        match samplerd::service::sample::sample_blocking(state, &req) {
+        let prepared = match state.prepare_constraints_blocking(req.params.as_ref(), None) {
+            Ok(p) => p,
+            Err(e) => return check_refusal(e),
+        };
+        match samplerd::service::sample::sample_blocking(state, &req, &prepared) {
             Ok(r) => {
                 let n = req.logits.len().max(req.logits_f32le.len() / 4);
                 assert!((r.token_id as usize) < n, "token {} of {n}", r.token_id);
@@ -90,10 +94,15 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = v1::GenerateRequest::decode(bytes) else {
             return;
         };
-        let valid = match samplerd::service::validate::generate(state, &req, None) {
-            Ok(v) => v,
+        let prepared = match state.prepare_constraints_blocking(req.params.as_ref(), None) {
+            Ok(p) => p,
             Err(e) => return check_refusal(e),
         };
+        let valid =
+            match samplerd::service::validate::generate(state, &req, None, prepared.prebuilt()) {
+                Ok(v) => v,
+                Err(e) => return check_refusal(e),
+            };
         if let Some(host) = model_host()
             && let Err(e) = host.prompt_tokens(&valid.prompt)
         {

@@ -1,6 +1,7 @@
 //! Shared set-up for the fuzz targets: the core plugin library (loaded
-//! through the real C ABI, as the server does) and the server's shared
-//! state built from the default configuration.
+//! through the real C ABI, as the server does), the constraint plugin
+//! library, and the server's shared state built from the default
+//! configuration.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -41,6 +42,32 @@ pub fn app_state() -> &'static Arc<AppState> {
         let mut config = Config::default();
         config.plugins.files = vec![core_plugin()];
         let registry = samplerd::app::server::load_registry(&config).expect("core plugin loads");
+        samplerd::app::server::build_state(&config, registry, None).expect("default chain builds")
+    })
+}
+
+/// The constraint stage's cdylib: `SAMPLERD_CONSTRAINT_PLUGIN` when set
+/// (scripts/ci/fuzz.sh sets it), else the main workspace's release build.
+pub fn constraint_plugin() -> PathBuf {
+    match std::env::var_os("SAMPLERD_CONSTRAINT_PLUGIN") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/release/libsamplerd_constraint_stage.so"),
+    }
+}
+
+/// [`app_state`] with the constraint plugin loaded too (the default
+/// configuration's constraint limits, compile pool and cache).
+pub fn app_state_with_constraint() -> &'static Arc<AppState> {
+    static STATE: OnceLock<Arc<AppState>> = OnceLock::new();
+    STATE.get_or_init(|| {
+        let mut config = Config::default();
+        config.plugins.files = vec![core_plugin(), constraint_plugin()];
+        let registry = samplerd::app::server::load_registry(&config).unwrap_or_else(|e| {
+            panic!(
+                "cannot load the plugins (build them with `cargo build --release -p samplerd-core-stages -p samplerd-constraint-stage` or set SAMPLERD_PLUGIN and SAMPLERD_CONSTRAINT_PLUGIN): {e}"
+            )
+        });
         samplerd::app::server::build_state(&config, registry, None).expect("default chain builds")
     })
 }

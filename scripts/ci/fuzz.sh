@@ -11,15 +11,16 @@
 # coverage (-merge=1) into fuzz/corpus/<target>/ for committing.
 #
 # Needs: cargo-fuzz (installed once into ~/.cache/samplerd/bin, reused),
-# a nightly toolchain (else stable with RUSTC_BOOTSTRAP=1), the core plugin
-# (SAMPLERD_PLUGIN, else built) and optionally SAMPLERD_MODEL (the
+# a nightly toolchain (else stable with RUSTC_BOOTSTRAP=1), the core and
+# constraint plugins (SAMPLERD_PLUGIN, SAMPLERD_CONSTRAINT_PLUGIN, else
+# built) and optionally SAMPLERD_MODEL (the
 # proto_request target then also validates Generate prompts with the real
 # tokenizer and chat template).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 FUZZ_SECONDS=${FUZZ_SECONDS:-40}
-TARGETS=(chain stop_filter utf8_streamer gguf proto_request)
+TARGETS=(chain stop_filter utf8_streamer gguf proto_request constraint)
 TOOLS=${SAMPLERD_TOOLS:-$HOME/.cache/samplerd/bin}
 CARGO_FUZZ_VERSION=0.13.2
 export PATH="$TOOLS:$PATH"
@@ -49,6 +50,10 @@ if [ -z "${SAMPLERD_PLUGIN:-}" ]; then
   cargo build --release -p samplerd-core-stages
   export SAMPLERD_PLUGIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/libsamplerd_core_stages.so"
 fi
+if [ -z "${SAMPLERD_CONSTRAINT_PLUGIN:-}" ]; then
+  cargo build --release -p samplerd-constraint-stage
+  export SAMPLERD_CONSTRAINT_PLUGIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/libsamplerd_constraint_stage.so"
+fi
 
 # fuzz/ is its own workspace; its sanitizer build gets its own target dir
 # (it would otherwise invalidate the main build), kept outside the checkout
@@ -59,7 +64,7 @@ FUZZ_TARGET_DIR=${FUZZ_TARGET_DIR:-$HOME/.cache/samplerd/fuzz-target}
 timeout 2400 "${FUZZ[@]}" build --fuzz-dir fuzz -O --target-dir "$FUZZ_TARGET_DIR"
 BIN="$FUZZ_TARGET_DIR/x86_64-unknown-linux-gnu/release"
 
-declare -A MAX_LEN=([gguf]=32768 [proto_request]=8192)
+declare -A MAX_LEN=([gguf]=32768 [proto_request]=8192 [constraint]=16384)
 status=0
 summary=()
 for t in "${TARGETS[@]}"; do

@@ -521,16 +521,19 @@ async fn breakdown(state: &Arc<AppState>, bytes: &[u8], iters: usize) {
         rows.push((
             "step, log-sum-exp on helper",
             median_us(iters, || {
-                // The helper takes one job at a time: wait (untimed, bounded)
+                // The helper takes one job at a time: wait (untimed, bounded
+                // by time, not by a count of yields — on a loaded machine a
+                // million yields ran out before the helper was scheduled)
                 // until it is idle again.
-                for _ in 0..1_000_000 {
-                    if state.lse.is_idle() {
-                        break;
-                    }
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !state.lse.is_idle() && Instant::now() < deadline {
                     std::thread::yield_now();
                 }
                 let t = Instant::now();
-                let job = state.lse.start(&owned).expect("the helper is idle");
+                let job = state
+                    .lse
+                    .start(&owned)
+                    .expect("the log-sum-exp helper stayed busy for 30 s");
                 buf.load_f32le_checked(&owned).unwrap();
                 std::hint::black_box((seq.sample(&mut buf, 42, 0).unwrap(), job.finish()));
                 t.elapsed()

@@ -64,6 +64,8 @@ pub enum Reason {
     Overloaded,
     /// The memory budget for open sessions is spent.
     BudgetExceeded,
+    /// A constraint's compile ran past `limits.max_constraint_compile_ms`.
+    ConstraintTooCostly,
     /// A message is above its size limit.
     MessageTooLarge,
     /// A plugin stage returned an error or broke a post-check.
@@ -112,6 +114,7 @@ impl Reason {
         Reason::MalformedMessage,
         Reason::Overloaded,
         Reason::BudgetExceeded,
+        Reason::ConstraintTooCostly,
         Reason::MessageTooLarge,
         Reason::StageFailed,
         Reason::StepStuck,
@@ -143,6 +146,7 @@ impl Reason {
             Reason::MalformedMessage => "SAMPLERD_MALFORMED_MESSAGE",
             Reason::Overloaded => "SAMPLERD_OVERLOADED",
             Reason::BudgetExceeded => "SAMPLERD_BUDGET_EXCEEDED",
+            Reason::ConstraintTooCostly => "SAMPLERD_CONSTRAINT_TOO_COSTLY",
             Reason::MessageTooLarge => "SAMPLERD_MESSAGE_TOO_LARGE",
             Reason::StageFailed => "SAMPLERD_STAGE_FAILED",
             Reason::StepStuck => "SAMPLERD_STEP_STUCK",
@@ -177,9 +181,10 @@ impl Reason {
             // INTERNAL stays what it says (the server's own failures, what
             // alerts watch), so a malformed message is INVALID_ARGUMENT.
             | Reason::MalformedMessage => Code::InvalidArgument,
-            Reason::Overloaded | Reason::BudgetExceeded | Reason::MessageTooLarge => {
-                Code::ResourceExhausted
-            }
+            Reason::Overloaded
+            | Reason::BudgetExceeded
+            | Reason::ConstraintTooCostly
+            | Reason::MessageTooLarge => Code::ResourceExhausted,
             Reason::StageFailed | Reason::StepPanicked | Reason::Internal => Code::Internal,
             Reason::StepStuck | Reason::DeadlineExceeded => Code::DeadlineExceeded,
             Reason::NoSamplingThread

@@ -203,6 +203,51 @@ async fn a_sleeping_stage_fails_its_request_and_nothing_else_waits() {
     s.stop().await;
 }
 
+/// A batch whose rows all run a stage that never returns once took one
+/// step budget and one written-off thread per row, one after the other (8
+/// rows: 16 s, and every thread of a 6-thread pool). Now its first row
+/// runs alone (the chain names a stage from outside the shipped
+/// libraries) and the batch stops there: one budget, one thread, every
+/// row failed with the first one's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_stops_at_its_first_stuck_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.limits.max_stuck_workers = 8;
+    let s = start_with(c).await;
+    let row = v1::BatchRow {
+        logits: to_bytes(&logits(VOCAB, 1)).into(),
+        ..Default::default()
+    };
+    let batch = v1::SampleBatchRequest {
+        rows: vec![row; 8],
+        params: stuck_chain("test_sleep", 30e3),
+        ..Default::default()
+    };
+    let e = tokio::time::timeout(WAIT, s.client.clone().sample_batch(batch))
+        .await
+        .expect("the batch is answered in time")
+        .expect_err("the batch fails");
+    assert_names_stage(&e, "test_sleep");
+    assert!(e.message().starts_with("rows[0]: "), "{e:?}");
+    assert_eq!(s.state().steps.stuck(), 1);
+    // No other row ever ran: had one started beside the first, it would be
+    // written off one budget after the batch failed.
+    tokio::time::sleep(2 * MAX_STEP).await;
+    assert_eq!(s.state().steps.stuck(), 1, "only the first row ran");
+    assert!(s.state().steps.healthy());
+    assert_eq!(
+        s.client
+            .clone()
+            .sample(sample(greedy(), 2))
+            .await
+            .expect("the pool serves the next request")
+            .into_inner()
+            .token_id,
+        argmax(&logits(VOCAB, 2))
+    );
+}
+
 /// A stream whose step spins: DEADLINE_EXCEEDED on the stream, its
 /// session and permit released at once (the thread is still spinning),
 /// and the thread rejoins or leaves when the stage returns.

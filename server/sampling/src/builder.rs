@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use crate::chain::{Chain, ChainInner, Link, StageMetrics};
+use crate::chain::{BuiltStage, Chain, ChainInner, Link, OwnedConfig, StageMetrics};
 use crate::echo::Echo;
 use crate::error::ChainError;
 use crate::ffi;
@@ -16,6 +16,39 @@ use crate::spec::{ChainSpec, ParamValue, StageSpec};
 use crate::stage::RegisteredStage;
 use crate::vocab::Vocabulary;
 
+/// Stages built beforehand ([`StageRegistry::build_stage`]) that a chain
+/// build takes instead of calling `config_new` — matched by spec and
+/// vocabulary — and the stage names that may only come that way (a
+/// `required` stage missing here is [`ChainError::NotPrebuilt`], so a
+/// caller that compiles grammars elsewhere never compiles one by accident
+/// on the thread that builds the chain).
+#[derive(Clone, Default)]
+pub struct Prebuilt {
+    stages: Vec<BuiltStage>,
+    required: &'static [&'static str],
+}
+
+impl Prebuilt {
+    /// Nothing prebuilt yet; stages named in `required` must be.
+    pub fn requiring(required: &'static [&'static str]) -> Self {
+        Prebuilt {
+            stages: Vec::new(),
+            required,
+        }
+    }
+
+    /// Adds `stage` for the chains built with this.
+    pub fn add(&mut self, stage: BuiltStage) {
+        self.stages.push(stage);
+    }
+
+    fn find(&self, spec: &StageSpec, vocab: Option<&Arc<Vocabulary>>) -> Option<&BuiltStage> {
+        self.stages
+            .iter()
+            .find(|b| b.spec == *spec && b.has_vocab(vocab))
+    }
+}
+
 impl StageRegistry {
     /// Validates `spec` (stage names, parameter names and kinds, each
     /// stage's own range checks, a selecting stage last) and builds it.
@@ -24,8 +57,19 @@ impl StageRegistry {
         spec: &ChainSpec,
         vocab: Option<Arc<Vocabulary>>,
     ) -> Result<Chain, ChainError> {
+        self.build_chain_with(spec, vocab, &Prebuilt::default())
+    }
+
+    /// [`build_chain`](Self::build_chain), taking the stages `prebuilt`
+    /// holds instead of building them.
+    pub fn build_chain_with(
+        &self,
+        spec: &ChainSpec,
+        vocab: Option<Arc<Vocabulary>>,
+        prebuilt: &Prebuilt,
+    ) -> Result<Chain, ChainError> {
         let stages = validate(self, spec)?;
-        let inner = build(&spec.stages, stages, spec, vocab)?;
+        let inner = build(&spec.stages, stages, spec, vocab, prebuilt)?;
         Ok(Chain {
             inner: Arc::new(inner),
         })
@@ -40,6 +84,17 @@ impl StageRegistry {
         p: &SamplingParams,
         vocab: Option<Arc<Vocabulary>>,
     ) -> Result<Chain, ChainError> {
+        self.build_typed_with(p, vocab, &Prebuilt::default())
+    }
+
+    /// [`build_typed`](Self::build_typed), taking the stages `prebuilt`
+    /// holds instead of building them.
+    pub fn build_typed_with(
+        &self,
+        p: &SamplingParams,
+        vocab: Option<Arc<Vocabulary>>,
+        prebuilt: &Prebuilt,
+    ) -> Result<Chain, ChainError> {
         let plan = p.plan();
         if !plan.check_only.is_empty() {
             let stages = plan
@@ -49,54 +104,95 @@ impl StageRegistry {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(params::name_typed_field)?;
             // Built and dropped at once: only the stages' verdicts matter.
-            build(&plan.check_only, stages, &plan.spec, vocab.clone())
-                .map_err(params::name_typed_field)?;
+            build(
+                &plan.check_only,
+                stages,
+                &plan.spec,
+                vocab.clone(),
+                prebuilt,
+            )
+            .map_err(params::name_typed_field)?;
         }
-        self.build_chain(&plan.spec, vocab)
+        self.build_chain_with(&plan.spec, vocab, prebuilt)
             .map_err(params::name_typed_field)
+    }
+
+    /// One stage on its own (its name, parameter names and kinds checked,
+    /// then its `config_new`), for chains to share through [`Prebuilt`].
+    pub fn build_stage(
+        &self,
+        spec: &StageSpec,
+        vocab: Option<Arc<Vocabulary>>,
+    ) -> Result<BuiltStage, ChainError> {
+        let st = check_stage(self, spec)?;
+        Ok(BuiltStage {
+            spec: spec.clone(),
+            config: Arc::new(new_config(spec, st, vocab)?),
+        })
     }
 }
 
-/// One `config_new` per stage; `inner` frees the configs built so far if
-/// one refuses.
+/// One stage's `config_new`.
+fn new_config(
+    s: &StageSpec,
+    st: Arc<RegisteredStage>,
+    vocab: Option<Arc<Vocabulary>>,
+) -> Result<OwnedConfig, ChainError> {
+    let raw = ffi::raw_params(&s.name, &s.params)?;
+    let params = raw.as_slice();
+    let vocab_ptr = vocab.as_ref().map_or(std::ptr::null(), |v| v.as_abi());
+    let mut config: *mut c_void = std::ptr::null_mut();
+    crate::activity::entering(&Arc::from(s.name.as_str()));
+    let config_new = st.vtable.config_new.expect("checked at load");
+    crate::activity::in_plugin(st.site, || {
+        ffi::call_raw(|err| {
+            // SAFETY: params/vocab are valid for the call (vocab for the
+            // config's life: the config holds the Arc); out-pointers are
+            // valid.
+            unsafe { config_new(params.as_ptr(), params.len(), vocab_ptr, &mut config, err) }
+        })
+    })
+    .map_err(|message| ChainError::Invalid {
+        stage: s.name.clone(),
+        message,
+    })?;
+    Ok(OwnedConfig {
+        stage: st,
+        ptr: config,
+        _vocab: vocab,
+    })
+}
+
+/// One config per stage, built (`config_new`) or taken from `prebuilt`;
+/// the configs built so far are freed if one refuses.
 fn build(
     specs: &[StageSpec],
     stages: Vec<Arc<RegisteredStage>>,
     spec: &ChainSpec,
     vocab: Option<Arc<Vocabulary>>,
+    prebuilt: &Prebuilt,
 ) -> Result<ChainInner, ChainError> {
-    let vocab_ptr = vocab.as_ref().map_or(std::ptr::null(), |v| v.as_abi());
     let mut inner = ChainInner {
         links: Vec::with_capacity(stages.len()),
         spec: spec.clone(),
-        _vocab: vocab.clone(),
     };
     for (s, st) in specs.iter().zip(stages) {
-        let raw = ffi::raw_params(&s.name, &s.params)?;
-        let params = raw.as_slice();
-        let mut config: *mut c_void = std::ptr::null_mut();
-        let name: Arc<str> = Arc::from(s.name.as_str());
-        crate::activity::entering(&name);
-        let config_new = st.vtable.config_new.expect("checked at load");
-        crate::activity::in_plugin(st.site, || {
-            ffi::call_raw(|err| {
-                // SAFETY: params/vocab are valid for the call (vocab for the
-                // config's life: `inner` holds the Arc); out-pointers are
-                // valid.
-                unsafe { config_new(params.as_ptr(), params.len(), vocab_ptr, &mut config, err) }
-            })
-        })
-        .map_err(|message| ChainError::Invalid {
-            stage: s.name.clone(),
-            message,
-        })?;
-        let metrics = StageMetrics::new(&s.name);
+        let owner = match prebuilt.find(s, vocab.as_ref()) {
+            Some(b) => Arc::clone(&b.config),
+            None if prebuilt.required.contains(&s.name.as_str()) => {
+                return Err(ChainError::NotPrebuilt {
+                    stage: s.name.clone(),
+                });
+            }
+            None => Arc::new(new_config(s, Arc::clone(&st), vocab.clone())?),
+        };
         inner.links.push(Link {
-            name,
+            name: Arc::from(s.name.as_str()),
             deep_checks: crate::chain::deep_checks(&st.info),
             stage: st,
-            config,
-            metrics,
+            config: owner.ptr,
+            _owner: owner,
+            metrics: StageMetrics::new(&s.name),
         });
     }
     Ok(inner)

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use samplerd_plugin_sdk::abi::*;
 
-use crate::spec::ChainSpec;
+use crate::spec::{ChainSpec, StageSpec};
 use crate::stage::RegisteredStage;
 use crate::vocab::Vocabulary;
 
@@ -41,12 +41,70 @@ impl StageMetrics {
     }
 }
 
+/// One `config_new`'s config, freed through the ABI when its last holder
+/// (a chain, or a [`BuiltStage`] kept for reuse) drops it.
+pub(crate) struct OwnedConfig {
+    pub(crate) stage: Arc<RegisteredStage>,
+    pub(crate) ptr: *mut c_void,
+    // Keeps the vocabulary alive as long as the config that points into it.
+    pub(crate) _vocab: Option<Arc<Vocabulary>>,
+}
+
+// SAFETY: configs are immutable and documented as thread-safe by the ABI,
+// so they may be freed on whichever thread drops the last holder.
+unsafe impl Send for OwnedConfig {}
+// SAFETY: as for `Send`: threads only read a config, and the ABI lets them
+// call a stage with it at once (each with its own state).
+unsafe impl Sync for OwnedConfig {}
+
+impl Drop for OwnedConfig {
+    fn drop(&mut self) {
+        if let Some(free) = self.stage.vtable.config_free {
+            crate::activity::in_plugin(self.stage.site, || {
+                // SAFETY: ptr was created by this stage's config_new and
+                // every Sequence using it (holding its chain, which holds
+                // this config) is gone.
+                unsafe { free(self.ptr) }
+            });
+        }
+    }
+}
+
+/// A stage built on its own (`StageRegistry::build_stage`) for chains to
+/// share (`StageRegistry::build_chain_with`): what the server does with a
+/// `constraint` stage, whose config is a compiled grammar — built once, off
+/// the sampling threads, and cached. Cheap to clone.
+#[derive(Clone)]
+pub struct BuiltStage {
+    pub(crate) spec: StageSpec,
+    pub(crate) config: Arc<OwnedConfig>,
+}
+
+impl BuiltStage {
+    /// The spec it was built from.
+    pub fn spec(&self) -> &StageSpec {
+        &self.spec
+    }
+
+    /// Whether it was built with `vocab` (the same one, not an equal one).
+    pub fn has_vocab(&self, vocab: Option<&Arc<Vocabulary>>) -> bool {
+        match (&self.config._vocab, vocab) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// One built stage: the registered vtable and its immutable config.
 pub(crate) struct Link {
     pub(crate) stage: Arc<RegisteredStage>,
     /// The stage's name, shared with [`crate::activity`] on every call.
     pub(crate) name: Arc<str>,
+    /// `owner.ptr`, read on every call.
     pub(crate) config: *mut c_void,
+    /// Frees the config when the last chain (or cache) holding it drops.
+    pub(crate) _owner: Arc<OwnedConfig>,
     pub(crate) metrics: StageMetrics,
     /// Whether the deep post-checks run after this stage (see
     /// [`deep_checks`]).
@@ -93,30 +151,14 @@ impl Link {
 pub(crate) struct ChainInner {
     pub(crate) links: Vec<Link>,
     pub(crate) spec: ChainSpec,
-    // Keeps the vocabulary alive as long as the configs that point into it.
-    pub(crate) _vocab: Option<Arc<Vocabulary>>,
 }
 
-// SAFETY: configs are immutable and documented as thread-safe by the ABI,
-// so they may be freed on whichever thread drops the last clone.
+// SAFETY: the links' configs are immutable and documented as thread-safe by
+// the ABI (see `OwnedConfig`), each freed by its owner.
 unsafe impl Send for ChainInner {}
 // SAFETY: as for `Send`: threads only read a config, and the ABI lets them
 // call a stage with it at once (each with its own state).
 unsafe impl Sync for ChainInner {}
-
-impl Drop for ChainInner {
-    fn drop(&mut self) {
-        for link in self.links.drain(..).rev() {
-            if let Some(free) = link.vt().config_free {
-                crate::activity::in_plugin(link.stage.site, || {
-                    // SAFETY: config was created by this stage's config_new
-                    // and every Sequence using it (holding an Arc) is gone.
-                    unsafe { free(link.config) }
-                });
-            }
-        }
-    }
-}
 
 /// A validated, built chain. Cheap to clone; shared by threads.
 #[derive(Clone)]

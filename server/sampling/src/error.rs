@@ -85,6 +85,10 @@ pub enum ChainError {
         position: usize,
         len: usize,
     },
+    /// A stage that had to be built beforehand (`Prebuilt::require`) was
+    /// not: a caller's bug, never the request's.
+    #[error("stage `{stage}` was not built beforehand")]
+    NotPrebuilt { stage: String },
     #[error("{field} {message}")]
     Param {
         field: &'static str,

@@ -29,7 +29,8 @@ pub mod trust;
 pub mod vocab;
 
 pub use buffer::TokenBuffer;
-pub use chain::Chain;
+pub use builder::Prebuilt;
+pub use chain::{BuiltStage, Chain};
 pub use error::{ChainError, LoadError, LogitsError, SampleError};
 pub use params::{Constraint, DEFAULT_ORDER, SamplingParams};
 pub use registry::StageRegistry;

@@ -311,6 +311,31 @@ pub struct LimitsConfig {
     /// Schema, regex, grammar, or the choices together), in bytes: compiling
     /// one is work of its size, refused before any of it.
     pub max_constraint_bytes: usize,
+    /// Deepest bracket nesting of a constraint's grammar (GBNF/Lark groups,
+    /// regex groups and classes, JSON nesting), checked before it compiles
+    /// (`service/constraint/measure.rs`). With `max_constraint_rules` it
+    /// sizes the compile threads' stack.
+    pub max_constraint_depth: usize,
+    /// Most rules of a constraint's grammar (GBNF/Lark rules and
+    /// terminals, distinct JSON Schema `$ref` targets), checked before it
+    /// compiles.
+    pub max_constraint_rules: usize,
+    /// Constraint compiles running at once, each on a thread of its own
+    /// (never a sampling thread).
+    pub constraint_compile_threads: usize,
+    /// Constraint compiles waiting for a compile thread; one more is
+    /// refused at once (RESOURCE_EXHAUSTED, retryable).
+    pub constraint_compile_queue: usize,
+    /// How long a request waits for its constraint to compile, queueing
+    /// included, in milliseconds; past it the request is refused
+    /// (RESOURCE_EXHAUSTED) and that grammar is refused at once from then on.
+    pub max_constraint_compile_ms: u64,
+    /// Compiled constraints (and refusals) kept for reuse, by grammar and
+    /// vocabulary.
+    pub constraint_cache_entries: usize,
+    /// What the kept compiled constraints may be charged in all (each is
+    /// also charged to `memory_budget_bytes`), in bytes.
+    pub constraint_cache_bytes: usize,
     /// Sampling threads (`crate::service::step_pool`: every step and every other
     /// call into plugin code runs there, never on the async runtime);
     /// 0: one per CPU.
@@ -395,6 +420,20 @@ impl LimitsConfig {
         }
     }
 
+    /// The constraint compiler's settings.
+    pub fn constraint(&self) -> crate::service::constraint::ConstraintConfig {
+        crate::service::constraint::ConstraintConfig {
+            max_bytes: self.max_constraint_bytes,
+            max_depth: self.max_constraint_depth,
+            max_rules: self.max_constraint_rules,
+            threads: self.constraint_compile_threads,
+            queue: self.constraint_compile_queue,
+            max_compile: std::time::Duration::from_millis(self.max_constraint_compile_ms),
+            cache_entries: self.constraint_cache_entries,
+            cache_bytes: self.constraint_cache_bytes,
+        }
+    }
+
     /// The sampling pool's settings.
     pub fn step_pool(&self) -> crate::service::step_pool::StepPoolConfig {
         crate::service::step_pool::StepPoolConfig {
@@ -424,6 +463,14 @@ impl Default for LimitsConfig {
             max_request_duration_secs: 600,
             max_chain_stages: 64,
             max_constraint_bytes: 1 << 20,
+            // docs/RELIABILITY.md, "Constraint compilation", for the figures.
+            max_constraint_depth: 512,
+            max_constraint_rules: 4096,
+            constraint_compile_threads: 1,
+            constraint_compile_queue: 8,
+            max_constraint_compile_ms: 5_000,
+            constraint_cache_entries: 256,
+            constraint_cache_bytes: 256 << 20,
             sampling_threads: 0,
             max_step_ms: 2_000,
             max_stuck_workers: 4,
@@ -708,6 +755,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             return Err(loaded.invalid(key, v, "must be > 0"));
         }
     }
+    validate_constraint_limits(loaded)?;
     if c.shutdown.grace_period_secs > crate::app::shutdown::MAX_GRACE_PERIOD_SECS {
         return Err(loaded.invalid(
             "shutdown.grace_period_secs",
@@ -758,6 +806,47 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             "logging.filter",
             &c.logging.filter,
             "not a valid RUST_LOG-style filter",
+        ));
+    }
+    Ok(())
+}
+
+/// The constraint compiler's limits: positive, and small enough that the
+/// compile threads' stack (sized from depth and rules) stays under
+/// [`crate::service::constraint::MAX_STACK_BYTES`].
+fn validate_constraint_limits(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    let l = &loaded.config.limits;
+    let positive: [(&str, u64); 4] = [
+        ("limits.max_constraint_depth", l.max_constraint_depth as u64),
+        ("limits.max_constraint_rules", l.max_constraint_rules as u64),
+        (
+            "limits.constraint_compile_threads",
+            l.constraint_compile_threads as u64,
+        ),
+        (
+            "limits.max_constraint_compile_ms",
+            l.max_constraint_compile_ms,
+        ),
+    ];
+    for (key, v) in positive {
+        if v == 0 {
+            return Err(loaded.invalid(key, v, "must be > 0"));
+        }
+    }
+    let stack =
+        crate::service::constraint::stack_bytes(l.max_constraint_depth, l.max_constraint_rules);
+    let max = crate::service::constraint::MAX_STACK_BYTES;
+    if stack > max {
+        return Err(loaded.invalid(
+            "limits.max_constraint_rules",
+            l.max_constraint_rules,
+            format!(
+                "with limits.max_constraint_depth = {} the compile threads would need {} MiB of \
+                 stack, over the {} MiB allowed: lower one of them",
+                l.max_constraint_depth,
+                stack >> 20,
+                max >> 20
+            ),
         ));
     }
     Ok(())

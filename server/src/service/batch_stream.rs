@@ -20,6 +20,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
+use super::constraint::Prepared;
 use super::memory::{self, Charge};
 use super::sample::run_step;
 use super::validate::batch::{self as valid, Dtype, RowLogits};
@@ -56,6 +57,7 @@ fn row_blocking(
     dtype: Dtype,
     i: usize,
     open: Option<SeqState>,
+    prepared: &Prepared,
 ) -> (Option<SeqState>, Result<v1::SampleResponse, RequestError>) {
     let logits = match RowLogits::decode(dtype, &msg.rows[i].logits, state.limits.max_vocab) {
         Ok(l) => l,
@@ -67,7 +69,7 @@ fn row_blocking(
             Err(e) => return (Some(s), Err(e)),
         },
         None => {
-            let start = match valid::stream_join(state, msg, i, &logits) {
+            let start = match valid::stream_join(state, msg, i, &logits, prepared.prebuilt()) {
                 Ok(v) => v,
                 Err(e) => return (None, Err(e)),
             };
@@ -98,6 +100,36 @@ fn row_blocking(
     (Some(seq_state), result.map_err(|e| e.in_row(i)))
 }
 
+/// The joining rows' constraints, compiled off the sampling threads
+/// (each distinct `params` once), an error naming the first row that uses
+/// the failing one.
+async fn prepare(
+    state: &AppState,
+    msg: &v1::SampleBatchStreamRequest,
+    joins: &[bool],
+    request_id: u64,
+) -> Result<Prepared, RequestError> {
+    let mut prepared = Prepared::default();
+    // Addresses of the params already prepared.
+    let mut seen: Vec<usize> = Vec::new();
+    for (i, r) in msg.rows.iter().enumerate().filter(|(i, _)| joins[*i]) {
+        let Some(p) = r.params.as_ref().or(msg.params.as_ref()) else {
+            continue;
+        };
+        let at = std::ptr::from_ref(p) as usize;
+        if seen.contains(&at) {
+            continue;
+        }
+        seen.push(at);
+        let one = state
+            .prepare_constraints(Some(p), None, request_id)
+            .await
+            .map_err(|e| e.in_row(i))?;
+        prepared.extend(&one);
+    }
+    Ok(prepared)
+}
+
 /// The stream's state between messages.
 struct Batch {
     state: Arc<AppState>,
@@ -105,6 +137,8 @@ struct Batch {
     request_id: u64,
     sequences: HashMap<u64, SeqState>,
     charges: HashMap<u64, Charge>,
+    /// The compiled constraints each open sequence joined with.
+    constraints: HashMap<u64, Arc<Prepared>>,
     inbound: Streaming<v1::SampleBatchStreamRequest>,
     _permit: OwnedSemaphorePermit,
 }
@@ -126,6 +160,7 @@ impl Batch {
         for id in &msg.leave {
             self.sequences.remove(id);
             self.charges.remove(id);
+            self.constraints.remove(id);
         }
         let params = msg.params.as_ref();
         for (r, _) in msg.rows.iter().zip(&plan.joins).filter(|(_, j)| **j) {
@@ -136,6 +171,14 @@ impl Batch {
                 .charge(bytes, "this SampleBatchStream sequence")?;
             self.charges.insert(r.sequence_id, charge);
         }
+        let prepared = prepare(&self.state, &msg, &plan.joins, self.request_id)
+            .instrument(self.span.clone())
+            .await?;
+        let prepared = Arc::new(prepared);
+        for (r, _) in msg.rows.iter().zip(&plan.joins).filter(|(_, j)| **j) {
+            self.constraints
+                .insert(r.sequence_id, Arc::clone(&prepared));
+        }
         let ids: Vec<u64> = msg.rows.iter().map(|r| r.sequence_id).collect();
         let msg = Arc::new(msg);
         let request_id = self.request_id;
@@ -145,10 +188,11 @@ impl Batch {
             .map(|(i, id)| {
                 let open = self.sequences.remove(id);
                 let (state, msg, dtype) = (Arc::clone(&self.state), Arc::clone(&msg), plan.dtype);
+                let prepared = Arc::clone(&prepared);
                 move || {
                     // For the crash report, should a plugin kill the process.
                     let _serving = samplerd_sampling::activity::serving(request_id);
-                    row_blocking(&state, &msg, dtype, i, open)
+                    row_blocking(&state, &msg, dtype, i, open, &prepared)
                 }
             })
             .collect();
@@ -177,6 +221,7 @@ impl Batch {
                 // thread keeps it).
                 Err(failure) => {
                     self.charges.remove(id);
+                    self.constraints.remove(id);
                     first_error.get_or_insert(RequestError::from(failure).in_row(i));
                 }
             }
@@ -209,6 +254,7 @@ pub fn handle(
         request_id,
         sequences: HashMap::new(),
         charges: HashMap::new(),
+        constraints: HashMap::new(),
         inbound,
         _permit: permit,
     };

@@ -112,6 +112,8 @@ impl RequestError {
     pub fn from_chain(err: ChainError, explicit_chain: bool) -> Self {
         let kind = chain_error_kind(&err);
         match err {
+            // The server's own fault: it compiles constraints beforehand.
+            e @ ChainError::NotPrebuilt { .. } => RequestError::Internal(e.to_string()),
             ChainError::Param { field, message } => {
                 Self::invalid_as(kind, format!("params.{field}"), message)
             }

@@ -24,8 +24,9 @@ const EVENT_BUFFER: usize = 16;
 /// to resume the generation should its stream be cut before `Finished`.
 pub const SEED_HEADER: &str = "samplerd-seed";
 
-/// The `Generate` RPC: the chain is built on a sampling thread (it calls
-/// into plugins), then the model host runs the generation on a blocking
+/// The `Generate` RPC: the constraint (if any) is compiled on the compile
+/// pool (`service/constraint`), the chain is built on a sampling thread
+/// (it calls into plugins), then the model host runs the generation on a blocking
 /// thread, its sampling steps again on the sampling pool.
 pub async fn handle(
     state: Arc<AppState>,
@@ -40,12 +41,20 @@ pub async fn handle(
     let vocab = generator.vocabulary();
     let checker = Arc::clone(&state);
     let request_id = state.request_id();
+    // The constraint compiles off the sampling threads; held (with its
+    // memory charge) until the generation ends.
+    let prepared = Arc::new(
+        state
+            .prepare_constraints(req.params.as_ref(), vocab.as_ref(), request_id)
+            .await?,
+    );
+    let held = Arc::clone(&prepared);
     let valid = state
         .steps
         .run(move || {
             // For the crash report, should a plugin kill the process.
             let _serving = samplerd_sampling::activity::serving(request_id);
-            validate::generate(&checker, &req, vocab)
+            validate::generate(&checker, &req, vocab, held.prebuilt())
         })
         .await??;
     let permit = state.stream_permit()?;
@@ -66,6 +75,7 @@ pub async fn handle(
     };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
+        let _prepared = prepared;
         span.in_scope(|| generator.generate(job, tx));
     });
     let stream: BoxStream<v1::GenerateResponse> = Box::pin(ReceiverStream::new(rx));

@@ -9,6 +9,7 @@
 pub mod batch;
 pub mod batch_stream;
 pub mod buffer_pool;
+pub mod constraint;
 pub mod convert;
 pub mod errors;
 pub mod generate;
@@ -39,6 +40,7 @@ use crate::app::config::{Config, LimitsConfig, SeedSetting};
 use crate::generate::GenerateConfig;
 use crate::generate::generator::Generator;
 use crate::service::buffer_pool::BufferPool;
+use crate::service::errors::RequestError;
 use crate::service::step_pool::StepPool;
 use crate::status::{Failure, Reason};
 use lse_helper::LseHelper;
@@ -154,6 +156,9 @@ pub struct AppState {
     pub steps: StepPool,
     /// `[vocabularies]`, for requests that name one.
     pub vocabularies: vocabularies::Vocabularies,
+    /// Compiles requests' constraints off the sampling threads, within the
+    /// `limits.*constraint*` limits, and caches them.
+    pub constraints: constraint::Constraints,
     next_request_id: AtomicU64,
 }
 
@@ -165,14 +170,20 @@ impl AppState {
         generate: GenerateConfig,
         generator: Option<Arc<dyn Generator>>,
     ) -> std::io::Result<Self> {
+        let memory = memory::MemoryBudget::new(limits.memory_budget_bytes);
         Ok(AppState {
+            constraints: constraint::Constraints::new(
+                limits.constraint(),
+                Arc::clone(&registry),
+                Arc::clone(&memory),
+            ),
             registry,
             defaults,
             pool: Arc::new(BufferPool::new(limits.buffer_pool_size, limits.max_vocab)),
             lse: LseHelper::new(&limits.parallel_logprob),
             streams: Arc::new(Semaphore::new(limits.max_concurrent_streams)),
             steps: StepPool::start(limits.step_pool())?,
-            memory: memory::MemoryBudget::new(limits.memory_budget_bytes),
+            memory,
             limits,
             generate,
             open_sessions: AtomicUsize::new(0),
@@ -205,6 +216,63 @@ impl AppState {
             .limit("limits.max_concurrent_streams")
             .into_status()
         })
+    }
+
+    /// The compiled constraint stages of parameters `p` (against
+    /// `params.vocabulary`'s vocabulary, or `vocab` when given: Generate's
+    /// model vocabulary), compiled off the sampling threads: what
+    /// validation then builds the chain with.
+    pub async fn prepare_constraints(
+        &self,
+        p: Option<&v1::SamplingParams>,
+        vocab: Option<&Arc<samplerd_sampling::Vocabulary>>,
+        request: u64,
+    ) -> Result<constraint::Prepared, RequestError> {
+        let vocab = match vocab {
+            Some(v) => v,
+            None => match self.named_vocabulary(p)? {
+                Some(v) => v,
+                None => return Ok(constraint::Prepared::default()),
+            },
+        };
+        self.constraints
+            .prepare(&self.defaults, p, Some(vocab), request)
+            .await
+    }
+
+    /// [`prepare_constraints`](Self::prepare_constraints) without a
+    /// runtime (the protobuf fuzz target).
+    pub fn prepare_constraints_blocking(
+        &self,
+        p: Option<&v1::SamplingParams>,
+        vocab: Option<&Arc<samplerd_sampling::Vocabulary>>,
+    ) -> Result<constraint::Prepared, RequestError> {
+        let vocab = match vocab {
+            Some(v) => v,
+            None => match self.named_vocabulary(p)? {
+                Some(v) => v,
+                None => return Ok(constraint::Prepared::default()),
+            },
+        };
+        self.constraints
+            .prepare_blocking(&self.defaults, p, Some(vocab))
+    }
+
+    /// The vocabulary a constraint compiles against when the caller has
+    /// none of its own: the one `params.vocabulary` names, or `None` when
+    /// nothing needs compiling — the name is unknown (validation refuses
+    /// it before any chain is built), or no stage needs one. Empty while a
+    /// stage needs one is refused here as validation would, naming
+    /// `params.vocabulary` (a compile without would only say that the
+    /// stage has no vocabulary).
+    fn named_vocabulary(
+        &self,
+        p: Option<&v1::SamplingParams>,
+    ) -> Result<Option<&Arc<samplerd_sampling::Vocabulary>>, RequestError> {
+        match p.map(|p| p.vocabulary.as_str()).filter(|n| !n.is_empty()) {
+            None => validate::vocabulary_needed(self, p).map(|()| None),
+            Some(n) => Ok(self.vocabularies.get(n)),
+        }
     }
 }
 

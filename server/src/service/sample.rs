@@ -15,6 +15,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use super::AppState;
+use super::constraint::Prepared;
 use super::lse_helper::LseJob;
 use super::validate::{self, ValidStep};
 use crate::service::convert;
@@ -62,14 +63,16 @@ pub fn run_step(
     })
 }
 
-/// The whole stateless step, on a sampling thread (public for the
-/// protobuf fuzz target, `fuzz/fuzz_targets/proto_request.rs`).
+/// The whole stateless step, on a sampling thread, its constraint
+/// compiled beforehand (`prepared`; public for the protobuf fuzz target,
+/// `fuzz/fuzz_targets/proto_request.rs`).
 pub fn sample_blocking(
     state: &AppState,
     req: &v1::SampleRequest,
+    prepared: &Prepared,
 ) -> Result<v1::SampleResponse, RequestError> {
     let helper = start_lse(state, &req.logits_f32le);
-    let valid = validate::sample(state, req)?;
+    let valid = validate::sample(state, req, prepared.prebuilt())?;
     let span = tracing::Span::current();
     span.record("seed", valid.seed);
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -110,12 +113,18 @@ pub async fn handle(
             "this Sample request",
         )
         .map_err(Status::from)?;
+    // Compiled off the sampling threads (nothing to do without one).
+    let prepared = state
+        .prepare_constraints(req.params.as_ref(), None, request_id)
+        .instrument(span.clone())
+        .await
+        .inspect_err(|e| span.in_scope(|| tracing::debug!(error = %e, "sample failed")))?;
     let steps = state.steps.clone();
     let result = steps
         .run(move || {
             // For the crash report, should a plugin kill the process.
             let _serving = samplerd_sampling::activity::serving(request_id);
-            inner.in_scope(|| sample_blocking(&state, &req))
+            inner.in_scope(|| sample_blocking(&state, &req, &prepared))
         })
         .instrument(span.clone())
         .await

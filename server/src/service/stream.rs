@@ -19,6 +19,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
+use super::constraint::Prepared;
 use super::sample::{run_step, start_lse};
 use super::validate;
 use super::{AppState, BoxStream};
@@ -69,6 +70,8 @@ struct Session {
     n_vocab: usize,
     steps: u64,
     sampling: Duration,
+    /// The first message's compiled constraint (held for the stream).
+    prepared: Prepared,
 }
 
 impl Session {
@@ -87,6 +90,7 @@ impl Session {
             n_vocab: 0,
             steps: 0,
             sampling: Duration::ZERO,
+            prepared: Prepared::default(),
         }
     }
 
@@ -97,7 +101,7 @@ impl Session {
         let input = match (self.seq.as_ref(), self.buf.as_ref()) {
             (Some(_), Some(_)) => validate::stream_step(&self.state, msg, self.n_vocab, self.step)?,
             _ => {
-                let valid = validate::stream_start(&self.state, msg)?;
+                let valid = validate::stream_start(&self.state, msg, self.prepared.prebuilt())?;
                 let seq = valid.open_sequence()?;
                 let span = tracing::Span::current();
                 span.record("seed", valid.seed);
@@ -214,6 +218,20 @@ pub fn handle(
                     Ok(c) => _slot.charge = Some(c),
                     Err(e) => {
                         session.end = "memory budget";
+                        return Some((Err(e.into()), None));
+                    }
+                }
+                // Compiled off the sampling threads, before the first step.
+                match session
+                    .state
+                    .prepare_constraints(msg.params.as_ref(), None, request_id)
+                    .instrument(span.clone())
+                    .await
+                {
+                    Ok(p) => session.prepared = p,
+                    Err(e) => {
+                        session.end = "error";
+                        span.in_scope(|| tracing::info!(error = %e, "stream step failed"));
                         return Some((Err(e.into()), None));
                     }
                 }

@@ -93,6 +93,12 @@ impl StepPoolConfig {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// A submitted step and where its result will come.
+type Pending<R> = (
+    Arc<Ticket>,
+    tokio::sync::oneshot::Receiver<Result<R, StepFailure>>,
+);
+
 /// Where a submitted step is.
 enum Phase {
     Queued,
@@ -317,6 +323,92 @@ impl StepPool {
             out.push(r);
         }
         out
+    }
+
+    /// Runs a batch's rows, stopping at the first row that fails in the
+    /// pool (overran its budget, found no worker, panicked): `Err` with
+    /// that row's index and failure, and no later row runs — queued ones
+    /// are dropped unrun; one already running on another thread is left
+    /// to finish, and written off only if it overruns a budget of its own
+    /// from then on. Otherwise every result, in order. Each row has its own
+    /// `limits.max_step_ms`, counted from when its result is awaited.
+    ///
+    /// With `canary`, the first row runs alone before the others are
+    /// submitted: a chain that hangs (rows sharing one chain, a stage that
+    /// never returns) then costs the pool one written-off thread, not one
+    /// per row. Without a write-off in the batch, no thread is lost.
+    pub async fn run_batch<F, R>(
+        &self,
+        jobs: Vec<F>,
+        canary: bool,
+    ) -> Result<Vec<R>, (usize, StepFailure)>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let mut out = Vec::with_capacity(jobs.len());
+        let mut jobs = jobs.into_iter();
+        if canary && jobs.len() > 1 {
+            let first = jobs.next().expect("more than one job");
+            out.push(self.run(first).await.map_err(|f| (0, f))?);
+        }
+        let offset = out.len();
+        let mut pending = jobs
+            .map(|f| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let ticket = self.submit(f, move |r| {
+                    let _ = tx.send(r);
+                });
+                (ticket, rx)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .enumerate();
+        while let Some((k, (ticket, mut rx))) = pending.next() {
+            let r = match tokio::time::timeout(self.shared.config.max_step, &mut rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(StepFailure::Panicked("the worker dropped the step".into())),
+                Err(_) => self.overran(&ticket, || rx.try_recv().ok()),
+            };
+            match r {
+                Ok(r) => out.push(r),
+                Err(f) => {
+                    self.give_up(pending.map(|(_, p)| p).collect());
+                    return Err((offset + k, f));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The rest of a failed batch: queued rows never run; running ones are
+    /// watched (off the caller's path) and written off if they overrun a
+    /// budget from now.
+    fn give_up<R: Send + 'static>(&self, rest: Vec<Pending<R>>) {
+        let mut running = Vec::new();
+        for (ticket, rx) in rest {
+            let mut phase = lock(&ticket.phase);
+            match &*phase {
+                Phase::Queued => *phase = Phase::Abandoned,
+                Phase::Running(_) => {
+                    drop(phase);
+                    running.push((ticket, rx));
+                }
+                Phase::Done | Phase::Abandoned => {}
+            }
+        }
+        if running.is_empty() {
+            return;
+        }
+        let pool = self.clone();
+        let deadline = tokio::time::Instant::now() + self.shared.config.max_step;
+        tokio::spawn(async move {
+            for (ticket, mut rx) in running {
+                if tokio::time::timeout_at(deadline, &mut rx).await.is_err() {
+                    let _ = pool.overran(&ticket, || rx.try_recv().ok());
+                }
+            }
+        });
     }
 
     /// Runs `f` on the pool and waits for it (blocking callers: the

@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 
 use half::{bf16, f16};
 use samplerd_api::v1;
+use samplerd_sampling::Prebuilt;
 use samplerd_sampling::step::Logits;
 
 use super::{Fields, ValidStart, ValidStep, probs, start};
@@ -166,6 +167,7 @@ pub fn row<'a>(
     req: &'a v1::SampleBatchRequest,
     i: usize,
     logits: &'a RowLogits<'_>,
+    prebuilt: &'a Prebuilt,
 ) -> Result<ValidStart<'a>, RequestError> {
     let r = &req.rows[i];
     start_row(state, i, logits, |logits| Fields {
@@ -176,6 +178,7 @@ pub fn row<'a>(
         n_probs: req.n_probs,
         post_sampling_probs: req.post_sampling_probs,
         constraint_tokens: &r.constraint_tokens,
+        prebuilt,
     })
 }
 
@@ -289,6 +292,7 @@ pub fn stream_join<'a>(
     msg: &'a v1::SampleBatchStreamRequest,
     i: usize,
     logits: &'a RowLogits<'_>,
+    prebuilt: &'a Prebuilt,
 ) -> Result<ValidStart<'a>, RequestError> {
     let r = &msg.rows[i];
     start_row(state, i, logits, |logits| Fields {
@@ -299,6 +303,7 @@ pub fn stream_join<'a>(
         n_probs: msg.n_probs,
         post_sampling_probs: msg.post_sampling_probs,
         constraint_tokens: &r.constraint_tokens,
+        prebuilt,
     })
 }
 

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use samplerd_api::v1;
 use samplerd_sampling::echo::{self, MAX_ECHO_BYTES, quote};
 use samplerd_sampling::params::{CONSTRAINT_STAGE, canonical_stage_name};
-use samplerd_sampling::{Chain, ChainError, Sequence, Vocabulary, step};
+use samplerd_sampling::{Chain, ChainError, Prebuilt, Sequence, Vocabulary, step};
 
 use samplerd_model::ChatMessage;
 
@@ -117,10 +117,12 @@ impl Prompt {
     }
 }
 
-/// A `Sample` request.
+/// A `Sample` request, its constraint compiled beforehand (`prebuilt`:
+/// `AppState::prepare_constraints`).
 pub fn sample<'a>(
     state: &AppState,
     req: &'a v1::SampleRequest,
+    prebuilt: &'a Prebuilt,
 ) -> Result<ValidStart<'a>, RequestError> {
     start(
         state,
@@ -136,6 +138,7 @@ pub fn sample<'a>(
             n_probs: req.n_probs,
             post_sampling_probs: req.post_sampling_probs,
             constraint_tokens: &req.constraint_tokens,
+            prebuilt,
         },
     )
 }
@@ -144,6 +147,7 @@ pub fn sample<'a>(
 pub fn stream_start<'a>(
     state: &AppState,
     msg: &'a v1::SampleStreamRequest,
+    prebuilt: &'a Prebuilt,
 ) -> Result<ValidStart<'a>, RequestError> {
     start(
         state,
@@ -159,6 +163,7 @@ pub fn stream_start<'a>(
             n_probs: msg.n_probs,
             post_sampling_probs: msg.post_sampling_probs,
             constraint_tokens: &msg.constraint_tokens,
+            prebuilt,
         },
     )
 }
@@ -213,6 +218,7 @@ pub fn generate(
     state: &AppState,
     req: &v1::GenerateRequest,
     vocab: Option<Arc<Vocabulary>>,
+    prebuilt: &Prebuilt,
 ) -> Result<ValidGenerate, RequestError> {
     let cfg = &state.generate;
     let prompt = prompt(cfg, req)?;
@@ -281,7 +287,7 @@ pub fn generate(
     }
     let n_vocab = vocab.as_ref().map(|v| v.len());
     let resume = resume(req, max_tokens, n_vocab)?;
-    let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab)?;
+    let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab, prebuilt)?;
     Ok(ValidGenerate {
         chain,
         seed,
@@ -383,6 +389,8 @@ fn prompt(cfg: &GenerateConfig, req: &v1::GenerateRequest) -> Result<Prompt, Req
 /// The chain and seed for a request's parameters: `chain` when given,
 /// else the typed fields over the configured defaults, else the default
 /// chain (prebuilt); the seed is the request's or the configured one.
+/// A `constraint` stage comes compiled in `prebuilt` (never compiled here,
+/// on a sampling thread: `service/constraint`).
 /// Token maps (`logit_bias`, a stage's token_map) hold at most `n_vocab`
 /// entries, each id inside it, when the vocabulary is known (`None`: at
 /// most `limits.max_vocab` entries).
@@ -391,6 +399,7 @@ pub fn sampling(
     p: Option<&v1::SamplingParams>,
     vocab: Option<Arc<Vocabulary>>,
     n_vocab: Option<usize>,
+    prebuilt: &Prebuilt,
 ) -> Result<(Chain, u64), RequestError> {
     let defaults = &state.defaults;
     let seed = p
@@ -467,12 +476,12 @@ pub fn sampling(
         let spec = convert::chain_from_proto(&p.chain)?;
         state
             .registry
-            .build_chain(&spec, vocab)
+            .build_chain_with(&spec, vocab, prebuilt)
             .map_err(|e| RequestError::from_chain(e, true))?
     } else if let Some(merged) = convert::typed_params(&defaults.params, p, constraint) {
         state
             .registry
-            .build_typed(&merged, vocab)
+            .build_typed_with(&merged, vocab, prebuilt)
             .map_err(|e| match e {
                 ChainError::Param { .. } => RequestError::from_chain(e, false),
                 other if p.samplers.is_empty() => RequestError::from_chain(other, false),
@@ -541,6 +550,8 @@ struct Fields<'a> {
     n_probs: u32,
     post_sampling_probs: bool,
     constraint_tokens: &'a [u32],
+    /// The request's compiled constraint stages.
+    prebuilt: &'a Prebuilt,
 }
 
 fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestError> {
@@ -592,22 +603,10 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
     }
     let probs = probs(state, f.n_probs, f.post_sampling_probs)?;
     let vocab = named_vocabulary(state, f.params, logits.len(), logits.field())?;
-    if vocab.is_none()
-        && let Some(stage) = stage_needing_vocabulary(state, f.params)
-    {
-        // Said here, where the fix is known: the stage's own refusal can
-        // only say that it has no vocabulary.
-        return Err(RequestError::invalid(
-            "params.vocabulary",
-            format!(
-                "is empty, but stage `{stage}` needs a vocabulary (the text of each token), \
-                 which these logits have only through params.vocabulary: name one \
-                 (loaded: {}; config [vocabularies])",
-                state.vocabularies.describe()
-            ),
-        ));
+    if vocab.is_none() {
+        vocabulary_needed(state, f.params)?;
     }
-    let (chain, seed) = sampling(state, f.params, vocab, Some(logits.len()))?;
+    let (chain, seed) = sampling(state, f.params, vocab, Some(logits.len()), f.prebuilt)?;
     Ok(ValidStart {
         step: ValidStep {
             logits,
@@ -624,6 +623,29 @@ fn start<'a>(state: &AppState, f: Fields<'a>) -> Result<ValidStart<'a>, RequestE
 /// The first stage the request asks for that cannot be built without a
 /// vocabulary (`SD_STAGE_NEEDS_VOCAB`: the constraint's grammar), by the
 /// constraint, the chain or the typed order.
+/// Refuses parameters whose chain has a stage that needs a vocabulary
+/// (the constraint), for logits that come without one: said here, where
+/// the fix is known — the stage's own refusal can only say that it has no
+/// vocabulary. Also checked before a constraint would compile
+/// (`AppState::prepare_constraints`), so the answer is the same there.
+pub(crate) fn vocabulary_needed(
+    state: &AppState,
+    p: Option<&v1::SamplingParams>,
+) -> Result<(), RequestError> {
+    let Some(stage) = stage_needing_vocabulary(state, p) else {
+        return Ok(());
+    };
+    Err(RequestError::invalid(
+        "params.vocabulary",
+        format!(
+            "is empty, but stage `{stage}` needs a vocabulary (the text of each token), \
+             which these logits have only through params.vocabulary: name one \
+             (loaded: {}; config [vocabularies])",
+            state.vocabularies.describe()
+        ),
+    ))
+}
+
 fn stage_needing_vocabulary<'a>(
     state: &AppState,
     p: Option<&'a v1::SamplingParams>,
