@@ -102,7 +102,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
