@@ -9,6 +9,7 @@
 #   generate_c1.json / generate_c4.json  samplerctl bench --rpc generate
 #   generate_one.json  one Generate with timings (sampling share of a step)
 #   batch.txt        scripts/bench-batch.sh: SampleBatch(Stream) vs SampleStreams, compression
+#   resume.txt       scripts/bench-resume.py: a cut Generate resumed, with and without the prompt cache
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -37,4 +38,5 @@ $CTL generate "Tell me a story about a lighthouse keeper." -n 128 --seed 1 --jso
 $CTL bench --rpc generate --concurrency 1 --requests 4 -n 64 --json > "$OUT/generate_c1.json"
 $CTL bench --rpc generate --concurrency 4 --requests 8 -n 64 --json > "$OUT/generate_c4.json"
 OUT="$OUT" scripts/bench-batch.sh > "$OUT/batch.txt"
+SAMPLERD_BIN="$BIN/samplerd" "$PY" scripts/bench-resume.py > "$OUT/resume.txt"
 echo "results in $OUT/"

@@ -6,7 +6,9 @@
 #   0. the documentation's citations (before the installs: it needs none)
 #   1. cargo fmt --check and cargo clippy -D warnings
 #   2. cargo test (every crate: unit, property, loader, service tests)
-#   3. the llama.cpp parity scripts and the Python/grpcurl client tests
+#   3. the llama.cpp parity scripts, the Python/grpcurl client tests, the
+#      client kits and the fleet test (several replicas in network
+#      namespaces behind HAProxy: needs root)
 # Caches: the venv (~/.cache/samplerd/venv) and CARGO_TARGET_DIR are reused
 # when present, never required.
 set -euo pipefail
@@ -51,12 +53,19 @@ cargo test --release --workspace
 step "fuzzing (cargo fuzz, 40 s per target)"; scripts/ci/fuzz.sh
 
 # Every suite runs even when one fails; the last lines name the failed
-# ones, so the tail of a CI log says what to rerun.
+# ones, so the tail of a CI log says what to rerun. A suite that exits 77
+# was skipped (the machine cannot run it; it printed why): listed apart.
 failed=()
+skipped=()
 suite() { # NAME COMMAND...: runs one script suite, noting it when it fails
-  local name=$1; shift
+  local name=$1 rc=0; shift
   step "$name"
-  if ! "$@"; then failed+=("$name"); fi
+  "$@" || rc=$?
+  case "$rc" in
+    0) ;;
+    77) skipped+=("$name") ;;
+    *) failed+=("$name") ;;
+  esac
 }
 for t in tests/parity/*.py server/model/tests/*_parity.py tests/python/test_*.py; do
   [ -f "$t" ] && suite "$t" "$PY" "$t"
@@ -66,6 +75,12 @@ for t in tests/grpcurl/*.sh; do
 done
 suite "Kubernetes manifests and Dockerfile (scripts/ci/k8s.sh)" scripts/ci/k8s.sh
 suite "client kits: Python, Node.js, Go (scripts/ci/clients.sh)" scripts/ci/clients.sh
+suite "fleet: replicas behind HAProxy and client-side round-robin, killed, drained, joined, cut off (scripts/fleet-test.sh)" \
+  scripts/fleet-test.sh
+if [ "${#skipped[@]}" -ne 0 ]; then
+  echo "scripts/test.sh: ${#skipped[@]} script test suite(s) skipped (this machine cannot run them):"
+  printf '  SKIPPED %s\n' "${skipped[@]}"
+fi
 if [ "${#failed[@]}" -ne 0 ]; then
   echo "scripts/test.sh: ${#failed[@]} script test suite(s) failed:"
   printf '  FAILED %s\n' "${failed[@]}"

@@ -123,6 +123,7 @@ impl Sampler for Mock {
                             prompt_tokens: 3,
                             completion_tokens: PIECES.len() as u32,
                             cached_prompt_tokens: 0,
+                            resumed_tokens: 0,
                         }),
                         seed,
                         text: TAIL.into(),

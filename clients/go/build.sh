@@ -34,11 +34,14 @@ protoc -I "$ROOT/proto" \
   samplerd/v1/sampler.proto
 mkdir -p "$WORK/src/$KIT_PKG"
 cp -r "$KIT/samplerdclient" "$KIT/cmd" "$WORK/src/$KIT_PKG/"
+# The kit embeds the service config shared by every kit.
+cp "$ROOT/clients/service-config.json" "$WORK/src/$KIT_PKG/samplerdclient/"
 
 cd "$WORK/src/$KIT_PKG"
 go vet ./...
 go build -o "$WORK/bin/samplerd-example" ./cmd/samplerd-example
 echo "go kit: built $WORK/bin/samplerd-example"
 if [ -n "${SAMPLERD_ADDR:-}" ]; then
-  go test -count=1 -v ./samplerdclient/
+  # grpc-go 1.33 retries only when asked (1.40+ always does).
+  GRPC_GO_RETRY=on go test -count=1 -v ./samplerdclient/
 fi

@@ -6,6 +6,7 @@
 //   const client = kit.connect('127.0.0.1:50051');
 //   const r = await kit.sample(client, new Float32Array([0.5, 4, 1]), { temperature: 0 });
 
+const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
@@ -24,11 +25,24 @@ const PROTO_DIR = process.env.SAMPLERD_PROTO_DIR || path.resolve(__dirname, '..'
 // GenerateResponse carries `event: 'token' | 'finished'`.
 const LOADER_OPTIONS = { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true };
 
+// clients/service-config.json: round_robin over every address the target
+// resolves to (a headless Service's `dns:///name:port`), and retries of the
+// idempotent RPCs (Sample, SampleBatch, ListStages, health Check) on
+// UNAVAILABLE and RESOURCE_EXHAUSTED. grpc-js's retry cannot read RetryInfo
+// (inside grpc-status-details-bin); it honours the grpc-retry-pushback-ms
+// trailer, which samplerd sends with the same delay (and -1, "do not
+// retry", on refusals retrying cannot fix). Streams are not retried once
+// they have answered: resume them (docs/API.md, "Resuming a stream").
+const SERVICE_CONFIG_PATH = process.env.SAMPLERD_SERVICE_CONFIG || path.resolve(__dirname, '..', 'service-config.json');
+const SERVICE_CONFIG = JSON.parse(fs.readFileSync(SERVICE_CONFIG_PATH, 'utf8'));
+
 // The server takes messages up to limits.max_message_bytes (64 MiB by
 // default); grpc-js would otherwise stop at 4 MiB received.
 const CHANNEL_OPTIONS = {
   'grpc.max_send_message_length': 64 << 20,
   'grpc.max_receive_message_length': 64 << 20,
+  'grpc.service_config': JSON.stringify(SERVICE_CONFIG),
+  'grpc.enable_retries': 1,
 };
 
 let samplerPackage;
@@ -42,7 +56,9 @@ function samplerV1() {
 
 /**
  * A Sampler client on a plaintext channel (TLS: pass grpc.credentials.createSsl()).
- * `address` is host:port; samplerctl's http:// form (its SAMPLERD_ADDR) is taken too.
+ * `address` is host:port or any gRPC target (`dns:///samplerd-headless.ns.svc:50051`
+ * for a fleet), balanced round-robin with retries (clients/service-config.json);
+ * samplerctl's http:// form (its SAMPLERD_ADDR) is taken too.
  */
 function connect(address, { credentials = grpc.credentials.createInsecure(), options = {} } = {}) {
   const { Sampler } = samplerV1();
@@ -294,6 +310,7 @@ function describeError(err) {
 
 module.exports = {
   LOADER_OPTIONS,
+  SERVICE_CONFIG,
   connect,
   waitForReady,
   f32le,

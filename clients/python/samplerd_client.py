@@ -10,9 +10,12 @@ this file, which git ignores; `python samplerd_client.py` just generates.
 Needs grpcio, grpcio-tools, grpcio-status, googleapis-common-protos, numpy.
 """
 
+import json
 import os
 import queue
+import random
 import sys
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -23,12 +26,42 @@ PROTO_DIR = os.environ.get("SAMPLERD_PROTO_DIR", os.path.join(HERE, "..", "..", 
 GEN_DIR = os.environ.get("SAMPLERD_PY_GEN_DIR", os.path.join(HERE, "gen"))
 PROTO = "samplerd/v1/sampler.proto"
 
+# clients/service-config.json: round_robin over every address the name
+# resolves to, and retries of the idempotent RPCs (Sample, SampleBatch,
+# ListStages, health Check) on UNAVAILABLE and RESOURCE_EXHAUSTED. gRPC's
+# built-in retry cannot read RetryInfo (a message inside
+# grpc-status-details-bin); it honours the grpc-retry-pushback-ms trailer,
+# which samplerd sends with the same delay (and "-1", do not retry, on
+# refusals that retrying cannot fix). The streams are not retried by gRPC
+# once they have answered; SampleStream and Generate below resume them.
+SERVICE_CONFIG_PATH = os.environ.get("SAMPLERD_SERVICE_CONFIG", os.path.join(HERE, "..", "service-config.json"))
+with open(SERVICE_CONFIG_PATH) as _f:
+    SERVICE_CONFIG = json.load(_f)
+
 # The server takes messages up to limits.max_message_bytes (64 MiB by
 # default); grpcio would otherwise stop at 4 MiB received.
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    ("grpc.enable_retries", 1),
 ]
+
+# What a stream resumes on. A samplerd status (one with an ErrorInfo in the
+# samplerd.v1 domain) is judged by the code it carries: UNAVAILABLE always
+# (draining, the connection aged, no sampling thread), RESOURCE_EXHAUSTED
+# only with a RetryInfo (a full queue frees up; an oversized message does
+# not). A status samplerd did not send is the transport's or a proxy's: the
+# call was lost on the way (a replica died, a balancer reset the stream),
+# whatever code the client library made of it (UNAVAILABLE; CANCELLED or
+# INTERNAL for a stream reset by a proxy) — resumable too. Deadlines and
+# the client's own cancellation never are.
+LOST_IN_TRANSIT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
+                   grpc.StatusCode.UNKNOWN)
+# Resumes in a row without progress before a stream gives up.
+MAX_RESUMES = 5
+# Windows a resumed stream sends at most (limits.max_window_tokens).
+MAX_WINDOW_TOKENS = 65536
 
 
 def generate_stubs(out_dir=GEN_DIR, proto_dir=PROTO_DIR):
@@ -67,15 +100,19 @@ def _load_stubs():
 pb, pb_grpc = _load_stubs()
 
 
-def connect(address, *, credentials=None, ready_timeout=10.0):
+def connect(address, *, credentials=None, ready_timeout=10.0, options=()):
     """A channel and a SamplerStub, once the channel is connected (bounded:
     grpc.FutureTimeoutError after ready_timeout seconds). `address` is
-    host:port; samplerctl's http:// form (its SAMPLERD_ADDR) is taken too."""
+    host:port, or any gRPC target — `dns:///samplerd-headless.ns.svc:50051`
+    for a fleet, `ipv4:10.0.0.1:50051,10.0.0.2:50051` — balanced round-robin
+    with retries (clients/service-config.json); samplerctl's http:// form
+    (its SAMPLERD_ADDR) is taken too. `options` are more channel options."""
     address = address.removeprefix("http://")
+    opts = CHANNEL_OPTIONS + list(options)
     if credentials is None:
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = grpc.insecure_channel(address, options=opts)
     else:
-        channel = grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        channel = grpc.secure_channel(address, credentials, options=opts)
     grpc.channel_ready_future(channel).result(timeout=ready_timeout)
     return channel, pb_grpc.SamplerStub(channel)
 
@@ -134,6 +171,29 @@ def sample_logits(stub, logits, *, step=0, previous_tokens=(), n_probs=0, timeou
     return stub.Sample(req, timeout=timeout)
 
 
+def retry_delay(err, attempt):
+    """How long to wait before resuming a stream after `err` (the
+    attempt-th failure in a row, from 0), or None when it is not worth it
+    (see LOST_IN_TRANSIT): RetryInfo's delay when the server sent one, else
+    exponential backoff with jitter (50 ms doubling to 1 s, as the service
+    config's policy)."""
+    if not isinstance(err, grpc.RpcError) or attempt >= MAX_RESUMES:
+        return None
+    rich = rich_error(err)
+    backoff = random.uniform(0, min(1.0, 0.05 * 2**attempt))
+    if rich is None or rich.domain != "samplerd.v1":
+        return backoff if err.code() in LOST_IN_TRANSIT else None
+    # samplerd's own status (its code, which a stream reset right after it
+    # may have replaced in err.code()).
+    if rich.retry_delay_s is not None:
+        return rich.retry_delay_s
+    return backoff if rich.code == grpc.StatusCode.UNAVAILABLE.value[0] else None
+
+
+def _constrained(params):
+    return params.HasField("constraint") or any(s.name == "constraint" for s in params.chain)
+
+
 class SampleStream:
     """One sequence over SampleStream, one step at a time.
 
@@ -144,27 +204,73 @@ class SampleStream:
         with SampleStream(stub, temperature=0.0) as s:
             r0 = s.step(logits0)
             r1 = s.step(logits1)
+
+    When the stream fails with UNAVAILABLE (its replica died or drained,
+    its connection aged) or a RESOURCE_EXHAUSTED with RetryInfo, the step
+    is resumed on a new stream — on whichever replica the channel picks —
+    whose first message carries the window so far (`previous_tokens` +
+    the tokens chosen), the next step number, the same parameters and seed
+    and, with a constraint, the constraint's output: the server rebuilds
+    exactly the state the old stream had, so the answers are the same bits
+    (docs/API.md, "Resuming a stream"). `resumes` counts them. Give a
+    `seed` for that: without one, a server configured with `seed =
+    "random"` would draw a new one (the responses carry the seed used).
     """
 
-    def __init__(self, stub, *, previous_tokens=(), first_step=0, timeout=60.0, **params):
+    def __init__(self, stub, *, previous_tokens=(), first_step=0, constraint_tokens=(), timeout=60.0,
+                 resume=True, **params):
+        self._stub = stub
+        self._timeout = timeout
+        self._resume = resume
+        self._window = list(previous_tokens)
+        self._first_step = first_step
+        self._params = pb.SamplingParams(**params)
+        self._constraint_tokens = list(constraint_tokens)
+        self.tokens = []  # every token chosen so far, in order
+        self.resumes = 0
+        self._open()
+
+    def _open(self):
         self._requests = queue.Queue()
-        self._first = pb.SampleStreamRequest(
-            previous_tokens=list(previous_tokens),
-            params=pb.SamplingParams(**params),
-            first_step=first_step,
-        )
         self._sent_first = False
         # grpcio sends what the iterator yields, from its own thread; None
         # (from close) ends the iterator and so half-closes the stream.
-        self._call = stub.SampleStream(iter(self._requests.get, None), timeout=timeout)
+        self._call = self._stub.SampleStream(iter(self._requests.get, None), timeout=self._timeout)
+
+    def _first_fields(self):
+        """The first message's fields for the stream as it stands now."""
+        first = pb.SampleStreamRequest(
+            previous_tokens=(self._window + self.tokens)[-MAX_WINDOW_TOKENS:],
+            params=self._params,
+            first_step=self._first_step + len(self.tokens),
+        )
+        if _constrained(self._params):
+            first.constraint_tokens.extend(self._constraint_tokens + self.tokens)
+        return first
 
     def step(self, logits, *, n_probs=0):
-        msg = pb.SampleStreamRequest(logits_f32le=f32le(logits), n_probs=n_probs)
-        if not self._sent_first:
-            msg.MergeFrom(self._first)
-            self._sent_first = True
-        self._requests.put(msg)
-        return next(self._call)
+        data = f32le(logits)
+        attempt = 0
+        while True:
+            msg = pb.SampleStreamRequest(logits_f32le=data, n_probs=n_probs)
+            if not self._sent_first:
+                msg.MergeFrom(self._first_fields())
+                self._sent_first = True
+            self._requests.put(msg)
+            try:
+                r = next(self._call)
+            except grpc.RpcError as err:
+                delay = retry_delay(err, attempt) if self._resume else None
+                if delay is None:
+                    raise
+                attempt += 1
+                self.resumes += 1
+                self._requests.put(None)  # ends the old call's request thread
+                time.sleep(delay)
+                self._open()
+                continue
+            self.tokens.append(r.token_id)
+            return r
 
     def close(self):
         self._requests.put(None)
@@ -190,23 +296,60 @@ class Generation:
     holds the Finished event once the iteration ends. `cancel()` stops it
     (the server stops generating): the iteration then raises grpc.RpcError
     with code CANCELLED and yields nothing more. A loop left early without
-    cancel() leaves the server generating until max_tokens or the deadline."""
+    cancel() leaves the server generating until max_tokens or the deadline.
 
-    def __init__(self, call):
-        self._call = call
+    A stream that fails with UNAVAILABLE (or RESOURCE_EXHAUSTED with
+    RetryInfo) is resumed: the same request again with
+    `resume.token_ids` = the tokens received and the seed the server
+    reported (`samplerd-seed` header), so the iteration goes on with
+    exactly the tokens and text an uninterrupted run sends; `resumes`
+    counts them."""
+
+    def __init__(self, stub, request, timeout, resume=True):
+        self._stub = stub
+        self._request = request
+        self._timeout = timeout
+        self._resume = resume
         self._cancelled = False
+        self._call = stub.Generate(request, timeout=timeout)
+        self.seed = request.params.seed if request.params.HasField("seed") else None
         self.tokens = []
         self.finished = None
+        self.resumes = 0
+
+    def _resumed(self):
+        req = pb.GenerateRequest()
+        req.CopyFrom(self._request)
+        req.resume.token_ids[:] = [t.token_id for t in self.tokens]
+        if self.seed is not None:
+            req.params.seed = self.seed
+        return req
 
     def __iter__(self):
-        for msg in self._call:
-            if self._cancelled:
-                continue  # one already-received event; the error follows
-            if msg.HasField("token"):
-                self.tokens.append(msg.token)
-                yield msg.token
-            else:
-                self.finished = msg.finished
+        attempt = 0
+        while True:
+            try:
+                for msg in self._call:
+                    if self.seed is None:
+                        self.seed = next((int(v) for k, v in self._call.initial_metadata()
+                                          if k == "samplerd-seed"), None)
+                    if self._cancelled:
+                        continue  # one already-received event; the error follows
+                    if msg.HasField("token"):
+                        attempt = 0
+                        self.tokens.append(msg.token)
+                        yield msg.token
+                    else:
+                        self.finished = msg.finished
+                break
+            except grpc.RpcError as err:
+                delay = None if self._cancelled or not self._resume else retry_delay(err, attempt)
+                if delay is None:
+                    raise
+                attempt += 1
+                self.resumes += 1
+                time.sleep(delay)
+                self._call = self._stub.Generate(self._resumed(), timeout=self._timeout)
         if self.finished is None and not self._cancelled:
             raise RuntimeError("Generate ended without a Finished event")
 
@@ -220,11 +363,13 @@ class Generation:
         return "".join(t.text for t in self.tokens) + tail
 
 
-def generate(stub, prompt=None, *, messages=(), max_tokens=None, stop=(), ignore_eos=False, n_probs=0, timeout=60.0, **params):
+def generate(stub, prompt=None, *, messages=(), max_tokens=None, stop=(), ignore_eos=False, n_probs=0, timeout=60.0,
+             resume=True, **params):
     """Starts a streamed Generate (the server needs a model). `messages` is
     a list of (role, content) pairs, rendered with the model's chat template;
-    else `prompt` is used raw. `timeout` is the call's deadline: past it the
-    iteration raises grpc.RpcError DEADLINE_EXCEEDED. Other keyword
+    else `prompt` is used raw. `timeout` is the call's deadline (each
+    resumed call gets its own): past it the iteration raises grpc.RpcError
+    DEADLINE_EXCEEDED. `resume=False` turns resuming off. Other keyword
     arguments are SamplingParams fields."""
     req = pb.GenerateRequest(
         prompt=prompt or "",
@@ -236,7 +381,7 @@ def generate(stub, prompt=None, *, messages=(), max_tokens=None, stop=(), ignore
     )
     if max_tokens is not None:
         req.max_tokens = max_tokens
-    return Generation(stub.Generate(req, timeout=timeout))
+    return Generation(stub, req, timeout, resume=resume)
 
 
 @dataclass
@@ -256,13 +401,17 @@ class RichError:
 
 def rich_error(err):
     """Decodes the grpc-status-details-bin trailer of a failed call (a
-    grpc.RpcError) into a RichError; None when the server sent none."""
+    grpc.RpcError) into a RichError; None when the server sent none. Its
+    `code` is the server's (grpc_status.rpc_status.from_call refuses a
+    status whose code differs from the call's, which happens when a stream
+    reset follows the server's trailers)."""
     from google.rpc import error_details_pb2 as ed
-    from grpc_status import rpc_status
+    from google.rpc import status_pb2
 
-    st = rpc_status.from_call(err)
-    if st is None:
+    raw = next((v for k, v in (err.trailing_metadata() or ()) if k == "grpc-status-details-bin"), None)
+    if raw is None:
         return None
+    st = status_pb2.Status.FromString(raw)
     out = RichError(code=st.code, message=st.message)
     known = [ed.ErrorInfo, ed.BadRequest, ed.RetryInfo, ed.ResourceInfo, ed.DebugInfo,
              ed.QuotaFailure, ed.PreconditionFailure, ed.RequestInfo, ed.Help, ed.LocalizedMessage]

@@ -7,7 +7,9 @@
 """
 
 import os
+import socket
 import sys
+import threading
 import unittest
 
 import grpc
@@ -25,6 +27,61 @@ N_VOCAB, BEST = 32000, 12345
 FLAT = (np.arange(N_VOCAB) * 7919 % 1000 / 1000).astype(np.float32)
 FLAT[BEST] = 1.5
 CHAT = [("user", "Count from one to ten.")]
+
+
+class CuttingProxy:
+    """A TCP proxy to `upstream` whose open connections the test can cut:
+    a replica dying mid-call, as its clients see it."""
+
+    def __init__(self, upstream):
+        host, port = upstream.removeprefix("http://").rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.open = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            with self.lock:
+                self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        with self.lock:
+            cut, self.open = self.open, []
+        for s in cut:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+        self.cut()
 
 
 class KitTest(unittest.TestCase):
@@ -88,6 +145,62 @@ class KitTest(unittest.TestCase):
         # Step t of the stream is Sample with step t and the window so far.
         again = sc.sample_logits(self.stub, logits, step=12, previous_tokens=[0, 1], temperature=0.0, repeat_penalty=2.0, seed=11)
         self.assertEqual(again, got[2])
+
+    def test_sample_stream_resumes_bit_identically_after_a_cut(self):
+        rng = np.random.default_rng(3)
+        steps = [rng.standard_normal(64).astype(np.float32) for _ in range(8)]
+        params = dict(seed=5, temperature=0.9, repeat_penalty=1.3, repeat_last_n=16)
+        proxy = CuttingProxy(ADDR)
+        channel, stub = sc.connect(proxy.addr)
+        try:
+            with sc.SampleStream(stub, previous_tokens=[1, 2, 3], first_step=4, **params) as s:
+                got = []
+                for i, logits in enumerate(steps):
+                    if i in (3, 6):
+                        proxy.cut()  # the stream's connection dies between steps
+                    got.append(s.step(logits))
+            self.assertEqual(s.resumes, 2)
+        finally:
+            channel.close()
+            proxy.close()
+        # The same steps on one uninterrupted stream: the same bits.
+        with sc.SampleStream(self.stub, previous_tokens=[1, 2, 3], first_step=4, **params) as ref:
+            want = [ref.step(logits) for logits in steps]
+        self.assertEqual(got, want)
+        self.assertEqual([r.step for r in got], list(range(4, 12)))
+
+    def test_generate_resumes_bit_identically_after_a_cut(self):
+        proxy = CuttingProxy(ADDR)
+        channel, stub = sc.connect(proxy.addr)
+        try:
+            # No seed: the server's default, learnt from samplerd-seed.
+            g = sc.generate(stub, messages=CHAT, max_tokens=16, ignore_eos=True, stop=["seven"], timeout=60.0)
+            for _ in g:
+                if len(g.tokens) == 5:
+                    proxy.cut()
+            self.assertEqual(g.resumes, 1)
+        finally:
+            channel.close()
+            proxy.close()
+        ref = sc.generate(self.stub, messages=CHAT, max_tokens=16, ignore_eos=True, stop=["seven"], timeout=60.0)
+        list(ref)
+        self.assertEqual([t.token_id for t in g.tokens], [t.token_id for t in ref.tokens])
+        self.assertEqual([t.text for t in g.tokens], [t.text for t in ref.tokens])
+        self.assertEqual([t.logprob for t in g.tokens], [t.logprob for t in ref.tokens])
+        self.assertEqual(g.text, ref.text)
+        self.assertEqual(g.finished.finish_reason, ref.finished.finish_reason)
+        self.assertEqual(g.finished.usage.completion_tokens, ref.finished.usage.completion_tokens)
+        self.assertGreaterEqual(g.finished.usage.resumed_tokens, 5)
+        self.assertEqual(g.seed, ref.finished.seed)
+
+    def test_service_config_names_the_idempotent_rpcs(self):
+        cfg = sc.SERVICE_CONFIG
+        self.assertEqual(cfg["loadBalancingConfig"], [{"round_robin": {}}])
+        (method,) = cfg["methodConfig"]
+        names = {(n["service"], n["method"]) for n in method["name"]}
+        self.assertEqual(names, {("samplerd.v1.Sampler", "Sample"), ("samplerd.v1.Sampler", "SampleBatch"),
+                                 ("samplerd.v1.Sampler", "ListStages"), ("grpc.health.v1.Health", "Check")})
+        self.assertEqual(method["retryPolicy"]["retryableStatusCodes"], ["UNAVAILABLE", "RESOURCE_EXHAUSTED"])
 
     def test_generate_with_deadline(self):
         g = sc.generate(self.stub, messages=CHAT, max_tokens=6, ignore_eos=True, seed=7, timeout=60.0)

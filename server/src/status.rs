@@ -27,6 +27,14 @@ pub const ERROR_DOMAIN: &str = "samplerd.v1";
 /// default Generate's duration — and clients add their own backoff.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The trailer gRPC's built-in retry reads for the server's wait (gRFC
+/// A6 "server pushback"): it cannot read `RetryInfo`, which sits inside
+/// `grpc-status-details-bin`. Sent with every `RetryInfo` (the same delay),
+/// and as `-1` — do not retry — on a RESOURCE_EXHAUSTED that does not free
+/// up by itself (a message over its size limit), which the published
+/// retry policy (clients/service-config.json) would otherwise retry.
+pub const PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+
 /// Why a call failed, for machines (`google.rpc.ErrorInfo.reason`). Each
 /// has one gRPC code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +90,9 @@ pub enum Reason {
     DeadlineExceeded,
     /// The server is draining after SIGTERM.
     ShuttingDown,
+    /// A stream outlived its connection's maximum age and grace
+    /// (`limits.max_connection_age_grace_secs`): resume it elsewhere.
+    ConnectionAged,
     /// A unary call (or Generate) with zero or two request messages.
     WrongMessageCount,
     /// A request compressed with an encoding the server does not accept
@@ -95,7 +106,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
@@ -119,6 +130,7 @@ impl Reason {
         Reason::Unauthenticated,
         Reason::DeadlineExceeded,
         Reason::ShuttingDown,
+        Reason::ConnectionAged,
         Reason::WrongMessageCount,
         Reason::UnsupportedEncoding,
         Reason::UnknownMethod,
@@ -151,6 +163,7 @@ impl Reason {
             Reason::Unauthenticated => "SAMPLERD_UNAUTHENTICATED",
             Reason::DeadlineExceeded => "SAMPLERD_DEADLINE_EXCEEDED",
             Reason::ShuttingDown => "SAMPLERD_SHUTTING_DOWN",
+            Reason::ConnectionAged => "SAMPLERD_CONNECTION_AGED",
             Reason::WrongMessageCount => "SAMPLERD_WRONG_MESSAGE_COUNT",
             Reason::UnsupportedEncoding => "SAMPLERD_UNSUPPORTED_ENCODING",
             Reason::UnknownMethod => "SAMPLERD_UNKNOWN_METHOD",
@@ -180,14 +193,30 @@ impl Reason {
             | Reason::MessageTooLarge => Code::ResourceExhausted,
             Reason::StageFailed | Reason::StepPanicked | Reason::Internal => Code::Internal,
             Reason::StepStuck | Reason::DeadlineExceeded => Code::DeadlineExceeded,
-            Reason::NoSamplingThread | Reason::ModelLoading | Reason::ShuttingDown => {
-                Code::Unavailable
-            }
+            Reason::NoSamplingThread
+            | Reason::ModelLoading
+            | Reason::ShuttingDown
+            | Reason::ConnectionAged => Code::Unavailable,
             Reason::NoModel | Reason::SparseInsufficient => Code::FailedPrecondition,
             Reason::Unauthenticated => Code::Unauthenticated,
             Reason::WrongMessageCount | Reason::UnsupportedEncoding | Reason::UnknownMethod => {
                 Code::Unimplemented
             }
+        }
+    }
+
+    /// The [`PUSHBACK_HEADER`] value: the `RetryInfo` delay in
+    /// milliseconds, `-1` for a RESOURCE_EXHAUSTED that retrying cannot
+    /// fix, none otherwise (the client's own backoff).
+    fn pushback(self) -> Option<&'static str> {
+        const RETRY_AFTER_MS: &str = "1000";
+        debug_assert_eq!(RETRY_AFTER.as_millis().to_string(), RETRY_AFTER_MS);
+        if self.retryable() {
+            Some(RETRY_AFTER_MS)
+        } else if matches!(self.code(), Code::ResourceExhausted) {
+            Some("-1")
+        } else {
+            None
         }
     }
 
@@ -340,7 +369,15 @@ impl Failure {
         if self.reason.retryable() {
             details.set_retry_info(Some(RETRY_AFTER));
         }
-        Status::with_error_details(self.reason.code(), message.to_owned(), details)
+        let mut status =
+            Status::with_error_details(self.reason.code(), message.to_owned(), details);
+        if let Some(ms) = self.reason.pushback() {
+            status.metadata_mut().insert(
+                PUSHBACK_HEADER,
+                tonic::metadata::MetadataValue::from_static(ms),
+            );
+        }
+        status
     }
 }
 
@@ -504,6 +541,13 @@ mod tests {
         assert_eq!(st.code(), Code::ResourceExhausted);
         let delay = st.get_details_retry_info().and_then(|r| r.retry_delay);
         assert_eq!(delay, Some(RETRY_AFTER));
+        // The same delay for gRPC's built-in retry, which cannot read it.
+        assert_eq!(st.metadata().get(PUSHBACK_HEADER).unwrap(), "1000");
+        // A refusal that does not free up: "do not retry"; others: none.
+        let st = status(Reason::MessageTooLarge, "too large");
+        assert_eq!(st.metadata().get(PUSHBACK_HEADER).unwrap(), "-1");
+        let st = status(Reason::ShuttingDown, "draining");
+        assert!(st.metadata().get(PUSHBACK_HEADER).is_none());
         let st = Failure::new(Reason::UnknownStage, "params.chain[0].name: unknown")
             .field("params.chain[0].name")
             .resource(ResourceKind::Stage, "nope")

@@ -290,6 +290,7 @@ async fn batch_stream_sequences_are_their_own_sample_streams() {
         params: (id == 11).then(|| params(11, 10, 1.5)),
         previous_tokens: if id == 11 { vec![1, 2, 3] } else { vec![] },
         first_step: if id == 12 { 40 } else { 0 },
+        ..Default::default()
     };
     let step = |id: u64, t: u64| v1::BatchStreamRow {
         sequence_id: id,
@@ -443,6 +444,19 @@ async fn bad_batch_stream_messages_end_the_stream_naming_the_row() {
                 dt,
             ),
             "rows[0].previous_tokens: is set, but sequence 1 is already open",
+            Reason::InvalidField,
+        ),
+        (
+            vec![message(vec![row(1)], vec![], dt)],
+            message(
+                vec![v1::BatchStreamRow {
+                    constraint_tokens: vec![4],
+                    ..row(1)
+                }],
+                vec![],
+                dt,
+            ),
+            "rows[0].constraint_tokens: is set, but sequence 1 is already open",
             Reason::InvalidField,
         ),
         (

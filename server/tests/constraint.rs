@@ -233,6 +233,157 @@ async fn sample_and_sample_stream_follow_the_grammar_over_a_named_vocabulary() {
     .await;
 }
 
+/// A constrained SampleStream cut after k steps and resumed as a new
+/// stream — its window, next step and seed, and `constraint_tokens` = the
+/// output so far — answers the remaining steps exactly as the
+/// uninterrupted stream; without the constraint's output the grammar
+/// starts over and the answers differ. Later messages may not carry it,
+/// nor may a batch stream's continuing rows.
+#[tokio::test]
+async fn a_constrained_stream_resumes_from_its_constraint_tokens() {
+    let Some(model) = model_path() else {
+        eprintln!("skipped: no model file for the vocabulary (scripts/fetch-model.sh)");
+        return;
+    };
+    let n = samplerd_model::read_vocabulary(&model)
+        .expect("vocabulary")
+        .len();
+    let s = server().await;
+    // JSON, whose grammar state after a few tokens differs from its start.
+    let params = v1::SamplingParams {
+        vocabulary: "smollm2".into(),
+        repeat_penalty: Some(1.3),
+        ..constrained(
+            v1::constraint::Kind::JsonSchema(
+                r#"{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a","b"]}"#
+                    .into(),
+            ),
+            5,
+        )
+    };
+    let step_msg = |t: u64| v1::SampleStreamRequest {
+        logits_f32le: to_bytes(&logits(n, 300 + t)).into(),
+        ..Default::default()
+    };
+    let steps = 8u64;
+    let whole: Vec<v1::SampleResponse> = s
+        .stream_all(
+            (0..steps)
+                .map(|t| v1::SampleStreamRequest {
+                    params: (t == 0).then(|| params.clone()),
+                    previous_tokens: if t == 0 { vec![1, 2] } else { vec![] },
+                    ..step_msg(t)
+                })
+                .collect(),
+        )
+        .await;
+    let tokens: Vec<u32> = whole.iter().map(|r| r.token_id).collect();
+    let resume = |k: usize, constraint_tokens: Vec<u32>| {
+        (k as u64..steps)
+            .map(|t| {
+                let first = t == k as u64;
+                v1::SampleStreamRequest {
+                    params: first.then(|| params.clone()),
+                    previous_tokens: if first {
+                        [vec![1, 2], tokens[..k].to_vec()].concat()
+                    } else {
+                        vec![]
+                    },
+                    first_step: if first { t } else { 0 },
+                    constraint_tokens: if first {
+                        constraint_tokens.clone()
+                    } else {
+                        vec![]
+                    },
+                    ..step_msg(t)
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    for k in [1, 3, 5] {
+        let resumed = s.stream_all(resume(k, tokens[..k].to_vec())).await;
+        assert_eq!(resumed, whole[k..], "resumed after {k} steps");
+    }
+    // Without the constraint's output, the grammar starts over.
+    let forgot = s.stream_all(resume(3, vec![])).await;
+    assert_ne!(
+        forgot,
+        whole[3..],
+        "a resume that forgets the constraint's output"
+    );
+
+    // A SampleBatchStream sequence resumes the same way: its joining row
+    // carries the window, the next step and the constraint's output.
+    let k = 4usize;
+    let batch: Vec<v1::SampleBatchStreamRequest> = (k as u64..steps)
+        .map(|t| {
+            let first = t == k as u64;
+            v1::SampleBatchStreamRequest {
+                params: first.then(|| params.clone()),
+                rows: vec![v1::BatchStreamRow {
+                    sequence_id: 9,
+                    logits: to_bytes(&logits(n, 300 + t)).into(),
+                    previous_tokens: if first {
+                        [vec![1, 2], tokens[..k].to_vec()].concat()
+                    } else {
+                        vec![]
+                    },
+                    first_step: if first { t } else { 0 },
+                    constraint_tokens: if first { tokens[..k].to_vec() } else { vec![] },
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+        })
+        .collect();
+    let mut rows = s
+        .client
+        .clone()
+        .sample_batch_stream(tokio_stream::iter(batch))
+        .await
+        .expect("the batch stream opens")
+        .into_inner();
+    let mut resumed = Vec::new();
+    while let Some(mut r) = rows.message().await.expect("a batch stream step") {
+        assert_eq!(r.sequence_ids, [9]);
+        resumed.append(&mut r.rows);
+    }
+    assert_eq!(
+        resumed,
+        whole[k..],
+        "a batch stream sequence resumed after {k} steps"
+    );
+
+    // Only a stream's first message carries it.
+    let mut stream = s
+        .client
+        .clone()
+        .sample_stream(tokio_stream::iter(vec![
+            v1::SampleStreamRequest {
+                params: Some(params.clone()),
+                ..step_msg(0)
+            },
+            v1::SampleStreamRequest {
+                constraint_tokens: vec![tokens[0]],
+                ..step_msg(1)
+            },
+        ]))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    stream
+        .message()
+        .await
+        .expect("the first step")
+        .expect("a response");
+    let err = stream
+        .message()
+        .await
+        .expect_err("constraint_tokens on step 1");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("constraint_tokens:"), "{err:?}");
+}
+
 /// Bad constraints are INVALID_ARGUMENT naming the field, the value's
 /// problem and, for limits, the configuration key.
 #[tokio::test]

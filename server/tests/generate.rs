@@ -705,3 +705,146 @@ async fn a_cached_prompt_prefix_gives_the_uncached_answer_bit_for_bit() {
     a.stop().await;
     b.stop().await;
 }
+
+/// `request` resumed after its first `k` tokens of `full`.
+fn resumed(request: &v1::GenerateRequest, full: &Output, k: usize) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        resume: Some(v1::GenerateResume {
+            token_ids: full.tokens[..k].to_vec(),
+        }),
+        ..request.clone()
+    }
+}
+
+/// Resuming a Generate after any number of its tokens — on the replica
+/// that computed them (its prompt cache holds their positions) or on one
+/// with nothing cached — streams exactly the rest of the uninterrupted
+/// run: the same tokens, log-probabilities and texts (the stop string's
+/// and the UTF-8 hold-back rebuilt), and the same Finished, greedy and
+/// seeded, ending at a stop string and at max_tokens. The seed goes out
+/// in the response headers.
+#[tokio::test]
+async fn a_resumed_generation_streams_the_rest_of_the_uninterrupted_run_bit_for_bit() {
+    let cached = require_model!(host_with(GenerateConfig::default()));
+    let uncached = require_model!(host_with(GenerateConfig {
+        prompt_cache_entries: 0,
+        ..GenerateConfig::default()
+    }));
+    let (a, b) = (server_with(cached).await, server_with(uncached).await);
+    let q = "What is the capital of France?";
+    // A stop string from the middle of the greedy answer, cut inside a
+    // token (the hold-back is then mid-string at some resume points).
+    let base = generate(&a, chat(q, 16, greedy())).await.unwrap();
+    let text = base.text();
+    let at = text.len() * 3 / 5;
+    let start = (at..text.len())
+        .find(|&i| text.is_char_boundary(i) && text.is_char_boundary(i + 4))
+        .expect("an answer of some length");
+    let stop = text[start..start + 4].to_string();
+    let mut stopped = chat(q, 16, greedy());
+    stopped.stop = vec![stop.clone()];
+    let mut sampled = chat("Write a short poem about the sea.", 12, seeded(7));
+    sampled.ignore_eos = true;
+    for (name, request) in [("greedy, stop string", stopped), ("seeded", sampled)] {
+        let full = generate(&a, request.clone()).await.unwrap();
+        let want = if name == "seeded" {
+            v1::FinishReason::MaxTokens
+        } else {
+            v1::FinishReason::StopString
+        };
+        assert_eq!(full.reason(), want, "{name}: stop {stop:?}");
+        let mut full_finished = full.finished.clone().unwrap();
+        without_run_details(&mut full_finished);
+        // The ends, the middle, and every point where text is held back
+        // (a token whose text is empty: part of a possible stop string or
+        // of a character).
+        let n = full.tokens.len();
+        let mut points: Vec<usize> = (1..n).filter(|&k| full.texts[k - 1].is_empty()).collect();
+        points.extend([0, 1, n / 2, n - 1, n]);
+        points.sort_unstable();
+        points.dedup();
+        for k in points {
+            for (server, s) in [("cached", &a), ("uncached", &b)] {
+                let out = generate(s, resumed(&request, &full, k)).await.unwrap();
+                let why = format!("{name}, {server}, resumed after {k} tokens");
+                assert_eq!(out.tokens, full.tokens[k..], "{why}");
+                assert_eq!(out.logprob_bits, full.logprob_bits[k..], "{why}");
+                assert_eq!(out.texts, full.texts[k..], "{why}");
+                let mut finished = out.finished.clone().unwrap();
+                without_run_details(&mut finished);
+                let usage = finished.usage.as_mut().unwrap();
+                assert_eq!(usage.resumed_tokens, k as u32, "{why}");
+                usage.resumed_tokens = 0;
+                assert_eq!(finished, full_finished, "{why}");
+            }
+        }
+    }
+    // The seed the server used, for a client that resumes without one.
+    let mut client = a.client.clone();
+    let response = client
+        .generate(chat(q, 2, v1::SamplingParams::default()))
+        .await
+        .unwrap();
+    assert_eq!(response.metadata().get("samplerd-seed").unwrap(), "42");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Resumed tokens no uninterrupted run could have sent are refused,
+/// naming the one at fault.
+#[tokio::test]
+async fn bad_resumes_name_the_token() {
+    let host = require_model!(shared_host());
+    let eog = host.model().tokenizer().eog_ids()[0];
+    let n_vocab = host.model().n_vocab() as u32;
+    let s = server_with(host).await;
+    let q = "What is the capital of France?";
+    let full = generate(&s, chat(q, 8, greedy())).await.unwrap();
+    let with = |ids: Vec<u32>, f: &dyn Fn(&mut v1::GenerateRequest)| {
+        let mut r = chat(q, 8, greedy());
+        r.resume = Some(v1::GenerateResume { token_ids: ids });
+        f(&mut r);
+        r
+    };
+    let cases: Vec<(v1::GenerateRequest, &str, &str)> = vec![
+        (
+            with(vec![1; 9], &|_| {}),
+            "resume.token_ids",
+            "9 tokens, but max_tokens is 8",
+        ),
+        (
+            with(vec![1, n_vocab], &|_| {}),
+            "resume.token_ids[1]",
+            "outside the model's vocabulary",
+        ),
+        (
+            with(vec![full.tokens[0], eog], &|_| {}),
+            "resume.token_ids[1]",
+            "end of generation",
+        ),
+        // A stop string the first token completes: nothing followed it.
+        (
+            with(full.tokens[..2].to_vec(), &|r| {
+                r.stop = vec![full.texts[0].clone()];
+            }),
+            "resume.token_ids[1]",
+            "ended at token 0 (STOP_STRING)",
+        ),
+    ];
+    for (request, field, needle) in cases {
+        let err = generate(&s, request).await.expect_err(field);
+        let details = assert_reason(&err, Reason::InvalidField);
+        assert!(err.message().contains(needle), "{err:?}");
+        let violations = &details.bad_request().expect("BadRequest").field_violations;
+        assert_eq!(violations[0].field, field, "{err:?}");
+    }
+    // With ignore_eos the end-of-generation token was sent as a token.
+    let out = generate(
+        &s,
+        with(vec![full.tokens[0], eog], &|r| r.ignore_eos = true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.finished.unwrap().usage.unwrap().resumed_tokens, 2);
+    s.stop().await;
+}

@@ -216,6 +216,40 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
     }
 }
 
+/// A request that retries a failed attempt (gRPC's retry sends
+/// `grpc-previous-rpc-attempts`, gRFC A6) is counted as one, by RPC; a
+/// first attempt is not.
+#[tokio::test]
+async fn retried_attempts_are_counted() {
+    let p = process::start(&format!(
+        "[plugins]\nfiles = [{}]\n",
+        process::toml_path(&core_plugin())
+    ));
+    let mut client = SamplerClient::new(p.channel().await);
+    let greedy = || sample(vec![stage("greedy", &[])], 1);
+    client.sample(greedy()).await.expect("a first attempt");
+    let mut retry = tonic::Request::new(greedy());
+    retry
+        .metadata_mut()
+        .insert("grpc-previous-rpc-attempts", "1".parse().unwrap());
+    client.sample(retry).await.expect("a retry");
+    let s = Scrape::parse(&p.scrape());
+    assert_eq!(
+        s.get(
+            "samplerd_retried_requests_total",
+            &[("rpc", "samplerd.v1.Sampler/Sample")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        s.get(
+            "samplerd_requests_total",
+            &[("rpc", "samplerd.v1.Sampler/Sample"), ("code", "OK")]
+        ),
+        2.0
+    );
+}
+
 #[tokio::test]
 async fn metrics_can_be_disabled() {
     let p = process::start("[metrics]\nenabled = false\n");

@@ -10,7 +10,9 @@ against what samplerd actually does:
   image's plugin directory replaced by a local copy of the core plugin, the
   only path that must exist on this machine), and a broken copy fails it;
 - terminationGracePeriodSeconds exceeds shutdown.grace_period_secs plus the
-  1 s close; the Services target the named ports; the pod is locked down;
+  1 s close; connections age within about a minute (limits.max_connection_
+  age_secs, for scale-ups) without cutting calls; the Services target the
+  named ports; the pod is locked down;
 - the Dockerfile puts the plugin and the model where the config says.
 
 Run by scripts/ci/k8s.sh with the venv's python (needs PyYAML, shipped with
@@ -131,6 +133,19 @@ class Manifests(unittest.TestCase):
                 spec = one(docs, "Deployment")["spec"]["template"]["spec"]
                 grace = tomllib.loads(config_toml(docs))["shutdown"]["grace_period_secs"]
                 self.assertGreater(spec["terminationGracePeriodSeconds"], grace + CLOSE_TIMEOUT_S)
+
+    def test_connections_age_within_about_a_minute(self):
+        # A scale-up reaches clients balancing over the headless Service
+        # once their connections age (GOAWAY, then the name is resolved
+        # again): at most the age plus its 10 % jitter; and running calls
+        # are never cut by it (grace >= the request duration cap).
+        for overlay in self.overlays:
+            with self.subTest(overlay=overlay):
+                limits = tomllib.loads(config_toml(render(overlay)))["limits"]
+                age = limits["max_connection_age_secs"]
+                self.assertTrue(0 < age * 1.1 <= 66, age)
+                self.assertGreaterEqual(limits["max_connection_age_grace_secs"],
+                                        limits.get("max_request_duration_secs", 600))
 
     def test_pod_is_locked_down(self):
         for overlay in self.overlays:

@@ -15,7 +15,9 @@ server, no model):
   B: a token file — authentication, then SIGTERM with a stream open — the
      drain's refusal;
   D: the stuck-stage C fixture on one sampling thread that is not replaced
-     — a stuck step, then a step with no thread to run it.
+     — a stuck step, then a step with no thread to run it;
+  E: a one-second maximum connection age and grace — a stream that
+     outlives both.
 
 Not reachable from a client by design, and covered by the Rust tests
 instead: SAMPLERD_STEP_PANICKED (a stage's panic is caught inside the
@@ -438,6 +440,69 @@ max_step_ms = 300
                    grpc.StatusCode.UNAVAILABLE, "SAMPLERD_NO_SAMPLING_THREAD", retry=True)
             seen.add("SAMPLERD_NO_SAMPLING_THREAD")
         check("samplerd_step_stuck_and_no_sampling_thread", t_stuck_then_no_thread)
+
+        # --- Server E: connections age in a second, with a second's grace --
+        e = Server(server_bin, tmp.name, "e", f"""
+[plugins]
+files = ["{core}"]
+[limits]
+max_connection_age_secs = 1
+max_connection_age_grace_secs = 1
+""", grpc, health_pb2, health_pb2_grpc)
+        servers.append(e)
+        e.wait()
+        estub = pbg.SamplerStub(e.channel)
+
+        def t_connection_aged():
+            import queue
+            q = queue.Queue()
+            q.put(pb.SampleStreamRequest(logits=logits))
+            held = estub.SampleStream(iter(q.get, None), timeout=RPC_TIMEOUT_S)
+
+            def steps():
+                next(held)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:  # past the age and grace
+                    q.put(pb.SampleStreamRequest(logits=logits))
+                    next(held)
+                    time.sleep(0.1)
+                return None
+            try:
+                meta = expect(steps, grpc.StatusCode.UNAVAILABLE, "SAMPLERD_CONNECTION_AGED",
+                              limit="limits.max_connection_age_grace_secs")
+            finally:
+                q.put(None)
+            assert meta.get("limit") == "limits.max_connection_age_grace_secs", meta
+            seen.add("SAMPLERD_CONNECTION_AGED")
+        check("samplerd_connection_aged", t_connection_aged)
+
+        # --- Server F: a 200 ms compile budget ------------------------------
+        f = Server(server_bin, tmp.name, "f", f"""
+[plugins]
+files = ["{core}", "{constraint}"]
+[vocabularies]
+plain = "{vocab_file}"
+[limits]
+max_constraint_compile_ms = 200
+""", grpc, health_pb2, health_pb2_grpc)
+        servers.append(f)
+        f.wait()
+        fstub = pbg.SamplerStub(f.channel)
+
+        def t_constraint_too_costly():
+            # A legal schema of 3,000 properties takes seconds to compile:
+            # refused at the budget, and at once when sent again.
+            props = ",".join(f'"p{i}":{{"type":"string"}}' for i in range(3000))
+            schema = '{"type":"object","properties":{' + props + '}}'
+            req = pb.SampleRequest(logits=logits, params=pb.SamplingParams(
+                vocabulary="plain", constraint=pb.Constraint(json_schema=schema)))
+            for _ in range(2):
+                meta = expect(lambda: fstub.Sample(req, timeout=RPC_TIMEOUT_S),
+                              grpc.StatusCode.RESOURCE_EXHAUSTED, "SAMPLERD_CONSTRAINT_TOO_COSTLY",
+                              limit="limits.max_constraint_compile_ms")
+                assert meta.get("limit") == "limits.max_constraint_compile_ms", meta
+            seen.add("SAMPLERD_CONSTRAINT_TOO_COSTLY")
+        check("samplerd_constraint_too_costly", t_constraint_too_costly)
     except Exception:
         checks.fail()
     finally:
@@ -453,7 +518,7 @@ max_step_ms = 300
     with open(os.path.join(ROOT, "docs", "API.md")) as f:
         documented = set(re.findall(r"^\| `?(SAMPLERD_[A-Z_]+)`? \|", f.read(), re.M))
     want = documented - {"SAMPLERD_STEP_PANICKED", "SAMPLERD_MODEL_LOADING", "SAMPLERD_INTERNAL"}
-    if len(documented) != 27 or seen != want:
+    if len(documented) != 28 or seen != want:
         checks.failed += 1
         print(f"FAIL reasons: documented {len(documented)}, missing here: {sorted(want - seen)}, "
               f"undocumented: {sorted(seen - documented)}")

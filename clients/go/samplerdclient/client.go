@@ -9,6 +9,7 @@ package samplerdclient
 
 import (
 	"context"
+	_ "embed" // the service config
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,11 +19,32 @@ import (
 	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/samplerd/samplerd/gen/go/samplerd/v1"
 )
+
+// ServiceConfig is clients/service-config.json (build.sh copies it beside
+// this file): round_robin over every address the target resolves to (a
+// headless Service's dns:///name:port), and retries of the idempotent RPCs
+// (Sample, SampleBatch, ListStages, health Check) on UNAVAILABLE and
+// RESOURCE_EXHAUSTED. grpc-go's retry cannot read RetryInfo (inside
+// grpc-status-details-bin); it honours the grpc-retry-pushback-ms trailer,
+// which samplerd sends with the same delay (and -1, "do not retry", on
+// refusals retrying cannot fix). Streams are not retried once they have
+// answered: resume them (docs/API.md, "Resuming a stream").
+//
+//go:embed service-config.json
+var ServiceConfig string
+
+// DialOptions are the kit's channel settings: the service config above.
+// grpc-go before 1.40 (Debian bookworm has 1.33) retries only with
+// GRPC_GO_RETRY=on in the environment; later versions always do.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithDefaultServiceConfig(ServiceConfig)}
+}
 
 // Target is a gRPC dial target for addr: host:port, or samplerctl's
 // http://host:port form (its SAMPLERD_ADDR).

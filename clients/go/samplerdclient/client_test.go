@@ -5,6 +5,7 @@ package samplerdclient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -28,7 +29,8 @@ func client(t *testing.T) pb.SamplerClient {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := grpc.DialContext(ctx, Target(addr), grpc.WithInsecure(), grpc.WithBlock())
+	opts := append(DialOptions(), grpc.WithInsecure(), grpc.WithBlock())
+	conn, err := grpc.DialContext(ctx, Target(addr), opts...)
 	if err != nil {
 		t.Fatalf("connect %s: %v", addr, err)
 	}
@@ -259,5 +261,40 @@ func TestErrorDetailsUnknownStage(t *testing.T) {
 	d := checkRefusal(t, err, "params.chain", "SAMPLERD_UNKNOWN_STAGE")
 	if d.Resource.GetResourceName() != "no_such_stage" {
 		t.Fatalf("resource: %s", Describe(err))
+	}
+}
+
+// The embedded service config is the shared one: round_robin, and the
+// retry policy on exactly the idempotent RPCs. (Every test above dials
+// with it, which grpc-go refuses for an invalid config.)
+func TestServiceConfigRetriesTheIdempotentRPCs(t *testing.T) {
+	var cfg struct {
+		LoadBalancingConfig []map[string]interface{} `json:"loadBalancingConfig"`
+		MethodConfig        []struct {
+			Name []struct {
+				Service string `json:"service"`
+				Method  string `json:"method"`
+			} `json:"name"`
+			RetryPolicy struct {
+				RetryableStatusCodes []string `json:"retryableStatusCodes"`
+			} `json:"retryPolicy"`
+		} `json:"methodConfig"`
+	}
+	if err := json.Unmarshal([]byte(ServiceConfig), &cfg); err != nil {
+		t.Fatalf("service config: %v", err)
+	}
+	if len(cfg.LoadBalancingConfig) != 1 || cfg.LoadBalancingConfig[0]["round_robin"] == nil {
+		t.Fatalf("loadBalancingConfig = %v, want round_robin", cfg.LoadBalancingConfig)
+	}
+	var names []string
+	for _, n := range cfg.MethodConfig[0].Name {
+		names = append(names, n.Service+"/"+n.Method)
+	}
+	want := "samplerd.v1.Sampler/Sample samplerd.v1.Sampler/SampleBatch samplerd.v1.Sampler/ListStages grpc.health.v1.Health/Check"
+	if strings.Join(names, " ") != want {
+		t.Fatalf("retried methods %v, want %s", names, want)
+	}
+	if got := strings.Join(cfg.MethodConfig[0].RetryPolicy.RetryableStatusCodes, " "); got != "UNAVAILABLE RESOURCE_EXHAUSTED" {
+		t.Fatalf("retryable codes %s", got)
 	}
 }

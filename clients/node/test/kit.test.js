@@ -30,6 +30,20 @@ function flatLogits() {
   return x;
 }
 
+test('the channel runs the shared service config: round_robin, retries of the idempotent RPCs', () => {
+  const cfg = kit.SERVICE_CONFIG;
+  assert.deepEqual(cfg.loadBalancingConfig, [{ round_robin: {} }]);
+  const [method] = cfg.methodConfig;
+  assert.deepEqual(method.name.map((n) => `${n.service}/${n.method}`), [
+    'samplerd.v1.Sampler/Sample', 'samplerd.v1.Sampler/SampleBatch',
+    'samplerd.v1.Sampler/ListStages', 'grpc.health.v1.Health/Check',
+  ]);
+  assert.deepEqual(method.retryPolicy.retryableStatusCodes, ['UNAVAILABLE', 'RESOURCE_EXHAUSTED']);
+  // Every call in this file goes through a channel with it (grpc-js
+  // refuses to create one with an invalid config).
+  assert.equal(client.getChannel().getTarget().length > 0, true);
+});
+
 test('f32le: 4 little-endian bytes per float over the same memory', () => {
   const f = new Float32Array([1.0, -2.5]);
   const b = kit.f32le(f);

@@ -380,4 +380,17 @@ impl Session {
         self.truncate(n);
         n
     }
+    /// How many leading positions of `prompt` then `decoded` this
+    /// session's cache can stand for, bit for bit as a fresh session that
+    /// prefills `prompt` and then decodes `decoded` one token at a time
+    /// ([`CachedTokens::reusable_replay`]).
+    pub fn reusable_replay(&self, prompt: &[u32], decoded: &[u32]) -> usize {
+        self.cached.reusable_replay(prompt, decoded)
+    }
+    /// Keeps that many positions (and forgets the rest of the cache).
+    pub fn reuse_replay(&mut self, prompt: &[u32], decoded: &[u32]) -> usize {
+        let n = self.reusable_replay(prompt, decoded);
+        self.truncate(n);
+        n
+    }
 }

@@ -91,6 +91,31 @@ impl CachedTokens {
             .count();
         shared.min(prompt.len().saturating_sub(min_rest))
     }
+
+    /// How many leading positions a replay of `prompt` then `decoded` may
+    /// take from this cache: the prompt as one prefill, then each decoded
+    /// token as a step of its own — how a generation computed them, so
+    /// that a resumed generation gets the bits the interrupted one had.
+    /// Decoded positions count only after the whole prompt (in its fresh
+    /// prefill's order), and only in decode order; at least the last
+    /// position is left to run, for its logits. Without `decoded`,
+    /// [`reusable`](Self::reusable).
+    pub fn reusable_replay(&self, prompt: &[u32], decoded: &[u32]) -> usize {
+        let fresh = StepOrder::of(prompt.len());
+        let whole_prompt = self.tokens.len() >= prompt.len()
+            && self.tokens[..prompt.len()] == *prompt
+            && self.orders[..prompt.len()].iter().all(|&o| o == fresh);
+        if decoded.is_empty() || !whole_prompt {
+            return self.reusable(prompt);
+        }
+        let steps = self.tokens[prompt.len()..]
+            .iter()
+            .zip(&self.orders[prompt.len()..])
+            .zip(decoded)
+            .take_while(|((t, o), d)| t == d && **o == StepOrder::Decode)
+            .count();
+        prompt.len() + steps.min(decoded.len() - 1)
+    }
 }
 
 #[cfg(test)]
@@ -133,6 +158,34 @@ mod tests {
         assert_eq!(c.reusable(&[0, 1, 2, 3, 4]), 3);
         // One token is a decode step: nothing to share.
         assert_eq!(c.reusable(&[0]), 0);
+    }
+
+    #[test]
+    fn a_replay_reuses_decoded_positions_only_after_the_whole_prompt() {
+        // 20 prompt tokens, then 3 generated one at a time.
+        let c = cached(&[&(0..20).collect::<Vec<_>>(), &[20], &[21], &[22]]);
+        let prompt: Vec<u32> = (0..20).collect();
+        // All three decoded positions, leaving the fourth token to run.
+        assert_eq!(c.reusable_replay(&prompt, &[20, 21, 22, 23]), 23);
+        // The last replayed token always runs (its logits are needed).
+        assert_eq!(c.reusable_replay(&prompt, &[20, 21, 22]), 22);
+        // A different token stops the reuse there.
+        assert_eq!(c.reusable_replay(&prompt, &[20, 99, 22, 23]), 21);
+        // Nothing to replay: a prompt's reuse.
+        assert_eq!(c.reusable_replay(&prompt, &[]), c.reusable(&prompt));
+        // A longer prompt is not wholly cached: only its prompt reuse.
+        let longer: Vec<u32> = (0..40).collect();
+        assert_eq!(c.reusable_replay(&longer, &[40]), c.reusable(&longer));
+        // Tokens that were part of a prefill are not decode steps; the
+        // prompt's positions, in its fresh order, are all reused (no
+        // prefill remains to run: the first decode step follows).
+        let c = cached(&[&(0..24).collect::<Vec<_>>()]);
+        assert_eq!(c.reusable_replay(&prompt, &[20, 21, 22]), 20);
+        // A prompt computed in another order (here 4 tokens, not 20) is
+        // not this prompt's prefill.
+        let c = cached(&[&[0, 1, 2, 3], &[4], &[5]]);
+        assert_eq!(c.reusable_replay(&[0, 1, 2, 3, 4], &[5, 6]), 3);
+        assert_eq!(c.reusable_replay(&[0, 1, 2, 3], &[4, 5, 6]), 6);
     }
 
     #[test]

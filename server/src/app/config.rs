@@ -373,6 +373,17 @@ pub struct LimitsConfig {
     /// one unanswered for `keepalive_timeout_secs` closes it (dead peers).
     pub keepalive_interval_secs: u64,
     pub keepalive_timeout_secs: u64,
+    /// A connection this many seconds old (±10 %, drawn per connection) is
+    /// sent an HTTP/2 GOAWAY, so its client opens a new one — after
+    /// resolving the name again — for its next call (gRFC A9
+    /// MAX_CONNECTION_AGE): how a fleet behind client-side balancing
+    /// spreads onto replicas added since. 0: never.
+    pub max_connection_age_secs: u64,
+    /// How long calls already running on a connection past its age may
+    /// go on; then its remaining streams end with UNAVAILABLE
+    /// (`SAMPLERD_CONNECTION_AGED`, resumable) and the connection closes
+    /// (gRFC A9 MAX_CONNECTION_AGE_GRACE).
+    pub max_connection_age_grace_secs: u64,
     /// The raw log-sum-exp (for `logprob`) on a helper core
     /// (`[limits.parallel_logprob]`, see `service/lse_helper.rs`).
     pub parallel_logprob: crate::service::lse_helper::ParallelLogprobConfig,
@@ -397,6 +408,15 @@ impl LimitsConfig {
         match self.max_connections_per_peer {
             0 => (self.max_connections / 4).max(1),
             n => n,
+        }
+    }
+
+    /// The connections' maximum age (`crate::transport::max_age`).
+    pub fn connection_age(&self) -> crate::transport::max_age::AgePolicy {
+        crate::transport::max_age::AgePolicy {
+            max_age: (self.max_connection_age_secs > 0)
+                .then(|| std::time::Duration::from_secs(self.max_connection_age_secs)),
+            grace: std::time::Duration::from_secs(self.max_connection_age_grace_secs),
         }
     }
 
@@ -462,6 +482,16 @@ impl Default for LimitsConfig {
             idle_connection_timeout_secs: 300,
             keepalive_interval_secs: 60,
             keepalive_timeout_secs: 20,
+            // Five minutes: after a scale-up, every client has moved its
+            // new calls onto the current set of replicas within 5.5 min,
+            // at the cost of one reconnect (a TCP and TLS handshake, ~1 ms)
+            // per connection per 4.5-5.5 min. Kubernetes sets 60 s.
+            max_connection_age_secs: 300,
+            // The default `max_request_duration_secs`: no call is ever cut
+            // by the age, only new calls move (a lower value bounds how
+            // long an old connection lingers, at the price of resuming
+            // the streams it cuts).
+            max_connection_age_grace_secs: 600,
             parallel_logprob: Default::default(),
         }
     }

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::codec::CompressionEncoding;
+use tonic::service::RoutesBuilder;
 use tonic_health::ServingStatus;
 
 use crate::app::config::Config;
@@ -255,14 +256,25 @@ pub async fn serve(
         ))))
         // Innermost: tonic's own statuses get their details (and the
         // metrics above count the code they end with).
-        .layer(WrapLayer(CompleteStatus))
-        .add_service(health)
-        .add_optional_service(config.reflection.then_some(reflection_v1))
-        .add_optional_service(config.reflection.then_some(reflection_v1alpha))
-        .add_service(sampler)
-        .serve_with_incoming_shutdown(incoming, async {
+        .layer(WrapLayer(CompleteStatus));
+    let mut routes = RoutesBuilder::default();
+    routes.add_service(health).add_service(sampler);
+    if config.reflection {
+        routes
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha);
+    }
+    // Each connection is served on its own, so that it can age on its own
+    // (`transport/max_age.rs`).
+    let server = crate::transport::max_age::serve(
+        server,
+        routes.routes(),
+        incoming,
+        limits.connection_age(),
+        async {
             let _ = close_rx.await;
-        });
+        },
+    );
     // Only now: TLS and token files are loaded and the listener is bound
     // (connections wait in its backlog until the server polls it), so a
     // start-up error can no longer follow this line.
@@ -274,7 +286,7 @@ pub async fn serve(
     );
     tokio::pin!(server);
     tokio::select! {
-        result = &mut server => return Ok(result?),
+        () = &mut server => return Ok(()),
         () = shutdown => {}
     }
 
@@ -296,7 +308,7 @@ pub async fn serve(
         "shutting down: NOT_SERVING, refusing new requests, draining"
     );
     tokio::select! {
-        result = &mut server => return Ok(result?),
+        () = &mut server => return Ok(()),
         idle = tokio::time::timeout_at(deadline, drain.wait_idle()) => {
             if idle.is_err() {
                 tracing::warn!(
@@ -310,9 +322,11 @@ pub async fn serve(
     // GOAWAY to every connection; streams that outlive CLOSE_TIMEOUT (health
     // watchers, requests past the grace period) are cut when this returns.
     let _ = close_tx.send(());
-    match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
-        Ok(result) => result?,
-        Err(_) => tracing::info!("closing the connections still open"),
+    if tokio::time::timeout(CLOSE_TIMEOUT, &mut server)
+        .await
+        .is_err()
+    {
+        tracing::info!("closing the connections still open");
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 mod batcher;
 pub mod generator;
 pub mod prompt_cache;
+mod resume;
 pub mod stop_filter;
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -330,19 +331,56 @@ impl ModelHost {
         let request_id = *request_id;
         let start = Instant::now();
         let tok = self.model.tokenizer();
+        let resumed = &req.resume;
         // Every call into the chain's plugins runs on the sampling pool,
         // under its watchdog. The penalty window starts with the prompt's
-        // tail (the stage keeps only its last repeat_last_n ids).
+        // tail (the stage keeps only its last repeat_last_n ids), then
+        // takes the tokens of a resumed run as its decode loop did.
         let chain = req.chain.clone();
         let window: Vec<u32> = step::in_vocab(&prompt, self.model.n_vocab()).collect();
-        let mut seq = steps
-            .run_blocking(move || {
-                let _serving = samplerd_sampling::activity::serving(request_id);
-                let mut seq = chain.new_sequence()?;
-                seq.accept_history(&window)?;
-                Ok::<_, SampleError>(seq)
-            })?
-            .map_err(RequestError::Plugin)?;
+        let (model, replay, ignore_eos) =
+            (Arc::clone(&self.model), resumed.clone(), req.ignore_eos);
+        let mut seq = steps.run_blocking(move || {
+            let _serving = samplerd_sampling::activity::serving(request_id);
+            let mut seq = chain.new_sequence().map_err(RequestError::Plugin)?;
+            seq.accept_history(&window).map_err(RequestError::Plugin)?;
+            resume::accept(&mut seq, &replay, |t| {
+                !ignore_eos && model.tokenizer().is_eog(t)
+            })?;
+            Ok::<_, RequestError>(seq)
+        })??;
+        let mut filter = StopFilter::new(&req.stop);
+        let mut utf8 = Utf8Streamer::new();
+        let mut generated = resumed.len() as u32;
+        let mut usage = v1::Usage {
+            prompt_tokens: prompt.len() as u32,
+            resumed_tokens: generated,
+            ..Default::default()
+        };
+        let ended = resume::replay_text(
+            resumed,
+            |t| tok.token_bytes(t),
+            &mut filter,
+            &mut utf8,
+            req.max_tokens,
+            prompt.len(),
+            self.model.n_ctx(),
+        )?;
+        if let Some(reason) = ended {
+            // The resumed tokens already end the generation: only its
+            // Finished was missing.
+            usage.completion_tokens = generated;
+            let finished = self.finished(
+                reason,
+                &mut filter,
+                &mut utf8,
+                req.seed,
+                usage,
+                Timings::default(),
+            );
+            let _ = sink.blocking_send(Ok(finished));
+            return Ok(());
+        }
         // Forward passes run on the decode engine, batched with the other
         // generations' steps; dropping `engine` (any return) leaves the batch.
         let engine = self.batcher.join();
@@ -352,12 +390,11 @@ impl ModelHost {
                 .map_err(|(_, e)| RequestError::Internal(e.to_string()))
         };
         let mut buf = buffers.lease(self.model.n_vocab());
-        let mut filter = StopFilter::new(&req.stop);
-        let mut utf8 = Utf8Streamer::new();
         let prefill_start = Instant::now();
         // The longest prefix a cached session can stand for bit for bit is
-        // not run again.
-        let (session, cached) = match self.prompt_cache.take(&prompt) {
+        // not run again: of the prompt (a fresh prefill's order), and of a
+        // resumed run's tokens (each decoded on its own, as they were).
+        let (session, cached) = match self.prompt_cache.take(&prompt, resumed) {
             Some(found) => found,
             None => (
                 self.model
@@ -366,21 +403,30 @@ impl ModelHost {
                 0,
             ),
         };
-        let mut session = forward(session, prompt[cached..].to_vec())?;
+        usage.cached_prompt_tokens = cached.min(prompt.len()) as u32;
+        let mut session = if cached < prompt.len() {
+            forward(session, prompt[cached..].to_vec())?
+        } else {
+            session
+        };
+        for &t in &resumed[cached.saturating_sub(prompt.len())..] {
+            session = forward(session, vec![t])?;
+        }
         let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
         let decode_start = Instant::now();
         let mut sampling_ns = 0u128;
-        let mut generated = 0u32;
         let probs = req.probs;
         let reason = loop {
             if sink.is_closed() {
                 tracing::debug!(generated, "client went away; generation stopped");
+                // What it computed serves a resume of this generation.
+                self.prompt_cache.put(session, memory);
                 return Ok(());
             }
             let t0 = Instant::now();
             // The step that Sample runs, over the model's logits; the token
             // is accepted unless it ends the generation.
-            let (seed, at, ignore_eos) = (req.seed, u64::from(generated), req.ignore_eos);
+            let (seed, at) = (req.seed, u64::from(generated));
             let model = Arc::clone(&self.model);
             let mut moved = (seq, buf, session);
             let (back, out) = steps.run_blocking(move || {
@@ -420,65 +466,93 @@ impl ModelHost {
                 .is_err()
             {
                 tracing::debug!(generated, "client went away; generation stopped");
+                self.prompt_cache.put(session, memory);
                 return Ok(());
             }
-            if step.stopped {
-                break v1::FinishReason::StopString;
-            }
-            if generated >= req.max_tokens {
-                break v1::FinishReason::MaxTokens;
-            }
-            if session.position() >= session.capacity() {
-                break v1::FinishReason::ContextFull;
+            if let Some(reason) = resume::ends_after(
+                step.stopped,
+                generated,
+                req.max_tokens,
+                session.position(),
+                session.capacity(),
+            ) {
+                break reason;
             }
             session = forward(session, vec![token])?;
         };
-        // Release what was held back: a partial stop-string candidate (not a
-        // stop, since none matched) and any incomplete character.
-        let mut rest = String::new();
-        if reason != v1::FinishReason::StopString {
-            rest.push_str(&utf8.push(&filter.finish()));
-        }
-        rest.push_str(&utf8.finish());
         let decode_s = decode_start.elapsed().as_secs_f64();
-        let finished = v1::Finished {
-            finish_reason: reason as i32,
-            usage: Some(v1::Usage {
-                prompt_tokens: prompt.len() as u32,
-                completion_tokens: generated,
-                cached_prompt_tokens: cached as u32,
-            }),
-            seed: req.seed,
-            timings: Some(v1::Timings {
-                prefill_ms,
-                decode_tokens_per_second: if decode_s > 0.0 {
-                    generated as f64 / decode_s
-                } else {
-                    0.0
-                },
-                sampling_us_per_token: if generated > 0 {
-                    sampling_ns as f64 / 1e3 / generated as f64
-                } else {
-                    0.0
-                },
-                numerics: self.model.numerics().describe(),
-            }),
-            text: rest,
+        let new_tokens = generated - usage.resumed_tokens;
+        usage.completion_tokens = generated;
+        let timings = Timings {
+            prefill_ms,
+            decode_tokens_per_second: if decode_s > 0.0 {
+                f64::from(new_tokens) / decode_s
+            } else {
+                0.0
+            },
+            sampling_us_per_token: if new_tokens > 0 {
+                sampling_ns as f64 / 1e3 / f64::from(new_tokens)
+            } else {
+                0.0
+            },
         };
+        let finished = self.finished(reason, &mut filter, &mut utf8, req.seed, usage, timings);
         self.prompt_cache.put(session, memory);
         tracing::info!(
             prompt_tokens = prompt.len(),
             cached_prompt_tokens = cached,
+            resumed_tokens = usage.resumed_tokens,
             completion_tokens = generated,
             reason = ?reason,
             ms = start.elapsed().as_millis() as u64,
             "generation finished"
         );
-        let _ = sink.blocking_send(Ok(v1::GenerateResponse {
-            event: Some(v1::generate_response::Event::Finished(finished)),
-        }));
+        let _ = sink.blocking_send(Ok(finished));
         Ok(())
     }
+
+    /// The `Finished` event: the reason, what was held back (a partial
+    /// stop-string candidate — not a stop, since none matched — and any
+    /// incomplete character), usage, seed and timings.
+    fn finished(
+        &self,
+        reason: v1::FinishReason,
+        filter: &mut StopFilter,
+        utf8: &mut Utf8Streamer,
+        seed: u64,
+        usage: v1::Usage,
+        timings: Timings,
+    ) -> v1::GenerateResponse {
+        let mut rest = String::new();
+        if reason != v1::FinishReason::StopString {
+            rest.push_str(&utf8.push(&filter.finish()));
+        }
+        rest.push_str(&utf8.finish());
+        let finished = v1::Finished {
+            finish_reason: reason as i32,
+            usage: Some(usage),
+            seed,
+            timings: Some(v1::Timings {
+                prefill_ms: timings.prefill_ms,
+                decode_tokens_per_second: timings.decode_tokens_per_second,
+                sampling_us_per_token: timings.sampling_us_per_token,
+                numerics: self.model.numerics().describe(),
+            }),
+            text: rest,
+        };
+        v1::GenerateResponse {
+            event: Some(v1::generate_response::Event::Finished(finished)),
+        }
+    }
+}
+
+/// A generation's measured times (`v1::Timings` without the numerics).
+#[derive(Clone, Copy, Debug, Default)]
+struct Timings {
+    /// The prompt's prefill and a resumed run's replay.
+    prefill_ms: f64,
+    decode_tokens_per_second: f64,
+    sampling_us_per_token: f64,
 }
 
 /// The prompt's tokens (see [`ModelHost::prompt_tokens`]).

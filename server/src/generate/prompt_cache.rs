@@ -10,7 +10,9 @@
 //! used leave first), each charged to the memory budget for the K/V it
 //! holds (`limits.memory_budget_bytes`); a session the budget cannot take is
 //! not kept. A request takes its session out of the cache (a session serves
-//! one generation at a time) and, when it finishes, puts it back.
+//! one generation at a time) and, when it finishes — or its client leaves,
+//! so that a resumed generation finds the positions it computed —, puts it
+//! back.
 
 #![forbid(unsafe_code)]
 
@@ -88,19 +90,21 @@ impl PromptCache {
     }
 
     /// Takes the cached session that can stand for the longest prefix of
-    /// `prompt`, cut to that prefix, and the prefix's length; none when no
-    /// session shares any.
-    pub fn take(&self, prompt: &[u32]) -> Option<(Session, usize)> {
+    /// `prompt` followed by the `decoded` tokens of a resumed generation
+    /// (each a decode step of its own; [`Session::reusable_replay`]), cut
+    /// to that prefix, and the prefix's length; none when no session
+    /// shares any.
+    pub fn take(&self, prompt: &[u32], decoded: &[u32]) -> Option<(Session, usize)> {
         let mut entries = self.entries();
         let best = entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (e.session.reusable_prefix(prompt), i))
+            .map(|(i, e)| (e.session.reusable_replay(prompt, decoded), i))
             .max();
         let found = match best {
             Some((reused, i)) if reused > 0 => {
                 let Entry { mut session, .. } = entries.swap_remove(i);
-                session.reuse_prefix(prompt);
+                session.reuse_replay(prompt, decoded);
                 Some((session, reused))
             }
             _ => None,

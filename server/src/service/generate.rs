@@ -1,5 +1,6 @@
 //! `Generate`: delegates to the model host's [`Generator`](crate::generate::generator::Generator);
-//! without one, FAILED_PRECONDITION saying how to configure a model.
+//! without one, FAILED_PRECONDITION saying how to configure a model. The
+//! response headers carry the seed ([`SEED_HEADER`]).
 
 #![forbid(unsafe_code)]
 
@@ -8,7 +9,8 @@ use std::sync::Arc;
 use samplerd_api::v1;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::Status;
+use tonic::metadata::MetadataValue;
+use tonic::{Response, Status};
 
 use super::{AppState, BoxStream, validate};
 use crate::generate::generator::{GenerateJob, NO_MODEL_MESSAGE};
@@ -17,6 +19,11 @@ use crate::status::{Reason, status};
 /// Events buffered ahead of a slow reader.
 const EVENT_BUFFER: usize = 16;
 
+/// The response header that carries the seed the generation uses (the
+/// request's, or the server's default or random one): what a client needs
+/// to resume the generation should its stream be cut before `Finished`.
+pub const SEED_HEADER: &str = "samplerd-seed";
+
 /// The `Generate` RPC: the constraint (if any) is compiled on the compile
 /// pool (`service/constraint`), the chain is built on a sampling thread
 /// (it calls into plugins), then the model host runs the generation on a blocking
@@ -24,7 +31,7 @@ const EVENT_BUFFER: usize = 16;
 pub async fn handle(
     state: Arc<AppState>,
     req: v1::GenerateRequest,
-) -> Result<BoxStream<v1::GenerateResponse>, Status> {
+) -> Result<Response<BoxStream<v1::GenerateResponse>>, Status> {
     let Some(generator) = state.generator.clone() else {
         return Err(status(Reason::NoModel, NO_MODEL_MESSAGE));
     };
@@ -51,6 +58,7 @@ pub async fn handle(
         })
         .await??;
     let permit = state.stream_permit()?;
+    let seed = valid.seed;
     let span = tracing::info_span!(
         "generate",
         request_id,
@@ -70,5 +78,10 @@ pub async fn handle(
         let _prepared = prepared;
         span.in_scope(|| generator.generate(job, tx));
     });
-    Ok(Box::pin(ReceiverStream::new(rx)))
+    let stream: BoxStream<v1::GenerateResponse> = Box::pin(ReceiverStream::new(rx));
+    let mut response = Response::new(stream);
+    response
+        .metadata_mut()
+        .insert(SEED_HEADER, MetadataValue::from(seed));
+    Ok(response)
 }

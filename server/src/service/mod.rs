@@ -323,9 +323,7 @@ impl Sampler for SamplerService {
         &self,
         request: Request<v1::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        generate::handle(self.state.clone(), request.into_inner())
-            .await
-            .map(Response::new)
+        generate::handle(self.state.clone(), request.into_inner()).await
     }
 
     async fn sample_batch(

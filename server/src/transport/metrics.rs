@@ -49,6 +49,13 @@ pub const DRAINING_METRIC: &str = "samplerd_draining";
 /// status; also counted in [`REQUESTS_METRIC`] as CANCELLED, whatever
 /// status the server then computed for a response nobody reads.
 pub const CLIENT_RESETS_METRIC: &str = "samplerd_client_resets_total";
+/// Counter: requests that are a gRPC client's retry of a failed attempt
+/// (they carry `grpc-previous-rpc-attempts`, gRFC A6), label `rpc`; also
+/// counted in [`REQUESTS_METRIC`]. In a fleet, the calls other replicas
+/// failed (died, drained, refused) that came here.
+pub const RETRIED_REQUESTS_METRIC: &str = "samplerd_retried_requests_total";
+/// The request header of a retried attempt.
+const PREVIOUS_ATTEMPTS_HEADER: &str = "grpc-previous-rpc-attempts";
 
 /// Default `metrics.listen` (loopback: exposing metrics is an operator's
 /// choice; the Kubernetes ConfigMap sets 0.0.0.0:9090).
@@ -136,6 +143,10 @@ fn describe() {
         "gRPC request time to the end of the response (whole stream for streaming RPCs)"
     );
     describe_gauge!(ACTIVE_STREAMS_METRIC, "open SampleStream/Generate streams");
+    describe_counter!(
+        RETRIED_REQUESTS_METRIC,
+        "gRPC requests that retry an attempt that failed (grpc-previous-rpc-attempts), by RPC"
+    );
     describe_counter!(GENERATED_TOKENS_METRIC, "tokens produced by Generate");
     describe_gauge!(
         GENERATE_QUEUE_DEPTH_METRIC,
@@ -481,6 +492,9 @@ where
         req: http::Request<tonic::body::Body>,
     ) -> ResponseFuture<S::Error> {
         let rpc = Rpc::classify(req.uri().path());
+        if req.headers().contains_key(PREVIOUS_ATTEMPTS_HEADER) {
+            metrics::counter!(RETRIED_REQUESTS_METRIC, "rpc" => rpc.name).increment(1);
+        }
         let in_flight = if rpc.drains {
             match self.drain.admit() {
                 Some(g) => Some(g),

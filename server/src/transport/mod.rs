@@ -1,5 +1,5 @@
 //! What every connection and request passes before (and after) a
-//! handler: connection limits and deadlines, TLS, gRPC only (HTTP 405/415
+//! handler: connection limits, deadlines and maximum age, TLS, gRPC only (HTTP 405/415
 //! for anything else), bearer tokens, deadlines, request metrics, unary
 //! calls held to one message with per-method size limits read from the
 //! message prefix, the zero-copy decoding of messages that arrive in
@@ -12,6 +12,7 @@ pub mod auth;
 pub mod connections;
 pub mod content_type;
 pub mod deadline;
+pub mod max_age;
 pub mod metrics;
 pub mod middleware;
 pub mod one_frame;

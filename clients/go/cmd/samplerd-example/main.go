@@ -35,7 +35,9 @@ func main() {
 	defer cancel()
 	// grpc.WithInsecure: plaintext, as for a loopback server (TLS:
 	// grpc.WithTransportCredentials(credentials.NewClientTLSFromFile(...))).
-	conn, err := grpc.DialContext(ctx, samplerdclient.Target(*addr), grpc.WithInsecure(), grpc.WithBlock())
+	// DialOptions: round_robin and the retry policy (clients/service-config.json).
+	opts := append(samplerdclient.DialOptions(), grpc.WithInsecure(), grpc.WithBlock())
+	conn, err := grpc.DialContext(ctx, samplerdclient.Target(*addr), opts...)
 	if err != nil {
 		log.Fatalf("connect %s: %v", *addr, err)
 	}

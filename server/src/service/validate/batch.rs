@@ -276,6 +276,7 @@ pub fn stream_message<S: std::hash::BuildHasher>(
                 (r.params.is_some(), "params"),
                 (!r.previous_tokens.is_empty(), "previous_tokens"),
                 (r.first_step != 0, "first_step"),
+                (!r.constraint_tokens.is_empty(), "constraint_tokens"),
             ];
             if let Some((_, field)) = set.iter().find(|(s, _)| *s) {
                 return Err(RequestError::invalid(
@@ -320,7 +321,7 @@ pub fn stream_join<'a>(
         step: r.first_step,
         n_probs: msg.n_probs,
         post_sampling_probs: msg.post_sampling_probs,
-        constraint_tokens: &[],
+        constraint_tokens: &r.constraint_tokens,
         prebuilt,
     })
 }

@@ -14,8 +14,9 @@
 //! - [`generate`] — a `Generate` request → [`ValidGenerate`]: the prompt
 //!   (text, or chat messages with known roles) under
 //!   `generate.max_prompt_bytes`, `max_tokens` under
-//!   `generate.max_tokens_cap`, the stop strings under their limits, and the
-//!   sampling side as above. What needs the model (the chat template, the
+//!   `generate.max_tokens_cap`, the stop strings under their limits,
+//!   `resume.token_ids` (at most `max_tokens`, inside the vocabulary), and
+//!   the sampling side as above. What needs the model (the chat template, the
 //!   token count against `generate.max_prompt_tokens` and the context) is
 //!   the model host's, after admission.
 //!
@@ -59,8 +60,8 @@ pub struct ValidStart<'a> {
     pub seed: u64,
     /// `previous_tokens` inside the vocabulary, oldest first.
     pub window: Vec<u32>,
-    /// `constraint_tokens` (Sample only): the output so far, replayed into
-    /// the output-only stages (the constraint's grammar).
+    /// `constraint_tokens`: the output so far, replayed into the
+    /// output-only stages (the constraint's grammar).
     pub output: Vec<u32>,
 }
 
@@ -92,6 +93,10 @@ pub struct ValidGenerate {
     /// Non-empty stop strings.
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// `resume.token_ids`: the tokens an interrupted run already sent (at
+    /// most `max_tokens`, each inside the vocabulary; what else they must
+    /// satisfy is checked as the model host replays them).
+    pub resume: Vec<u32>,
 }
 
 /// A Generate prompt: plain text, or chat messages for the model's
@@ -160,7 +165,7 @@ pub fn stream_start<'a>(
             step: msg.first_step,
             n_probs: msg.n_probs,
             post_sampling_probs: msg.post_sampling_probs,
-            constraint_tokens: &[],
+            constraint_tokens: &msg.constraint_tokens,
             prebuilt,
         },
     )
@@ -180,14 +185,23 @@ pub fn stream_step<'a>(
         msg.sparse.as_ref(),
         state.limits.max_vocab,
     )?;
-    if !msg.previous_tokens.is_empty() {
-        return Err(RequestError::invalid(
-            "previous_tokens",
-            format!(
-                "only the first message of a stream may set the window (got {} tokens at step {step})",
-                msg.previous_tokens.len(),
-            ),
-        ));
+    for (field, tokens, what) in [
+        ("previous_tokens", &msg.previous_tokens, "the window"),
+        (
+            "constraint_tokens",
+            &msg.constraint_tokens,
+            "the constraint's output",
+        ),
+    ] {
+        if !tokens.is_empty() {
+            return Err(RequestError::invalid(
+                field,
+                format!(
+                    "only the first message of a stream may set {what} (got {} tokens at step {step})",
+                    tokens.len(),
+                ),
+            ));
+        }
     }
     if logits.len() != n_vocab {
         return Err(RequestError::invalid(
@@ -280,6 +294,7 @@ pub fn generate(
         ));
     }
     let n_vocab = vocab.as_ref().map(|v| v.len());
+    let resume = resume(req, max_tokens, n_vocab)?;
     let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab, prebuilt)?;
     Ok(ValidGenerate {
         chain,
@@ -289,7 +304,40 @@ pub fn generate(
         max_tokens,
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
+        resume,
     })
+}
+
+/// `resume.token_ids`: no more than `max_tokens` (the uninterrupted run
+/// sent at most that many), each inside the model's vocabulary.
+fn resume(
+    req: &v1::GenerateRequest,
+    max_tokens: u32,
+    n_vocab: Option<usize>,
+) -> Result<Vec<u32>, RequestError> {
+    let Some(resume) = &req.resume else {
+        return Ok(Vec::new());
+    };
+    let ids = &resume.token_ids;
+    if ids.len() > max_tokens as usize {
+        return Err(RequestError::invalid(
+            "resume.token_ids",
+            format!(
+                "{} tokens, but max_tokens is {max_tokens}: a generation sends at most max_tokens \
+                 (resend the interrupted request's max_tokens)",
+                ids.len()
+            ),
+        ));
+    }
+    if let Some(n) = n_vocab
+        && let Some((i, id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= n)
+    {
+        return Err(RequestError::invalid(
+            format!("resume.token_ids[{i}]"),
+            format!("token id {id} is outside the model's vocabulary of {n} tokens"),
+        ));
+    }
+    Ok(ids.clone())
 }
 
 /// Exactly one of `prompt` and `messages` (known roles), its text under
