@@ -136,6 +136,7 @@ fn mix(with_model: bool) -> Vec<Req> {
                     n_probs: (i % 5) as u32,
                     post_sampling_probs: i % 3 == 0,
                     constraint_tokens: Vec::new(),
+                    sparse: None,
                 })
             }
         })

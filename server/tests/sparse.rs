@@ -228,7 +228,7 @@ async fn batches_answer_as_the_dense_rows_and_mix_both_kinds() {
         .unwrap()
         .into_inner();
     let every = |_: usize| true;
-    let alternate = |i: usize| i % 2 == 0;
+    let alternate = |i: usize| i.is_multiple_of(2);
     for mixed in [&every as &dyn Fn(usize) -> bool, &alternate] {
         let got = client
             .sample_batch(batch(mixed))

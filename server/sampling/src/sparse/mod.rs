@@ -115,7 +115,7 @@ fn raw_top(
     top.sort_by(by_logit);
     if let Some(&(_, last)) = top.last()
         && row.unsent() > 0
-        && !(last > m)
+        && last.partial_cmp(&m) != Some(std::cmp::Ordering::Greater)
     {
         return Err(refuse(format!(
             "the {n}th largest sent logit ({last}) does not lie above {m}, the bound on every \
