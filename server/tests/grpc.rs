@@ -366,7 +366,7 @@ async fn bad_inputs_name_field_and_value() {
     };
     s.assert_sample_refused(both, inv, &["logits", "both"])
         .await;
-    s.assert_sample_refused(v1::SampleRequest::default(), inv, &["logits", "neither"])
+    s.assert_sample_refused(v1::SampleRequest::default(), inv, &["logits", "got none"])
         .await;
     // Bytes not a multiple of 4.
     let odd = v1::SampleRequest {
