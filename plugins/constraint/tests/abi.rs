@@ -35,7 +35,10 @@ fn descriptor_names_the_stage_its_flags_and_params() {
     assert_eq!(name, c"constraint");
     assert_eq!(
         s.flags,
-        SD_STAGE_NEEDS_VOCAB | SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY
+        SD_STAGE_NEEDS_VOCAB
+            | SD_STAGE_DENSE_OK
+            | SD_STAGE_OUTPUT_ONLY
+            | SD_STAGE_SPARSE_LOWERS_ONLY
     );
     let params: Vec<(String, u32)> = spec
         .iter()
