@@ -83,8 +83,15 @@ impl CallSite {
 
     /// The site of loading `library` (its path): its initialisers and
     /// entry point run before it has any stage, so the stage is empty.
+    /// Each one is also kept in a process-wide list: after the load
+    /// returns nothing else points at it, and memory that is leaked on
+    /// purpose must stay reachable or LeakSanitizer (the fuzz targets run
+    /// under it) reports it as a leak.
     pub fn loading(library: &'static CStr) -> &'static CallSite {
-        Self::leak(c"", library)
+        static LOADED: Mutex<Vec<&'static CallSite>> = Mutex::new(Vec::new());
+        let site = Self::leak(c"", library);
+        LOADED.lock().unwrap_or_else(PoisonError::into_inner).push(site);
+        site
     }
 
     /// Whether this is a library being loaded rather than a stage's call.
