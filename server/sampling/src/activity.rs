@@ -90,7 +90,10 @@ impl CallSite {
     pub fn loading(library: &'static CStr) -> &'static CallSite {
         static LOADED: Mutex<Vec<&'static CallSite>> = Mutex::new(Vec::new());
         let site = Self::leak(c"", library);
-        LOADED.lock().unwrap_or_else(PoisonError::into_inner).push(site);
+        LOADED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(site);
         site
     }
 
