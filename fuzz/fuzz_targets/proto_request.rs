@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use samplerd::generate::{GenerateConfig, ModelHost};
-use samplerd::service::errors::RequestError;
+use samplerd::request::errors::RequestError;
 use samplerd_api::v1;
 use tonic::Code;
 

@@ -18,7 +18,9 @@
 //!   batching decode engine and the [`generate::generator::Generator`] seam.
 
 pub mod app;
+pub mod crash;
 pub mod generate;
+pub mod request;
 pub mod service;
 pub mod status;
 pub mod transport;

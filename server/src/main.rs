@@ -153,7 +153,7 @@ fn describe(e: &anyhow::Error) -> String {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // First: a plugin that crashes, even while loading, is named on stderr.
-    samplerd::app::crash::install().context("installing the fatal-signal report")?;
+    samplerd::crash::install().context("installing the fatal-signal report")?;
     let loaded = config::load(args.config.config.as_deref(), &args.overrides())?;
     let cfg = loaded.config;
     samplerd::app::telemetry::init(&cfg.logging);

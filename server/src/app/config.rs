@@ -336,7 +336,7 @@ pub struct LimitsConfig {
     /// What the kept compiled constraints may be charged in all (each is
     /// also charged to `memory_budget_bytes`), in bytes.
     pub constraint_cache_bytes: usize,
-    /// Sampling threads (`crate::service::step_pool`: every step and every other
+    /// Sampling threads (`crate::request::step_pool`: every step and every other
     /// call into plugin code runs there, never on the async runtime);
     /// 0: one per CPU.
     pub sampling_threads: usize,
@@ -435,8 +435,8 @@ impl LimitsConfig {
     }
 
     /// The sampling pool's settings.
-    pub fn step_pool(&self) -> crate::service::step_pool::StepPoolConfig {
-        crate::service::step_pool::StepPoolConfig {
+    pub fn step_pool(&self) -> crate::request::step_pool::StepPoolConfig {
+        crate::request::step_pool::StepPoolConfig {
             threads: self.sampling_threads,
             max_step: std::time::Duration::from_millis(self.max_step_ms),
             max_stuck: self.max_stuck_workers,

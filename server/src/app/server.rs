@@ -73,7 +73,7 @@ pub enum StartError {
     #[error("cannot start the sampling threads (limits.sampling_threads): {0}")]
     StepPool(#[source] std::io::Error),
     #[error("{0}")]
-    Vocabulary(#[from] Box<crate::service::vocabularies::VocabularyError>),
+    Vocabulary(#[from] Box<crate::request::vocabularies::VocabularyError>),
 }
 
 /// Loads the configured plugins (or the core library next to the
@@ -98,7 +98,7 @@ pub fn build_state(
         generator,
     )
     .map_err(StartError::StepPool)?;
-    state.vocabularies = crate::service::vocabularies::Vocabularies::load(&config.vocabularies)?;
+    state.vocabularies = crate::request::vocabularies::Vocabularies::load(&config.vocabularies)?;
     Ok(Arc::new(state))
 }
 

@@ -20,11 +20,11 @@ pub struct GenerateJob {
     pub request: ValidGenerate,
     /// The request's id (logs, and the crash report while its steps run).
     pub request_id: u64,
-    pub steps: crate::service::step_pool::StepPool,
+    pub steps: crate::request::step_pool::StepPool,
     /// Where its decode loop leases its logits buffer.
-    pub buffers: std::sync::Arc<crate::service::buffer_pool::BufferPool>,
+    pub buffers: std::sync::Arc<crate::request::buffer_pool::BufferPool>,
     /// What the generation charges its prompt and KV cache to.
-    pub memory: std::sync::Arc<crate::service::memory::MemoryBudget>,
+    pub memory: std::sync::Arc<crate::request::memory::MemoryBudget>,
 }
 
 /// Events of one Generate stream (`Token`s, then one `Finished`); a send

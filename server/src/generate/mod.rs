@@ -25,7 +25,7 @@ use stop_filter::StopFilter;
 use tonic::Status;
 
 use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
-use crate::service::errors::{InvalidKind, RequestError};
+use crate::request::errors::{InvalidKind, RequestError};
 use crate::service::validate::Prompt;
 use crate::status::Reason;
 
@@ -275,7 +275,7 @@ impl ModelHost {
                 "cannot start the decode thread: {e}"
             )),
         })?;
-        let vocab = Arc::new(crate::service::vocabularies::plugin_vocabulary(
+        let vocab = Arc::new(crate::request::vocabularies::plugin_vocabulary(
             model.vocabulary(),
         ));
         Ok(ModelHost {
@@ -305,7 +305,7 @@ impl ModelHost {
     fn generation_bytes(&self, prompt: &Prompt) -> usize {
         let c = self.model.config();
         let kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
-        prompt.bytes() * crate::service::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE + kv
+        prompt.bytes() * crate::request::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE + kv
     }
 
     /// A validated prompt's tokens: the chat template applied, tokenized,
@@ -458,7 +458,7 @@ impl ModelHost {
                 token_id: token,
                 text,
                 logprob: out.logprob,
-                probs: crate::service::convert::token_probabilities(&out.probs),
+                probs: crate::request::convert::token_probabilities(&out.probs),
                 probability: out.probability,
             });
             if sink

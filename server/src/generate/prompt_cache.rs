@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use samplerd_model::{Model, Session};
 
-use crate::service::memory::{Charge, MemoryBudget};
+use crate::request::memory::{Charge, MemoryBudget};
 
 /// Lookups, label `result` = `hit` (some prefix reused) or `miss`.
 pub const LOOKUPS_METRIC: &str = "samplerd_prompt_cache_lookups_total";

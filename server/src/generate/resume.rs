@@ -29,7 +29,7 @@ use samplerd_model::Utf8Streamer;
 use samplerd_sampling::Sequence;
 
 use super::stop_filter::StopFilter;
-use crate::service::errors::RequestError;
+use crate::request::errors::RequestError;
 
 /// Feeds the resumed tokens to the sequence as the decode loop did (after
 /// the prompt's history): `is_eog` says which tokens would have ended the

@@ -29,11 +29,11 @@ use samplerd_sampling::params::CONSTRAINT_STAGE;
 
 use super::AppState;
 use super::constraint::Prepared;
-use super::memory;
+use crate::request::memory;
 use super::sample::run_step;
 use super::validate::batch::{self as valid, Dtype, RowLogits};
 use crate::app::config::CONSTRAINT_PLUGIN_FILE;
-use crate::service::errors::RequestError;
+use crate::request::errors::RequestError;
 
 /// The memory a batch holds while it is served: each row as a `Sample`
 /// request, plus the f32 copy a half-width row is widened into.

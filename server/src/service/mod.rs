@@ -2,25 +2,19 @@
 //! configured defaults ([`Defaults`]) and one module per RPC
 //! (`sample`, `stream`, `batch`, `batch_stream`, `generate`, `stages`). Every sampling step, and
 //! every other call into plugin code (chain builds included), runs through
-//! [`crate::service::step_pool`] under its watchdog, on the sampling pool's
+//! [`crate::request::step_pool`] under its watchdog, on the sampling pool's
 //! threads — never on a runtime worker: whatever a stage does, health checks,
 //! /metrics and the other RPCs keep answering.
 
 pub mod batch;
 pub mod batch_stream;
-pub mod buffer_pool;
 pub mod constraint;
-pub mod convert;
-pub mod errors;
 pub mod generate;
 pub mod lse_helper;
-pub mod memory;
 pub mod sample;
 pub mod stages;
-pub mod step_pool;
 pub mod stream;
 pub mod validate;
-pub mod vocabularies;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -39,9 +33,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::app::config::{Config, LimitsConfig, SeedSetting};
 use crate::generate::GenerateConfig;
 use crate::generate::generator::Generator;
-use crate::service::buffer_pool::BufferPool;
-use crate::service::errors::RequestError;
-use crate::service::step_pool::StepPool;
+use crate::request::buffer_pool::BufferPool;
+use crate::request::{memory, vocabularies};
+use crate::request::errors::RequestError;
+use crate::request::step_pool::StepPool;
 use crate::status::{Failure, Reason};
 use lse_helper::LseHelper;
 

@@ -18,8 +18,8 @@ use super::AppState;
 use super::constraint::Prepared;
 use super::lse_helper::LseJob;
 use super::validate::{self, ValidStep};
-use crate::service::convert::{self, StepLogits};
-use crate::service::errors::RequestError;
+use crate::request::convert::{self, StepLogits};
+use crate::request::errors::RequestError;
 
 impl step::DeferredLse for LseJob {
     fn finish(self) -> f32 {
@@ -108,8 +108,8 @@ pub async fn handle(
     let _charge = state
         .memory
         .charge(
-            super::memory::request_bytes(
-                req.logits.len() + super::memory::sparse_floats(req.sparse.as_ref()),
+            crate::request::memory::request_bytes(
+                req.logits.len() + crate::request::memory::sparse_floats(req.sparse.as_ref()),
                 req.logits_f32le.len(),
                 req.previous_tokens.len(),
                 req.params.as_ref(),

@@ -6,7 +6,7 @@
 use samplerd_api::v1;
 
 use super::AppState;
-use crate::service::convert;
+use crate::request::convert;
 
 /// Builds the ListStages response.
 pub fn list(state: &AppState) -> v1::ListStagesResponse {

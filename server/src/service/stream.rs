@@ -23,7 +23,7 @@ use super::constraint::Prepared;
 use super::sample::{run_step, start_lse};
 use super::validate;
 use super::{AppState, BoxStream};
-use crate::service::errors::RequestError;
+use crate::request::errors::RequestError;
 use crate::transport::one_frame::PredecodedStream;
 use crate::transport::status_fixup::completed;
 
@@ -36,7 +36,7 @@ struct Slot {
     state: Arc<AppState>,
     _permit: OwnedSemaphorePermit,
     /// The session's memory, charged at its first message.
-    charge: Option<super::memory::Charge>,
+    charge: Option<crate::request::memory::Charge>,
 }
 
 impl Slot {
@@ -159,7 +159,7 @@ struct Pull {
 
 /// The `SampleStream` RPC. The response stream drives the session itself:
 /// each poll reads the next message, runs its step on a sampling thread
-/// ([`crate::service::step_pool`], under its watchdog) and yields the response — no task and no channel
+/// ([`crate::request::step_pool`], under its watchdog) and yields the response — no task and no channel
 /// between the request and the response, and the next message is read
 /// only once the client has room for the next response. A client that
 /// cancels or disconnects drops the stream, and with it the session.
@@ -209,7 +209,7 @@ pub fn handle(
                 }
             };
             if _slot.charge.is_none() {
-                let bytes = super::memory::session_bytes(&msg);
+                let bytes = crate::request::memory::session_bytes(&msg);
                 match session
                     .state
                     .memory

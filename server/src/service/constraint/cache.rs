@@ -22,7 +22,7 @@ use samplerd_sampling::{BuiltStage, ChainError};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use crate::service::memory::Charge;
+use crate::request::memory::Charge;
 
 /// Prometheus counter: lookups, label `result` (`hit`: a compiled grammar
 /// or a refusal was there, or a compile of it was in flight; `miss`: this

@@ -49,9 +49,9 @@ use samplerd_api::v1;
 use samplerd_sampling::params::CONSTRAINT_STAGE;
 use samplerd_sampling::{ChainError, ParamValue, Prebuilt, StageRegistry, StageSpec, Vocabulary};
 
-use crate::service::convert;
-use crate::service::errors::RequestError;
-use crate::service::memory::MemoryBudget;
+use crate::request::convert;
+use crate::request::errors::RequestError;
+use crate::request::memory::MemoryBudget;
 use crate::status::Reason;
 use cache::{Cache, Compiled, FlightSender, Key, Lookup, Outcome, Phase};
 use pool::CompilePool;

@@ -143,7 +143,7 @@ impl CompilePool {
 /// A compile thread: its first job, then the queue's until it is empty.
 fn work(inner: &Inner, first: Job) {
     // A plugin crash here is reported like one on a sampling thread.
-    crate::app::crash::prepare_this_thread();
+    crate::crash::prepare_this_thread();
     let mut job = first;
     loop {
         job();

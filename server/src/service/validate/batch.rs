@@ -18,8 +18,8 @@ use samplerd_sampling::sparse::SparseRow;
 
 use super::{Fields, ValidStart, ValidStep, probs, sparse, start};
 use crate::service::AppState;
-use crate::service::convert::{FIELD_LOGITS, LogitsInput};
-use crate::service::errors::{InvalidKind, RequestError};
+use crate::request::convert::{FIELD_LOGITS, LogitsInput};
+use crate::request::errors::{InvalidKind, RequestError};
 
 /// The encoding of a batch's logits bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -38,8 +38,8 @@ use samplerd_model::ChatMessage;
 
 use super::AppState;
 use crate::generate::GenerateConfig;
-use crate::service::convert::{self, LogitsInput};
-use crate::service::errors::{InvalidKind, RequestError, chain_error_kind};
+use crate::request::convert::{self, LogitsInput};
+use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
 
 pub mod batch;
 pub mod sparse;

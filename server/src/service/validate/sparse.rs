@@ -11,8 +11,8 @@
 use samplerd_api::v1;
 use samplerd_sampling::sparse::{SparseRow, SparseRowError};
 
-use crate::service::convert::{FIELD_SPARSE, LogitsInput};
-use crate::service::errors::{InvalidKind, RequestError};
+use crate::request::convert::{FIELD_SPARSE, LogitsInput};
+use crate::request::errors::{InvalidKind, RequestError};
 
 /// A sparse row whose `vocab_size` is at most `max_vocab`.
 pub fn row(msg: &v1::SparseLogits, max_vocab: usize) -> Result<SparseRow<'_>, RequestError> {

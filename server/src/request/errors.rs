@@ -48,7 +48,7 @@ pub enum RequestError {
     Internal(String),
     /// The step ran past its budget, found no sampling thread or panicked.
     #[error("{0}")]
-    Step(#[from] crate::service::step_pool::StepFailure),
+    Step(#[from] crate::request::step_pool::StepFailure),
     /// A failure of one row of a batch that names no field.
     #[error("rows[{row}]: {inner}")]
     InRow {

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use samplerd_api::v1;
 
-use crate::service::errors::RequestError;
+use crate::request::errors::RequestError;
 use crate::status::Reason;
 
 /// Prometheus gauge: the budget in bytes.

@@ -15,7 +15,7 @@ use samplerd_sampling::{
     ChainSpec, Constraint, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec,
 };
 
-use crate::service::errors::{InvalidKind, RequestError};
+use crate::request::errors::{InvalidKind, RequestError};
 
 /// Field names as clients see them (error messages name these).
 pub const FIELD_LOGITS: &str = "logits";

@@ -560,7 +560,7 @@ fn spawn_worker(shared: &Arc<Shared>) -> std::io::Result<()> {
 fn work(shared: &Shared, worker: Arc<Worker>) {
     activity::watch_this_thread(Arc::clone(&worker.activity));
     // Plugins run here: a stack overflow in one is reported too.
-    crate::app::crash::prepare_this_thread();
+    crate::crash::prepare_this_thread();
     loop {
         let Some((job, ticket)) = next_job(shared) else {
             return;
