@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use samplerd::app::config::Config;
-use samplerd::service::AppState;
+use samplerd::service::state::AppState;
 use samplerd_sampling::StageRegistry;
 
 /// The core stages' cdylib: `SAMPLERD_PLUGIN` when set (scripts/ci/fuzz.sh

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use samplerd::app::config::Config;
-use samplerd::service::{AppState, sample};
+use samplerd::service::sample;
+use samplerd::service::state::AppState;
 use samplerd_api::testing::v1::noop_client::NoopClient;
 use samplerd_api::testing::v1::noop_server::{Noop, NoopServer};
 use samplerd_api::v1::sampler_client::SamplerClient;

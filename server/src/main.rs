@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use samplerd::app::config::{self, CliOverrides};
 use samplerd::app::server;
-use samplerd::service::Defaults;
+use samplerd::service::defaults::Defaults;
 
 /// Default vocabulary of `bench-chain` (Qwen's).
 const BENCH_VOCAB: usize = 151_936;

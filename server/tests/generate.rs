@@ -551,7 +551,7 @@ async fn a_generate_step_equals_sample_on_the_same_logits() {
 /// tokenizing at once.
 #[tokio::test]
 async fn chat_content_cannot_forge_turns() {
-    use samplerd::service::validate::Prompt;
+    use samplerd::generate::generator::Prompt;
     use samplerd_model::ChatMessage;
     let Some(path) = model_path() else {
         eprintln!("SAMPLERD_MODEL is not set: skipping");

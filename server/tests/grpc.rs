@@ -577,7 +577,8 @@ async fn stream_error_mid_stream_and_cancel_free_the_session() {
 
 #[tokio::test]
 async fn random_seed_setting_reports_fresh_seeds() {
-    let s = start_tuned(|c| c.sampling.seed = samplerd::app::config::SeedSetting::Random).await;
+    let s =
+        start_tuned(|c| c.sampling.seed = samplerd::service::defaults::SeedSetting::Random).await;
     let l = logits(100, 12);
     let a = s.sample_ok(req_floats(&l)).await;
     let b = s.sample_ok(req_floats(&l)).await;

@@ -340,7 +340,7 @@ async fn a_heavy_legal_step_does_not_delay_health() {
     let mut c = test_config();
     c.limits.max_step_ms = 30_000;
     let s = start_with(c).await;
-    let n = samplerd::app::config::LimitsConfig::default().max_vocab;
+    let n = samplerd::service::limits::LimitsConfig::default().max_vocab;
     let mut chain: Vec<_> = (0..60)
         .map(|i| stage("top_p", &[("p", 0.999 - i as f64 * 1e-4)]))
         .collect();

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use crate::app::config::{self, CliOverrides, ConfigError, LoadedConfig};
 use crate::app::server::load_registry;
-use crate::service::Defaults;
+use crate::service::defaults::Defaults;
 
 /// What `check-config` found in a configuration that passes.
 #[derive(Debug)]

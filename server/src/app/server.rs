@@ -21,12 +21,14 @@ use tonic::service::RoutesBuilder;
 use tonic_health::ServingStatus;
 
 use crate::app::config::Config;
-use crate::app::shutdown::{CLOSE_TIMEOUT, Drain};
 use crate::generate::generator::Generator;
-use crate::service::{AppState, DefaultChainError, Defaults, SamplerService};
+use crate::service::SamplerService;
+use crate::service::defaults::{DefaultChainError, Defaults};
+use crate::service::state::AppState;
 use crate::transport::connections::CountActive;
 use crate::transport::content_type::GrpcOnly;
 use crate::transport::deadline::Deadline;
+use crate::transport::drain::{CLOSE_TIMEOUT, Drain};
 use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;

@@ -7,11 +7,47 @@
 use samplerd_api::v1::GenerateResponse;
 use std::sync::Arc;
 
-use samplerd_sampling::Vocabulary;
+use samplerd_model::ChatMessage;
+use samplerd_sampling::{Chain, Vocabulary, step};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::service::validate::ValidGenerate;
+/// A validated `Generate` request (`service::validate::generate`).
+pub struct ValidGenerate {
+    pub chain: Chain,
+    pub seed: u64,
+    pub probs: step::ProbsRequest,
+    pub prompt: Prompt,
+    /// Tokens to generate at most (`max_tokens` or
+    /// `generate.default_max_tokens`).
+    pub max_tokens: u32,
+    /// Non-empty stop strings.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// `resume.token_ids`: the tokens an interrupted run already sent (at
+    /// most `max_tokens`, each inside the vocabulary; what else they must
+    /// satisfy is checked as the model host replays them).
+    pub resume: Vec<u32>,
+}
+
+/// A Generate prompt: plain text, or chat messages for the model's
+/// template (roles checked).
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Chat(Vec<ChatMessage>),
+}
+
+impl Prompt {
+    /// Its text in bytes: the prompt, or the messages' roles and contents
+    /// together (what `generate.max_prompt_bytes` bounds).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Prompt::Text(t) => t.len(),
+            Prompt::Chat(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
+        }
+    }
+}
 
 /// One Generate request as the model host gets it: validated
 /// ([`ValidGenerate`]: prompt, budgets, chain, seed), and where its

@@ -24,9 +24,8 @@ use serde::{Deserialize, Serialize};
 use stop_filter::StopFilter;
 use tonic::Status;
 
-use crate::generate::generator::{GenerateJob, GenerateSink, Generator};
+use crate::generate::generator::{GenerateJob, GenerateSink, Generator, Prompt};
 use crate::request::errors::{InvalidKind, RequestError};
-use crate::service::validate::Prompt;
 use crate::status::Reason;
 
 /// Generate settings (config `[generate]`), defaults in one place.

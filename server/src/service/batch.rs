@@ -27,13 +27,13 @@ use tonic::Status;
 
 use samplerd_sampling::params::CONSTRAINT_STAGE;
 
-use super::AppState;
 use super::constraint::Prepared;
-use crate::request::memory;
 use super::sample::run_step;
+use super::state::AppState;
 use super::validate::batch::{self as valid, Dtype, RowLogits};
 use crate::app::config::CONSTRAINT_PLUGIN_FILE;
 use crate::request::errors::RequestError;
+use crate::request::memory;
 
 /// The memory a batch holds while it is served: each row as a `Sample`
 /// request, plus the f32 copy a half-width row is widened into.

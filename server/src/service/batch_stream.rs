@@ -21,11 +21,11 @@ use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::constraint::Prepared;
-use crate::request::memory::{self, Charge};
 use super::sample::run_step;
+use super::state::{AppState, BoxStream};
 use super::validate::batch::{self as valid, Dtype, RowLogits};
-use super::{AppState, BoxStream};
 use crate::request::errors::RequestError;
+use crate::request::memory::{self, Charge};
 use crate::transport::status_fixup::completed;
 
 /// One open sequence.

@@ -12,7 +12,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Response, Status};
 
-use super::{AppState, BoxStream, validate};
+use super::state::{AppState, BoxStream};
+use super::validate;
 use crate::generate::generator::{GenerateJob, NO_MODEL_MESSAGE};
 use crate::status::{Reason, status};
 
@@ -62,7 +63,7 @@ pub async fn handle(
     let span = tracing::info_span!(
         "generate",
         request_id,
-        chain = %super::chain_for_log(&valid.chain),
+        chain = %super::state::chain_for_log(&valid.chain),
         seed = valid.seed
     );
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);

@@ -14,9 +14,9 @@ use samplerd_sampling::{Sequence, TokenBuffer, sparse, step};
 use tonic::Status;
 use tracing::Instrument;
 
-use super::AppState;
 use super::constraint::Prepared;
 use super::lse_helper::LseJob;
+use super::state::AppState;
 use super::validate::{self, ValidStep};
 use crate::request::convert::{self, StepLogits};
 use crate::request::errors::RequestError;
@@ -80,7 +80,7 @@ pub fn sample_blocking(
     let span = tracing::Span::current();
     span.record("seed", valid.seed);
     if tracing::enabled!(tracing::Level::DEBUG) {
-        span.record("chain", super::chain_for_log(&valid.chain));
+        span.record("chain", super::state::chain_for_log(&valid.chain));
     }
     let mut seq = valid.open_sequence()?;
     let mut buf = state.pool.take();

@@ -5,7 +5,7 @@
 
 use samplerd_api::v1;
 
-use super::AppState;
+use super::state::AppState;
 use crate::request::convert;
 
 /// Builds the ListStages response.

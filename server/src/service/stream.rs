@@ -21,8 +21,8 @@ use tracing::Instrument;
 
 use super::constraint::Prepared;
 use super::sample::{run_step, start_lse};
+use super::state::{AppState, BoxStream};
 use super::validate;
-use super::{AppState, BoxStream};
 use crate::request::errors::RequestError;
 use crate::transport::one_frame::PredecodedStream;
 use crate::transport::status_fixup::completed;
@@ -105,7 +105,7 @@ impl Session {
                 let seq = valid.open_sequence()?;
                 let span = tracing::Span::current();
                 span.record("seed", valid.seed);
-                span.record("chain", super::chain_for_log(&valid.chain));
+                span.record("chain", super::state::chain_for_log(&valid.chain));
                 self.seed = valid.seed;
                 self.step = valid.step.step;
                 self.n_vocab = valid.step.logits.len();

@@ -56,8 +56,8 @@ use tonic::codegen::Bytes;
 use tonic::service::Routes;
 use tonic::transport::server::Connected;
 
+use super::drain::CLOSE_TIMEOUT;
 use super::middleware::{HttpResponse, Middleware, ResponseFuture, Wrap};
-use crate::app::shutdown::CLOSE_TIMEOUT;
 use crate::status::{Failure, Reason};
 
 /// How far a connection's age strays from `max_connection_age_secs`, each

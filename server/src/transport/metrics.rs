@@ -3,7 +3,7 @@
 //! port (config `[metrics]`), and [`ObserveRpc`], the one middleware that
 //! counts every gRPC request by RPC and status code, times it to the end of
 //! its response stream, tracks open streams, and refuses new Sampler RPCs
-//! while the server drains (see [`crate::app::shutdown`]).
+//! while the server drains (see [`super::drain`]).
 //!
 //! Metric names are the `pub const`s below (and, for per-stage series, in
 //! `samplerd_sampling::chain`); without an installed recorder every call is a
@@ -27,8 +27,8 @@ use tonic::{Code, Status};
 
 pub use samplerd_sampling::chain::{PLUGIN_ERRORS_METRIC, STAGE_DURATION_METRIC};
 
+use super::drain::{Drain, InFlight, SHUTTING_DOWN_MESSAGE};
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
-use crate::app::shutdown::{Drain, InFlight, SHUTTING_DOWN_MESSAGE};
 
 /// Counter: finished gRPC requests, labels `rpc` and `code`.
 pub const REQUESTS_METRIC: &str = "samplerd_requests_total";

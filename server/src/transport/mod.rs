@@ -1,10 +1,10 @@
 //! What every connection and request passes before (and after) a
-//! handler: connection limits, deadlines and maximum age, TLS, gRPC only (HTTP 405/415
-//! for anything else), bearer tokens, deadlines, request metrics, unary
-//! calls held to one message with per-method size limits read from the
-//! message prefix, the zero-copy decoding of messages that arrive in
-//! one HTTP/2 frame, and samplerd's error details on the statuses tonic
-//! writes itself.
+//! handler: connection limits, deadlines and maximum age, TLS, gRPC only
+//! (HTTP 405/415 for anything else), bearer tokens, deadlines, request
+//! metrics and the drain on shutdown, unary calls held to one message with
+//! per-method size limits read from the message prefix, the zero-copy
+//! decoding of messages that arrive in one HTTP/2 frame, and samplerd's
+//! error details on the statuses tonic writes itself.
 
 #![forbid(unsafe_code)]
 
@@ -12,6 +12,7 @@ pub mod auth;
 pub mod connections;
 pub mod content_type;
 pub mod deadline;
+pub mod drain;
 pub mod max_age;
 pub mod metrics;
 pub mod middleware;

@@ -87,7 +87,7 @@ impl TestServer {
         }
     }
 
-    pub fn state(&self) -> &samplerd::service::AppState {
+    pub fn state(&self) -> &samplerd::service::state::AppState {
         &self.server.as_ref().unwrap().state
     }
 

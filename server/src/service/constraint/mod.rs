@@ -259,7 +259,7 @@ impl Constraints {
     /// (see the module docs), for the chain build.
     pub async fn prepare(
         &self,
-        defaults: &crate::service::Defaults,
+        defaults: &crate::service::defaults::Defaults,
         p: Option<&v1::SamplingParams>,
         vocab: Option<&Arc<Vocabulary>>,
         request: u64,
@@ -291,7 +291,7 @@ impl Constraints {
     /// end it).
     pub fn prepare_blocking(
         &self,
-        defaults: &crate::service::Defaults,
+        defaults: &crate::service::defaults::Defaults,
         p: Option<&v1::SamplingParams>,
         vocab: Option<&Arc<Vocabulary>>,
     ) -> Result<Prepared, RequestError> {
@@ -554,7 +554,10 @@ impl Drop for CompileJob {
 /// same resolution as `validate::sampling` (an explicit chain's
 /// `constraint` stages, else those of the typed parameters' plan) — or
 /// none where validation will refuse the parameters before building.
-fn wanted(defaults: &crate::service::Defaults, p: Option<&v1::SamplingParams>) -> Vec<Wanted> {
+fn wanted(
+    defaults: &crate::service::defaults::Defaults,
+    p: Option<&v1::SamplingParams>,
+) -> Vec<Wanted> {
     let Some(p) = p else {
         return Vec::new();
     };

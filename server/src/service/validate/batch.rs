@@ -17,9 +17,9 @@ use samplerd_sampling::step::Logits;
 use samplerd_sampling::sparse::SparseRow;
 
 use super::{Fields, ValidStart, ValidStep, probs, sparse, start};
-use crate::service::AppState;
 use crate::request::convert::{FIELD_LOGITS, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError};
+use crate::service::state::AppState;
 
 /// The encoding of a batch's logits bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

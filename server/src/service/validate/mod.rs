@@ -36,10 +36,11 @@ use samplerd_sampling::{Chain, ChainError, Prebuilt, Sequence, Vocabulary, step}
 
 use samplerd_model::ChatMessage;
 
-use super::AppState;
 use crate::generate::GenerateConfig;
+use crate::generate::generator::{Prompt, ValidGenerate};
 use crate::request::convert::{self, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
+use crate::service::state::AppState;
 
 pub mod batch;
 pub mod sparse;
@@ -78,43 +79,6 @@ impl ValidStart<'_> {
         seq.accept_output(&self.output)
             .map_err(|e| RequestError::invalid("constraint_tokens", e.to_string()))?;
         Ok(seq)
-    }
-}
-
-/// A `Generate` request.
-pub struct ValidGenerate {
-    pub chain: Chain,
-    pub seed: u64,
-    pub probs: step::ProbsRequest,
-    pub prompt: Prompt,
-    /// Tokens to generate at most (`max_tokens` or
-    /// `generate.default_max_tokens`).
-    pub max_tokens: u32,
-    /// Non-empty stop strings.
-    pub stop: Vec<String>,
-    pub ignore_eos: bool,
-    /// `resume.token_ids`: the tokens an interrupted run already sent (at
-    /// most `max_tokens`, each inside the vocabulary; what else they must
-    /// satisfy is checked as the model host replays them).
-    pub resume: Vec<u32>,
-}
-
-/// A Generate prompt: plain text, or chat messages for the model's
-/// template (roles checked).
-#[derive(Clone, Debug)]
-pub enum Prompt {
-    Text(String),
-    Chat(Vec<ChatMessage>),
-}
-
-impl Prompt {
-    /// Its text in bytes: the prompt, or the messages' roles and contents
-    /// together (what `generate.max_prompt_bytes` bounds).
-    pub fn bytes(&self) -> usize {
-        match self {
-            Prompt::Text(t) => t.len(),
-            Prompt::Chat(m) => m.iter().map(|m| m.role.len() + m.content.len()).sum(),
-        }
     }
 }
 
