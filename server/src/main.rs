@@ -159,7 +159,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     samplerd::app::telemetry::init(&cfg.logging);
     // Before plugins and the model load, so their series are recorded.
     let metrics = if cfg.metrics.enabled {
-        Some(samplerd::transport::metrics::install()?)
+        let handle = samplerd::transport::metrics::install()?;
+        samplerd::generate::describe_metrics();
+        Some(handle)
     } else {
         None
     };
@@ -184,7 +186,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     &placement,
                     cfg.model.numerics,
                 )?;
-                metrics::gauge!(samplerd::transport::metrics::MODEL_LOAD_METRIC)
+                metrics::gauge!(samplerd::generate::MODEL_LOAD_METRIC)
                     .set(started.elapsed().as_secs_f64());
                 Some(std::sync::Arc::new(host))
             }
@@ -237,7 +239,12 @@ fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let loaded = config::load(args.config.config.as_deref(), &CliOverrides::default())?;
     let cfg = loaded.config;
     let registry = server::load_registry(&cfg).context("loading plugins")?;
-    let defaults = Defaults::build(&cfg, &registry)?;
+    let defaults = Defaults::build(
+        &cfg.chain,
+        &cfg.sampling,
+        cfg.limits.max_chain_stages,
+        &registry,
+    )?;
     let report =
         samplerd_sampling::bench::run(&registry, &defaults.spec, args.vocab, args.iterations)?;
     if args.json {

@@ -32,7 +32,13 @@ pub fn check_config(
     let loaded = config::load(config_file, cli)?;
     let warnings = open_files(&loaded)?;
     let registry = load_registry(&loaded.config).map_err(|e| plugin_error(&loaded, e))?;
-    let defaults = Defaults::build(&loaded.config, &registry).map_err(|e| {
+    let defaults = Defaults::build(
+        &loaded.config.chain,
+        &loaded.config.sampling,
+        loaded.config.limits.max_chain_stages,
+        &registry,
+    )
+    .map_err(|e| {
         let value = loaded
             .figment
             .find_value(&e.key)

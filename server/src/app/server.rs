@@ -33,6 +33,7 @@ use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
 use crate::transport::status_fixup::CompleteStatus;
+use crate::transport::tls::SecurityError;
 use crate::transport::unary::{SplitMethod, UnaryGuard, UnaryMethod};
 
 /// HTTP/2 SETTINGS_MAX_FRAME_SIZE the server accepts: a 0.6 MB logits
@@ -78,6 +79,15 @@ pub enum StartError {
     Vocabulary(#[from] Box<crate::request::vocabularies::VocabularyError>),
 }
 
+impl From<SecurityError> for StartError {
+    fn from(e: SecurityError) -> Self {
+        match e {
+            SecurityError::Tls(e) => StartError::Tls(e),
+            SecurityError::Auth(e) => StartError::Auth(e),
+        }
+    }
+}
+
 /// Loads the configured plugins (or the core library next to the
 /// executable when none are configured).
 pub fn load_registry(config: &Config) -> Result<StageRegistry, LoadError> {
@@ -91,7 +101,12 @@ pub fn build_state(
     registry: StageRegistry,
     generator: Option<Arc<dyn Generator>>,
 ) -> Result<Arc<AppState>, StartError> {
-    let defaults = Defaults::build(config, &registry)?;
+    let defaults = Defaults::build(
+        &config.chain,
+        &config.sampling,
+        config.limits.max_chain_stages,
+        &registry,
+    )?;
     let mut state = AppState::new(
         Arc::new(registry),
         defaults,
@@ -240,7 +255,12 @@ pub async fn serve(
     let incoming = crate::transport::connections::incoming(listener, limits.connections());
     let drain = Drain::new();
     let (close_tx, close_rx) = oneshot::channel::<()>();
-    let (builder, auth) = crate::transport::tls::secured_builder(config)?;
+    let (builder, auth) = crate::transport::tls::secured_builder(
+        &config.tls,
+        &config.auth,
+        config.listen,
+        Duration::from_millis(limits.handshake_timeout_ms),
+    )?;
     let server = builder
         .initial_stream_window_size(limits.http2_stream_window_bytes)
         .initial_connection_window_size(limits.http2_connection_window_bytes)

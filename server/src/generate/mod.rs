@@ -97,6 +97,32 @@ impl Default for GenerateConfig {
     }
 }
 
+/// Counter: tokens Generate produced.
+pub const GENERATED_TOKENS_METRIC: &str = "samplerd_generated_tokens_total";
+/// Gauge: Generate requests waiting for a generation slot.
+pub const GENERATE_QUEUE_DEPTH_METRIC: &str = "samplerd_generate_queue_depth";
+/// Gauge (seconds): how long loading the model took.
+pub const MODEL_LOAD_METRIC: &str = "samplerd_model_load_seconds";
+
+/// Describes the model host's metrics (the prompt cache's included) to the
+/// recorder the process installed; the queue depth exists from the start
+/// (a scrape shows 0, not nothing).
+pub fn describe_metrics() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    describe_counter!(GENERATED_TOKENS_METRIC, "tokens produced by Generate");
+    describe_gauge!(
+        GENERATE_QUEUE_DEPTH_METRIC,
+        "Generate requests waiting for a generation slot"
+    );
+    describe_gauge!(
+        MODEL_LOAD_METRIC,
+        Unit::Seconds,
+        "time taken to load the model"
+    );
+    prompt_cache::describe();
+    metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
+}
+
 /// How often a queued request checks whether its client went away.
 const QUEUE_POLL: Duration = Duration::from_millis(50);
 
@@ -148,7 +174,7 @@ impl Slots {
             ));
         }
         s.1 += 1;
-        metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
+        metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
         loop {
             let (guard, _) = self
                 .freed
@@ -157,15 +183,13 @@ impl Slots {
             s = guard;
             if s.0 < self.max_running {
                 s.1 -= 1;
-                metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC)
-                    .set(s.1 as f64);
+                metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
                 s.0 += 1;
                 return Ok(Some(Slot(self)));
             }
             if gone() {
                 s.1 -= 1;
-                metrics::gauge!(crate::transport::metrics::GENERATE_QUEUE_DEPTH_METRIC)
-                    .set(s.1 as f64);
+                metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
                 return Ok(None);
             }
         }
@@ -450,7 +474,7 @@ impl ModelHost {
             }
             let token = out.token_id;
             generated += 1;
-            metrics::counter!(crate::transport::metrics::GENERATED_TOKENS_METRIC).increment(1);
+            metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
             let step = filter.push(tok.token_bytes(token));
             let text = utf8.push(&step.emit);
             let event = v1::generate_response::Event::Token(v1::Token {

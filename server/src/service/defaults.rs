@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use samplerd_sampling::{Chain, ChainError, ChainSpec, SamplingParams, StageRegistry, StageSpec};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::app::config::Config;
-
 /// Default seed when neither the config nor the request sets one.
 pub const DEFAULT_SEED: u64 = 42;
 
@@ -181,22 +179,28 @@ pub struct DefaultChainError {
 }
 
 impl Defaults {
-    /// Builds the default chain from the configuration: `chain.stages` when
-    /// set, else `[sampling]` in `chain.order`.
-    pub fn build(cfg: &Config, registry: &StageRegistry) -> Result<Self, DefaultChainError> {
-        let params = cfg.sampling.params(&cfg.chain.order);
-        let chain = if cfg.chain.stages.is_empty() {
+    /// Builds the default chain from `[chain]` and `[sampling]`:
+    /// `chain.stages` when set, else `[sampling]` in `chain.order`;
+    /// `max_chain_stages` (`limits.max_chain_stages`) is kept for requests.
+    pub fn build(
+        chain_config: &ChainConfig,
+        sampling: &SamplingDefaults,
+        max_chain_stages: usize,
+        registry: &StageRegistry,
+    ) -> Result<Self, DefaultChainError> {
+        let params = sampling.params(&chain_config.order);
+        let chain = if chain_config.stages.is_empty() {
             registry.build_typed(&params, None).map_err(|error| {
                 let key = match &error {
                     ChainError::Param { field, .. } => format!("sampling.{field}"),
-                    _ if cfg.chain.order.is_empty() => "sampling".to_string(),
+                    _ if chain_config.order.is_empty() => "sampling".to_string(),
                     _ => "chain.order".to_string(),
                 };
                 DefaultChainError { key, error }
             })?
         } else {
             let spec = ChainSpec {
-                stages: cfg.chain.stages.clone(),
+                stages: chain_config.stages.clone(),
             };
             registry
                 .build_chain(&spec, None)
@@ -207,10 +211,10 @@ impl Defaults {
         };
         Ok(Defaults {
             params,
-            seed: cfg.sampling.seed,
+            seed: sampling.seed,
             spec: chain.spec().clone(),
             chain,
-            max_chain_stages: cfg.limits.max_chain_stages,
+            max_chain_stages,
         })
     }
 

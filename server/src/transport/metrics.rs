@@ -5,8 +5,8 @@
 //! its response stream, tracks open streams, and refuses new Sampler RPCs
 //! while the server drains (see [`super::drain`]).
 //!
-//! Metric names are the `pub const`s below (and, for per-stage series, in
-//! `samplerd_sampling::chain`); without an installed recorder every call is a
+//! Metric names are the `pub const`s below (for per-stage series, in
+//! `samplerd_sampling::chain`; for the model host's, in `generate`); without an installed recorder every call is a
 //! no-op, so in-process tests and benchmarks pay nothing.
 
 #![forbid(unsafe_code)]
@@ -37,12 +37,6 @@ pub const REQUESTS_METRIC: &str = "samplerd_requests_total";
 pub const REQUEST_DURATION_METRIC: &str = "samplerd_request_duration_seconds";
 /// Gauge: open SampleStream/Generate streams, label `rpc`.
 pub const ACTIVE_STREAMS_METRIC: &str = "samplerd_active_streams";
-/// Counter: tokens Generate produced.
-pub const GENERATED_TOKENS_METRIC: &str = "samplerd_generated_tokens_total";
-/// Gauge: Generate requests waiting for a generation slot.
-pub const GENERATE_QUEUE_DEPTH_METRIC: &str = "samplerd_generate_queue_depth";
-/// Gauge (seconds): how long loading the model took.
-pub const MODEL_LOAD_METRIC: &str = "samplerd_model_load_seconds";
 /// Gauge: 1 while the server drains for shutdown, else 0.
 pub const DRAINING_METRIC: &str = "samplerd_draining";
 /// Counter: requests the client reset (HTTP/2 RST_STREAM) before their
@@ -115,7 +109,9 @@ pub enum MetricsError {
 }
 
 /// Installs the process-wide Prometheus recorder (once, before plugins and
-/// the model load, so their series exist) and describes every metric.
+/// the model load, so their series exist) and describes the request
+/// metrics; the model host describes its own
+/// (`samplerd::generate::describe_metrics`).
 pub fn install() -> Result<PrometheusHandle, MetricsError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
@@ -127,7 +123,6 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
     describe();
     // Gauges that exist from the start (a scrape shows 0, not nothing).
     metrics::gauge!(DRAINING_METRIC).set(0.0);
-    metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
     Ok(handle)
 }
 
@@ -147,11 +142,6 @@ fn describe() {
         RETRIED_REQUESTS_METRIC,
         "gRPC requests that retry an attempt that failed (grpc-previous-rpc-attempts), by RPC"
     );
-    describe_counter!(GENERATED_TOKENS_METRIC, "tokens produced by Generate");
-    describe_gauge!(
-        GENERATE_QUEUE_DEPTH_METRIC,
-        "Generate requests waiting for a generation slot"
-    );
     describe_histogram!(
         STAGE_DURATION_METRIC,
         Unit::Seconds,
@@ -161,13 +151,7 @@ fn describe() {
         PLUGIN_ERRORS_METRIC,
         "sampler plugin failures (error codes and post-check violations), by stage"
     );
-    describe_gauge!(
-        MODEL_LOAD_METRIC,
-        Unit::Seconds,
-        "time taken to load the model"
-    );
     describe_gauge!(DRAINING_METRIC, "1 while draining for shutdown");
-    crate::generate::prompt_cache::describe();
 }
 
 /// Binds `metrics.listen`.

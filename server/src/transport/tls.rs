@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use x509_parser::time::ASN1Time;
 
+use super::auth::{AuthConfig, AuthError, Authenticate, TokenSet};
+use super::middleware::WrapLayer;
+
 /// `[tls]`: TLS is on when both `cert_file` and `key_file` are set.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -230,56 +233,59 @@ pub fn validity_warning(path: &Path, leaf: &[u8], now: ASN1Time) -> Option<Strin
     }
 }
 
+/// Why the server's transport security could not be set up: its TLS
+/// files or its bearer-token file.
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
 /// The server builder with TLS applied (when configured) and the bearer-
 /// token layer (a pass-through when `[auth]` is off), both loaded from
-/// their files now so a bad file fails start-up.
+/// their files now so a bad file fails start-up. `listen` is where the
+/// server will listen (plaintext or no tokens off loopback is warned);
+/// a client that has not finished its TLS handshake within
+/// `handshake_timeout` is dropped.
 pub fn secured_builder(
-    config: &crate::app::config::Config,
-) -> Result<
-    (
-        tonic::transport::Server,
-        crate::transport::middleware::WrapLayer<crate::transport::auth::Authenticate>,
-    ),
-    crate::app::server::StartError,
-> {
+    tls: &TlsConfig,
+    auth: &AuthConfig,
+    listen: SocketAddr,
+    handshake_timeout: Duration,
+) -> Result<(tonic::transport::Server, WrapLayer<Authenticate>), SecurityError> {
     let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = config.tls.server_config()? {
-        if let Some(warning) = &tls.validity_warning {
+    if let Some(server_tls) = tls.server_config()? {
+        if let Some(warning) = &server_tls.validity_warning {
             tracing::warn!("{warning}");
         }
         // A client that stalls mid-handshake is dropped, not kept forever.
-        let tls = tls
-            .config
-            .timeout(Duration::from_millis(config.limits.handshake_timeout_ms));
+        let server_tls = server_tls.config.timeout(handshake_timeout);
         builder = builder
-            .tls_config(tls)
+            .tls_config(server_tls)
             .map_err(|e| TlsError::Build(samplerd_sampling::error::error_chain(&e)))?;
-        tracing::info!(mutual = config.tls.client_ca_file.is_some(), "TLS on");
-    } else if !config.listen.ip().is_loopback() {
+        tracing::info!(mutual = tls.client_ca_file.is_some(), "TLS on");
+    } else if !listen.ip().is_loopback() {
         tracing::warn!(
-            listen = %config.listen,
+            listen = %listen,
             "serving PLAINTEXT on a non-loopback address (tls.allow_insecure = true): \
              tokens and data are readable on the network"
         );
     }
-    let tokens = match &config.auth.tokens_file {
-        Some(path) => Some(std::sync::Arc::new(crate::transport::auth::TokenSet::load(
-            path,
-        )?)),
+    let tokens = match &auth.tokens_file {
+        Some(path) => Some(std::sync::Arc::new(TokenSet::load(path)?)),
         None => {
-            if !config.listen.ip().is_loopback() {
+            if !listen.ip().is_loopback() {
                 tracing::warn!(
-                    listen = %config.listen,
+                    listen = %listen,
                     "authentication is off (auth.tokens_file unset) on a non-loopback address"
                 );
             }
             None
         }
     };
-    Ok((
-        builder,
-        crate::transport::middleware::WrapLayer(crate::transport::auth::Authenticate::new(tokens)),
-    ))
+    Ok((builder, WrapLayer(Authenticate::new(tokens))))
 }
 
 /// Reads `path` and checks it holds a PEM block with one of `labels`.
