@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use tokio::task::JoinHandle;
 use tonic::codec::CompressionEncoding;
 use tonic::service::RoutesBuilder;
 use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 use crate::app::config::Config;
 use crate::generate::generator::Generator;
@@ -146,28 +148,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let limits = &config.limits;
-    let unary = UnaryGuard::new(vec![
-        UnaryMethod {
-            path: "/samplerd.v1.Sampler/Sample",
-            limit: None,
-        },
-        UnaryMethod {
-            path: "/samplerd.v1.Sampler/ListStages",
-            limit: None,
-        },
-        UnaryMethod {
-            path: "/samplerd.v1.Sampler/SampleBatch",
-            limit: None,
-        },
-        // Server-streaming, but one request message like a unary call.
-        UnaryMethod {
-            path: GENERATE_PATH,
-            limit: Some((
-                config.generate.max_request_bytes,
-                "generate.max_request_bytes",
-            )),
-        },
-    ]);
+    let unary = unary_guard(config);
     // Generate has an instance of its own whose decoding limit is its
     // request limit: tonic then stops inflating a compressed prompt there
     // (`transport/unary.rs`).
@@ -212,41 +193,7 @@ pub async fn serve(
     let reflection_v1 = compressed!(reflection().build_v1()?);
     let reflection_v1alpha = compressed!(reflection().build_v1alpha()?);
 
-    // Plugins are loaded (the registry exists); wait for the model if any.
-    let generator = state.generator.clone();
-    let ready_reporter = reporter.clone();
-    // Then follow the sampling pool: once more of its threads are stuck in
-    // steps than it may replace, readiness turns NOT_SERVING (liveness
-    // stays SERVING: the process itself still answers).
-    let steps = state.steps.clone();
-    let readiness = tokio::spawn(async move {
-        let reporter = ready_reporter;
-        if let Some(g) = generator {
-            while !g.ready() {
-                tokio::time::sleep(MODEL_READY_POLL).await;
-            }
-        }
-        let mut serving = None;
-        loop {
-            let healthy = steps.healthy();
-            if serving != Some(healthy) {
-                let status = if healthy {
-                    reporter
-                        .set_serving::<SamplerServer<SamplerService>>()
-                        .await;
-                    ServingStatus::Serving
-                } else {
-                    reporter
-                        .set_not_serving::<SamplerServer<SamplerService>>()
-                        .await;
-                    ServingStatus::NotServing
-                };
-                reporter.set_service_status("", status).await;
-                serving = Some(healthy);
-            }
-            tokio::time::sleep(STEP_POOL_POLL).await;
-        }
-    });
+    let readiness = follow_readiness(&state, reporter.clone());
 
     let local = listener
         .local_addr()
@@ -311,9 +258,22 @@ pub async fn serve(
         () = &mut server => return Ok(()),
         () = shutdown => {}
     }
-
-    // Draining: readiness fails at once; running requests may finish.
     let grace = config.shutdown.grace_period();
+    drain_then_close(server, &drain, readiness, &reporter, grace, close_tx).await;
+    Ok(())
+}
+
+/// The drain after the shutdown signal: readiness fails at once, running
+/// requests may finish within `grace`, then every connection gets a GOAWAY
+/// and [`CLOSE_TIMEOUT`] to close.
+async fn drain_then_close(
+    mut server: Pin<&mut impl Future<Output = ()>>,
+    drain: &Drain,
+    readiness: JoinHandle<()>,
+    reporter: &HealthReporter,
+    grace: Duration,
+    close_tx: oneshot::Sender<()>,
+) {
     let deadline = tokio::time::Instant::now() + grace;
     drain.start();
     readiness.abort();
@@ -330,7 +290,7 @@ pub async fn serve(
         "shutting down: NOT_SERVING, refusing new requests, draining"
     );
     tokio::select! {
-        () = &mut server => return Ok(()),
+        () = server.as_mut() => return,
         idle = tokio::time::timeout_at(deadline, drain.wait_idle()) => {
             if idle.is_err() {
                 tracing::warn!(
@@ -344,13 +304,74 @@ pub async fn serve(
     // GOAWAY to every connection; streams that outlive CLOSE_TIMEOUT (health
     // watchers, requests past the grace period) are cut when this returns.
     let _ = close_tx.send(());
-    if tokio::time::timeout(CLOSE_TIMEOUT, &mut server)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(CLOSE_TIMEOUT, server).await.is_err() {
         tracing::info!("closing the connections still open");
     }
-    Ok(())
+}
+
+/// The methods held to one request message: Generate's with a size limit
+/// of its own (`generate.max_request_bytes`).
+fn unary_guard(config: &Config) -> UnaryGuard {
+    UnaryGuard::new(vec![
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Sample",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/ListStages",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/SampleBatch",
+            limit: None,
+        },
+        // Server-streaming, but one request message like a unary call.
+        UnaryMethod {
+            path: GENERATE_PATH,
+            limit: Some((
+                config.generate.max_request_bytes,
+                "generate.max_request_bytes",
+            )),
+        },
+    ])
+}
+
+/// The readiness task: the Sampler and "" turn SERVING once the model (if
+/// any) is loaded, then follow the sampling pool's health.
+fn follow_readiness(state: &AppState, reporter: HealthReporter) -> JoinHandle<()> {
+    // Plugins are loaded (the registry exists); wait for the model if any.
+    let generator = state.generator.clone();
+    // Then follow the sampling pool: once more of its threads are stuck in
+    // steps than it may replace, readiness turns NOT_SERVING (liveness
+    // stays SERVING: the process itself still answers).
+    let steps = state.steps.clone();
+    tokio::spawn(async move {
+        if let Some(g) = generator {
+            while !g.ready() {
+                tokio::time::sleep(MODEL_READY_POLL).await;
+            }
+        }
+        let mut serving = None;
+        loop {
+            let healthy = steps.healthy();
+            if serving != Some(healthy) {
+                let status = if healthy {
+                    reporter
+                        .set_serving::<SamplerServer<SamplerService>>()
+                        .await;
+                    ServingStatus::Serving
+                } else {
+                    reporter
+                        .set_not_serving::<SamplerServer<SamplerService>>()
+                        .await;
+                    ServingStatus::NotServing
+                };
+                reporter.set_service_status("", status).await;
+                serving = Some(healthy);
+            }
+            tokio::time::sleep(STEP_POOL_POLL).await;
+        }
+    })
 }
 
 /// A server running on a background task (tests, benchmarks).

@@ -338,53 +338,36 @@ impl ModelHost {
         prompt_tokens(&self.model, &self.config, prompt)
     }
 
+    /// One admitted generation over its prompt's tokens: the sequence
+    /// opened (a resumed run's tokens replayed), the prompt prefilled, the
+    /// decode loop, then `Finished`.
     fn run(
         &self,
         job: &GenerateJob,
         prompt: Vec<u32>,
         sink: &GenerateSink,
     ) -> Result<(), RequestError> {
-        let GenerateJob {
-            request: req,
-            request_id,
-            steps,
-            buffers,
-            memory,
-        } = job;
-        let request_id = *request_id;
+        let req = &job.request;
         let start = Instant::now();
         let tok = self.model.tokenizer();
         let resumed = &req.resume;
-        // Every call into the chain's plugins runs on the sampling pool,
-        // under its watchdog. The penalty window starts with the prompt's
-        // tail (the stage keeps only its last repeat_last_n ids), then
-        // takes the tokens of a resumed run as its decode loop did.
-        let chain = req.chain.clone();
-        let window: Vec<u32> = step::in_vocab(&prompt, self.model.n_vocab()).collect();
-        let (model, replay, ignore_eos) =
-            (Arc::clone(&self.model), resumed.clone(), req.ignore_eos);
-        let mut seq = steps.run_blocking(move || {
-            let _serving = samplerd_sampling::activity::serving(request_id);
-            let mut seq = chain.new_sequence().map_err(RequestError::Plugin)?;
-            seq.accept_history(&window).map_err(RequestError::Plugin)?;
-            resume::accept(&mut seq, &replay, |t| {
-                !ignore_eos && model.tokenizer().is_eog(t)
-            })?;
-            Ok::<_, RequestError>(seq)
-        })??;
-        let mut filter = StopFilter::new(&req.stop);
-        let mut utf8 = Utf8Streamer::new();
-        let mut generated = resumed.len() as u32;
+        let seq = self.open_sequence(job, &prompt)?;
+        let mut decoded = Decoded {
+            filter: StopFilter::new(&req.stop),
+            utf8: Utf8Streamer::new(),
+            generated: resumed.len() as u32,
+            sampling_ns: 0,
+        };
         let mut usage = v1::Usage {
             prompt_tokens: prompt.len() as u32,
-            resumed_tokens: generated,
+            resumed_tokens: decoded.generated,
             ..Default::default()
         };
         let ended = resume::replay_text(
             resumed,
             |t| tok.token_bytes(t),
-            &mut filter,
-            &mut utf8,
+            &mut decoded.filter,
+            &mut decoded.utf8,
             req.max_tokens,
             prompt.len(),
             self.model.n_ctx(),
@@ -392,11 +375,11 @@ impl ModelHost {
         if let Some(reason) = ended {
             // The resumed tokens already end the generation: only its
             // Finished was missing.
-            usage.completion_tokens = generated;
+            usage.completion_tokens = decoded.generated;
             let finished = self.finished(
                 reason,
-                &mut filter,
-                &mut utf8,
+                &mut decoded.filter,
+                &mut decoded.utf8,
                 req.seed,
                 usage,
                 Timings::default(),
@@ -412,12 +395,90 @@ impl ModelHost {
                 .step(session, tokens)
                 .map_err(|(_, e)| RequestError::Internal(e.to_string()))
         };
-        let mut buf = buffers.lease(self.model.n_vocab());
         let prefill_start = Instant::now();
-        // The longest prefix a cached session can stand for bit for bit is
-        // not run again: of the prompt (a fresh prefill's order), and of a
-        // resumed run's tokens (each decoded on its own, as they were).
-        let (session, cached) = match self.prompt_cache.take(&prompt, resumed) {
+        let (session, cached) = self.prefill(&prompt, resumed, &forward)?;
+        usage.cached_prompt_tokens = cached.min(prompt.len()) as u32;
+        let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
+        let decode_start = Instant::now();
+        let Some((reason, session)) =
+            self.decode(job, seq, session, &forward, sink, &mut decoded)?
+        else {
+            return Ok(());
+        };
+        let decode_s = decode_start.elapsed().as_secs_f64();
+        let generated = decoded.generated;
+        let new_tokens = generated - usage.resumed_tokens;
+        usage.completion_tokens = generated;
+        let timings = Timings {
+            prefill_ms,
+            decode_tokens_per_second: if decode_s > 0.0 {
+                f64::from(new_tokens) / decode_s
+            } else {
+                0.0
+            },
+            sampling_us_per_token: if new_tokens > 0 {
+                decoded.sampling_ns as f64 / 1e3 / f64::from(new_tokens)
+            } else {
+                0.0
+            },
+        };
+        let finished = self.finished(
+            reason,
+            &mut decoded.filter,
+            &mut decoded.utf8,
+            req.seed,
+            usage,
+            timings,
+        );
+        self.prompt_cache.put(session, &job.memory);
+        tracing::info!(
+            prompt_tokens = prompt.len(),
+            cached_prompt_tokens = cached,
+            resumed_tokens = usage.resumed_tokens,
+            completion_tokens = generated,
+            reason = ?reason,
+            ms = start.elapsed().as_millis() as u64,
+            "generation finished"
+        );
+        let _ = sink.blocking_send(Ok(finished));
+        Ok(())
+    }
+
+    /// A fresh sequence of the request's chain. Every call into the chain's
+    /// plugins runs on the sampling pool, under its watchdog. The penalty
+    /// window starts with the prompt's tail (the stage keeps only its last
+    /// repeat_last_n ids), then takes the tokens of a resumed run as its
+    /// decode loop did.
+    fn open_sequence(&self, job: &GenerateJob, prompt: &[u32]) -> Result<Sequence, RequestError> {
+        let req = &job.request;
+        let request_id = job.request_id;
+        let chain = req.chain.clone();
+        let window: Vec<u32> = step::in_vocab(prompt, self.model.n_vocab()).collect();
+        let (model, replay, ignore_eos) =
+            (Arc::clone(&self.model), req.resume.clone(), req.ignore_eos);
+        job.steps.run_blocking(move || {
+            let _serving = samplerd_sampling::activity::serving(request_id);
+            let mut seq = chain.new_sequence().map_err(RequestError::Plugin)?;
+            seq.accept_history(&window).map_err(RequestError::Plugin)?;
+            resume::accept(&mut seq, &replay, |t| {
+                !ignore_eos && model.tokenizer().is_eog(t)
+            })?;
+            Ok::<_, RequestError>(seq)
+        })?
+    }
+
+    /// The session at the end of the prompt and a resumed run's tokens,
+    /// and how many of them a cached session stood for. The longest prefix
+    /// a cached session can stand for bit for bit is not run again: of the
+    /// prompt (a fresh prefill's order), and of a resumed run's tokens
+    /// (each decoded on its own, as they were).
+    fn prefill(
+        &self,
+        prompt: &[u32],
+        resumed: &[u32],
+        forward: &impl Fn(Session, Vec<u32>) -> Result<Session, RequestError>,
+    ) -> Result<(Session, usize), RequestError> {
+        let (session, cached) = match self.prompt_cache.take(prompt, resumed) {
             Some(found) => found,
             None => (
                 self.model
@@ -426,7 +487,6 @@ impl ModelHost {
                 0,
             ),
         };
-        usage.cached_prompt_tokens = cached.min(prompt.len()) as u32;
         let mut session = if cached < prompt.len() {
             forward(session, prompt[cached..].to_vec())?
         } else {
@@ -435,24 +495,44 @@ impl ModelHost {
         for &t in &resumed[cached.saturating_sub(prompt.len())..] {
             session = forward(session, vec![t])?;
         }
-        let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
-        let decode_start = Instant::now();
-        let mut sampling_ns = 0u128;
-        let probs = req.probs;
-        let reason = loop {
+        Ok((session, cached))
+    }
+
+    /// The decode loop: a sampling step over the session's logits, the
+    /// token streamed, the stop gates, the next forward pass. Ends with the
+    /// reason and the session, or `None` once the client went away (what
+    /// it computed then kept for a resume of this generation).
+    fn decode(
+        &self,
+        job: &GenerateJob,
+        mut seq: Sequence,
+        mut session: Session,
+        forward: &impl Fn(Session, Vec<u32>) -> Result<Session, RequestError>,
+        sink: &GenerateSink,
+        decoded: &mut Decoded,
+    ) -> Result<Option<(v1::FinishReason, Session)>, RequestError> {
+        let req = &job.request;
+        let request_id = job.request_id;
+        let tok = self.model.tokenizer();
+        let mut buf = job.buffers.lease(self.model.n_vocab());
+        let (probs, ignore_eos) = (req.probs, req.ignore_eos);
+        loop {
             if sink.is_closed() {
-                tracing::debug!(generated, "client went away; generation stopped");
+                tracing::debug!(
+                    generated = decoded.generated,
+                    "client went away; generation stopped"
+                );
                 // What it computed serves a resume of this generation.
-                self.prompt_cache.put(session, memory);
-                return Ok(());
+                self.prompt_cache.put(session, &job.memory);
+                return Ok(None);
             }
             let t0 = Instant::now();
             // The step that Sample runs, over the model's logits; the token
             // is accepted unless it ends the generation.
-            let (seed, at) = (req.seed, u64::from(generated));
+            let (seed, at) = (req.seed, u64::from(decoded.generated));
             let model = Arc::clone(&self.model);
             let mut moved = (seq, buf, session);
-            let (back, out) = steps.run_blocking(move || {
+            let (back, out) = job.steps.run_blocking(move || {
                 // For the crash report, should a plugin kill the process.
                 let _serving = samplerd_sampling::activity::serving(request_id);
                 let (seq, buf, session) = &mut moved;
@@ -468,15 +548,15 @@ impl ModelHost {
             })?;
             (seq, buf, session) = back;
             let (out, ends) = out?;
-            sampling_ns += t0.elapsed().as_nanos();
+            decoded.sampling_ns += t0.elapsed().as_nanos();
             if ends {
-                break v1::FinishReason::StopToken;
+                return Ok(Some((v1::FinishReason::StopToken, session)));
             }
             let token = out.token_id;
-            generated += 1;
+            decoded.generated += 1;
             metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
-            let step = filter.push(tok.token_bytes(token));
-            let text = utf8.push(&step.emit);
+            let step = decoded.filter.push(tok.token_bytes(token));
+            let text = decoded.utf8.push(&step.emit);
             let event = v1::generate_response::Event::Token(v1::Token {
                 token_id: token,
                 text,
@@ -488,50 +568,24 @@ impl ModelHost {
                 .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
                 .is_err()
             {
-                tracing::debug!(generated, "client went away; generation stopped");
-                self.prompt_cache.put(session, memory);
-                return Ok(());
+                tracing::debug!(
+                    generated = decoded.generated,
+                    "client went away; generation stopped"
+                );
+                self.prompt_cache.put(session, &job.memory);
+                return Ok(None);
             }
             if let Some(reason) = resume::ends_after(
                 step.stopped,
-                generated,
+                decoded.generated,
                 req.max_tokens,
                 session.position(),
                 session.capacity(),
             ) {
-                break reason;
+                return Ok(Some((reason, session)));
             }
             session = forward(session, vec![token])?;
-        };
-        let decode_s = decode_start.elapsed().as_secs_f64();
-        let new_tokens = generated - usage.resumed_tokens;
-        usage.completion_tokens = generated;
-        let timings = Timings {
-            prefill_ms,
-            decode_tokens_per_second: if decode_s > 0.0 {
-                f64::from(new_tokens) / decode_s
-            } else {
-                0.0
-            },
-            sampling_us_per_token: if new_tokens > 0 {
-                sampling_ns as f64 / 1e3 / f64::from(new_tokens)
-            } else {
-                0.0
-            },
-        };
-        let finished = self.finished(reason, &mut filter, &mut utf8, req.seed, usage, timings);
-        self.prompt_cache.put(session, memory);
-        tracing::info!(
-            prompt_tokens = prompt.len(),
-            cached_prompt_tokens = cached,
-            resumed_tokens = usage.resumed_tokens,
-            completion_tokens = generated,
-            reason = ?reason,
-            ms = start.elapsed().as_millis() as u64,
-            "generation finished"
-        );
-        let _ = sink.blocking_send(Ok(finished));
-        Ok(())
+        }
     }
 
     /// The `Finished` event: the reason, what was held back (a partial
@@ -567,6 +621,16 @@ impl ModelHost {
             event: Some(v1::generate_response::Event::Finished(finished)),
         }
     }
+}
+
+/// What a decode loop has produced so far: the text gates (stop strings,
+/// UTF-8) and the counts its usage and timings come from (a resumed run's
+/// tokens included).
+struct Decoded {
+    filter: StopFilter,
+    utf8: Utf8Streamer,
+    generated: u32,
+    sampling_ns: u128,
 }
 
 /// A generation's measured times (`v1::Timings` without the numerics).
