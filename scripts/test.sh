@@ -3,7 +3,8 @@
 # (the Python venv with llama-cpp-python, grpcio, grpcurl; the default model),
 # builds the workspace once (release profile: the same binaries serve the Rust
 # tests, the Python/grpcurl tests and the parity scripts), then runs
-#   0. the documentation's citations (before the installs: it needs none)
+#   0. the documentation's citations and the server's layer rules (before
+#      the installs: they need none)
 #   1. cargo fmt --check and cargo clippy -D warnings
 #   2. cargo test (every crate: unit, property, loader, service tests)
 #   3. the llama.cpp parity scripts, the Python/grpcurl client tests, the
@@ -23,6 +24,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 # First, since it takes seconds and needs nothing installed.
 step "documentation citations (scripts/ci/docs.sh)"; scripts/ci/docs.sh
+step "server layers (scripts/ci/layers.sh)"; scripts/ci/layers.sh
 step "python environment"
 scripts/setup-python.sh
 step "default model"
