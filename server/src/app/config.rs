@@ -26,6 +26,7 @@ use figment::value::{Dict, Map};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
 
+use crate::service::constraint::CONSTRAINT_PLUGIN_FILE;
 use crate::service::defaults::{ChainConfig, SamplingDefaults};
 use crate::service::limits::LimitsConfig;
 
@@ -38,9 +39,6 @@ pub const ENV_CONFIG: &str = "SAMPLERD_CONFIG";
 /// File name of the core stages plugin, looked up next to the executable
 /// when no plugin directory or file is configured.
 pub const CORE_PLUGIN_FILE: &str = "libsamplerd_core_stages.so";
-/// The constraint stage's library (structured output), loaded beside the
-/// core one by default when it is there.
-pub const CONSTRAINT_PLUGIN_FILE: &str = "libsamplerd_constraint_stage.so";
 
 /// The whole server configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -27,11 +27,10 @@ use tonic::Status;
 
 use samplerd_sampling::params::CONSTRAINT_STAGE;
 
-use super::constraint::Prepared;
+use super::constraint::{CONSTRAINT_PLUGIN_FILE, Prepared};
 use super::sample::run_step;
 use super::state::AppState;
 use super::validate::batch::{self as valid, Dtype, RowLogits};
-use crate::app::config::CONSTRAINT_PLUGIN_FILE;
 use crate::request::errors::RequestError;
 use crate::request::memory;
 

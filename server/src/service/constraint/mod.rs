@@ -56,6 +56,12 @@ use crate::status::Reason;
 use cache::{Cache, Compiled, FlightSender, Key, Lookup, Outcome, Phase};
 use pool::CompilePool;
 
+/// The constraint stage's library (structured output): loaded beside the
+/// core one by default when it is there (`app/config.rs`), and shipped
+/// like it (a batch whose stages all come from these two runs no first
+/// row alone: `service/batch.rs`).
+pub const CONSTRAINT_PLUGIN_FILE: &str = "libsamplerd_constraint_stage.so";
+
 /// Prometheus histogram of compile times in seconds (every compile run,
 /// refused grammars included).
 pub const COMPILE_SECONDS_METRIC: &str = "samplerd_constraint_compile_seconds";
