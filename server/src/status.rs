@@ -70,6 +70,10 @@ pub enum Reason {
     MessageTooLarge,
     /// A plugin stage returned an error or broke a post-check.
     StageFailed,
+    /// A stage refused the request's input while sampling (`SD_ERR_INPUT`:
+    /// a grammar that outgrew its parser's limits, a token it does not
+    /// allow).
+    StageRefused,
     /// A sampling step ran past `limits.max_step_ms`.
     StepStuck,
     /// Every sampling thread is held by stuck steps.
@@ -106,7 +110,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
@@ -121,6 +125,7 @@ impl Reason {
         Reason::ConstraintTooCostly,
         Reason::MessageTooLarge,
         Reason::StageFailed,
+        Reason::StageRefused,
         Reason::StepStuck,
         Reason::NoSamplingThread,
         Reason::StepPanicked,
@@ -154,6 +159,7 @@ impl Reason {
             Reason::ConstraintTooCostly => "SAMPLERD_CONSTRAINT_TOO_COSTLY",
             Reason::MessageTooLarge => "SAMPLERD_MESSAGE_TOO_LARGE",
             Reason::StageFailed => "SAMPLERD_STAGE_FAILED",
+            Reason::StageRefused => "SAMPLERD_STAGE_REFUSED",
             Reason::StepStuck => "SAMPLERD_STEP_STUCK",
             Reason::NoSamplingThread => "SAMPLERD_NO_SAMPLING_THREAD",
             Reason::StepPanicked => "SAMPLERD_STEP_PANICKED",
@@ -182,6 +188,7 @@ impl Reason {
             | Reason::UnknownStage
             | Reason::UnknownVocabulary
             | Reason::InvalidConstraint
+            | Reason::StageRefused
             // gRPC's table of status codes has INTERNAL for a request that
             // does not parse; the fault and the fix are the client's, and
             // INTERNAL stays what it says (the server's own failures, what

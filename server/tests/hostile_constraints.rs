@@ -41,25 +41,7 @@ fn ascii_tokenizer_json(dir: &Path) -> (PathBuf, usize) {
     for w in ["w1", "ab", "{\"", "\":"] {
         tokens.push(w.into());
     }
-    let vocab: Vec<String> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| format!("{}:{i}", serde_json::to_string(t).unwrap()))
-        .collect();
-    let eog = tokens.len();
-    let json = format!(
-        r#"{{"version":"1.0","truncation":null,"padding":null,
-        "added_tokens":[{{"id":{eog},"content":"<|endoftext|>","single_word":false,
-          "lstrip":false,"rstrip":false,"normalized":false,"special":true}}],
-        "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
-        "model":{{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
-        "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
-        "vocab":{{{vocab}}},"merges":[]}}}}"#,
-        vocab = vocab.join(",")
-    );
-    let path = dir.join("tokenizer.json");
-    std::fs::write(&path, json).unwrap();
-    (path, eog + 1)
+    tokenizer_json(dir, &tokens)
 }
 
 fn constraint(kind: &str, text: String) -> v1::Constraint {
@@ -535,6 +517,72 @@ async fn a_batch_and_a_repeated_schema_compile_once() {
         samplerd::service::constraint::compiled_bytes(schema.len())
     );
     assert_eq!(s.state().memory.charged() - before, bytes);
+}
+
+/// A legal schema whose parse outgrows llguidance's row bound partway
+/// through (`ParserLimits::max_items_in_row`, 2,000 Earley items; an
+/// object of N optional properties reaches ~4 N at its first token). It
+/// compiles, and its first mask is computed, but the stage cannot follow
+/// it past the opening brace. The grammar is the request's: the client
+/// gets INVALID_ARGUMENT `SAMPLERD_STAGE_REFUSED` naming the stage and
+/// `params.constraint` (it was INTERNAL `SAMPLERD_STAGE_FAILED`), and the
+/// server serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grammar_that_outgrows_its_parser_is_the_requests_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, n_vocab) = constraint_server(dir.path(), |_| {}).await;
+    let props: Vec<String> = (0..800)
+        .map(|i| format!(r#""p{i}":{{"type":"string"}}"#))
+        .collect();
+    let schema = format!(
+        r#"{{"type":"object","properties":{{{}}}}}"#,
+        props.join(",")
+    );
+    let messages: Vec<v1::SampleStreamRequest> = (0..8)
+        .map(|i| v1::SampleStreamRequest {
+            logits: logits(n_vocab, i),
+            params: (i == 0).then(|| params("json_schema", schema.clone(), "ascii")),
+            ..Default::default()
+        })
+        .collect();
+    let mut client = s.client.clone();
+    let answered = tokio::time::timeout(WAIT, async {
+        let mut stream = client
+            .sample_stream(tokio_stream::iter(messages))
+            .await?
+            .into_inner();
+        let mut tokens = 0;
+        while stream.message().await?.is_some() {
+            tokens += 1;
+        }
+        Ok::<_, tonic::Status>(tokens)
+    })
+    .await
+    .expect("the stream ends in time");
+    let err = answered.expect_err("the grammar outgrows its parser within 8 steps");
+    let d = assert_reason(&err, Reason::StageRefused);
+    assert_eq!(d.error_info().unwrap().metadata["stage"], "constraint");
+    let field = &d.bad_request().expect("BadRequest").field_violations[0];
+    assert_eq!(field.field, "params.constraint", "{err:?}");
+    assert!(
+        err.message().contains("the grammar failed"),
+        "llguidance's reason is kept: {err:?}"
+    );
+    assert!(!err.message().contains('\n'), "one line: {err:?}");
+    let plain = s
+        .client
+        .clone()
+        .sample(v1::SampleRequest {
+            logits: logits(n_vocab, 2),
+            params: Some(v1::SamplingParams {
+                temperature: Some(0.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("the server serves on");
+    assert_eq!(plain.into_inner().token_id, argmax(&logits(n_vocab, 2)));
 }
 
 /// Limits raised past what a sampling thread's 2 MiB stack could compile

@@ -30,6 +30,7 @@ holds it open with a host that never loads) and SAMPLERD_INTERNAL.
 Prints "N passed, M failed"; exits non-zero on any failure.
 """
 
+import json
 import os
 import signal
 import struct
@@ -66,9 +67,11 @@ def build_stuck_fixture(out_dir):
     return out
 
 
-def tokenizer_json(path, n):
-    """A tokenizer.json of n tokens, the last an end-of-generation token."""
-    vocab = ",".join(f'"t{i}":{i}' for i in range(n - 1))
+def tokenizer_json(path, n, tokens=None):
+    """A tokenizer.json of n tokens, the last an end-of-generation token;
+    the others are `tokens`, or t0, t1, ..."""
+    tokens = tokens or [f"t{i}" for i in range(n - 1)]
+    vocab = ",".join(f"{json.dumps(t)}:{i}" for i, t in enumerate(tokens))
     with open(path, "w") as f:
         f.write(
             '{"version":"1.0","truncation":null,"padding":null,'
@@ -146,6 +149,11 @@ def main():
     stuck = build_stuck_fixture(tmp.name)
     vocab_file = os.path.join(tmp.name, "tokenizer.json")
     tokenizer_json(vocab_file, VOCAB)
+    # Printable ASCII, one character a token: any JSON can be written.
+    ascii_file = os.path.join(tmp.name, "ascii.json")
+    ascii_tokens = [chr(c) for c in range(0x20, 0x7f)]
+    tokenizer_json(ascii_file, len(ascii_tokens) + 1, ascii_tokens)
+    ascii_logits = [0.5] * (len(ascii_tokens) + 1)
     tokens_file = os.path.join(tmp.name, "tokens")
     with open(tokens_file, "w") as f:
         f.write("secret-token-for-tests\n")
@@ -376,7 +384,9 @@ max_request_duration_secs = 1
         # --- Server B: authentication and the drain ------------------------
         b = Server(server_bin, tmp.name, "b", f"""
 [plugins]
-files = ["{core}"]
+files = ["{core}", "{constraint}"]
+[vocabularies]
+ascii = "{ascii_file}"
 [shutdown]
 grace_period_secs = 5
 """, grpc, health_pb2, health_pb2_grpc, extra=("--auth-tokens-file", tokens_file))
@@ -384,6 +394,22 @@ grace_period_secs = 5
         auth = [("authorization", "Bearer secret-token-for-tests")]
         b.wait(metadata=auth)
         bstub = pbg.SamplerStub(b.channel)
+
+        def t_stage_refused():
+            # A legal schema that outgrows llguidance's parser after its
+            # first token (800 optional properties: ~3,200 Earley items in
+            # a row, over its 2,000): the request's fault, not the server's.
+            props = ",".join(f'"p{i}":{{"type":"string"}}' for i in range(800))
+            schema = '{"type":"object","properties":{' + props + '}}'
+            first = pb.SampleStreamRequest(logits=ascii_logits, params=pb.SamplingParams(
+                vocabulary="ascii", constraint=pb.Constraint(json_schema=schema)))
+            msgs = [first] + [pb.SampleStreamRequest(logits=ascii_logits) for _ in range(7)]
+            meta = expect(lambda: bstub.SampleStream(iter(msgs), timeout=30, metadata=auth),
+                          grpc.StatusCode.INVALID_ARGUMENT, "SAMPLERD_STAGE_REFUSED",
+                          field="params.constraint")
+            assert meta.get("stage") == "constraint", meta
+            seen.add("SAMPLERD_STAGE_REFUSED")
+        check("samplerd_stage_refused", t_stage_refused)
 
         def t_unauthenticated():
             expect(lambda: bstub.Sample(pb.SampleRequest(logits=logits), timeout=RPC_TIMEOUT_S),
@@ -518,7 +544,7 @@ max_constraint_compile_ms = 200
     with open(os.path.join(ROOT, "docs", "API.md")) as f:
         documented = set(re.findall(r"^\| `?(SAMPLERD_[A-Z_]+)`? \|", f.read(), re.M))
     want = documented - {"SAMPLERD_STEP_PANICKED", "SAMPLERD_MODEL_LOADING", "SAMPLERD_INTERNAL"}
-    if len(documented) != 28 or seen != want:
+    if len(documented) != 29 or seen != want:
         checks.failed += 1
         print(f"FAIL reasons: documented {len(documented)}, missing here: {sorted(want - seen)}, "
               f"undocumented: {sorted(seen - documented)}")

@@ -29,6 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use llguidance::Matcher;
+use samplerd_plugin_sdk::input_error;
 use toktrie::SimpleVob;
 
 use crate::tokenv::TokenEnv;
@@ -108,14 +109,22 @@ pub fn allowed(env: &TokenEnv, matcher: &mut Matcher) -> Result<SimpleVob, Strin
     }
     matcher
         .compute_mask()
-        .map_err(|e| format!("constraint: the grammar failed: {e}"))
+        .map_err(|e| grammar_failed(&e.to_string()))
+}
+
+/// llguidance's error while following the grammar, as the request's fault
+/// (it is the grammar that outgrew the parser's limits): its first line,
+/// without the marker lines llguidance appends.
+pub fn grammar_failed(why: &str) -> String {
+    let first = why.lines().next().unwrap_or_default();
+    input_error(format!("constraint: the grammar failed: {first}"))
 }
 
 fn eog_only(env: &TokenEnv, matcher: &Matcher) -> Result<SimpleVob, String> {
     let reason = matcher.stop_reason();
     if !reason.is_ok() {
         let why = matcher.get_error().unwrap_or_else(|| reason.to_string());
-        return Err(format!("constraint: the grammar failed: {why}"));
+        return Err(grammar_failed(&why));
     }
     let mut v = SimpleVob::alloc(env.n_vocab);
     for &t in &env.eog {

@@ -8,7 +8,7 @@ use llguidance::Matcher;
 use llguidance::api::{ParserLimits, StopReason};
 use samplerd_plugin_sdk::prelude::*;
 
-use crate::ahead::SeqState;
+use crate::ahead::{SeqState, grammar_failed};
 use crate::grammar::{self, GrammarError};
 use crate::tokenv::{self, TokenEnv};
 
@@ -108,7 +108,9 @@ impl Constraint {
             Some((&0xff, name)) => format!("special {}", describe(name)),
             _ => describe(&bytes),
         };
-        format!("constraint: token {token} ({shown}) is not allowed by the grammar here")
+        input_error(format!(
+            "constraint: token {token} ({shown}) is not allowed by the grammar here"
+        ))
     }
 }
 
@@ -223,10 +225,10 @@ impl Stage for Constraint {
 
     fn try_accept(&self, st: &mut SeqState, token: u32) -> Result<(), String> {
         if token as usize >= self.env.n_vocab {
-            return Err(format!(
+            return Err(input_error(format!(
                 "constraint: token {token} is outside the vocabulary of {} tokens",
                 self.env.n_vocab
-            ));
+            )));
         }
         st.advance(&self.env, self.ahead_min, |m| {
             if m.is_stopped() {
@@ -238,15 +240,15 @@ impl Stage for Constraint {
             }
             let valid = m
                 .validate_tokens(&[token])
-                .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+                .map_err(|e| grammar_failed(&e.to_string()))?;
             let eog_ok = self.is_eog(token)
                 && m.is_accepting()
-                    .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+                    .map_err(|e| grammar_failed(&e.to_string()))?;
             if valid == 0 && !eog_ok {
                 return Err(self.refuse(m, token));
             }
             m.consume_token(token)
-                .map_err(|e| format!("constraint: the grammar failed: {e}"))?;
+                .map_err(|e| grammar_failed(&e.to_string()))?;
             Ok(true)
         })
     }

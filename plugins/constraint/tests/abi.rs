@@ -117,6 +117,10 @@ fn a_refused_token_is_named_with_its_escaped_bytes_and_leaves_the_state_usable()
     );
     let ctl = v.id(b"<|im_start|>");
     assert!(st.accept(ctl).is_err(), "a control token is never text");
+    // The request's fault, not the stage's: the host answers
+    // INVALID_ARGUMENT, not INTERNAL.
+    assert_eq!(st.accept_code(nl).0, SD_ERR_INPUT);
+    assert_eq!(st.accept_code(v.len() as u32 + 5).0, SD_ERR_INPUT);
     let byte = v.id(&[0xC3]);
     assert_eq!(
         st.accept(byte).unwrap_err(),

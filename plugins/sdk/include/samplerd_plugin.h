@@ -36,6 +36,13 @@
  *    return SD_ERR and write a NUL-terminated, human-readable message into
  *    err->message (at most SD_ERROR_MESSAGE_LEN bytes including the NUL).
  *    The host names the stage in front of the message.
+ *  - accept and apply may return SD_ERR_INPUT instead, the same way, when
+ *    the failure is the request's doing rather than the stage's: a grammar
+ *    that outgrows its parser's limits partway through a row, a token the
+ *    grammar does not allow. The host then answers the client
+ *    INVALID_ARGUMENT (SAMPLERD_STAGE_REFUSED) instead of an internal
+ *    error. Any host treats a non-zero return as failure, so a plugin may
+ *    return it to a host that predates it (which reports an internal error).
  *  - A plugin must never let a C++ exception or a Rust panic unwind into the
  *    host: the Rust SDK catches panics and turns them into SD_ERR; after a
  *    panic the state is poisoned and every later call on it fails.
@@ -60,6 +67,7 @@ extern "C" {
 
 #define SD_OK 0
 #define SD_ERR 1
+#define SD_ERR_INPUT 2 /* failed because of the request's input (see Errors) */
 
 #define SD_ERROR_MESSAGE_LEN 512
 

@@ -11,6 +11,9 @@ pub const SD_ABI_MINOR: u32 = 2;
 
 pub const SD_OK: c_int = 0;
 pub const SD_ERR: c_int = 1;
+/// Failed because of the request's input, not the stage (the host answers
+/// INVALID_ARGUMENT): see the header's "Errors".
+pub const SD_ERR_INPUT: c_int = 2;
 
 pub const SD_ERROR_MESSAGE_LEN: usize = 512;
 

@@ -52,14 +52,16 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Runs `f`, turning `Err` and panics into `SD_ERR` + message.
+/// Runs `f`, turning `Err` and panics into `SD_ERR` + message (an `Err`
+/// made by [`crate::input_error`] into `SD_ERR_INPUT`).
 fn guarded(err: *mut SdError, f: impl FnOnce() -> Result<(), String>) -> (c_int, bool) {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => (SD_OK, false),
         Ok(Err(msg)) => {
+            let (input, msg) = crate::error::split_input_error(&msg);
             // SAFETY: the host hands a writable error buffer.
-            unsafe { write_error(err, &msg) };
-            (SD_ERR, false)
+            unsafe { write_error(err, msg) };
+            (if input { SD_ERR_INPUT } else { SD_ERR }, false)
         }
         Err(payload) => {
             // SAFETY: as above.

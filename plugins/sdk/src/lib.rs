@@ -16,10 +16,12 @@
 
 pub mod abi;
 pub mod defaults;
+pub mod error;
 pub mod export;
 pub mod stage;
 pub mod testing;
 
+pub use error::input_error;
 pub use stage::{
     HostRng, Params, Stage, StatelessStage, Tokens, ViewKind, Vocab, number_param, param_spec,
 };
@@ -32,6 +34,7 @@ pub mod prelude {
         SD_STAGE_SPARSE_LOWERS_ONLY, SD_TOKEN_CONTROL, SD_TOKEN_EOG, SdCandidate, SdParamSpec,
         SdTokenValue,
     };
+    pub use crate::error::input_error;
     pub use crate::stage::{
         HostRng, Params, Stage, StatelessStage, Tokens, ViewKind, Vocab, number_param, param_spec,
     };

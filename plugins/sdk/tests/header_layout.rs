@@ -32,7 +32,7 @@ int main(void) {
   S(sd_plugin) O(sd_plugin, abi_major) O(sd_plugin, abi_minor) O(sd_plugin, candidate_size)
   O(sd_plugin, tokens_size) O(sd_plugin, stage_size) O(sd_plugin, library_name)
   O(sd_plugin, library_version) O(sd_plugin, stages) O(sd_plugin, n_stages)
-  C(SD_ABI_MAJOR) C(SD_ABI_MINOR) C(SD_OK) C(SD_ERR) C(SD_ERROR_MESSAGE_LEN)
+  C(SD_ABI_MAJOR) C(SD_ABI_MINOR) C(SD_OK) C(SD_ERR) C(SD_ERR_INPUT) C(SD_ERROR_MESSAGE_LEN)
   C(SD_VIEW_DENSE) C(SD_VIEW_CANDIDATES) C(SD_TOKEN_CONTROL) C(SD_TOKEN_EOG) C(SD_TOKEN_BYTE)
   C(SD_TOKEN_UNUSED) C(SD_PARAM_NUMBER) C(SD_PARAM_STRING) C(SD_PARAM_TOKEN_MAP)
   C(SD_PARAM_STRING_LIST) C(SD_STAGE_SELECTS) C(SD_STAGE_DENSE_OK) C(SD_STAGE_NEEDS_VOCAB) C(SD_STAGE_OUTPUT_ONLY)
@@ -175,6 +175,7 @@ fn header_and_rust_agree() {
     constant!(SD_ABI_MINOR);
     constant!(SD_OK);
     constant!(SD_ERR);
+    constant!(SD_ERR_INPUT);
     constant!(SD_ERROR_MESSAGE_LEN);
     constant!(SD_VIEW_DENSE);
     constant!(SD_VIEW_CANDIDATES);

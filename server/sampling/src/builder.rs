@@ -152,9 +152,9 @@ fn new_config(
             unsafe { config_new(params.as_ptr(), params.len(), vocab_ptr, &mut config, err) }
         })
     })
-    .map_err(|message| ChainError::Invalid {
+    .map_err(|failed| ChainError::Invalid {
         stage: s.name.clone(),
-        message,
+        message: failed.message,
     })?;
     Ok(OwnedConfig {
         stage: st,

@@ -118,6 +118,10 @@ pub enum SampleError {
     Logits(#[from] LogitsError),
     #[error("stage `{stage}` failed: {message}")]
     Plugin { stage: String, message: String },
+    /// The stage failed because of the request's input (`SD_ERR_INPUT`):
+    /// a grammar that outgrew its parser's limits, a token it refuses.
+    #[error("stage `{stage}` refused the request: {message}")]
+    Refused { stage: String, message: String },
     #[error("stage `{stage}` misbehaved: {what}")]
     Misbehaved { stage: String, what: String },
     #[error("the chain ended without selecting a token (last stage `{stage}`)")]

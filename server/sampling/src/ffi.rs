@@ -34,15 +34,25 @@ fn error_text(err: &SdError) -> String {
     }
 }
 
+/// A plugin call's failure: the message the plugin left, and whether it
+/// said the request's input caused it (`SD_ERR_INPUT`).
+#[derive(Debug, PartialEq)]
+pub(crate) struct Failed {
+    pub message: String,
+    pub input: bool,
+}
+
 /// Runs `f` with a fresh, zeroed error buffer; a return code other than
 /// `SD_OK` becomes the message the plugin left there.
 #[inline(always)]
-pub(crate) fn call_raw(f: impl FnOnce(&mut SdError) -> c_int) -> Result<(), String> {
+pub(crate) fn call_raw(f: impl FnOnce(&mut SdError) -> c_int) -> Result<(), Failed> {
     let mut err = new_error();
-    if f(&mut err) == SD_OK {
-        Ok(())
-    } else {
-        Err(error_text(&err))
+    match f(&mut err) {
+        SD_OK => Ok(()),
+        rc => Err(Failed {
+            message: error_text(&err),
+            input: rc == SD_ERR_INPUT,
+        }),
     }
 }
 
@@ -51,19 +61,21 @@ pub(crate) fn call_raw(f: impl FnOnce(&mut SdError) -> c_int) -> Result<(), Stri
 /// names the stage.
 #[inline(always)]
 pub(crate) fn call(link: &Link, f: impl FnOnce(&mut SdError) -> c_int) -> Result<(), SampleError> {
-    crate::activity::in_plugin(link.stage.site, || call_raw(f))
-        .map_err(|message| failed(link, message))
+    crate::activity::in_plugin(link.stage.site, || call_raw(f)).map_err(|f| failed(link, f))
 }
 
 // Out of line: the success path of every plugin call stays a compare and a
 // branch.
 #[cold]
 #[inline(never)]
-fn failed(link: &Link, message: String) -> SampleError {
+fn failed(link: &Link, failed: Failed) -> SampleError {
     link.metrics.errors.increment(1);
-    SampleError::Plugin {
-        stage: link.name().to_string(),
-        message,
+    let stage = link.name().to_string();
+    let message = failed.message;
+    if failed.input {
+        SampleError::Refused { stage, message }
+    } else {
+        SampleError::Plugin { stage, message }
     }
 }
 
@@ -172,11 +184,14 @@ mod tests {
     #[test]
     fn call_raw_passes_the_message_only_on_failure() {
         assert_eq!(call_raw(|_| SD_OK), Ok(()));
-        let r = call_raw(|err| {
-            err.message[0] = b'n' as c_char;
-            err.message[1] = b'o' as c_char;
-            SD_ERR
-        });
-        assert_eq!(r, Err("no".to_string()));
+        for (rc, input) in [(SD_ERR, false), (SD_ERR_INPUT, true), (7, false)] {
+            let r = call_raw(|err| {
+                err.message[0] = b'n' as c_char;
+                err.message[1] = b'o' as c_char;
+                rc
+            });
+            let message = "no".to_string();
+            assert_eq!(r, Err(Failed { message, input }), "rc {rc}");
+        }
     }
 }

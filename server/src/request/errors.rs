@@ -216,6 +216,17 @@ impl RequestError {
                 | SampleError::AllMasked { stage } => {
                     Failure::new(Reason::StageFailed, msg).stage(stage)
                 }
+                // The constraint stage refuses because of the request's
+                // grammar: the field that carries it is named too.
+                SampleError::Refused { stage, .. } if stage == CONSTRAINT_STAGE => {
+                    const FIELD: &str = "params.constraint";
+                    Failure::new(Reason::StageRefused, format!("{FIELD}: {msg}"))
+                        .stage(stage)
+                        .field(FIELD)
+                }
+                SampleError::Refused { stage, .. } => {
+                    Failure::new(Reason::StageRefused, msg).stage(stage)
+                }
                 _ => Failure::new(Reason::Internal, msg),
             },
             RequestError::Exhausted { reason, limit, .. } => {

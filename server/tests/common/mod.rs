@@ -273,7 +273,19 @@ pub fn assert_reason(err: &tonic::Status, reason: Reason) -> tonic_types::ErrorD
 /// special `<|endoftext|>` (an end-of-generation token, which constrained
 /// sampling needs).
 pub fn plain_tokenizer_json(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
-    let vocab: Vec<String> = (0..n - 1).map(|i| format!("\"t{i}\":{i}")).collect();
+    let tokens: Vec<String> = (0..n - 1).map(|i| format!("t{i}")).collect();
+    tokenizer_json(dir, &tokens).0
+}
+
+/// A tokenizer.json (BPE, no merges) of `tokens` in order, then
+/// `<|endoftext|>` (end of generation), written into `dir`: its path and
+/// the vocabulary's size.
+pub fn tokenizer_json(dir: &std::path::Path, tokens: &[String]) -> (std::path::PathBuf, usize) {
+    let vocab: Vec<String> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{}:{i}", serde_json::to_string(t).unwrap()))
+        .collect();
     let json = format!(
         r#"{{"version":"1.0","truncation":null,"padding":null,
         "added_tokens":[{{"id":{eog},"content":"<|endoftext|>","single_word":false,
@@ -282,12 +294,12 @@ pub fn plain_tokenizer_json(dir: &std::path::Path, n: usize) -> std::path::PathB
         "model":{{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
         "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
         "vocab":{{{vocab}}},"merges":[]}}}}"#,
-        eog = n - 1,
+        eog = tokens.len(),
         vocab = vocab.join(",")
     );
     let path = dir.join("tokenizer.json");
     std::fs::write(&path, json).unwrap();
-    path
+    (path, tokens.len() + 1)
 }
 
 /// The real-model path from `SAMPLERD_MODEL`, if set (it must name a file).

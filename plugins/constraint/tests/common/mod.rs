@@ -291,15 +291,25 @@ impl State<'_> {
     }
 
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
+        let (rc, err) = self.accept_code(token);
+        if rc == SD_OK { Ok(()) } else { Err(err) }
+    }
+
+    /// `accept`'s return code (`SD_OK`, `SD_ERR`, `SD_ERR_INPUT`) and its
+    /// message.
+    pub fn accept_code(&mut self, token: u32) -> (std::ffi::c_int, String) {
         let mut err = new_err();
         // SAFETY: our config and state.
         let rc =
             unsafe { (self.cfg.stage.accept.unwrap())(self.cfg.ptr, self.ptr, token, &mut err) };
-        if rc == SD_OK {
-            Ok(())
-        } else {
-            Err(error_text(&err))
-        }
+        (
+            rc,
+            if rc == SD_OK {
+                String::new()
+            } else {
+                error_text(&err)
+            },
+        )
     }
 
     pub fn reset(&mut self) {
