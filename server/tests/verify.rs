@@ -489,3 +489,75 @@ async fn bad_verify_is_invalid_argument_naming_the_field() {
     );
     s.stop().await;
 }
+
+/// EXACT through a constraint over a named vocabulary (the `constraint`
+/// stage's grammar state advanced by the accepted drafts): the responses
+/// of one message per row. Needs the model file for the vocabulary
+/// (`SAMPLERD_MODEL`), skipped without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_stream_verify_equals_one_message_per_row() {
+    let Some(model) = model_path() else {
+        eprintln!("skipped: no model file for the vocabulary (scripts/fetch-model.sh)");
+        return;
+    };
+    let n = samplerd_model::read_vocabulary(&model)
+        .expect("vocabulary")
+        .len();
+    let mut config = test_config();
+    config.plugins.files = vec![core_plugin(), constraint_plugin()];
+    config.vocabularies.insert("smollm2".into(), model);
+    let s = start_serving(config, None).await;
+    let params = v1::SamplingParams {
+        seed: Some(9),
+        vocabulary: "smollm2".into(),
+        repeat_penalty: Some(1.3),
+        constraint: Some(v1::Constraint {
+            kind: Some(v1::constraint::Kind::Regex(
+                "(cat|dog)( (cat|dog)){1,40}".into(),
+            )),
+        }),
+        ..Default::default()
+    };
+    let row = |t: u64| logits(n, 900 + t);
+    let msg = |t: u64| v1::SampleStreamRequest {
+        logits_f32le: to_bytes(&row(t)).into(),
+        params: (t == 0).then(|| params.clone()),
+        n_probs: 2,
+        ..Default::default()
+    };
+    let reference = s.stream_all((0..10).map(msg).collect()).await;
+    let verify = |from: u64, follow: &[bool]| {
+        let draft_tokens: Vec<u32> = follow
+            .iter()
+            .enumerate()
+            .map(|(j, &f)| {
+                let t = reference[from as usize + j].token_id;
+                if f { t } else { (t + 1) % n as u32 }
+            })
+            .collect();
+        let k = draft_tokens.len() as u64;
+        v1::SampleStreamRequest {
+            verify: Some(v1::Verify {
+                draft_tokens,
+                target_rows: (from..=from + k)
+                    .map(|t| v1::VerifyRow {
+                        logits: to_bytes(&row(t)).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            n_probs: 2,
+            ..Default::default()
+        }
+    };
+    let got = s
+        .stream_all(vec![
+            msg(0),
+            verify(1, &[true, true, false]),
+            verify(4, &[true, true, true, true]),
+            msg(9),
+        ])
+        .await;
+    assert_eq!(flatten(got), reference);
+    s.stop().await;
+}
