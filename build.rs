@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".samplerd.v1.SampleStreamRequest.logits_f32le")
         .bytes(".samplerd.v1.BatchRow.logits")
         .bytes(".samplerd.v1.BatchStreamRow.logits")
+        .bytes(".samplerd.v1.VerifyRow.logits")
         .compile_protos(API_PROTOS, &[PROTO_ROOT])?;
     // Own out dir: this run also emits (extern-path'd) samplerd.v1 code,
     // which must not overwrite the real one.

@@ -2,6 +2,7 @@
 //! library. Semantics follow llama.cpp's samplers; see `docs/SAMPLING.md`
 //! for each stage's parameters, complexity and the documented differences.
 
+pub mod coupled;
 pub mod dist;
 pub mod dry;
 pub mod greedy;
@@ -33,6 +34,7 @@ samplerd_plugin_sdk::export_plugin!(
         temperature::Temperature,
         dist::Dist,
         greedy::Greedy,
+        coupled::Coupled,
         mirostat::Mirostat,
         mirostat::MirostatV2,
     ]

@@ -82,6 +82,7 @@ fn descriptor_lists_the_contracted_stages_and_params() {
         ),
         ("dist", &[], SD_STAGE_DENSE_OK | SD_STAGE_SELECTS),
         ("greedy", &[], SD_STAGE_DENSE_OK | SD_STAGE_SELECTS),
+        ("coupled", &[], SD_STAGE_DENSE_OK | SD_STAGE_SELECTS),
         (
             "mirostat",
             &["tau", "eta", "m"],
@@ -165,6 +166,7 @@ fn top_k_and_greedy_through_the_abi() {
         struct_size: size_of::<SdRng>() as u32,
         ctx: std::ptr::null_mut(),
         next_u64: Some(fixed_rng),
+        keyed_u64: None,
     };
     // SAFETY: config and state from this stage; `tokens` describes the
     // two live 4-entry arrays above; `rng` has a valid callback.

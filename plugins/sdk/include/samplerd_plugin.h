@@ -63,7 +63,7 @@ extern "C" {
 #endif
 
 #define SD_ABI_MAJOR 1
-#define SD_ABI_MINOR 2 /* 1: SD_STAGE_OUTPUT_ONLY; 2: SD_STAGE_SPARSE_LOWERS_ONLY */
+#define SD_ABI_MINOR 3 /* 1: SD_STAGE_OUTPUT_ONLY; 2: SD_STAGE_SPARSE_LOWERS_ONLY; 3: sd_rng.keyed_u64 */
 
 #define SD_OK 0
 #define SD_ERR 1
@@ -118,11 +118,20 @@ typedef struct sd_tokens {
  * Randomness, owned by the host. The host seeds one counter-based stream per
  * (seed, step), so a seed means the same thing for every plugin. Valid during
  * one apply call. Uniform doubles in [0, 1) are (next_u64 >> 11) * 2^-53.
+ *
+ * keyed_u64 (since ABI 1.3; read it only when struct_size covers it, and
+ * it may still be NULL): a draw fixed by (seed, step, key) alone — not by
+ * how many draws came before, nor by which other keys were asked for. A
+ * stage that draws one value per token id (the `coupled` draw: a Gumbel
+ * race) uses it so the token a seed picks does not depend on the
+ * candidate list's order or length. The host's keyed draws are a stream
+ * of their own, disjoint from next_u64's.
  */
 typedef struct sd_rng {
     uint32_t struct_size;
     void *ctx;
     uint64_t (*next_u64)(void *ctx);
+    uint64_t (*keyed_u64)(void *ctx, uint64_t key);
 } sd_rng;
 
 /* Token attribute bits in sd_vocab.token_attr. */

@@ -6,8 +6,9 @@
 use std::ffi::{c_char, c_int, c_void};
 
 pub const SD_ABI_MAJOR: u32 = 1;
-/// 1: [`SD_STAGE_OUTPUT_ONLY`]; 2: [`SD_STAGE_SPARSE_LOWERS_ONLY`].
-pub const SD_ABI_MINOR: u32 = 2;
+/// 1: [`SD_STAGE_OUTPUT_ONLY`]; 2: [`SD_STAGE_SPARSE_LOWERS_ONLY`];
+/// 3: [`SdRng::keyed_u64`].
+pub const SD_ABI_MINOR: u32 = 3;
 
 pub const SD_OK: c_int = 0;
 pub const SD_ERR: c_int = 1;
@@ -75,6 +76,9 @@ pub struct SdRng {
     pub struct_size: u32,
     pub ctx: *mut c_void,
     pub next_u64: Option<unsafe extern "C" fn(ctx: *mut c_void) -> u64>,
+    /// Since ABI 1.3: a draw fixed by `(seed, step, key)` alone (see the
+    /// header). Present only when `struct_size` covers it.
+    pub keyed_u64: Option<unsafe extern "C" fn(ctx: *mut c_void, key: u64) -> u64>,
 }
 
 #[repr(C)]

@@ -274,6 +274,24 @@ impl<'a> HostRng<'a> {
     pub fn uniform_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
+
+    /// The draw fixed by `(seed, step, key)` alone (ABI 1.3's
+    /// `keyed_u64`), or `None` from a host that predates it.
+    pub fn keyed_u64(&mut self, key: u64) -> Option<u64> {
+        let end = std::mem::offset_of!(SdRng, keyed_u64) + size_of::<usize>();
+        if (self.raw.struct_size as usize) < end {
+            return None;
+        }
+        // SAFETY: struct_size says the host wrote the field; the function
+        // is callable with ctx for 'a (from_raw's contract).
+        self.raw.keyed_u64.map(|f| unsafe { f(self.raw.ctx, key) })
+    }
+
+    /// Whether the host offers [`HostRng::keyed_u64`].
+    pub fn has_keyed(&self) -> bool {
+        let end = std::mem::offset_of!(SdRng, keyed_u64) + size_of::<usize>();
+        self.raw.struct_size as usize >= end && self.raw.keyed_u64.is_some()
+    }
 }
 
 /// Which view of the logits is current.

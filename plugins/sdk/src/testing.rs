@@ -222,6 +222,15 @@ unsafe extern "C" fn test_rng_next(ctx: *mut c_void) -> u64 {
     }
 }
 
+/// Keyed draws of the test RNG: splitmix64's finaliser of the key, the same
+/// whatever the source (a stand-in for the host's keyed stream).
+unsafe extern "C" fn test_rng_keyed(_ctx: *mut c_void, key: u64) -> u64 {
+    let mut z = key.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl TestRng {
     fn with(src: RngSource) -> Self {
         let mut src = Box::new(src);
@@ -232,6 +241,7 @@ impl TestRng {
                 struct_size: size_of::<SdRng>() as u32,
                 ctx,
                 next_u64: Some(test_rng_next),
+                keyed_u64: Some(test_rng_keyed),
             },
         }
     }

@@ -19,7 +19,7 @@ int main(void) {
   S(sd_candidate) O(sd_candidate, id) O(sd_candidate, logit)
   S(sd_tokens) O(sd_tokens, n_vocab) O(sd_tokens, dense) O(sd_tokens, cand) O(sd_tokens, size)
   O(sd_tokens, view) O(sd_tokens, sorted) O(sd_tokens, selected)
-  S(sd_rng) O(sd_rng, ctx) O(sd_rng, next_u64)
+  S(sd_rng) O(sd_rng, ctx) O(sd_rng, next_u64) O(sd_rng, keyed_u64)
   S(sd_vocab) O(sd_vocab, token_bytes) O(sd_vocab, token_len) O(sd_vocab, token_attr)
   S(sd_token_value) S(sd_param) O(sd_param, kind) O(sd_param, name) O(sd_param, number)
   O(sd_param, string) O(sd_param, map) O(sd_param, map_len) O(sd_param, strings) O(sd_param, strings_len)
@@ -128,6 +128,7 @@ fn header_and_rust_agree() {
     size!("sd_rng", SdRng);
     off!("sd_rng", SdRng, ctx);
     off!("sd_rng", SdRng, next_u64);
+    off!("sd_rng", SdRng, keyed_u64);
     size!("sd_vocab", SdVocab);
     off!("sd_vocab", SdVocab, token_bytes);
     off!("sd_vocab", SdVocab, token_len);

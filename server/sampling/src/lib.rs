@@ -4,7 +4,8 @@
 //! (`sequence`, `buffer`) with host-owned, counter-based randomness (`rng`),
 //! over dense rows (`step`) or sparse ones (`sparse`: the top of a row and
 //! the log-sum-exp of the rest, with a proof that the outcome is exact);
-//! `trust` refuses plugin files other users could have written,
+//! `verify` checks a speculative decoder's draft tokens as a loop of that
+//! step; `trust` refuses plugin files other users could have written,
 //! or whose pinned digest does not match.
 
 pub mod activity;
@@ -29,6 +30,7 @@ pub mod spec;
 pub mod stage;
 pub mod step;
 pub mod trust;
+pub mod verify;
 pub mod vocab;
 
 pub use buffer::TokenBuffer;

@@ -149,10 +149,31 @@ pub fn run<D: DeferredLse>(
     step: u64,
     probs: ProbsRequest,
 ) -> Result<StepOutput, SampleError> {
+    run_choosing(seq, buf, logits, lse, seed, step, probs, |_, chosen| {
+        Ok(chosen)
+    })
+}
+
+/// [`run`], with `choose` deciding the token reported from the buffer as
+/// the chain left it and the token the chain chose — what speculative
+/// verification ([`crate::verify`]) needs where its rule, not the chain's
+/// draw, picks the token (REJECTION). Everything else is [`run`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn run_choosing<D: DeferredLse>(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    logits: Logits<'_>,
+    lse: RawLse<D>,
+    seed: u64,
+    step: u64,
+    probs: ProbsRequest,
+    choose: impl FnOnce(&TokenBuffer, u32) -> Result<u32, SampleError>,
+) -> Result<StepOutput, SampleError> {
     let n = probs.n;
     // The raw top has to be read before the chain edits the buffer.
     let raw_top = (n > 0 && !probs.post_sampling).then(|| logits::top_n(buf.dense(), n));
-    let token_id = seq.sample(buf, seed, step)?.token_id;
+    let chosen = seq.sample(buf, seed, step)?.token_id;
+    let token_id = choose(buf, chosen)?;
     // Needed only after the chain: a deferred sum has had the copy and the
     // chain's time.
     Ok(report(

@@ -156,7 +156,7 @@ fn wrong_abi_version_is_refused_naming_the_file() {
     let msg = err.to_string();
     assert!(msg.contains(&lib.display().to_string()), "{msg}");
     assert!(
-        msg.contains("built for ABI 2.0, this host speaks 1.2"),
+        msg.contains("built for ABI 2.0, this host speaks 1.3"),
         "{msg}"
     );
 }

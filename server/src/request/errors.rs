@@ -142,6 +142,27 @@ impl RequestError {
         }
     }
 
+    /// This error under the message field `path` (a Verify's row): a
+    /// field path gains the `path.` prefix; any other error is unchanged.
+    pub fn under(self, path: &str) -> Self {
+        match self {
+            RequestError::Invalid {
+                field,
+                message,
+                kind,
+            } => RequestError::Invalid {
+                field: format!("{path}.{field}"),
+                message,
+                kind,
+            },
+            RequestError::Logits { field, source } => RequestError::Logits {
+                field: format!("{path}.{field}"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// This error as row `row` of a batch: a field path gains the
     /// `rows[row].` prefix, any other error the `rows[row]: ` one.
     pub fn in_row(self, row: usize) -> Self {

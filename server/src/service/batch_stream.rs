@@ -6,7 +6,8 @@
 //! returns for it. Each message's rows run in parallel, one sampling-pool
 //! job each, and the response keeps the message's row order. Any failing
 //! row ends the stream with its error (naming `rows[i]`), as a failing
-//! step ends a `SampleStream`.
+//! step ends a `SampleStream`. A continuing row may carry a `Verify`
+//! instead of logits, as a `SampleStream` message may.
 
 #![forbid(unsafe_code)]
 
@@ -21,9 +22,10 @@ use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::constraint::Prepared;
-use super::sample::run_step;
+use super::sample::{run_step, run_verify};
 use super::state::{AppState, BoxStream};
 use super::validate::batch::{self as valid, Dtype, RowLogits};
+use super::validate::verify;
 use crate::request::errors::RequestError;
 use crate::request::memory::{self, Charge};
 use crate::transport::status_fixup::completed;
@@ -65,6 +67,13 @@ fn row_blocking(
     prepared: &Prepared,
 ) -> (Option<SeqState>, Result<v1::SampleResponse, RequestError>) {
     let r = &msg.rows[i];
+    let open = match (r.verify.as_ref(), open) {
+        (Some(v), Some(mut s)) => {
+            let result = verify_row(state, msg, i, v, &mut s);
+            return (Some(s), result.map_err(|e| e.in_row(i)));
+        }
+        (_, open) => open,
+    };
     let logits =
         match RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab) {
             Ok(l) => l,
@@ -105,6 +114,27 @@ fn row_blocking(
         Ok(resp)
     });
     (Some(seq_state), result.map_err(|e| e.in_row(i)))
+}
+
+/// Continuing row `i`'s `Verify` on its sequence `s` (joining rows with
+/// one are refused by the message's validation).
+fn verify_row(
+    state: &AppState,
+    msg: &v1::SampleBatchStreamRequest,
+    i: usize,
+    v: &v1::Verify,
+    s: &mut SeqState,
+) -> Result<v1::SampleResponse, RequestError> {
+    let valid = verify::batch_row(state, msg, i, v, s.n_vocab, &s.seq)?;
+    let mut buf = state.pool.take();
+    let result = run_verify(&mut s.seq, &mut buf, &state.pool, &valid, s.seed, s.step);
+    state.pool.put(buf);
+    let resp = result?;
+    s.seq
+        .accept(resp.token_id)
+        .map_err(|e| RequestError::from_sample(e, "verify"))?;
+    s.step += resp.verify.as_ref().map_or(1, |v| v.tokens.len()) as u64;
+    Ok(resp)
 }
 
 /// The joining rows' constraints, compiled off the sampling threads

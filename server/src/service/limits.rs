@@ -26,6 +26,9 @@ pub struct LimitsConfig {
     /// Most rows in one SampleBatch request, and most sequences open at
     /// once in one SampleBatchStream.
     pub max_batch_rows: usize,
+    /// Most draft tokens one `Verify` may carry (K; it sends K + 1 target
+    /// rows, and K drafter rows under REJECTION).
+    pub max_draft_tokens: usize,
     /// HTTP/2 flow-control window per stream, in bytes (large enough for
     /// a whole 0.6 MB logits message without waiting for window updates).
     pub http2_stream_window_bytes: u32,
@@ -191,6 +194,9 @@ impl Default for LimitsConfig {
             // An engine's decode batch: 256 sequences per forward pass is
             // the large end of what serving engines schedule on one GPU.
             max_batch_rows: 256,
+            // Speculative decoders draft 2-8 tokens (vLLM's and llama.cpp's
+            // defaults are 5 and 16); 16 bounds a Verify to 17 rows.
+            max_draft_tokens: 16,
             http2_stream_window_bytes: 8 * 1024 * 1024,
             http2_connection_window_bytes: 32 * 1024 * 1024,
             max_streams_per_connection: 256,

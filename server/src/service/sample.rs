@@ -1,7 +1,9 @@
 //! `Sample`: one stateless step. Also home of [`run_step`], the response
 //! side of the one step ([`samplerd_sampling::step`]) that `Sample` and
 //! `SampleStream` run (and `Generate` runs too), so a stream step returns
-//! exactly what `Sample` returns for the same inputs.
+//! exactly what `Sample` returns for the same inputs; and of
+//! [`run_verify`], the streams' speculative verification, a loop of that
+//! step.
 
 #![forbid(unsafe_code)]
 
@@ -10,13 +12,14 @@ use std::time::Instant;
 
 use prost::bytes::Bytes;
 use samplerd_api::v1;
-use samplerd_sampling::{Sequence, TokenBuffer, sparse, step};
+use samplerd_sampling::{Sequence, TokenBuffer, sparse, step, verify};
 use tonic::Status;
 use tracing::Instrument;
 
 use super::constraint::Prepared;
 use super::lse_helper::LseJob;
 use super::state::AppState;
+use super::validate::verify::ValidVerify;
 use super::validate::{self, ValidStep};
 use crate::request::convert::{self, StepLogits};
 use crate::request::errors::RequestError;
@@ -64,6 +67,84 @@ pub fn run_step(
         seed,
         probs: convert::token_probabilities(&out.probs),
         step: input.step,
+        verify: None,
+    })
+}
+
+/// Verifies a stream's drafts ([`samplerd_sampling::verify`]: the loop of
+/// the same step) on `seq` at step `step` and builds the response: the
+/// accepted drafts and the token after them in `verify`, that last token
+/// in the top-level fields. Accepts the accepted drafts, not the last
+/// token (as [`run_step`] leaves its token to the caller).
+pub fn run_verify(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    pool: &crate::request::buffer_pool::BufferPool,
+    valid: &ValidVerify<'_>,
+    seed: u64,
+    step: u64,
+) -> Result<v1::SampleResponse, RequestError> {
+    let (target, drafter) = valid.rows();
+    // The drafter's rows need a buffer of their own (REJECTION only).
+    let mut scratch = if drafter.is_empty() {
+        TokenBuffer::new()
+    } else {
+        pool.take()
+    };
+    let out = verify::verify(
+        seq,
+        buf,
+        &mut scratch,
+        valid.mode,
+        verify::Draft {
+            tokens: valid.drafts,
+            target: &target,
+            drafter: &drafter,
+        },
+        seed,
+        step,
+        valid.probs,
+    );
+    if !drafter.is_empty() {
+        pool.put(scratch);
+    }
+    let out = out.map_err(|e| match e {
+        verify::VerifyError::Logits { row, source }
+        | verify::VerifyError::Sample {
+            row,
+            source: samplerd_sampling::SampleError::Logits(source),
+        } => RequestError::Logits {
+            field: format!("verify.{row}.logits"),
+            source,
+        },
+        verify::VerifyError::Sample { source, .. } => RequestError::from_sample(source, "verify"),
+        e @ verify::VerifyError::Terminal { .. } => RequestError::invalid("params", e.to_string()),
+        e @ verify::VerifyError::Shape(_) => RequestError::invalid("verify", e.to_string()),
+    })?;
+    let tokens: Vec<v1::SampleResponse> = out
+        .tokens
+        .iter()
+        .zip(step..)
+        .map(|(t, step)| v1::SampleResponse {
+            token_id: t.token_id,
+            probability: t.probability,
+            logprob: t.logprob,
+            seed,
+            probs: convert::token_probabilities(&t.probs),
+            step,
+            verify: None,
+        })
+        .collect();
+    let last = tokens
+        .last()
+        .cloned()
+        .expect("verify reports at least one token");
+    Ok(v1::SampleResponse {
+        verify: Some(v1::VerifyResult {
+            accepted: out.accepted as u32,
+            tokens,
+        }),
+        ..last
     })
 }
 

@@ -4,6 +4,10 @@
 //! chosen token. Step t returns exactly what `Sample` returns with
 //! `step = t` and `previous_tokens` = initial window + tokens chosen so far.
 //!
+//! A later message may carry a `Verify` instead of logits: the session's
+//! sequence verifies the drafts (`run_verify`, a loop of the same step)
+//! and moves on by the accepted drafts and the token after them.
+//!
 //! A client that cancels or disconnects ends the session: the server drops
 //! the response stream, and with it the sequence states and token buffer.
 
@@ -20,7 +24,7 @@ use tonic::{Status, Streaming};
 use tracing::Instrument;
 
 use super::constraint::Prepared;
-use super::sample::{run_step, start_lse};
+use super::sample::{run_step, run_verify, start_lse};
 use super::state::{AppState, BoxStream};
 use super::validate;
 use crate::request::errors::RequestError;
@@ -97,6 +101,19 @@ impl Session {
     /// One message → one response (runs on a sampling thread).
     fn step(&mut self, msg: &v1::SampleStreamRequest) -> Result<v1::SampleResponse, RequestError> {
         let start = Instant::now();
+        if let (Some(v), Some(seq), Some(buf)) =
+            (msg.verify.as_ref(), self.seq.as_mut(), self.buf.as_mut())
+        {
+            let valid = validate::stream_verify(&self.state, msg, v, self.n_vocab, seq)?;
+            let resp = run_verify(seq, buf, &self.state.pool, &valid, self.seed, self.step)?;
+            seq.accept(resp.token_id)
+                .map_err(|e| RequestError::from_sample(e, "verify"))?;
+            let n = resp.verify.as_ref().map_or(1, |v| v.tokens.len()) as u64;
+            self.step += n;
+            self.steps += n;
+            self.sampling += start.elapsed();
+            return Ok(resp);
+        }
         let helper = start_lse(&self.state, &msg.logits_f32le);
         let input = match (self.seq.as_ref(), self.buf.as_ref()) {
             (Some(_), Some(_)) => validate::stream_step(&self.state, msg, self.n_vocab, self.step)?,

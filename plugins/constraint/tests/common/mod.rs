@@ -263,6 +263,7 @@ impl State<'_> {
             struct_size: size_of::<SdRng>() as u32,
             ctx: std::ptr::null_mut(),
             next_u64: Some(zero_rng),
+            keyed_u64: None,
         };
         let mut err = new_err();
         // SAFETY: our config and state; `buf` describes its two live

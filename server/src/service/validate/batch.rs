@@ -287,6 +287,16 @@ pub fn stream_message<S: std::hash::BuildHasher>(
                 ));
             }
         }
+        if joining && let Some(v) = &r.verify {
+            return Err(RequestError::invalid(
+                format!("rows[{i}].verify"),
+                format!(
+                    "is set on sequence {id}'s joining row ({} draft tokens): a joining row \
+                     opens the sequence with one step; send verify on its later rows",
+                    v.draft_tokens.len()
+                ),
+            ));
+        }
         joins.push(joining);
     }
     let after = open.len() - leaving.len() + joins.iter().filter(|&&j| j).count();

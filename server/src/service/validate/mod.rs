@@ -11,6 +11,9 @@
 //!   `SampleStream` (as `Sample`, the step counter starting at
 //!   `first_step`) and every later one (no window; the vocabulary of the
 //!   first).
+//! - [`stream_verify`] — a later `SampleStream` message that carries a
+//!   `Verify` (speculative verification, [`verify`]); a first message
+//!   with one is refused by [`stream_start`].
 //! - [`generate`] — a `Generate` request → [`ValidGenerate`]: the prompt
 //!   (text, or chat messages with known roles) under
 //!   `generate.max_prompt_bytes`, `max_tokens` under
@@ -44,6 +47,7 @@ use crate::service::state::AppState;
 
 pub mod batch;
 pub mod sparse;
+pub mod verify;
 
 /// One step's inputs.
 #[derive(Clone, Copy, Debug)]
@@ -115,6 +119,16 @@ pub fn stream_start<'a>(
     msg: &'a v1::SampleStreamRequest,
     prebuilt: &'a Prebuilt,
 ) -> Result<ValidStart<'a>, RequestError> {
+    if let Some(v) = &msg.verify {
+        return Err(RequestError::invalid(
+            "verify",
+            format!(
+                "is set on the stream's first message ({} draft tokens): the first message \
+                 opens the sequence with one step; send verify from the second message on",
+                v.draft_tokens.len()
+            ),
+        ));
+    }
     start(
         state,
         Fields {
@@ -181,6 +195,26 @@ pub fn stream_step<'a>(
         step,
         probs: probs(state, msg.n_probs, msg.post_sampling_probs)?,
     })
+}
+
+/// A later message of a `SampleStream` that carries a `Verify`, for a
+/// stream of `n_vocab` logits running `seq`.
+pub fn stream_verify<'a>(
+    state: &AppState,
+    msg: &'a v1::SampleStreamRequest,
+    v: &'a v1::Verify,
+    n_vocab: usize,
+    seq: &Sequence,
+) -> Result<verify::ValidVerify<'a>, RequestError> {
+    verify::no_step_logits(&[
+        (!msg.logits.is_empty(), "logits"),
+        (!msg.logits_f32le.is_empty(), "logits_f32le"),
+        (msg.sparse.is_some(), "sparse"),
+        (!msg.previous_tokens.is_empty(), "previous_tokens"),
+        (!msg.constraint_tokens.is_empty(), "constraint_tokens"),
+    ])?;
+    let probs = probs(state, msg.n_probs, msg.post_sampling_probs)?;
+    verify::verify(state, v, batch::Dtype::F32le, n_vocab, seq, probs)
 }
 
 /// A `Generate` request, the chain built with the model's vocabulary (for
