@@ -23,7 +23,10 @@ use super::constraint::Prepared;
 use super::sample::{run_step, start_lse};
 use super::state::{AppState, BoxStream};
 use super::validate;
+use crate::request::convert::{FIELD_LOGITS, FIELD_LOGITS_F32LE, FIELD_SPARSE};
 use crate::request::errors::RequestError;
+use crate::service::shared_memory::SharedRow;
+use crate::transport::identity::Caller;
 use crate::transport::one_frame::PredecodedStream;
 use crate::transport::status_fixup::completed;
 
@@ -72,10 +75,12 @@ struct Session {
     sampling: Duration,
     /// The first message's compiled constraint (held for the stream).
     prepared: Prepared,
+    /// Whose shared-memory regions the messages may name.
+    caller: Caller,
 }
 
 impl Session {
-    fn new(state: Arc<AppState>, span: tracing::Span) -> Self {
+    fn new(state: Arc<AppState>, span: tracing::Span, caller: Caller) -> Self {
         Session {
             state,
             span,
@@ -91,17 +96,37 @@ impl Session {
             steps: 0,
             sampling: Duration::ZERO,
             prepared: Prepared::default(),
+            caller,
         }
     }
 
     /// One message → one response (runs on a sampling thread).
     fn step(&mut self, msg: &v1::SampleStreamRequest) -> Result<v1::SampleResponse, RequestError> {
         let start = Instant::now();
+        let shared = self.state.shared.resolve_in(
+            msg.shared.as_ref(),
+            &[
+                (!msg.logits.is_empty(), FIELD_LOGITS),
+                (!msg.logits_f32le.is_empty(), FIELD_LOGITS_F32LE),
+                (msg.sparse.is_some(), FIELD_SPARSE),
+            ],
+            &self.caller,
+            self.state.limits.max_vocab,
+        )?;
+        let shared_logits = shared.as_ref().map(SharedRow::logits);
+        let shared_logits = shared_logits.as_ref();
         let helper = start_lse(&self.state, &msg.logits_f32le);
         let input = match (self.seq.as_ref(), self.buf.as_ref()) {
-            (Some(_), Some(_)) => validate::stream_step(&self.state, msg, self.n_vocab, self.step)?,
+            (Some(_), Some(_)) => {
+                validate::stream_step(&self.state, msg, self.n_vocab, self.step, shared_logits)?
+            }
             _ => {
-                let valid = validate::stream_start(&self.state, msg, self.prepared.prebuilt())?;
+                let valid = validate::stream_start(
+                    &self.state,
+                    msg,
+                    self.prepared.prebuilt(),
+                    shared_logits,
+                )?;
                 let seq = valid.open_sequence()?;
                 let span = tracing::Span::current();
                 span.record("seed", valid.seed);
@@ -120,6 +145,10 @@ impl Session {
             ));
         };
         let resp = run_step(seq, buf, input, self.seed, helper)?;
+        if let Some(row) = &shared {
+            // Before the token is accepted: a lost row leaves no trace.
+            self.state.shared.check_read(row)?;
+        }
         seq.accept(resp.token_id)
             .map_err(|e| RequestError::from_sample(e, input.logits.field()))?;
         self.step += 1;
@@ -170,6 +199,7 @@ pub fn handle(
     state: Arc<AppState>,
     inbound: Streaming<v1::SampleStreamRequest>,
     predecoded: PredecodedStream,
+    caller: Caller,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
     let request_id = state.request_id();
@@ -181,7 +211,7 @@ pub fn handle(
     );
     let first = Pull {
         _slot: Slot::new(state.clone(), permit),
-        session: Session::new(state, span),
+        session: Session::new(state, span, caller),
         inbound,
         predecoded,
     };

@@ -41,6 +41,7 @@ use crate::generate::generator::{Prompt, ValidGenerate};
 use crate::request::convert::{self, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
 use crate::service::state::AppState;
+use batch::RowLogits;
 
 pub mod batch;
 pub mod sparse;
@@ -88,6 +89,7 @@ pub fn sample<'a>(
     state: &AppState,
     req: &'a v1::SampleRequest,
     prebuilt: &'a Prebuilt,
+    shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStart<'a>, RequestError> {
     start(
         state,
@@ -96,6 +98,7 @@ pub fn sample<'a>(
                 &req.logits,
                 &req.logits_f32le,
                 req.sparse.as_ref(),
+                shared,
                 state.limits.max_vocab,
             )?,
             previous_tokens: &req.previous_tokens,
@@ -114,6 +117,7 @@ pub fn stream_start<'a>(
     state: &AppState,
     msg: &'a v1::SampleStreamRequest,
     prebuilt: &'a Prebuilt,
+    shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStart<'a>, RequestError> {
     start(
         state,
@@ -122,6 +126,7 @@ pub fn stream_start<'a>(
                 &msg.logits,
                 &msg.logits_f32le,
                 msg.sparse.as_ref(),
+                shared,
                 state.limits.max_vocab,
             )?,
             previous_tokens: &msg.previous_tokens,
@@ -142,11 +147,13 @@ pub fn stream_step<'a>(
     msg: &'a v1::SampleStreamRequest,
     n_vocab: usize,
     step: u64,
+    shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStep<'a>, RequestError> {
     let logits = sparse::step_logits(
         &msg.logits,
         &msg.logits_f32le,
         msg.sparse.as_ref(),
+        shared,
         state.limits.max_vocab,
     )?;
     for (field, tokens, what) in [
