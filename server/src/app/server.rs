@@ -332,6 +332,14 @@ fn unary_guard(config: &Config) -> UnaryGuard {
             path: "/samplerd.v1.Sampler/SampleBatch",
             limit: None,
         },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/RegisterSharedMemory",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/UnregisterSharedMemory",
+            limit: None,
+        },
         // Server-streaming, but one request message like a unary call.
         UnaryMethod {
             path: GENERATE_PATH,

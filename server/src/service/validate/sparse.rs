@@ -166,15 +166,18 @@ mod tests {
             assert!(message.contains(want_text), "{f}: {message}");
         }
         let ok = msg(&[1], &[1.0], -1.0, 10);
-        let (f, message) = field(step_logits(&[0.5], &[], Some(&ok), 100).unwrap_err());
+        let (f, message) = field(step_logits(&[0.5], &[], Some(&ok), None, 100).unwrap_err());
         assert_eq!(f, "sparse");
         assert!(
             message.contains("got `sparse` and `logits` (1 floats)"),
             "{message}"
         );
-        let (f, _) = field(step_logits(&[], &[0; 4], Some(&ok), 100).unwrap_err());
+        let (f, _) = field(step_logits(&[], &[0; 4], Some(&ok), None, 100).unwrap_err());
         assert_eq!(f, "sparse");
-        assert_eq!(step_logits(&[], &[], Some(&ok), 100).unwrap().len(), 10);
+        assert_eq!(
+            step_logits(&[], &[], Some(&ok), None, 100).unwrap().len(),
+            10
+        );
         assert!(conflicts_with_bytes(&[0; 4], Some(&ok)).is_some());
         assert!(conflicts_with_bytes(&[], Some(&ok)).is_none());
     }
