@@ -15,7 +15,8 @@
 //!
 //! Medians over rounds; the spread (min–max of the rounds) beside them.
 //! Run: `cargo bench -p samplerd --bench shared` (env SHARED_BENCH_ITERS:
-//! calls per series and round, SHARED_BENCH_ROUNDS: rounds).
+//! calls per series and round, SHARED_BENCH_ROUNDS: rounds,
+//! SHARED_BENCH_PARALLEL_LOGPROB=0: no log-sum-exp helper core).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -210,6 +211,10 @@ async fn main() {
         ..Default::default()
     };
     cfg.transport.shared_memory_dirs = vec![dir.clone()];
+    // SHARED_BENCH_PARALLEL_LOGPROB=0: no log-sum-exp helper core (A/B).
+    if std::env::var("SHARED_BENCH_PARALLEL_LOGPROB").is_ok_and(|v| v == "0") {
+        cfg.limits.parallel_logprob.enabled = false;
+    }
     let lib = "libsamplerd_core_stages.so";
     let pd = profile_dir();
     cfg.plugins.files = vec![
@@ -311,6 +316,7 @@ async fn main() {
     let mut stream_rps: Vec<[f64; 3]> = Vec::new();
     let mut unary_us: Vec<[f64; 3]> = Vec::new();
     let mut scan_rps: Vec<f64> = Vec::new();
+    let mut warm_rps: Vec<f64> = Vec::new();
     for round in 1..=rounds {
         // 1a. SampleBatch: inline over TCP, inline over UDS, shared over UDS.
         let mut series: Vec<Call> = vec![
@@ -416,6 +422,12 @@ async fn main() {
             load::<NoDeferral>(&mut buf, Logits::F32le(r), None).unwrap();
         }
         scan_rps.push(n as f64 / t.elapsed().as_secs_f64());
+        // The same row again and again (cache-warm, as Sample's row 0).
+        let t = Instant::now();
+        for _ in 0..n {
+            load::<NoDeferral>(&mut buf, Logits::F32le(&map[..VOCAB * 4]), None).unwrap();
+        }
+        warm_rps.push(n as f64 / t.elapsed().as_secs_f64());
         println!("round {round}/{rounds} done");
     }
 
@@ -452,7 +464,16 @@ async fn main() {
     show("samplerd, shared row", col(&unary_us, 1), "µs");
     show("samplerd, inline logits_f32le", col(&unary_us, 2), "µs");
     println!("Physical floor:");
-    show("fused load pass alone, one core", scan_rps, "rows/s");
+    show(
+        "fused load pass alone, one core, 32 rows",
+        scan_rps,
+        "rows/s",
+    );
+    show(
+        "the same, one row over and over (cached)",
+        warm_rps,
+        "rows/s",
+    );
     let b = median(col(&batch_rps, 2)) / median(col(&batch_rps, 0));
     let s = median(col(&stream_rps, 2)) / median(col(&stream_rps, 0));
     let u = median(col(&unary_us, 1)) / median(col(&unary_us, 0));
