@@ -183,14 +183,11 @@ async fn shared_rows_answer_as_inline_rows_on_every_rpc_and_dtype() {
         assert_eq!(inline, from_shm, "SampleBatch {dtype:?}");
 
         // Sample (f32 inline is the widened values as f32 bytes).
-        for i in 0..rows.len() {
+        for (i, row) in rows.iter().enumerate() {
             let widened: Vec<f32> = match dtype {
-                LogitsDtype::F32le => rows[i].clone(),
-                LogitsDtype::F16le => rows[i].iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
-                _ => rows[i]
-                    .iter()
-                    .map(|&x| bf16::from_f32(x).to_f32())
-                    .collect(),
+                LogitsDtype::F32le => row.clone(),
+                LogitsDtype::F16le => row.iter().map(|&x| f16::from_f32(x).to_f32()).collect(),
+                _ => row.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
             };
             let req = |s: bool| v1::SampleRequest {
                 logits_f32le: if s { vec![] } else { to_bytes(&widened) }.into(),

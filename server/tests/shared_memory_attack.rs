@@ -109,7 +109,7 @@ async fn truncating_a_region_while_it_is_read_fails_only_that_request() {
             while !stop.load(Ordering::Relaxed) {
                 let _ = f.set_len(0);
                 let _ = f.set_len(row.len() as u64);
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     let _ = std::os::unix::fs::FileExt::write_all_at(&f, &nan, 0);
                 } else {
                     let _ = std::os::unix::fs::FileExt::write_all_at(&f, &row, 0);

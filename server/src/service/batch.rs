@@ -210,7 +210,6 @@ pub async fn handle(
         .map(|i| {
             let (state, req, prepared) =
                 (Arc::clone(&state), Arc::clone(&req), Arc::clone(&prepared));
-            let caller = caller;
             move || {
                 // For the crash report, should a plugin kill the process.
                 let _serving = samplerd_sampling::activity::serving(request_id);
