@@ -96,6 +96,57 @@ async fn truncating_a_region_while_it_is_read_fails_only_that_request() {
     let e = attacker.sample(shared_sample("r0")).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
+    // The same through a stream and a batch: the step that read the
+    // truncated row fails naming its region.
+    let truncate = || {
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(0)
+            .unwrap()
+    };
+    std::fs::write(&file, &row).unwrap();
+    attacker
+        .register_shared_memory(register("s"))
+        .await
+        .unwrap();
+    let step = v1::SampleStreamRequest {
+        shared: shared_sample("s").shared,
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let mut responses = attacker
+        .sample_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(step.clone()).await.unwrap();
+    responses.message().await.unwrap().expect("the first step");
+    truncate();
+    tx.send(step).await.unwrap();
+    let e = responses.message().await.unwrap_err();
+    assert_eq!(reason_of(&e), Reason::RegionLost, "{e:?}");
+    assert!(e.message().contains("\"s\""), "{e:?}");
+    std::fs::write(&file, &row).unwrap();
+    attacker
+        .register_shared_memory(register("b"))
+        .await
+        .unwrap();
+    truncate();
+    let e = attacker
+        .sample_batch(v1::SampleBatchRequest {
+            rows: vec![v1::BatchRow {
+                shared: shared_sample("b").shared,
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason_of(&e), Reason::RegionLost, "{e:?}");
+    assert!(e.message().contains("rows[0].shared.region"), "{e:?}");
+
     // Racing: truncate, regrow, rewrite with NaN, while the attacker
     // samples and re-registers, and another client samples inline.
     std::fs::write(&file, &row).unwrap();

@@ -144,11 +144,14 @@ impl Session {
                 "stream session not initialised".into(),
             ));
         };
-        let resp = run_step(seq, buf, input, self.seed, helper)?;
+        let resp = run_step(seq, buf, input, self.seed, helper);
         if let Some(row) = &shared {
-            // Before the token is accepted: a lost row leaves no trace.
+            // Before the token is accepted, and before the step's own
+            // error (zeros after a fault, or torn values): a lost row
+            // leaves no trace and its region goes.
             self.state.shared.check_read(row)?;
         }
+        let resp = resp?;
         seq.accept(resp.token_id)
             .map_err(|e| RequestError::from_sample(e, input.logits.field()))?;
         self.step += 1;
