@@ -78,6 +78,17 @@ async fn truncating_a_region_while_it_is_read_fails_only_that_request() {
         .register_shared_memory(register("r0"))
         .await
         .unwrap();
+    // /metrics shows the region and its bytes.
+    let metrics = p.scrape();
+    for want in [
+        "samplerd_shared_memory_regions 1".to_string(),
+        format!("samplerd_shared_memory_bytes {}", row.len()),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == want),
+            "{want:?} not in /metrics:\n{metrics}"
+        );
+    }
     attacker.sample(shared_sample("r0")).await.unwrap();
     std::fs::File::options()
         .write(true)
