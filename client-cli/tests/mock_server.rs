@@ -45,6 +45,20 @@ impl Sampler for Mock {
         Err(Status::unimplemented("mock"))
     }
 
+    async fn register_shared_memory(
+        &self,
+        _: Request<samplerd_api::v1::RegisterSharedMemoryRequest>,
+    ) -> Result<Response<samplerd_api::v1::RegisterSharedMemoryResponse>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
+
+    async fn unregister_shared_memory(
+        &self,
+        _: Request<samplerd_api::v1::UnregisterSharedMemoryRequest>,
+    ) -> Result<Response<samplerd_api::v1::UnregisterSharedMemoryResponse>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
+
     type SampleStreamStream = ReceiverStream<Result<SampleResponse, Status>>;
 
     async fn sample_stream(

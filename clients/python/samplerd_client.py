@@ -156,6 +156,85 @@ def sparse_row(logits, n):
     return pb.SparseLogits(ids=ids.tolist(), values=a[ids].tolist(), rest_logsumexp=float(lse), vocab_size=a.size)
 
 
+# Bytes per logit and the numpy dtype a SharedRows array has, by wire dtype
+# (numpy has no bfloat16: a bf16 region is uint16, the top halves of f32s).
+_SHARED_DTYPES = {"f32": (4, "<f4"), "f16": (2, "<f2"), "bf16": (2, "<u2")}
+
+
+class SharedRows:
+    """`rows` × `vocab` logits in a shared-memory region the server reads in
+    place: no logits cross the socket (docs/API.md, "Shared-memory rows").
+
+        with sc.shared_rows(stub, rows=8, vocab=151936) as shm:
+            shm.array[3] = logits                    # numpy view, (rows, vocab)
+            stub.Sample(pb.SampleRequest(shared=shm.row(3)))
+
+    The region is a file in /dev/shm made by
+    multiprocessing.shared_memory (the server must run on the same host or
+    in the same pod, and may read files of this user: a Unix socket, or the
+    same user over TCP). Leave a row alone until its response has arrived.
+    `close()` (or leaving the `with`) unregisters and removes it; the
+    server also releases it when this channel's connection closes.
+    """
+
+    def __init__(self, stub, rows, vocab, *, dtype="f32", name=None, metadata=None, timeout=10.0):
+        from multiprocessing import shared_memory
+
+        if dtype not in _SHARED_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_SHARED_DTYPES)}, got {dtype!r}")
+        if rows < 1 or vocab < 1:
+            raise ValueError(f"rows and vocab must be >= 1, got {rows} and {vocab}")
+        width, np_dtype = _SHARED_DTYPES[dtype]
+        self.stub, self.vocab, self.width, self.metadata = stub, vocab, width, metadata
+        self.dtype = {"f32": pb.LOGITS_DTYPE_F32LE, "f16": pb.LOGITS_DTYPE_F16LE, "bf16": pb.LOGITS_DTYPE_BF16LE}[dtype]
+        size = rows * vocab * width
+        self.shm = shared_memory.SharedMemory(create=True, size=size, name=name)
+        self.name = self.shm.name.lstrip("/")
+        self.array = np.ndarray((rows, vocab), dtype=np_dtype, buffer=self.shm.buf)
+        try:
+            stub.RegisterSharedMemory(
+                pb.RegisterSharedMemoryRequest(name=self.name, path=f"/dev/shm/{self.name}", byte_size=size),
+                metadata=metadata,
+                timeout=timeout,
+            )
+        except BaseException:
+            self._release()
+            raise
+
+    def row(self, i, count=None):
+        """The `SharedLogits` naming row `i` (its first `count` logits; all
+        `vocab` by default) for SampleRequest.shared, SampleStreamRequest.shared,
+        BatchRow.shared or BatchStreamRow.shared."""
+        if not 0 <= i < self.array.shape[0]:
+            raise IndexError(f"row {i} of {self.array.shape[0]}")
+        return pb.SharedLogits(region=self.name, offset=i * self.vocab * self.width, count=count or self.vocab, dtype=self.dtype)
+
+    def _release(self):
+        self.array = None
+        self.shm.close()
+        self.shm.unlink()
+
+    def close(self, timeout=10.0):
+        """Unregisters the region and removes its file."""
+        try:
+            self.stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=self.name), metadata=self.metadata, timeout=timeout)
+        finally:
+            self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+
+def shared_rows(stub, rows, vocab, **kwargs):
+    """A registered shared-memory region of `rows` × `vocab` logits: see
+    SharedRows (`dtype` "f32", "f16" or "bf16"; `name`, `metadata` for a
+    bearer token, `timeout`)."""
+    return SharedRows(stub, rows, vocab, **kwargs)
+
+
 def sample_logits(stub, logits, *, step=0, previous_tokens=(), n_probs=0, timeout=10.0, **params):
     """One stateless Sample step with the logits (a numpy array or any
     sequence of floats) sent as raw bytes. Keyword arguments beyond the

@@ -128,6 +128,19 @@ class KitTest(unittest.TestCase):
             self.assertAlmostEqual(dense.logprob, sparse.logprob, delta=1e-6)
             self.assertEqual([p.token_id for p in dense.probs], [p.token_id for p in sparse.probs])
 
+    def test_shared_rows_answer_as_inline_rows(self):
+        logits = np.random.default_rng(5).standard_normal((3, N_VOCAB)).astype(np.float32)
+        with sc.shared_rows(self.stub, rows=3, vocab=N_VOCAB) as shm:
+            shm.array[:] = logits
+            for i in range(3):
+                shared = self.stub.Sample(sc.pb.SampleRequest(shared=shm.row(i), step=i, n_probs=2))
+                inline = self.stub.Sample(sc.pb.SampleRequest(logits_f32le=sc.f32le(logits[i]), step=i, n_probs=2))
+                self.assertEqual(shared, inline)
+            name = shm.name
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.stub.Sample(sc.pb.SampleRequest(shared=sc.pb.SharedLogits(region=name, count=N_VOCAB)))
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+
     def test_bytes_equal_floats(self):
         a = sc.sample_logits(self.stub, FLAT, seed=3, step=2)
         b = self.stub.Sample(sc.pb.SampleRequest(logits=FLAT.tolist(), params=sc.pb.SamplingParams(seed=3), step=2), timeout=10)

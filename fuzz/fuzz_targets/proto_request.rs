@@ -64,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = v1::SampleBatchRequest::decode(bytes) else {
             return;
         };
-        match samplerd::service::batch::sample_batch_blocking(state, &req) {
+        match samplerd::service::batch::sample_batch_blocking(state, &req, &samplerd::transport::identity::Caller::Unknown) {
             Ok(rows) => {
                 assert_eq!(rows.len(), req.rows.len());
                 for r in rows {
@@ -82,7 +82,12 @@ fuzz_target!(|data: &[u8]| {
             Ok(p) => p,
             Err(e) => return check_refusal(e),
         };
-        match samplerd::service::sample::sample_blocking(state, &req, &prepared) {
+        match samplerd::service::sample::sample_blocking(
+            state,
+            &req,
+            &prepared,
+            &samplerd::transport::identity::Caller::Unknown,
+        ) {
             Ok(r) => {
                 let n = req.logits.len().max(req.logits_f32le.len() / 4);
                 assert!((r.token_id as usize) < n, "token {} of {n}", r.token_id);

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use samplerd::app::config::Config;
 use samplerd::service::sample;
 use samplerd::service::state::AppState;
+use samplerd::transport::identity::Caller;
 use samplerd_api::testing::v1::noop_client::NoopClient;
 use samplerd_api::testing::v1::noop_server::{Noop, NoopServer};
 use samplerd_api::v1::sampler_client::SamplerClient;
@@ -577,7 +578,9 @@ async fn breakdown(state: &Arc<AppState>, bytes: &[u8], iters: usize) {
     let mut whole = Vec::with_capacity(iters);
     for i in 0..iters + WARMUP {
         let t = Instant::now();
-        sample::handle(state.clone(), req.clone()).await.unwrap();
+        sample::handle(state.clone(), req.clone(), Caller::Unknown)
+            .await
+            .unwrap();
         if i >= WARMUP {
             whole.push(t.elapsed());
         }

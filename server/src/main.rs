@@ -1,7 +1,6 @@
 //! The `samplerd` binary: `serve` (default), `check-config` and
 //! `bench-chain`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -52,9 +51,10 @@ struct ConfigArgs {
 struct ServeArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// Listen address (config `listen`, env SAMPLERD_LISTEN).
+    /// Listen address: HOST:PORT or unix:/path/samplerd.sock; repeatable
+    /// (config `listen`, env SAMPLERD_LISTEN).
     #[arg(long, value_name = "ADDR")]
-    listen: Option<SocketAddr>,
+    listen: Vec<samplerd::transport::listen::ListenAddr>,
     /// Plugin directory; repeatable (config `plugins.dirs`).
     #[arg(long = "plugin-dir", value_name = "DIR")]
     plugin_dirs: Vec<PathBuf>,
@@ -70,7 +70,7 @@ struct ServeArgs {
 impl ServeArgs {
     fn overrides(&self) -> CliOverrides {
         CliOverrides {
-            listen: self.listen,
+            listen: self.listen.clone(),
             plugin_dirs: self.plugin_dirs.clone(),
             model: self.model.clone(),
             auth_tokens_file: self.auth_tokens_file.clone(),
@@ -161,6 +161,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = if cfg.metrics.enabled {
         let handle = samplerd::transport::metrics::install()?;
         samplerd::generate::describe_metrics();
+        samplerd::service::shared_memory::describe_metrics();
         Some(handle)
     } else {
         None
@@ -214,10 +215,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // Listening for SIGTERM/SIGINT/SIGQUIT from here on (see
         // `shutdown::signal`).
         let shutdown = samplerd::app::shutdown::signal();
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .with_context(|| format!("cannot listen on {} (config `listen`)", cfg.listen))?;
-        server::serve(state, &cfg, listener, shutdown).await?;
+        let bound =
+            samplerd::transport::listen::bind(&cfg.listen, cfg.transport.unix_socket_mode).await?;
+        server::serve(state, &cfg, bound, shutdown).await?;
         tracing::info!("samplerd stopped");
         Ok(())
     });

@@ -84,6 +84,19 @@ pub enum Reason {
     /// stage's outcome could depend on the entries not sent (metadata
     /// `stage`, `entries_sent`, `entries_needed` where known).
     SparseInsufficient,
+    /// A shared-memory file or region the caller may not use: another
+    /// identity's region, a file outside `transport.shared_memory_dirs`,
+    /// behind a symlink or of another owner.
+    SharedMemoryDenied,
+    /// A shared-memory region name that is not registered.
+    UnknownRegion,
+    /// A shared-memory region name that is taken.
+    RegionExists,
+    /// A shared-memory region truncated while it was read (it is
+    /// unregistered).
+    RegionLost,
+    /// `limits.max_shared_regions` or `limits.max_shared_bytes` is reached.
+    SharedMemoryFull,
     /// Generate on a server started without a model.
     NoModel,
     /// Generate before the model finished loading.
@@ -110,7 +123,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in docs/API.md's order.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 34] = [
         Reason::InvalidField,
         Reason::ParamOutOfRange,
         Reason::LimitExceeded,
@@ -130,6 +143,11 @@ impl Reason {
         Reason::NoSamplingThread,
         Reason::StepPanicked,
         Reason::SparseInsufficient,
+        Reason::SharedMemoryDenied,
+        Reason::UnknownRegion,
+        Reason::RegionExists,
+        Reason::RegionLost,
+        Reason::SharedMemoryFull,
         Reason::NoModel,
         Reason::ModelLoading,
         Reason::Unauthenticated,
@@ -164,6 +182,11 @@ impl Reason {
             Reason::NoSamplingThread => "SAMPLERD_NO_SAMPLING_THREAD",
             Reason::StepPanicked => "SAMPLERD_STEP_PANICKED",
             Reason::SparseInsufficient => "SAMPLERD_SPARSE_INSUFFICIENT",
+            Reason::SharedMemoryDenied => "SAMPLERD_SHARED_MEMORY_DENIED",
+            Reason::UnknownRegion => "SAMPLERD_UNKNOWN_REGION",
+            Reason::RegionExists => "SAMPLERD_REGION_EXISTS",
+            Reason::RegionLost => "SAMPLERD_SHARED_REGION_LOST",
+            Reason::SharedMemoryFull => "SAMPLERD_SHARED_MEMORY_FULL",
             Reason::NoModel => "SAMPLERD_NO_MODEL",
             Reason::ModelLoading => "SAMPLERD_MODEL_LOADING",
             Reason::Unauthenticated => "SAMPLERD_UNAUTHENTICATED",
@@ -197,7 +220,12 @@ impl Reason {
             Reason::Overloaded
             | Reason::BudgetExceeded
             | Reason::ConstraintTooCostly
-            | Reason::MessageTooLarge => Code::ResourceExhausted,
+            | Reason::MessageTooLarge
+            | Reason::SharedMemoryFull => Code::ResourceExhausted,
+            Reason::SharedMemoryDenied => Code::PermissionDenied,
+            Reason::UnknownRegion => Code::NotFound,
+            Reason::RegionExists => Code::AlreadyExists,
+            Reason::RegionLost => Code::Aborted,
             Reason::StageFailed | Reason::StepPanicked | Reason::Internal => Code::Internal,
             Reason::StepStuck | Reason::DeadlineExceeded => Code::DeadlineExceeded,
             Reason::NoSamplingThread

@@ -105,6 +105,7 @@ async fn each_row_is_exactly_sample_in_every_dtype() {
                         previous_tokens: (0..i as u32 * 5).collect(),
                         constraint_tokens: vec![],
                         sparse: None,
+                        shared: None,
                     }
                 })
                 .collect();

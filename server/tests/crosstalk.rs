@@ -137,6 +137,7 @@ fn mix(with_model: bool) -> Vec<Req> {
                     post_sampling_probs: i % 3 == 0,
                     constraint_tokens: Vec::new(),
                     sparse: None,
+                    shared: None,
                 })
             }
         })

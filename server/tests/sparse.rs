@@ -587,7 +587,7 @@ async fn malformed_sparse_rows_name_the_field() {
             v1::SampleRequest::default(),
             Reason::InvalidField,
             "logits/logits_f32le",
-            "set exactly one of `logits`, `logits_f32le` and `sparse`, got none",
+            "set exactly one of `logits`, `logits_f32le`, `sparse` and `shared`, got none",
         ),
     ];
     for (r, reason, field, text) in cases {

@@ -102,7 +102,10 @@ class Manifests(unittest.TestCase):
                 c = samplerd_container(one(docs, "Deployment", "samplerd"))
                 ports = {p["name"]: p["containerPort"] for p in c["ports"]}
                 listen = tomllib.loads(config_toml(docs))["listen"]
-                self.assertEqual(int(listen.rsplit(":", 1)[1]), ports["grpc"])
+                # One address or a list: the probes use the TCP one.
+                tcp = [a for a in ([listen] if isinstance(listen, str) else listen) if not a.startswith("unix:")]
+                self.assertEqual(len(tcp), 1, listen)
+                self.assertEqual(int(tcp[0].rsplit(":", 1)[1]), ports["grpc"])
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     p = c[probe]
                     self.assertIn("grpc", p, f"{probe} is not a gRPC probe: {p}")
@@ -182,13 +185,38 @@ class Manifests(unittest.TestCase):
         self.assertIn({"name": "SAMPLERD_MODEL__DEVICE", "value": "cuda"}, c["env"])
         self.assertTrue(c["image"].endswith("-cuda"), c["image"])
 
+    def test_sidecar_shares_the_socket_and_memory_with_the_engine(self):
+        docs = render("sidecar")
+        spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+        cfg = tomllib.loads(config_toml(docs))
+        sock = next(a for a in cfg["listen"] if a.startswith("unix:")).removeprefix("unix:")
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        containers = {c["name"]: c for c in spec["containers"]}
+        self.assertEqual(set(containers), {"samplerd", "engine"})
+        mounts = {n: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for n, c in containers.items()}
+        sock_dir = os.path.dirname(sock)
+        for name in ("samplerd", "engine"):
+            with self.subTest(container=name):
+                # The socket's directory and every shared-memory directory
+                # are the same Memory emptyDirs in both containers.
+                self.assertIn(sock_dir, mounts[name])
+                for d in cfg["transport"]["shared_memory_dirs"]:
+                    self.assertIn(d, mounts[name])
+                    self.assertEqual(mounts[name][d], mounts["samplerd"][d])
+                    self.assertEqual(volumes[mounts[name][d]]["emptyDir"]["medium"], "Memory")
+                self.assertEqual(mounts[name][sock_dir], mounts["samplerd"][sock_dir])
+        env = {e["name"]: e["value"] for e in containers["engine"]["env"]}
+        self.assertEqual(env["SAMPLERD_ADDR"], f"unix://{sock}")
+
     def test_configmap_passes_check_config(self):
         for overlay in self.overlays:
             with self.subTest(overlay=overlay):
-                r = check_config(config_toml(render(overlay)))
+                toml_text = config_toml(render(overlay))
+                r = check_config(toml_text)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                self.assertIn('listen = "0.0.0.0:50051"', r.stdout)
-                self.assertIn('listen = "0.0.0.0:9090"', r.stdout)
+                effective = tomllib.loads(r.stdout)
+                self.assertEqual(effective["listen"], tomllib.loads(toml_text)["listen"])
+                self.assertEqual(effective["metrics"]["listen"], "0.0.0.0:9090")
                 self.assertIn("# default chain", r.stdout)
 
     @unittest.skipUnless(shutil.which("cc"), "no C compiler for the example plugin")

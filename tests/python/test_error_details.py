@@ -11,7 +11,8 @@ Three servers (`samplerd serve`, built-in defaults plus a samplerd.toml per
 server, no model):
   A: core + constraint + test plugins, a named vocabulary, small limits —
      the request errors, admission, the memory budget, message size, a
-     failing stage, the server's request deadline, message counts, no model;
+     failing stage, the server's request deadline, message counts, no model,
+     shared-memory regions (refused, unknown, taken, full, truncated);
   B: a token file — authentication, then SIGTERM with a stream open — the
      drain's refusal;
   D: the stuck-stage C fixture on one sampling thread that is not replaced
@@ -221,6 +222,7 @@ max_concurrent_streams = 1
 max_message_bytes = 2097152
 memory_budget_bytes = 4194304
 max_request_duration_secs = 1
+max_shared_bytes = 1048576
 """, grpc, health_pb2, health_pb2_grpc)
         servers.append(a)
         a.wait()
@@ -374,6 +376,34 @@ max_request_duration_secs = 1
             assert meta.get("stage") == "dist" and meta.get("entries_sent") == "2", meta
             seen.add("SAMPLERD_SPARSE_INSUFFICIENT")
         check("samplerd_sparse_insufficient", t_sparse_insufficient)
+
+        def t_shared_memory():
+            # A region in /dev/shm of this (the server's) user, over TCP.
+            path = f"/dev/shm/samplerd-errors-{os.getpid()}"
+            with open(path, "wb") as f:
+                f.write(raw)
+
+            def register(name, p=path, n=len(raw)):
+                return lambda: stub.RegisterSharedMemory(
+                    pb.RegisterSharedMemoryRequest(name=name, path=p, byte_size=n), timeout=RPC_TIMEOUT_S)
+            try:
+                register("r")()
+                expect(register("r"), grpc.StatusCode.ALREADY_EXISTS, "SAMPLERD_REGION_EXISTS", field="name")
+                expect(register("x", p=vocab_file), grpc.StatusCode.PERMISSION_DENIED,
+                       "SAMPLERD_SHARED_MEMORY_DENIED", field="path")
+                expect(register("big", n=2 << 20), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       "SAMPLERD_SHARED_MEMORY_FULL", limit="limits.max_shared_bytes")
+                expect(S(shared=pb.SharedLogits(region="nope", count=VOCAB)), grpc.StatusCode.NOT_FOUND,
+                       "SAMPLERD_UNKNOWN_REGION", field="shared.region")
+                stub.Sample(pb.SampleRequest(shared=pb.SharedLogits(region="r", count=VOCAB)), timeout=RPC_TIMEOUT_S)
+                os.truncate(path, 0)  # the owner truncates its region: the next read faults
+                expect(S(shared=pb.SharedLogits(region="r", count=VOCAB)), grpc.StatusCode.ABORTED,
+                       "SAMPLERD_SHARED_REGION_LOST", field="shared.region")
+            finally:
+                os.unlink(path)
+            seen.update({"SAMPLERD_REGION_EXISTS", "SAMPLERD_SHARED_MEMORY_DENIED", "SAMPLERD_SHARED_MEMORY_FULL",
+                         "SAMPLERD_UNKNOWN_REGION", "SAMPLERD_SHARED_REGION_LOST"})
+        check("samplerd_shared_memory", t_shared_memory)
 
         def t_no_model():
             expect(lambda: stub.Generate(pb.GenerateRequest(prompt="hi"), timeout=RPC_TIMEOUT_S),
@@ -544,7 +574,7 @@ max_constraint_compile_ms = 200
     with open(os.path.join(ROOT, "docs", "API.md")) as f:
         documented = set(re.findall(r"^\| `?(SAMPLERD_[A-Z_]+)`? \|", f.read(), re.M))
     want = documented - {"SAMPLERD_STEP_PANICKED", "SAMPLERD_MODEL_LOADING", "SAMPLERD_INTERNAL"}
-    if len(documented) != 29 or seen != want:
+    if len(documented) != 34 or seen != want:
         checks.failed += 1
         print(f"FAIL reasons: documented {len(documented)}, missing here: {sorted(want - seen)}, "
               f"undocumented: {sorted(seen - documented)}")

@@ -31,6 +31,7 @@ pub async fn run(conn: &ConnArgs, args: SampleArgs) -> anyhow::Result<ExitCode> 
         post_sampling_probs: false,
         constraint_tokens: Vec::new(),
         sparse: None,
+        shared: None,
     };
     let raw: SampleResponse = client.sample(request.clone()).await?.into_inner();
     let post = if args.n_probs > 0 {

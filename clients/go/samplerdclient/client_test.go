@@ -99,6 +99,35 @@ func TestSampleRawBytes(t *testing.T) {
 	}
 }
 
+func TestSharedRowsAnswerAsInlineRows(t *testing.T) {
+	c := client(t)
+	ctx := ctxFor(t, 10*time.Second)
+	name := fmt.Sprintf("samplerd-go-test-%d", os.Getpid())
+	s, err := CreateSharedRows(ctx, c, name, 2, len(flatLogits()))
+	if err != nil {
+		t.Fatal(Describe(err))
+	}
+	copy(s.Row(1), flatLogits())
+	params := &pb.SamplingParams{Seed: proto.Uint64(9)}
+	shared, err := c.Sample(ctx, &pb.SampleRequest{Shared: s.Ref(1), Params: params, Step: 4})
+	if err != nil {
+		t.Fatal(Describe(err))
+	}
+	inline, err := c.Sample(ctx, &pb.SampleRequest{LogitsF32Le: F32LE(flatLogits()), Params: params, Step: 4})
+	if err != nil {
+		t.Fatal(Describe(err))
+	}
+	if !proto.Equal(shared, inline) {
+		t.Fatalf("shared %v != inline %v", shared, inline)
+	}
+	if err := s.Close(ctx, c); err != nil {
+		t.Fatal(Describe(err))
+	}
+	if _, err := os.Stat(s.Path); !os.IsNotExist(err) {
+		t.Fatalf("%s still exists: %v", s.Path, err)
+	}
+}
+
 func TestSparseRow(t *testing.T) {
 	row, err := SparseRow([]float32{0.5, 3.0, float32(math.Inf(-1)), 2.0, 1.0}, 2)
 	if err != nil {

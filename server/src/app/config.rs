@@ -18,7 +18,6 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -29,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::service::constraint::CONSTRAINT_PLUGIN_FILE;
 use crate::service::defaults::{ChainConfig, SamplingDefaults};
 use crate::service::limits::LimitsConfig;
+use crate::transport::listen::{Listen, ListenAddr};
 
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -44,8 +44,9 @@ pub const CORE_PLUGIN_FILE: &str = "libsamplerd_core_stages.so";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// gRPC listen address.
-    pub listen: SocketAddr,
+    /// gRPC listen address(es): `HOST:PORT` or `unix:/path`, one or a
+    /// list (`transport::listen`).
+    pub listen: Listen,
     pub plugins: PluginsConfig,
     pub chain: ChainConfig,
     pub sampling: SamplingDefaults,
@@ -60,6 +61,7 @@ pub struct Config {
     pub reflection: bool,
     pub tls: crate::transport::tls::TlsConfig,
     pub auth: crate::transport::auth::AuthConfig,
+    pub transport: crate::transport::listen::TransportConfig,
     /// Named vocabularies for Sample and SampleStream (`NAME = "path"`: a
     /// GGUF or a Hugging Face tokenizer.json), which `params.vocabulary`
     /// names.
@@ -84,6 +86,7 @@ impl Default for Config {
             reflection: true,
             tls: crate::transport::tls::TlsConfig::default(),
             auth: crate::transport::auth::AuthConfig::default(),
+            transport: crate::transport::listen::TransportConfig::default(),
             vocabularies: Default::default(),
         }
     }
@@ -184,7 +187,8 @@ pub struct ModelConfig {
 /// Command-line overrides (the last layer). `None`/empty = not given.
 #[derive(Clone, Debug, Default)]
 pub struct CliOverrides {
-    pub listen: Option<SocketAddr>,
+    /// `--listen`, repeatable.
+    pub listen: Vec<ListenAddr>,
     pub plugin_dirs: Vec<PathBuf>,
     pub model: Option<PathBuf>,
     pub auth_tokens_file: Option<PathBuf>,
@@ -200,8 +204,9 @@ impl Provider for CliOverrides {
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
         let mut root = Dict::new();
-        if let Some(listen) = self.listen {
-            root.insert("listen".into(), listen.to_string().into());
+        if !self.listen.is_empty() {
+            let list: Vec<String> = self.listen.iter().map(ToString::to_string).collect();
+            root.insert("listen".into(), list.into());
         }
         if !self.plugin_dirs.is_empty() {
             let dirs: Vec<String> = self
@@ -337,6 +342,7 @@ const CONFIG_SECTIONS: &[&str] = &[
     "shutdown",
     "tls",
     "auth",
+    "transport",
     "vocabularies",
 ];
 /// Top-level scalar keys of [`Config`] (set as `SAMPLERD_<KEY>`).
@@ -435,7 +441,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             return Err(loaded.invalid(key, v, "must be > 0"));
         }
     }
-    if let Err((key, message)) = c.tls.check(c.listen) {
+    if let Err((key, message)) = c.tls.check(&c.listen) {
         let value = figment_value(&loaded.figment, key);
         return Err(loaded.invalid(key, value, message));
     }

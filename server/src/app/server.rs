@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use samplerd_api::v1::sampler_server::SamplerServer;
 use samplerd_sampling::{LoadError, StageRegistry};
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::codec::CompressionEncoding;
@@ -26,11 +25,13 @@ use crate::app::config::Config;
 use crate::generate::generator::Generator;
 use crate::service::SamplerService;
 use crate::service::defaults::{DefaultChainError, Defaults};
+use crate::service::shared_memory::{SharedMemoryConfig, SharedRegions};
 use crate::service::state::AppState;
 use crate::transport::connections::CountActive;
 use crate::transport::content_type::GrpcOnly;
 use crate::transport::deadline::Deadline;
 use crate::transport::drain::{CLOSE_TIMEOUT, Drain};
+use crate::transport::listen::{Bound, Listen};
 use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
@@ -61,12 +62,10 @@ pub enum StartError {
     Plugins(#[from] LoadError),
     #[error("default chain: {0}")]
     Chain(#[from] DefaultChainError),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{0}")]
+    Bind(#[from] crate::transport::listen::BindError),
+    #[error("server task: {0}")]
+    Task(String),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("server: {0}")]
@@ -118,6 +117,7 @@ pub fn build_state(
     )
     .map_err(StartError::StepPool)?;
     state.vocabularies = crate::request::vocabularies::Vocabularies::load(&config.vocabularies)?;
+    state.shared = SharedRegions::new(SharedMemoryConfig::new(&config.transport, &config.limits));
     Ok(Arc::new(state))
 }
 
@@ -144,9 +144,15 @@ macro_rules! compressed {
 pub async fn serve(
     state: Arc<AppState>,
     config: &Config,
-    listener: TcpListener,
+    bound: Bound,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
+    // Removed when serving ends, however it ends.
+    let Bound {
+        listeners,
+        addrs,
+        socket_files: _socket_files,
+    } = bound;
     let limits = &config.limits;
     let unary = unary_guard(config);
     // Generate has an instance of its own whose decoding limit is its
@@ -195,17 +201,16 @@ pub async fn serve(
 
     let readiness = follow_readiness(&state, reporter.clone());
 
-    let local = listener
-        .local_addr()
-        .map(|a| a.to_string())
+    let local = Listen::new(addrs)
+        .map(|l| l.to_string())
         .unwrap_or_default();
-    let incoming = crate::transport::connections::incoming(listener, limits.connections());
+    let incoming = crate::transport::connections::incoming(listeners, limits.connections());
     let drain = Drain::new();
     let (close_tx, close_rx) = oneshot::channel::<()>();
     let (builder, auth) = crate::transport::tls::secured_builder(
         &config.tls,
         &config.auth,
-        config.listen,
+        &config.listen,
         Duration::from_millis(limits.handshake_timeout_ms),
     )?;
     let server = builder
@@ -260,6 +265,8 @@ pub async fn serve(
     }
     let grace = config.shutdown.grace_period();
     drain_then_close(server, &drain, readiness, &reporter, grace, close_tx).await;
+    // No request is left to read them.
+    state.shared.clear();
     Ok(())
 }
 
@@ -325,6 +332,14 @@ fn unary_guard(config: &Config) -> UnaryGuard {
             path: "/samplerd.v1.Sampler/SampleBatch",
             limit: None,
         },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/RegisterSharedMemory",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/UnregisterSharedMemory",
+            limit: None,
+        },
         // Server-streaming, but one request message like a unary call.
         UnaryMethod {
             path: GENERATE_PATH,
@@ -376,8 +391,11 @@ fn follow_readiness(state: &AppState, reporter: HealthReporter) -> JoinHandle<()
 
 /// A server running on a background task (tests, benchmarks).
 pub struct RunningServer {
-    /// The bound address (useful with port 0).
+    /// The first TCP address bound (useful with port 0); 0.0.0.0:0 when
+    /// only Unix sockets are configured.
     pub addr: SocketAddr,
+    /// The first Unix socket bound.
+    pub unix: Option<std::path::PathBuf>,
     /// The shared state (for diagnostics in tests).
     pub state: Arc<AppState>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -392,10 +410,7 @@ impl RunningServer {
         }
         match (&mut self.task).await {
             Ok(r) => r,
-            Err(e) => Err(StartError::Bind {
-                addr: self.addr,
-                source: std::io::Error::other(e),
-            }),
+            Err(e) => Err(StartError::Task(e.to_string())),
         }
     }
 }
@@ -407,26 +422,23 @@ pub async fn spawn(
 ) -> Result<RunningServer, StartError> {
     let registry = load_registry(&config)?;
     let state = build_state(&config, registry, generator)?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let bound =
+        crate::transport::listen::bind(&config.listen, config.transport.unix_socket_mode).await?;
+    let addr = bound
+        .tcp()
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let unix = bound.unix().map(std::path::Path::to_path_buf);
     let (tx, rx) = oneshot::channel();
     let st = state.clone();
     let task = tokio::spawn(async move {
-        serve(st, &config, listener, async {
+        serve(st, &config, bound, async {
             let _ = rx.await;
         })
         .await
     });
     Ok(RunningServer {
         addr,
+        unix,
         state,
         shutdown: Some(tx),
         task,

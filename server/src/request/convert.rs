@@ -21,6 +21,7 @@ use crate::request::errors::{InvalidKind, RequestError};
 pub const FIELD_LOGITS: &str = "logits";
 pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
 pub const FIELD_SPARSE: &str = "sparse";
+pub const FIELD_SHARED: &str = "shared";
 
 /// One step's logits as the sampling core takes them: a whole row, or a
 /// sparse one (the top of the row and the log-sum-exp of the rest).
@@ -62,7 +63,7 @@ impl<'a> LogitsInput<'a> {
             (true, true) => {
                 return Err(RequestError::invalid(
                     "logits/logits_f32le",
-                    "set exactly one of `logits`, `logits_f32le` and `sparse`, got none",
+                    "set exactly one of `logits`, `logits_f32le`, `sparse` and `shared`, got none",
                 ));
             }
             (false, true) => LogitsInput {
@@ -147,6 +148,7 @@ impl<'a> LogitsInput<'a> {
     /// sparse row's `vocab_size`.
     pub fn len_field(&self) -> &'static str {
         match self.logits {
+            StepLogits::Dense(_) if self.field == FIELD_SHARED => "shared.count",
             StepLogits::Dense(_) => self.field,
             StepLogits::Sparse(_) => "sparse.vocab_size",
         }

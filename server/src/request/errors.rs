@@ -43,6 +43,14 @@ pub enum RequestError {
         reason: Reason,
         limit: &'static str,
     },
+    /// A field refused for `reason` (a shared-memory file or region the
+    /// caller may not use, or that is gone or full).
+    #[error("{field}: {message}")]
+    Refused {
+        field: String,
+        message: String,
+        reason: Reason,
+    },
     /// Server-side failure unrelated to the request.
     #[error("{0}")]
     Internal(String),
@@ -98,6 +106,15 @@ impl RequestError {
             field: field.into(),
             message: message.into(),
             kind,
+        }
+    }
+
+    /// A field refused for `reason`.
+    pub fn refused(reason: Reason, field: impl Into<String>, message: impl Into<String>) -> Self {
+        RequestError::Refused {
+            field: field.into(),
+            message: message.into(),
+            reason,
         }
     }
 
@@ -179,6 +196,15 @@ impl RequestError {
             RequestError::Logits { field, source } => RequestError::Logits {
                 field: format!("rows[{row}].{field}"),
                 source,
+            },
+            RequestError::Refused {
+                field,
+                message,
+                reason,
+            } => RequestError::Refused {
+                field: format!("rows[{row}].{field}"),
+                message,
+                reason,
             },
             e @ RequestError::InRow { .. } => e,
             other => RequestError::InRow {
@@ -266,6 +292,9 @@ impl RequestError {
                     out = out.entries("entries_needed", n);
                 }
                 out
+            }
+            RequestError::Refused { field, reason, .. } => {
+                Failure::new(*reason, msg).field(field.clone())
             }
             RequestError::Internal(_) => Failure::new(Reason::Internal, msg),
             RequestError::Step(f) => f.failure(),

@@ -31,8 +31,10 @@ use super::constraint::{CONSTRAINT_PLUGIN_FILE, Prepared};
 use super::sample::run_step;
 use super::state::AppState;
 use super::validate::batch::{self as valid, Dtype, RowLogits};
+use crate::request::convert::{FIELD_LOGITS, FIELD_SPARSE};
 use crate::request::errors::RequestError;
 use crate::request::memory;
+use crate::transport::identity::Caller;
 
 /// The memory a batch holds while it is served: each row as a `Sample`
 /// request, plus the f32 copy a half-width row is widened into.
@@ -41,15 +43,26 @@ pub fn batch_bytes(req: &v1::SampleBatchRequest, dtype: Dtype) -> usize {
         Dtype::F32le => 0,
         Dtype::F16le | Dtype::Bf16le => bytes * 2,
     };
+    // A shared row is read in place: only its widened copy is held.
+    let shared = |r: &v1::BatchRow| {
+        r.shared
+            .as_ref()
+            .map_or(0, |s| match Dtype::from_proto(s.dtype) {
+                Ok(Dtype::F16le | Dtype::Bf16le) => s.count as usize * 4,
+                _ => 0,
+            })
+    };
     req.rows
         .iter()
         .map(|r| {
-            memory::request_bytes(
-                memory::sparse_floats(r.sparse.as_ref()),
-                r.logits.len(),
-                r.previous_tokens.len() + r.constraint_tokens.len(),
-                r.params.as_ref(),
-            ) + widened(r.logits.len())
+            shared(r)
+                + memory::request_bytes(
+                    memory::sparse_floats(r.sparse.as_ref()),
+                    r.logits.len(),
+                    r.previous_tokens.len() + r.constraint_tokens.len(),
+                    r.params.as_ref(),
+                )
+                + widened(r.logits.len())
         })
         .sum::<usize>()
         + memory::request_bytes(0, 0, 0, req.params.as_ref())
@@ -62,15 +75,34 @@ fn row_blocking(
     dtype: Dtype,
     i: usize,
     prepared: &Prepared,
+    caller: &Caller,
 ) -> Result<v1::SampleResponse, RequestError> {
     let r = &req.rows[i];
-    let logits = RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab)
+    let shared = state
+        .shared
+        .resolve_in(
+            r.shared.as_ref(),
+            &[
+                (!r.logits.is_empty(), FIELD_LOGITS),
+                (r.sparse.is_some(), FIELD_SPARSE),
+            ],
+            caller,
+            state.limits.max_vocab,
+        )
         .map_err(|e| e.in_row(i))?;
+    let logits = match &shared {
+        Some(row) => row.logits(),
+        None => RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab)
+            .map_err(|e| e.in_row(i))?,
+    };
     let start = valid::row(state, req, i, &logits, prepared.prebuilt())?;
     let mut seq = start.open_sequence().map_err(|e| e.in_row(i))?;
     let mut buf = state.pool.take();
     let result = run_step(&mut seq, &mut buf, start.step, start.seed, None);
     state.pool.put(buf);
+    if let Some(row) = &shared {
+        state.shared.check_read(row).map_err(|e| e.in_row(i))?;
+    }
     result.map_err(|e| e.in_row(i))
 }
 
@@ -80,6 +112,7 @@ fn row_blocking(
 pub fn sample_batch_blocking(
     state: &AppState,
     req: &v1::SampleBatchRequest,
+    caller: &Caller,
 ) -> Result<Vec<v1::SampleResponse>, RequestError> {
     let dtype = valid::batch(state, req)?;
     let mut prepared = Prepared::default();
@@ -90,7 +123,7 @@ pub fn sample_batch_blocking(
         prepared.extend(&p);
     }
     (0..req.rows.len())
-        .map(|i| row_blocking(state, req, dtype, i, &prepared))
+        .map(|i| row_blocking(state, req, dtype, i, &prepared, caller))
         .collect()
 }
 
@@ -160,6 +193,7 @@ async fn prepare(
 pub async fn handle(
     state: Arc<AppState>,
     req: v1::SampleBatchRequest,
+    caller: Caller,
 ) -> Result<v1::SampleBatchResponse, Status> {
     let request_id = state.request_id();
     let span = tracing::debug_span!("sample_batch", request_id, rows = req.rows.len());
@@ -179,7 +213,7 @@ pub async fn handle(
             move || {
                 // For the crash report, should a plugin kill the process.
                 let _serving = samplerd_sampling::activity::serving(request_id);
-                row_blocking(&state, &req, dtype, i, &prepared)
+                row_blocking(&state, &req, dtype, i, &prepared, &caller)
             }
         })
         .collect();

@@ -26,8 +26,10 @@ use super::sample::{run_step, run_verify};
 use super::state::{AppState, BoxStream};
 use super::validate::batch::{self as valid, Dtype, RowLogits};
 use super::validate::verify;
+use crate::request::convert::{FIELD_LOGITS, FIELD_SPARSE};
 use crate::request::errors::RequestError;
 use crate::request::memory::{self, Charge};
+use crate::transport::identity::Caller;
 use crate::transport::status_fixup::completed;
 
 /// One open sequence.
@@ -48,7 +50,9 @@ fn sequence_bytes(
     dtype: Dtype,
 ) -> usize {
     let n_vocab = row.logits.len() / dtype.width();
-    let n_vocab = n_vocab.max(row.sparse.as_ref().map_or(0, |s| s.vocab_size as usize));
+    let n_vocab = n_vocab
+        .max(row.sparse.as_ref().map_or(0, |s| s.vocab_size as usize))
+        .max(row.shared.as_ref().map_or(0, |s| s.count as usize));
     memory::request_bytes(
         memory::sparse_floats(row.sparse.as_ref()),
         row.logits.len() / dtype.width() * 4,
@@ -65,6 +69,7 @@ fn row_blocking(
     i: usize,
     open: Option<SeqState>,
     prepared: &Prepared,
+    caller: &Caller,
 ) -> (Option<SeqState>, Result<v1::SampleResponse, RequestError>) {
     let r = &msg.rows[i];
     let open = match (r.verify.as_ref(), open) {
@@ -74,11 +79,26 @@ fn row_blocking(
         }
         (_, open) => open,
     };
-    let logits =
-        match RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab) {
-            Ok(l) => l,
-            Err(e) => return (open, Err(e.in_row(i))),
-        };
+    let shared = match state.shared.resolve_in(
+        r.shared.as_ref(),
+        &[
+            (!r.logits.is_empty(), FIELD_LOGITS),
+            (r.sparse.is_some(), FIELD_SPARSE),
+        ],
+        caller,
+        state.limits.max_vocab,
+    ) {
+        Ok(s) => s,
+        Err(e) => return (open, Err(e.in_row(i))),
+    };
+    let decoded = match &shared {
+        Some(row) => Ok(row.logits()),
+        None => RowLogits::decode(dtype, &r.logits, r.sparse.as_ref(), state.limits.max_vocab),
+    };
+    let logits = match decoded {
+        Ok(l) => l,
+        Err(e) => return (open, Err(e.in_row(i))),
+    };
     let (mut seq_state, input) = match open {
         Some(s) => match valid::stream_step(state, msg, i, &logits, s.n_vocab, s.step) {
             Ok(input) => (s, input),
@@ -105,7 +125,12 @@ fn row_blocking(
     let mut buf = state.pool.take();
     let result = run_step(&mut seq_state.seq, &mut buf, input, seq_state.seed, None);
     state.pool.put(buf);
+    // A row lost to a truncation: its token is not accepted.
+    let lost = shared.as_ref().map(|row| state.shared.check_read(row));
     let result = result.and_then(|resp| {
+        if let Some(Err(e)) = lost {
+            return Err(e);
+        }
         seq_state
             .seq
             .accept(resp.token_id)
@@ -178,6 +203,8 @@ struct Batch {
     constraints: HashMap<u64, Arc<Prepared>>,
     inbound: Streaming<v1::SampleBatchStreamRequest>,
     _permit: OwnedSemaphorePermit,
+    /// Whose shared-memory regions the rows may name.
+    caller: Caller,
 }
 
 impl Drop for Batch {
@@ -226,10 +253,11 @@ impl Batch {
                 let open = self.sequences.remove(id);
                 let (state, msg, dtype) = (Arc::clone(&self.state), Arc::clone(&msg), plan.dtype);
                 let prepared = Arc::clone(&prepared);
+                let caller = self.caller;
                 move || {
                     // For the crash report, should a plugin kill the process.
                     let _serving = samplerd_sampling::activity::serving(request_id);
-                    row_blocking(&state, &msg, dtype, i, open, &prepared)
+                    row_blocking(&state, &msg, dtype, i, open, &prepared, &caller)
                 }
             })
             .collect();
@@ -280,6 +308,7 @@ impl Batch {
 pub fn handle(
     state: Arc<AppState>,
     inbound: Streaming<v1::SampleBatchStreamRequest>,
+    caller: Caller,
 ) -> Result<BoxStream<v1::SampleBatchResponse>, Status> {
     let permit = state.stream_permit()?;
     state.open_sessions.fetch_add(1, Ordering::Relaxed);
@@ -294,6 +323,7 @@ pub fn handle(
         constraints: HashMap::new(),
         inbound,
         _permit: permit,
+        caller,
     };
     Ok(Box::pin(futures::stream::unfold(
         Some(batch),

@@ -29,6 +29,12 @@ pub struct LimitsConfig {
     /// Most draft tokens one `Verify` may carry (K; it sends K + 1 target
     /// rows, and K drafter rows under REJECTION).
     pub max_draft_tokens: usize,
+    /// Most shared-memory regions registered at once (all clients
+    /// together; at most `service::shared_memory::MAX_REGIONS`).
+    pub max_shared_regions: usize,
+    /// Most bytes of shared memory registered at once (all clients
+    /// together). The server maps them; the client's memory holds them.
+    pub max_shared_bytes: u64,
     /// HTTP/2 flow-control window per stream, in bytes (large enough for
     /// a whole 0.6 MB logits message without waiting for window updates).
     pub http2_stream_window_bytes: u32,
@@ -197,6 +203,10 @@ impl Default for LimitsConfig {
             // Speculative decoders draft 2-8 tokens (vLLM's and llama.cpp's
             // defaults are 5 and 16); 16 bounds a Verify to 17 rows.
             max_draft_tokens: 16,
+            max_shared_regions: 64,
+            // 64 GiB of address space: 256 rows of 151,936 f32 logits take
+            // 155 MB, so room for a few hundred engines' batches.
+            max_shared_bytes: 64 << 30,
             http2_stream_window_bytes: 8 * 1024 * 1024,
             http2_connection_window_bytes: 32 * 1024 * 1024,
             max_streams_per_connection: 256,

@@ -1,7 +1,8 @@
 //! The `samplerd.v1.Sampler` service: the dispatch of each RPC to its
 //! module (`sample`, `stream`, `batch`, `batch_stream`, `generate`,
 //! `stages`), over the shared state ([`state`]), the configured defaults
-//! ([`defaults`]) and limits ([`limits`]). Every sampling step, and
+//! ([`defaults`]) and limits ([`limits`]), and the shared-memory regions
+//! rows may name ([`shared_memory`]). Every sampling step, and
 //! every other call into plugin code (chain builds included), runs through
 //! [`crate::request::step_pool`] under its watchdog, on the sampling pool's
 //! threads — never on a runtime worker: whatever a stage does, health checks,
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod lse_helper;
 pub mod prepare;
 pub mod sample;
+pub mod shared_memory;
 pub mod stages;
 pub mod state;
 pub mod stream;
@@ -28,6 +30,8 @@ use samplerd_api::v1::sampler_server::Sampler;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::service::state::{AppState, BoxStream};
+use crate::transport::connections::ConnInfo;
+use crate::transport::identity::Caller;
 
 /// The tonic service.
 #[derive(Clone)]
@@ -41,6 +45,7 @@ impl Sampler for SamplerService {
         &self,
         mut request: Request<v1::SampleRequest>,
     ) -> Result<Response<v1::SampleResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let message = match request
             .extensions_mut()
             .remove::<crate::transport::one_frame::Predecoded>()
@@ -48,7 +53,7 @@ impl Sampler for SamplerService {
             Some(crate::transport::one_frame::Predecoded(message)) => message,
             None => request.into_inner(),
         };
-        sample::handle(self.state.clone(), message)
+        sample::handle(self.state.clone(), message, caller)
             .await
             .map(Response::new)
     }
@@ -64,7 +69,9 @@ impl Sampler for SamplerService {
             .get::<crate::transport::one_frame::PredecodedStream>()
             .cloned()
             .unwrap_or_default();
-        stream::handle(self.state.clone(), request.into_inner(), predecoded).map(Response::new)
+        let caller = Caller::of(request.extensions());
+        stream::handle(self.state.clone(), request.into_inner(), predecoded, caller)
+            .map(Response::new)
     }
 
     type GenerateStream = BoxStream<v1::GenerateResponse>;
@@ -80,7 +87,8 @@ impl Sampler for SamplerService {
         &self,
         request: Request<v1::SampleBatchRequest>,
     ) -> Result<Response<v1::SampleBatchResponse>, Status> {
-        batch::handle(self.state.clone(), request.into_inner())
+        let caller = Caller::of(request.extensions());
+        batch::handle(self.state.clone(), request.into_inner(), caller)
             .await
             .map(Response::new)
     }
@@ -91,7 +99,38 @@ impl Sampler for SamplerService {
         &self,
         request: Request<Streaming<v1::SampleBatchStreamRequest>>,
     ) -> Result<Response<Self::SampleBatchStreamStream>, Status> {
-        batch_stream::handle(self.state.clone(), request.into_inner()).map(Response::new)
+        let caller = Caller::of(request.extensions());
+        batch_stream::handle(self.state.clone(), request.into_inner(), caller).map(Response::new)
+    }
+
+    async fn register_shared_memory(
+        &self,
+        request: Request<v1::RegisterSharedMemoryRequest>,
+    ) -> Result<Response<v1::RegisterSharedMemoryResponse>, Status> {
+        let ext = request.extensions();
+        let caller = Caller::of(ext);
+        let peer_uid = Caller::peer_uid(ext);
+        let conn = ConnInfo::of(ext).cloned();
+        let req = request.into_inner();
+        let state = self.state.clone();
+        // Opening and mapping a file: off the runtime's workers.
+        tokio::task::spawn_blocking(move || {
+            state.shared.register(&req, caller, peer_uid, conn.as_ref())
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(v1::RegisterSharedMemoryResponse {}))
+    }
+
+    async fn unregister_shared_memory(
+        &self,
+        request: Request<v1::UnregisterSharedMemoryRequest>,
+    ) -> Result<Response<v1::UnregisterSharedMemoryResponse>, Status> {
+        let caller = Caller::of(request.extensions());
+        self.state
+            .shared
+            .unregister(&request.get_ref().name, &caller)?;
+        Ok(Response::new(v1::UnregisterSharedMemoryResponse {}))
     }
 
     async fn list_stages(

@@ -18,11 +18,13 @@ use tracing::Instrument;
 
 use super::constraint::Prepared;
 use super::lse_helper::LseJob;
+use super::shared_memory::SharedRow;
 use super::state::AppState;
 use super::validate::verify::ValidVerify;
 use super::validate::{self, ValidStep};
-use crate::request::convert::{self, StepLogits};
+use crate::request::convert::{self, FIELD_LOGITS, FIELD_LOGITS_F32LE, FIELD_SPARSE, StepLogits};
 use crate::request::errors::RequestError;
+use crate::transport::identity::Caller;
 
 impl step::DeferredLse for LseJob {
     fn finish(self) -> f32 {
@@ -155,9 +157,21 @@ pub fn sample_blocking(
     state: &AppState,
     req: &v1::SampleRequest,
     prepared: &Prepared,
+    caller: &Caller,
 ) -> Result<v1::SampleResponse, RequestError> {
+    let shared = state.shared.resolve_in(
+        req.shared.as_ref(),
+        &[
+            (!req.logits.is_empty(), FIELD_LOGITS),
+            (!req.logits_f32le.is_empty(), FIELD_LOGITS_F32LE),
+            (req.sparse.is_some(), FIELD_SPARSE),
+        ],
+        caller,
+        state.limits.max_vocab,
+    )?;
+    let shared_logits = shared.as_ref().map(SharedRow::logits);
     let helper = start_lse(state, &req.logits_f32le);
-    let valid = validate::sample(state, req, prepared.prebuilt())?;
+    let valid = validate::sample(state, req, prepared.prebuilt(), shared_logits.as_ref())?;
     let span = tracing::Span::current();
     span.record("seed", valid.seed);
     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -167,6 +181,9 @@ pub fn sample_blocking(
     let mut buf = state.pool.take();
     let result = run_step(&mut seq, &mut buf, valid.step, valid.seed, helper);
     state.pool.put(buf);
+    if let Some(row) = &shared {
+        state.shared.check_read(row)?;
+    }
     result
 }
 
@@ -174,6 +191,7 @@ pub fn sample_blocking(
 pub async fn handle(
     state: Arc<AppState>,
     req: v1::SampleRequest,
+    caller: Caller,
 ) -> Result<v1::SampleResponse, Status> {
     let request_id = state.request_id();
     let span = tracing::debug_span!(
@@ -209,7 +227,7 @@ pub async fn handle(
         .run(move || {
             // For the crash report, should a plugin kill the process.
             let _serving = samplerd_sampling::activity::serving(request_id);
-            inner.in_scope(|| sample_blocking(&state, &req, &prepared))
+            inner.in_scope(|| sample_blocking(&state, &req, &prepared, &caller))
         })
         .instrument(span.clone())
         .await

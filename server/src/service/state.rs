@@ -24,6 +24,7 @@ use crate::service::constraint;
 use crate::service::defaults::Defaults;
 use crate::service::limits::LimitsConfig;
 use crate::service::lse_helper::LseHelper;
+use crate::service::shared_memory::{SharedMemoryConfig, SharedRegions};
 use crate::status::{Failure, Reason};
 
 /// A request's chain as its log span records it. Its text (a grammar, a
@@ -63,6 +64,8 @@ pub struct AppState {
     /// Compiles requests' constraints off the sampling threads, within the
     /// `limits.*constraint*` limits, and caches them.
     pub constraints: constraint::Constraints,
+    /// The shared-memory regions clients registered.
+    pub shared: Arc<SharedRegions>,
     next_request_id: AtomicU64,
 }
 
@@ -75,6 +78,10 @@ impl AppState {
         generator: Option<Arc<dyn Generator>>,
     ) -> std::io::Result<Self> {
         let memory = memory::MemoryBudget::new(limits.memory_budget_bytes);
+        let shared = SharedRegions::new(SharedMemoryConfig::new(
+            &crate::transport::listen::TransportConfig::default(),
+            &limits,
+        ));
         Ok(AppState {
             constraints: constraint::Constraints::new(
                 limits.constraint(),
@@ -93,6 +100,7 @@ impl AppState {
             open_sessions: AtomicUsize::new(0),
             generator,
             vocabularies: Default::default(),
+            shared,
             next_request_id: AtomicU64::new(1),
         })
     }

@@ -27,7 +27,10 @@ use super::constraint::Prepared;
 use super::sample::{run_step, run_verify, start_lse};
 use super::state::{AppState, BoxStream};
 use super::validate;
+use crate::request::convert::{FIELD_LOGITS, FIELD_LOGITS_F32LE, FIELD_SPARSE};
 use crate::request::errors::RequestError;
+use crate::service::shared_memory::SharedRow;
+use crate::transport::identity::Caller;
 use crate::transport::one_frame::PredecodedStream;
 use crate::transport::status_fixup::completed;
 
@@ -76,10 +79,12 @@ struct Session {
     sampling: Duration,
     /// The first message's compiled constraint (held for the stream).
     prepared: Prepared,
+    /// Whose shared-memory regions the messages may name.
+    caller: Caller,
 }
 
 impl Session {
-    fn new(state: Arc<AppState>, span: tracing::Span) -> Self {
+    fn new(state: Arc<AppState>, span: tracing::Span, caller: Caller) -> Self {
         Session {
             state,
             span,
@@ -95,6 +100,7 @@ impl Session {
             steps: 0,
             sampling: Duration::ZERO,
             prepared: Prepared::default(),
+            caller,
         }
     }
 
@@ -114,11 +120,30 @@ impl Session {
             self.sampling += start.elapsed();
             return Ok(resp);
         }
+        let shared = self.state.shared.resolve_in(
+            msg.shared.as_ref(),
+            &[
+                (!msg.logits.is_empty(), FIELD_LOGITS),
+                (!msg.logits_f32le.is_empty(), FIELD_LOGITS_F32LE),
+                (msg.sparse.is_some(), FIELD_SPARSE),
+            ],
+            &self.caller,
+            self.state.limits.max_vocab,
+        )?;
+        let shared_logits = shared.as_ref().map(SharedRow::logits);
+        let shared_logits = shared_logits.as_ref();
         let helper = start_lse(&self.state, &msg.logits_f32le);
         let input = match (self.seq.as_ref(), self.buf.as_ref()) {
-            (Some(_), Some(_)) => validate::stream_step(&self.state, msg, self.n_vocab, self.step)?,
+            (Some(_), Some(_)) => {
+                validate::stream_step(&self.state, msg, self.n_vocab, self.step, shared_logits)?
+            }
             _ => {
-                let valid = validate::stream_start(&self.state, msg, self.prepared.prebuilt())?;
+                let valid = validate::stream_start(
+                    &self.state,
+                    msg,
+                    self.prepared.prebuilt(),
+                    shared_logits,
+                )?;
                 let seq = valid.open_sequence()?;
                 let span = tracing::Span::current();
                 span.record("seed", valid.seed);
@@ -136,7 +161,14 @@ impl Session {
                 "stream session not initialised".into(),
             ));
         };
-        let resp = run_step(seq, buf, input, self.seed, helper)?;
+        let resp = run_step(seq, buf, input, self.seed, helper);
+        if let Some(row) = &shared {
+            // Before the token is accepted, and before the step's own
+            // error (zeros after a fault, or torn values): a lost row
+            // leaves no trace and its region goes.
+            self.state.shared.check_read(row)?;
+        }
+        let resp = resp?;
         seq.accept(resp.token_id)
             .map_err(|e| RequestError::from_sample(e, input.logits.field()))?;
         self.step += 1;
@@ -187,6 +219,7 @@ pub fn handle(
     state: Arc<AppState>,
     inbound: Streaming<v1::SampleStreamRequest>,
     predecoded: PredecodedStream,
+    caller: Caller,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
     let request_id = state.request_id();
@@ -198,7 +231,7 @@ pub fn handle(
     );
     let first = Pull {
         _slot: Slot::new(state.clone(), permit),
-        session: Session::new(state, span),
+        session: Session::new(state, span, caller),
         inbound,
         predecoded,
     };

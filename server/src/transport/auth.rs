@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
+use super::identity::TokenDigest;
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 use crate::status::{Reason, status};
 
@@ -139,6 +140,12 @@ impl TokenSet {
 
     /// Checks a request's `authorization` header value.
     pub fn check(&self, header: Option<&http::HeaderValue>) -> Result<(), tonic::Status> {
+        self.verify(header).map(|_| ())
+    }
+
+    /// Checks a request's `authorization` header value; the accepted
+    /// token's digest (the request's identity).
+    pub fn verify(&self, header: Option<&http::HeaderValue>) -> Result<TokenDigest, tonic::Status> {
         let Some(value) = header else {
             return Err(status(
                 Reason::Unauthenticated,
@@ -154,8 +161,9 @@ impl TokenSet {
                 "the `authorization` metadata must be `Bearer <token>`",
             ));
         }
-        if self.contains(bytes[BEARER.len()..].trim_ascii()) {
-            Ok(())
+        let token = bytes[BEARER.len()..].trim_ascii();
+        if self.contains(token) {
+            Ok(TokenDigest(digest(token)))
         } else {
             Err(status(Reason::Unauthenticated, "invalid bearer token"))
         }
@@ -181,12 +189,17 @@ where
     S: tower::Service<http::Request<B>, Response = HttpResponse> + Send + 'static,
     S::Future: Send + 'static,
 {
-    fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
+    fn call(&self, mut inner: S, mut req: http::Request<B>) -> ResponseFuture<S::Error> {
         if let Some(tokens) = &self.tokens
             && !req.uri().path().starts_with(HEALTH_PATH_PREFIX)
-            && let Err(status) = tokens.check(req.headers().get(http::header::AUTHORIZATION))
         {
-            return Box::pin(async move { Ok(status.into_http()) });
+            match tokens.verify(req.headers().get(http::header::AUTHORIZATION)) {
+                Ok(digest) => {
+                    // The request's identity (`transport::identity`).
+                    req.extensions_mut().insert(digest);
+                }
+                Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+            }
         }
         Box::pin(inner.call(req))
     }

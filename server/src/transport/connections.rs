@@ -36,6 +36,16 @@
 //!   The close is announced by an HTTP/2 GOAWAY(NO_ERROR), so clients
 //!   reconnect for their next call instead of seeing a broken connection.
 //!
+//! Connections come from every listener (`transport::listen`): TCP and
+//! Unix-domain sockets alike pass these gates. A Unix socket's peer is
+//! its user id (SO_PEERCRED): the per-peer cap counts by uid, and such a
+//! peer is local, so it may take the loopback reserve.
+//!
+//! Each connection carries its peer ([`Peer`]) and an id in [`ConnInfo`],
+//! and runs the hooks registered with [`ConnInfo::on_close`] when it
+//! closes (how shared-memory regions are released with the connection
+//! that registered them).
+//!
 //! Dead peers are found by HTTP/2 keepalive pings
 //! (`limits.keepalive_interval_secs`, `limits.keepalive_timeout_secs`),
 //! set on the server builder.
@@ -53,11 +63,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::listen::Listener;
 use super::middleware::{HttpResponse, Middleware, ResponseFuture};
 
 /// How often refusals and accept errors are logged (with their count).
@@ -114,14 +125,41 @@ struct Held {
     reserved: usize,
     /// Open connections by peer; a peer with none has no entry, so the map
     /// never outgrows the connections open.
-    by_peer: HashMap<IpAddr, usize>,
+    by_peer: HashMap<PeerKey, usize>,
+}
+
+/// What the per-peer cap counts by: the IP address of a TCP peer, the
+/// user id of a Unix-socket peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum PeerKey {
+    Ip(IpAddr),
+    Uid(u32),
+}
+
+impl PeerKey {
+    /// Whether the peer is on this host (may take the loopback reserve).
+    fn is_local(&self) -> bool {
+        match self {
+            PeerKey::Ip(ip) => ip.is_loopback(),
+            PeerKey::Uid(_) => true,
+        }
+    }
+}
+
+impl std::fmt::Display for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerKey::Ip(ip) => write!(f, "{ip}"),
+            PeerKey::Uid(uid) => write!(f, "uid {uid}"),
+        }
+    }
 }
 
 /// A connection's place under the caps, given back when it drops.
 #[derive(Debug)]
 struct Slot {
     slots: Arc<Slots>,
-    peer: IpAddr,
+    peer: PeerKey,
     reserved: bool,
 }
 
@@ -138,10 +176,18 @@ impl Slots {
     }
 
     /// A slot for a connection from `peer`, or why not.
+    #[cfg(test)]
     fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refusal> {
+        self.admit_key(PeerKey::Ip(peer))
+    }
+
+    fn admit_key(self: &Arc<Self>, peer: PeerKey) -> Result<Slot, Refusal> {
         // An IPv4 client of a dual-stack listener is `::ffff:a.b.c.d`: the
         // same peer as `a.b.c.d`.
-        let peer = peer.to_canonical();
+        let peer = match peer {
+            PeerKey::Ip(ip) => PeerKey::Ip(ip.to_canonical()),
+            uid => uid,
+        };
         let p = &self.policy;
         let mut held = self.lock();
         let of_peer = held.by_peer.get(&peer).copied().unwrap_or(0);
@@ -154,9 +200,7 @@ impl Slots {
         };
         let reserved = match refusal {
             None => false,
-            Some(_) if peer.is_loopback() && held.reserved < p.reserved_loopback_connections => {
-                true
-            }
+            Some(_) if peer.is_local() && held.reserved < p.reserved_loopback_connections => true,
             Some(why) => return Err(why),
         };
         if reserved {
@@ -235,18 +279,110 @@ impl Drop for RpcGuard {
     }
 }
 
+/// Who is at the other end of a connection.
+#[derive(Clone, Debug)]
+pub enum Peer {
+    Tcp(TcpConnectInfo),
+    /// A Unix-socket peer's credentials (SO_PEERCRED, taken at accept).
+    Unix {
+        uid: u32,
+        gid: u32,
+    },
+}
+
+/// Work to do when a connection closes.
+type CloseHook = Box<dyn FnOnce() + Send>;
+
+/// The hooks of one connection, run once when it closes.
+struct CloseHooks(Mutex<Option<Vec<CloseHook>>>);
+
+impl std::fmt::Debug for CloseHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CloseHooks")
+    }
+}
+
+impl CloseHooks {
+    fn new() -> Self {
+        CloseHooks(Mutex::new(Some(Vec::new())))
+    }
+
+    fn run(&self) {
+        let hooks = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        for hook in hooks.into_iter().flatten() {
+            hook();
+        }
+    }
+}
+
+/// Connection ids, unique for the process' life.
+static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
+
 /// What tonic puts in each request's extensions for a connection accepted
 /// here.
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
-    pub tcp: TcpConnectInfo,
+    pub peer: Peer,
+    /// Unique among the process' connections.
+    pub id: u64,
     activity: Arc<Activity>,
+    hooks: Arc<CloseHooks>,
 }
 
-/// An accepted connection: the TCP stream, its place under the cap and
-/// its deadlines.
+impl ConnInfo {
+    /// Runs `hook` when the connection closes (at once if it has).
+    pub fn on_close(&self, hook: impl FnOnce() + Send + 'static) {
+        let mut hooks = self.hooks.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match hooks.as_mut() {
+            Some(list) => list.push(Box::new(hook)),
+            None => {
+                drop(hooks);
+                hook();
+            }
+        }
+    }
+
+    /// The connection of a request, from its extensions (TLS or not).
+    pub fn of(ext: &http::Extensions) -> Option<&ConnInfo> {
+        ext.get::<ConnInfo>().or_else(|| {
+            ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                .map(|t| t.get_ref())
+        })
+    }
+}
+
+/// A connection's byte stream.
+enum Io {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Io {
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Io::Tcp(s) => s.try_write(buf),
+            Io::Unix(s) => s.try_write(buf),
+        }
+    }
+}
+
+/// Delegates an `AsyncRead`/`AsyncWrite` call to the stream inside [`Io`].
+macro_rules! io_call {
+    ($self:expr, $s:ident => $call:expr) => {
+        match $self {
+            Io::Tcp($s) => $call,
+            Io::Unix($s) => $call,
+        }
+    };
+}
+
+/// An accepted connection: its stream, its place under the cap and its
+/// deadlines.
 pub struct Conn {
-    tcp: TcpStream,
+    io: Io,
+    peer: Peer,
+    id: u64,
+    hooks: Arc<CloseHooks>,
     _slot: Slot,
     activity: Arc<Activity>,
     policy: ConnectionPolicy,
@@ -263,9 +399,17 @@ impl Connected for Conn {
 
     fn connect_info(&self) -> ConnInfo {
         ConnInfo {
-            tcp: self.tcp.connect_info(),
+            peer: self.peer.clone(),
+            id: self.id,
             activity: Arc::clone(&self.activity),
+            hooks: Arc::clone(&self.hooks),
         }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.hooks.run();
     }
 }
 
@@ -307,7 +451,7 @@ impl AsyncRead for Conn {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         let before = buf.filled().len();
-        match Pin::new(&mut this.tcp).poll_read(cx, buf) {
+        match io_call!(&mut this.io, s => Pin::new(s).poll_read(cx, buf)) {
             Poll::Ready(r) => {
                 this.read_total += (buf.filled().len() - before) as u64;
                 Poll::Ready(r)
@@ -317,7 +461,7 @@ impl AsyncRead for Conn {
                     if this.read_total >= PREFACE_BYTES && this.at_frame_boundary {
                         // Best effort: the send buffer of an idle
                         // connection is empty, so 17 bytes fit.
-                        let _ = this.tcp.try_write(&GOAWAY_NO_ERROR);
+                        let _ = this.io.try_write(&GOAWAY_NO_ERROR);
                     }
                     tracing::debug!(why, "closing connection");
                     Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)))
@@ -334,7 +478,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.tcp).poll_write(cx, buf);
+        let r = io_call!(&mut self.io, s => Pin::new(s).poll_write(cx, buf));
         if let Poll::Ready(Ok(n)) = r {
             self.at_frame_boundary = n == buf.len();
         }
@@ -342,11 +486,11 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
+        io_call!(&mut self.io, s => Pin::new(s).poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
+        io_call!(&mut self.io, s => Pin::new(s).poll_shutdown(cx))
     }
 
     fn poll_write_vectored(
@@ -354,7 +498,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let r = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        let r = io_call!(&mut self.io, s => Pin::new(s).poll_write_vectored(cx, bufs));
         if let Poll::Ready(Ok(n)) = r {
             self.at_frame_boundary = n == bufs.iter().map(|b| b.len()).sum::<usize>();
         }
@@ -362,7 +506,7 @@ impl AsyncWrite for Conn {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
+        io_call!(&self.io, s => s.is_write_vectored())
     }
 }
 
@@ -401,23 +545,71 @@ fn out_of_resources(e: &io::Error) -> bool {
     )
 }
 
-/// The connections to serve: accepted on a task of their own under the
-/// policy (cap, backoff), handed over as [`Conn`]s.
-pub fn incoming(
-    listener: TcpListener,
-    policy: ConnectionPolicy,
-) -> ReceiverStream<io::Result<Conn>> {
+/// The connections to serve: accepted from every listener, each on a
+/// task of its own, under one policy (caps, backoff), handed over as
+/// [`Conn`]s.
+pub fn incoming(listeners: Vec<Listener>, policy: ConnectionPolicy) -> Incoming {
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(accept_loop(listener, policy, tx));
-    ReceiverStream::new(rx)
+    let slots = Slots::new(policy);
+    let accepting = listeners
+        .into_iter()
+        .map(|l| tokio::spawn(accept_loop(l, Arc::clone(&slots), tx.clone())).abort_handle())
+        .collect();
+    Incoming {
+        rx: ReceiverStream::new(rx),
+        accepting,
+    }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    policy: ConnectionPolicy,
-    tx: mpsc::Sender<io::Result<Conn>>,
-) {
-    let slots = Slots::new(policy);
+/// The accepted connections; dropping it stops the accept loops (and
+/// closes the listeners).
+pub struct Incoming {
+    rx: ReceiverStream<io::Result<Conn>>,
+    accepting: Vec<tokio::task::AbortHandle>,
+}
+
+impl futures::Stream for Incoming {
+    type Item = io::Result<Conn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.rx).poll_next(cx)
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        for a in &self.accepting {
+            a.abort();
+        }
+    }
+}
+
+/// The next connection of `listener`, with its peer.
+async fn accept(listener: &Listener) -> io::Result<(Io, Peer, PeerKey)> {
+    match listener {
+        Listener::Tcp(l) => {
+            let (tcp, addr) = l.accept().await?;
+            let _ = tcp.set_nodelay(true);
+            let info = tcp.connect_info();
+            Ok((Io::Tcp(tcp), Peer::Tcp(info), PeerKey::Ip(addr.ip())))
+        }
+        Listener::Unix(l) => {
+            let (unix, _) = l.accept().await?;
+            let cred = unix.peer_cred()?;
+            Ok((
+                Io::Unix(unix),
+                Peer::Unix {
+                    uid: cred.uid(),
+                    gid: cred.gid(),
+                },
+                PeerKey::Uid(cred.uid()),
+            ))
+        }
+    }
+}
+
+async fn accept_loop(listener: Listener, slots: Arc<Slots>, tx: mpsc::Sender<io::Result<Conn>>) {
+    let policy = slots.policy;
     let mut refused = Throttled::new(
         "connection refused: limits.max_connections reached (refusals since the last report)",
     );
@@ -427,7 +619,7 @@ async fn accept_loop(
     let mut failed = Throttled::new("accept failed (failures since the last report)");
     let mut backoff = BACKOFF_MIN;
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let (io, peer, key) = match accept(&listener).await {
             Ok(accepted) => {
                 backoff = BACKOFF_MIN;
                 accepted
@@ -441,28 +633,27 @@ async fn accept_loop(
                 continue;
             }
         };
-        let slot = match slots.admit(peer.ip()) {
+        let slot = match slots.admit_key(key) {
             Ok(slot) => slot,
             Err(why) => {
                 match why {
-                    Refusal::Full => refused.hit(&format_args!(
-                        "{} open, peer {}",
-                        policy.max_connections,
-                        peer.ip()
-                    )),
+                    Refusal::Full => {
+                        refused.hit(&format_args!("{} open, peer {key}", policy.max_connections,))
+                    }
                     Refusal::PeerFull => refused_peer.hit(&format_args!(
-                        "peer {} holds {}",
-                        peer.ip(),
+                        "peer {key} holds {}",
                         policy.max_connections_per_peer
                     )),
                 }
-                drop(tcp);
+                drop(io);
                 continue;
             }
         };
-        let _ = tcp.set_nodelay(true);
         let conn = Conn {
-            tcp,
+            io,
+            peer,
+            id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
+            hooks: Arc::new(CloseHooks::new()),
             _slot: slot,
             activity: Arc::new(Activity::new()),
             policy,
@@ -488,14 +679,7 @@ where
     S::Future: Send + 'static,
 {
     fn call(&self, mut inner: S, req: http::Request<B>) -> ResponseFuture<S::Error> {
-        let ext = req.extensions();
-        let guard = ext
-            .get::<ConnInfo>()
-            .or_else(|| {
-                ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
-                    .map(|t| t.get_ref())
-            })
-            .map(|c| c.activity.start());
+        let guard = ConnInfo::of(req.extensions()).map(|c| c.activity.start());
         let fut = inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;

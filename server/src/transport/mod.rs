@@ -13,6 +13,8 @@ pub mod connections;
 pub mod content_type;
 pub mod deadline;
 pub mod drain;
+pub mod identity;
+pub mod listen;
 pub mod max_age;
 pub mod metrics;
 pub mod middleware;

@@ -10,7 +10,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,6 +21,7 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use x509_parser::time::ASN1Time;
 
 use super::auth::{AuthConfig, AuthError, Authenticate, TokenSet};
+use super::listen::Listen;
 use super::middleware::WrapLayer;
 
 /// `[tls]`: TLS is on when both `cert_file` and `key_file` are set.
@@ -90,7 +90,7 @@ impl TlsConfig {
     /// certificate, a client CA without server TLS, plaintext on a
     /// non-loopback `listen` without `allow_insecure`. Returns the key at
     /// fault and the message.
-    pub fn check(&self, listen: SocketAddr) -> Result<(), (&'static str, String)> {
+    pub fn check(&self, listen: &Listen) -> Result<(), (&'static str, String)> {
         match (&self.cert_file, &self.key_file) {
             (Some(_), None) => {
                 return Err((
@@ -112,7 +112,11 @@ impl TlsConfig {
                 "mutual TLS needs server TLS: set tls.cert_file and tls.key_file too".into(),
             ));
         }
-        if !self.enabled() && !listen.ip().is_loopback() && !self.allow_insecure {
+        // A Unix socket never leaves the host: plaintext is fine there.
+        if let Some(listen) = listen.tcp().find(|a| !a.ip().is_loopback())
+            && !self.enabled()
+            && !self.allow_insecure
+        {
             return Err((
                 "listen",
                 format!(
@@ -252,7 +256,7 @@ pub enum SecurityError {
 pub fn secured_builder(
     tls: &TlsConfig,
     auth: &AuthConfig,
-    listen: SocketAddr,
+    listen: &Listen,
     handshake_timeout: Duration,
 ) -> Result<(tonic::transport::Server, WrapLayer<Authenticate>), SecurityError> {
     let mut builder = tonic::transport::Server::builder();
@@ -266,7 +270,7 @@ pub fn secured_builder(
             .tls_config(server_tls)
             .map_err(|e| TlsError::Build(samplerd_sampling::error::error_chain(&e)))?;
         tracing::info!(mutual = tls.client_ca_file.is_some(), "TLS on");
-    } else if !listen.ip().is_loopback() {
+    } else if let Some(listen) = listen.tcp().find(|a| !a.ip().is_loopback()) {
         tracing::warn!(
             listen = %listen,
             "serving PLAINTEXT on a non-loopback address (tls.allow_insecure = true): \
@@ -276,7 +280,7 @@ pub fn secured_builder(
     let tokens = match &auth.tokens_file {
         Some(path) => Some(std::sync::Arc::new(TokenSet::load(path)?)),
         None => {
-            if !listen.ip().is_loopback() {
+            if let Some(listen) = listen.tcp().find(|a| !a.ip().is_loopback()) {
                 tracing::warn!(
                     listen = %listen,
                     "authentication is off (auth.tokens_file unset) on a non-loopback address"
@@ -321,16 +325,17 @@ fn read_pem(
 mod tests {
     use super::*;
 
-    fn addr(s: &str) -> SocketAddr {
+    fn addr(s: &str) -> Listen {
         s.parse().unwrap()
     }
 
     #[test]
     fn plaintext_is_refused_off_loopback_unless_allowed() {
         let plain = TlsConfig::default();
-        plain.check(addr("127.0.0.1:1")).unwrap();
-        plain.check(addr("[::1]:1")).unwrap();
-        let (key, msg) = plain.check(addr("0.0.0.0:1")).unwrap_err();
+        plain.check(&addr("127.0.0.1:1")).unwrap();
+        plain.check(&addr("[::1]:1")).unwrap();
+        plain.check(&addr("unix:/run/s.sock")).unwrap();
+        let (key, msg) = plain.check(&addr("0.0.0.0:1")).unwrap_err();
         assert_eq!(key, "listen");
         assert!(
             msg.contains("0.0.0.0:1") && msg.contains("tls.allow_insecure"),
@@ -340,13 +345,13 @@ mod tests {
             allow_insecure: true,
             ..TlsConfig::default()
         };
-        allowed.check(addr("0.0.0.0:1")).unwrap();
+        allowed.check(&addr("0.0.0.0:1")).unwrap();
         let tls = TlsConfig {
             cert_file: Some("c".into()),
             key_file: Some("k".into()),
             ..TlsConfig::default()
         };
-        tls.check(addr("0.0.0.0:1")).unwrap();
+        tls.check(&addr("0.0.0.0:1")).unwrap();
     }
 
     #[test]
@@ -355,13 +360,13 @@ mod tests {
             cert_file: Some("c".into()),
             ..TlsConfig::default()
         };
-        assert_eq!(c.check(addr("127.0.0.1:1")).unwrap_err().0, "tls.key_file");
+        assert_eq!(c.check(&addr("127.0.0.1:1")).unwrap_err().0, "tls.key_file");
         let ca_only = TlsConfig {
             client_ca_file: Some("ca".into()),
             ..TlsConfig::default()
         };
         assert_eq!(
-            ca_only.check(addr("127.0.0.1:1")).unwrap_err().0,
+            ca_only.check(&addr("127.0.0.1:1")).unwrap_err().0,
             "tls.client_ca_file"
         );
     }

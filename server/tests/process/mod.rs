@@ -112,7 +112,8 @@ fn start_full(filter: &str, extra_toml: &str, max_open_files: Option<u32>) -> Pr
             )
         });
         match log_message(&line).as_deref() {
-            Some("samplerd serving") => grpc = log_field(&line, "addr"),
+            // `addr` lists every listener: the first is a TCP one.
+            Some("samplerd serving") => grpc = first_addr(&line),
             Some("metrics listening") => p.metrics = log_field(&line, "addr"),
             _ => {}
         }
@@ -232,8 +233,14 @@ fn write_config(filter: &str, extra_toml: &str) -> (PathBuf, PathBuf, String) {
         N.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
+    // A caller's own top-level `listen` (its first line) replaces the
+    // default one.
+    let (listen, extra_toml) = match extra_toml.split_once('\n') {
+        Some((first, rest)) if first.starts_with("listen = ") => (first.to_string(), rest),
+        _ => ("listen = \"127.0.0.1:0\"".to_string(), extra_toml),
+    };
     let config = format!(
-        "listen = \"127.0.0.1:0\"\n\
+        "{listen}\n\
          [logging]\nformat = \"json\"\nfilter = \"{filter}\"\n\
          {extra_toml}\n"
     );
@@ -257,6 +264,12 @@ fn write_config(filter: &str, extra_toml: &str) -> (PathBuf, PathBuf, String) {
 pub fn log_message(line: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     v["fields"]["message"].as_str().map(str::to_string)
+}
+
+/// The first address of the `addr` field ("A, unix:/B, …") of a log line.
+fn first_addr(line: &str) -> Option<SocketAddr> {
+    let all: String = log_field(line, "addr")?;
+    all.split(", ").next()?.parse().ok()
 }
 
 fn log_field<T: std::str::FromStr>(line: &str, field: &str) -> Option<T> {

@@ -17,7 +17,7 @@ use samplerd_sampling::step::Logits;
 use samplerd_sampling::sparse::SparseRow;
 
 use super::{Fields, ValidStart, ValidStep, probs, sparse, start};
-use crate::request::convert::{FIELD_LOGITS, LogitsInput};
+use crate::request::convert::{FIELD_LOGITS, FIELD_SHARED, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError};
 use crate::service::state::AppState;
 
@@ -66,10 +66,13 @@ impl Dtype {
 /// and bf16 value is an f32 value), so a row gives what `Sample` gives for
 /// the same values sent as f32.
 /// A row's `sparse` is taken as it is (the dtype does not apply to it).
+/// A row read from shared memory is one of the first two, in `Shared`.
 pub enum RowLogits<'a> {
     F32le(&'a [u8]),
     Widened(Vec<f32>),
     Sparse(SparseRow<'a>),
+    /// A row in a shared-memory region (field `shared`).
+    Shared(Box<RowLogits<'a>>),
 }
 
 impl<'a> RowLogits<'a> {
@@ -124,14 +127,23 @@ impl<'a> RowLogits<'a> {
         })
     }
 
-    /// The logits as a step's input (field `logits`).
+    /// The logits as a step's input (field `logits`, or `shared`).
     pub fn input(&self, max_vocab: usize) -> Result<LogitsInput<'_>, RequestError> {
+        self.input_as(FIELD_LOGITS, max_vocab)
+    }
+
+    fn input_as(
+        &self,
+        field: &'static str,
+        max_vocab: usize,
+    ) -> Result<LogitsInput<'_>, RequestError> {
         let logits = match self {
             RowLogits::F32le(b) => Logits::F32le(b),
             RowLogits::Widened(f) => Logits::Floats(f),
             RowLogits::Sparse(r) => return Ok(LogitsInput::sparse(*r)),
+            RowLogits::Shared(inner) => return inner.input_as(FIELD_SHARED, max_vocab),
         };
-        LogitsInput::from_field(logits, FIELD_LOGITS, max_vocab)
+        LogitsInput::from_field(logits, field, max_vocab)
     }
 
     /// Number of logits.
@@ -140,6 +152,7 @@ impl<'a> RowLogits<'a> {
             RowLogits::F32le(b) => b.len() / 4,
             RowLogits::Widened(f) => f.len(),
             RowLogits::Sparse(r) => r.n_vocab(),
+            RowLogits::Shared(inner) => inner.len(),
         }
     }
 

@@ -44,6 +44,7 @@ use crate::generate::generator::{Prompt, ValidGenerate};
 use crate::request::convert::{self, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
 use crate::service::state::AppState;
+use batch::RowLogits;
 
 pub mod batch;
 pub mod sparse;
@@ -92,6 +93,7 @@ pub fn sample<'a>(
     state: &AppState,
     req: &'a v1::SampleRequest,
     prebuilt: &'a Prebuilt,
+    shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStart<'a>, RequestError> {
     start(
         state,
@@ -100,6 +102,7 @@ pub fn sample<'a>(
                 &req.logits,
                 &req.logits_f32le,
                 req.sparse.as_ref(),
+                shared,
                 state.limits.max_vocab,
             )?,
             previous_tokens: &req.previous_tokens,
@@ -118,6 +121,7 @@ pub fn stream_start<'a>(
     state: &AppState,
     msg: &'a v1::SampleStreamRequest,
     prebuilt: &'a Prebuilt,
+    shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStart<'a>, RequestError> {
     if let Some(v) = &msg.verify {
         return Err(RequestError::invalid(
@@ -136,6 +140,7 @@ pub fn stream_start<'a>(
                 &msg.logits,
                 &msg.logits_f32le,
                 msg.sparse.as_ref(),
+                shared,
                 state.limits.max_vocab,
             )?,
             previous_tokens: &msg.previous_tokens,
@@ -156,11 +161,13 @@ pub fn stream_step<'a>(
     msg: &'a v1::SampleStreamRequest,
     n_vocab: usize,
     step: u64,
+    shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStep<'a>, RequestError> {
     let logits = sparse::step_logits(
         &msg.logits,
         &msg.logits_f32le,
         msg.sparse.as_ref(),
+        shared,
         state.limits.max_vocab,
     )?;
     for (field, tokens, what) in [
@@ -210,6 +217,7 @@ pub fn stream_verify<'a>(
         (!msg.logits.is_empty(), "logits"),
         (!msg.logits_f32le.is_empty(), "logits_f32le"),
         (msg.sparse.is_some(), "sparse"),
+        (msg.shared.is_some(), "shared"),
         (!msg.previous_tokens.is_empty(), "previous_tokens"),
         (!msg.constraint_tokens.is_empty(), "constraint_tokens"),
     ])?;

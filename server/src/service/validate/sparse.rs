@@ -11,6 +11,7 @@
 use samplerd_api::v1;
 use samplerd_sampling::sparse::{SparseRow, SparseRowError};
 
+use super::batch::RowLogits;
 use crate::request::convert::{FIELD_SPARSE, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError};
 
@@ -41,12 +42,18 @@ pub fn row(msg: &v1::SparseLogits, max_vocab: usize) -> Result<SparseRow<'_>, Re
 
 /// The step's logits of a message with the inline encodings `floats` and
 /// `bytes` and the sparse one: exactly one of the three.
+/// A row from shared memory (`shared`, already resolved and checked
+/// against the others by `service::shared_memory`) wins.
 pub fn step_logits<'a>(
     floats: &'a [f32],
     bytes: &'a [u8],
     sparse: Option<&'a v1::SparseLogits>,
+    shared: Option<&'a RowLogits<'a>>,
     max_vocab: usize,
 ) -> Result<LogitsInput<'a>, RequestError> {
+    if let Some(row) = shared {
+        return row.input(max_vocab);
+    }
     let Some(msg) = sparse else {
         return LogitsInput::from_request(floats, bytes, max_vocab);
     };
@@ -159,15 +166,18 @@ mod tests {
             assert!(message.contains(want_text), "{f}: {message}");
         }
         let ok = msg(&[1], &[1.0], -1.0, 10);
-        let (f, message) = field(step_logits(&[0.5], &[], Some(&ok), 100).unwrap_err());
+        let (f, message) = field(step_logits(&[0.5], &[], Some(&ok), None, 100).unwrap_err());
         assert_eq!(f, "sparse");
         assert!(
             message.contains("got `sparse` and `logits` (1 floats)"),
             "{message}"
         );
-        let (f, _) = field(step_logits(&[], &[0; 4], Some(&ok), 100).unwrap_err());
+        let (f, _) = field(step_logits(&[], &[0; 4], Some(&ok), None, 100).unwrap_err());
         assert_eq!(f, "sparse");
-        assert_eq!(step_logits(&[], &[], Some(&ok), 100).unwrap().len(), 10);
+        assert_eq!(
+            step_logits(&[], &[], Some(&ok), None, 100).unwrap().len(),
+            10
+        );
         assert!(conflicts_with_bytes(&[0; 4], Some(&ok)).is_some());
         assert!(conflicts_with_bytes(&[], Some(&ok)).is_none());
     }

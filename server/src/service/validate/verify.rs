@@ -189,6 +189,7 @@ pub fn batch_row<'a>(
     no_step_logits(&[
         (!r.logits.is_empty(), "logits"),
         (r.sparse.is_some(), "sparse"),
+        (r.shared.is_some(), "shared"),
     ])?;
     let probs = super::probs(state, msg.n_probs, msg.post_sampling_probs)?;
     verify(state, v, dtype, n_vocab, seq, probs)
