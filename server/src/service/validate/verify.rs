@@ -41,6 +41,7 @@ fn row_logits<'b>(r: &'b RowLogits<'_>) -> Logits<'b> {
     match r {
         RowLogits::F32le(b) => Logits::F32le(b),
         RowLogits::Widened(f) => Logits::Floats(f),
+        RowLogits::Shared(inner) => row_logits(inner),
         // `decode` is called without a sparse row.
         RowLogits::Sparse(_) => unreachable!("verify rows are never sparse"),
     }
