@@ -86,16 +86,16 @@ func SparseRow(logits []float32, n int) (*pb.SparseLogits, error) {
 		row.Ids = append(row.Ids, uint32(id))
 		row.Values = append(row.Values, logits[id])
 	}
-	top := math.Inf(-1)
+	restMax := math.Inf(-1)
 	for _, id := range order[n:] {
-		top = math.Max(top, float64(logits[id]))
+		restMax = math.Max(restMax, float64(logits[id]))
 	}
-	if !math.IsInf(top, -1) {
+	if !math.IsInf(restMax, -1) {
 		sum := 0.0
 		for _, id := range order[n:] {
-			sum += math.Exp(float64(logits[id]) - top)
+			sum += math.Exp(float64(logits[id]) - restMax)
 		}
-		row.RestLogsumexp = top + math.Log(sum)
+		row.RestLogsumexp = restMax + math.Log(sum)
 	}
 	return row, nil
 }
