@@ -31,6 +31,18 @@ pub fn logprob_tolerance(dense: f32) -> f32 {
     1e-6 + 4.0 * f32::EPSILON * dense.abs().max(1.0)
 }
 
+/// Whether a sparse row's log-probability stands for the dense row's: within
+/// [`logprob_tolerance`], or the same infinity (a token the chain's softmax
+/// gives nothing, in both). A difference of infinities is NaN, and an
+/// infinite tolerance would let a finite value pass for `-inf`: neither
+/// may decide.
+pub fn logprobs_agree(dense: f32, sparse: f32) -> bool {
+    if dense.is_infinite() || sparse.is_infinite() {
+        return dense == sparse;
+    }
+    (dense - sparse).abs() <= logprob_tolerance(dense)
+}
+
 fn sequence(chain: &Chain, window: &[u32]) -> Result<Sequence, SampleError> {
     let mut seq = chain.new_sequence()?;
     seq.accept_history(window)?;
@@ -65,7 +77,7 @@ pub fn compare(
         (Ok(w), Ok(g)) => (w, g),
         (w, g) => return Err(format!("dense {w:?}, sparse {g:?}")),
     };
-    let close = |a: f32, b: f32| (a - b).abs() <= logprob_tolerance(a);
+    let close = logprobs_agree;
     if want.token_id != got.token_id {
         return Err(format!(
             "token: dense {}, sparse {}",
@@ -102,4 +114,19 @@ pub fn compare(
         }
     }
     Ok(Outcome::Same(got))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::logprobs_agree;
+
+    #[test]
+    fn equal_infinities_agree_and_nothing_else_passes_for_one() {
+        assert!(logprobs_agree(f32::NEG_INFINITY, f32::NEG_INFINITY));
+        assert!(!logprobs_agree(f32::NEG_INFINITY, -80.0));
+        assert!(!logprobs_agree(-80.0, f32::NEG_INFINITY));
+        assert!(logprobs_agree(-3.0, -3.0 + 1e-7));
+        assert!(!logprobs_agree(-3.0, -3.001));
+        assert!(!logprobs_agree(f32::NAN, f32::NAN));
+    }
 }
