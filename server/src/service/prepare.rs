@@ -26,12 +26,8 @@ impl AppState {
         vocab: Option<&Arc<samplerd_sampling::Vocabulary>>,
         request: u64,
     ) -> Result<constraint::Prepared, RequestError> {
-        let vocab = match vocab {
-            Some(v) => v,
-            None => match self.named_vocabulary(p)? {
-                Some(v) => v,
-                None => return Ok(constraint::Prepared::default()),
-            },
+        let Some(vocab) = self.compile_vocabulary(p, vocab)? else {
+            return Ok(constraint::Prepared::default());
         };
         self.constraints
             .prepare(&self.defaults, p, Some(vocab), request)
@@ -45,15 +41,24 @@ impl AppState {
         p: Option<&v1::SamplingParams>,
         vocab: Option<&Arc<samplerd_sampling::Vocabulary>>,
     ) -> Result<constraint::Prepared, RequestError> {
-        let vocab = match vocab {
-            Some(v) => v,
-            None => match self.named_vocabulary(p)? {
-                Some(v) => v,
-                None => return Ok(constraint::Prepared::default()),
-            },
+        let Some(vocab) = self.compile_vocabulary(p, vocab)? else {
+            return Ok(constraint::Prepared::default());
         };
         self.constraints
             .prepare_blocking(&self.defaults, p, Some(vocab))
+    }
+
+    /// The vocabulary a constraint compiles against: `vocab` when given,
+    /// else [`named_vocabulary`](Self::named_vocabulary)'s.
+    fn compile_vocabulary<'a>(
+        &'a self,
+        p: Option<&v1::SamplingParams>,
+        vocab: Option<&'a Arc<samplerd_sampling::Vocabulary>>,
+    ) -> Result<Option<&'a Arc<samplerd_sampling::Vocabulary>>, RequestError> {
+        match vocab {
+            Some(v) => Ok(Some(v)),
+            None => self.named_vocabulary(p),
+        }
     }
 
     /// The vocabulary a constraint compiles against when the caller has
