@@ -105,10 +105,16 @@ def connect(address, *, credentials=None, ready_timeout=10.0, options=()):
     grpc.FutureTimeoutError after ready_timeout seconds). `address` is
     host:port, or any gRPC target — `dns:///samplerd-headless.ns.svc:50051`
     for a fleet, `ipv4:10.0.0.1:50051,10.0.0.2:50051` — balanced round-robin
-    with retries (clients/service-config.json); samplerctl's http:// form
+    with retries (clients/service-config.json), `unix:///path/samplerd.sock`
+    for a Unix socket; samplerctl's http:// form
     (its SAMPLERD_ADDR) is taken too. `options` are more channel options."""
     address = address.removeprefix("http://")
     opts = CHANNEL_OPTIONS + list(options)
+    if address.startswith("unix") and not any(k == "grpc.default_authority" for k, _ in opts):
+        # grpcio names a Unix-socket target's :authority after the socket's
+        # path, which the server's HTTP/2 layer refuses (every call ends
+        # with RST_STREAM PROTOCOL_ERROR, surfacing as INTERNAL).
+        opts.append(("grpc.default_authority", "localhost"))
     if credentials is None:
         channel = grpc.insecure_channel(address, options=opts)
     else:
