@@ -221,9 +221,16 @@ class SharedRows:
         self.shm.unlink()
 
     def close(self, timeout=10.0):
-        """Unregisters the region and removes its file."""
+        """Unregisters the region and removes its file. A region the server
+        released already is not an error: the connection that registered
+        it closed (`transport.release_shared_on_disconnect`), e.g. when the
+        server aged it out (`limits.max_connection_age_secs`) and its last
+        call ended, while this call runs on the channel's next connection."""
         try:
             self.stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=self.name), metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.NOT_FOUND:
+                raise
         finally:
             self._release()
 

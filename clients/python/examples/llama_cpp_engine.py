@@ -271,10 +271,10 @@ class LlamaSampler:
             C.llama_sampler_free(c)
 
 
-def run(model, make_sampler, prompts, max_tokens, dump_step=None):
+def run(model, make_sampler, prompts, max_tokens, dump_step=None, ignore_eog=False):
     """Prefills every prompt in one batch, then decodes all live sequences
     one token per forward pass until each has drawn an end-of-generation
-    token or `max_tokens`. Returns the per-sequence tokens and probabilities,
+    token (unless `ignore_eog`) or `max_tokens`. Returns the per-sequence tokens and probabilities,
     the decode time and (at `dump_step`) a copy of that step's logits rows."""
     model.reset()
     n = len(prompts)
@@ -294,24 +294,32 @@ def run(model, make_sampler, prompts, max_tokens, dump_step=None):
     dumped = None
     live = [(s, last[s]) for s in range(n)]
     ok = False
+    # Per step: the sampler's time (copy into the region, the RPC, or
+    # llama.cpp's chain) and the forward pass's. Their medians hold up on a
+    # loaded machine where whole-run tokens/s swing several-fold.
+    sample_s, forward_s = [], []
     t1 = time.perf_counter()
     try:
         step = 0
         while live:
+            ts = time.perf_counter()
             chosen = sampler.sample(model, live)
+            sample_s.append(time.perf_counter() - ts)
             if step == dump_step:
                 dumped = {seq: model.logits_row(i).copy() for seq, i in live}
             nxt = []
             for (seq, _), tok in zip(live, chosen):
                 tokens[seq].append(tok)
                 probs[seq].append(sampler.probability(seq))
-                if model.is_eog(tok) or len(tokens[seq]) >= max_tokens:
+                if (model.is_eog(tok) and not ignore_eog) or len(tokens[seq]) >= max_tokens:
                     sampler.finish(seq)
                 else:
                     nxt.append(seq)
             if not nxt:
                 break
+            tf = time.perf_counter()
             model.decode([(seq, len(prompts[seq]) + len(tokens[seq]) - 1, tokens[seq][-1], True) for seq in nxt])
+            forward_s.append(time.perf_counter() - tf)
             live = [(seq, i) for i, seq in enumerate(nxt)]
             step += 1
         ok = True
@@ -319,7 +327,9 @@ def run(model, make_sampler, prompts, max_tokens, dump_step=None):
         t_decode = time.perf_counter() - t1
         sampler.close(cancel=not ok)
     return {"tokens": tokens, "probabilities": probs, "prefill_s": t_prefill, "decode_s": t_decode,
-            "generated": sum(len(t) for t in tokens), "dumped": dumped}
+            "generated": sum(len(t) for t in tokens), "dumped": dumped,
+            "sample_ms_p50": 1e3 * statistics.median(sample_s) if sample_s else None,
+            "forward_ms_p50": 1e3 * statistics.median(forward_s) if forward_s else None}
 
 
 def sampling_params(greedy):
@@ -350,25 +360,36 @@ def make_sampler_factory(args, model, prompts, seeds, stub):
 
 
 def bench(args, model, prompts, seeds, stub):
-    """Alternates the two samplers `args.bench` rounds per sequence count;
-    medians and spread (min-max) of decode tokens/s, and the ratio."""
+    """Alternates the two samplers `args.bench` rounds per sequence count:
+    medians and spread (min-max) of decode tokens/s and their ratio, and
+    the median per-step sampling and forward times with the ratio they
+    imply, (forward + llama's sampling) / (forward + samplerd's). Every
+    sequence runs to --max-tokens (end-of-generation tokens ignored), so
+    both samplers decode the same number of tokens at the same batch sizes
+    whatever they draw."""
     results = {}
     for n in args.bench_sequences:
         ps, ss = [prompts[i % len(prompts)] for i in range(n)], [seeds[0] + i for i in range(n)]
         for rnd in range(args.bench):
             for kind in ("samplerd", "llama"):
                 a = argparse.Namespace(**{**vars(args), "sampler": kind})
-                r = run(model, make_sampler_factory(a, model, ps, ss, stub), ps, args.max_tokens)
+                r = run(model, make_sampler_factory(a, model, ps, ss, stub), ps, args.max_tokens, ignore_eog=True)
                 tps = r["generated"] / r["decode_s"]
-                results.setdefault((n, kind), []).append(tps)
-                print(f"  round {rnd + 1} sequences {n} {kind:>8}: {tps:8.1f} tok/s ({r['generated']} tokens)",
+                results.setdefault((n, kind), []).append((tps, r["sample_ms_p50"], r["forward_ms_p50"]))
+                print(f"  round {rnd + 1} sequences {n} {kind:>8}: {tps:8.1f} tok/s ({r['generated']} tokens), "
+                      f"per step: sampling {r['sample_ms_p50']:.3f} ms, forward {r['forward_ms_p50']:.2f} ms",
                       file=sys.stderr)
     report = []
     for n in args.bench_sequences:
         a, b = results[(n, "samplerd")], results[(n, "llama")]
-        report.append({"sequences": n, "samplerd_tok_s": statistics.median(a), "samplerd_min": min(a),
-                       "samplerd_max": max(a), "llama_tok_s": statistics.median(b), "llama_min": min(b),
-                       "llama_max": max(b), "ratio": statistics.median(a) / statistics.median(b)})
+        ta, tb = [x[0] for x in a], [x[0] for x in b]
+        sa, sb = statistics.median(x[1] for x in a), statistics.median(x[1] for x in b)
+        fwd = statistics.median(x[2] for x in a + b)
+        report.append({"sequences": n, "samplerd_tok_s": statistics.median(ta), "samplerd_min": min(ta),
+                       "samplerd_max": max(ta), "llama_tok_s": statistics.median(tb), "llama_min": min(tb),
+                       "llama_max": max(tb), "ratio": statistics.median(ta) / statistics.median(tb),
+                       "samplerd_sample_ms": sa, "llama_sample_ms": sb, "forward_ms": fwd,
+                       "step_ratio": (fwd + sb) / (fwd + sa)})
     return report
 
 
