@@ -56,6 +56,9 @@ TOP_K = 40
 TOP_P = 0.95
 TEMPERATURE = 0.8
 
+# Tokens per prefill batch (llama.cpp's n_batch).
+PREFILL_BATCH = 512
+
 PROMPTS = [
     "Write a haiku about the sea.",
     "Name three uses of a paperclip.",
@@ -102,15 +105,17 @@ class Model:
         cp = C.llama_context_default_params()
         cp.n_seq_max = n_seq
         cp.n_ctx = n_seq * n_ctx_seq
-        # The prefill decodes every prompt in one batch.
-        cp.n_batch = cp.n_ubatch = n_seq * n_ctx_seq
+        # The prefill goes in batches of at most this many tokens (llama.cpp
+        # sizes its compute buffer by it: ~200 MiB at 1,024 for this model).
+        self.n_batch = max(PREFILL_BATCH, n_seq)
+        cp.n_batch = cp.n_ubatch = self.n_batch
         cp.n_threads = cp.n_threads_batch = threads
         cp.no_perf = True
         self.n_seq, self.n_ctx_seq = n_seq, n_ctx_seq
         self.ctx = C.llama_init_from_model(self.model, cp)
         if not self.ctx:
             raise EngineError(f"llama.cpp could not make a context for {n_seq} sequences of {n_ctx_seq} positions")
-        self.batch = C.llama_batch_init(n_seq * n_ctx_seq, 0, 1)
+        self.batch = C.llama_batch_init(self.n_batch, 0, 1)
 
     def close(self):
         C.llama_batch_free(self.batch)
@@ -131,10 +136,11 @@ class Model:
         if not tmpl:
             return user.encode()
         msgs = (C.llama_chat_message * 1)(C.llama_chat_message(b"user", user.encode()))
-        buf = ctypes.create_string_buffer(4096)
-        n = C.llama_chat_apply_template(tmpl, msgs, 1, True, buf, len(buf))
-        if n < 0 or n > len(buf):
+        n = C.llama_chat_apply_template(tmpl, msgs, 1, True, None, 0)
+        if n < 0:  # a template llama.cpp does not know
             return user.encode()
+        buf = ctypes.create_string_buffer(n)
+        C.llama_chat_apply_template(tmpl, msgs, 1, True, buf, n)
         return buf.raw[:n]
 
     def piece(self, token):
@@ -199,7 +205,9 @@ class SamplerdSampler:
             np.copyto(self.region.array[seq], model.logits_row(i))
             row = pb.BatchStreamRow(sequence_id=seq, shared=self.refs[seq])
             if not self.joined[seq]:
-                # The joining row: the stream keeps the window, seed and step.
+                # The joining row: the stream keeps the window, seed and step
+                # from here. The window is the prompt's tail the chain reads
+                # (repeat_last_n tokens).
                 p = pb.SamplingParams()
                 p.CopyFrom(self.params)
                 p.seed = self.seeds[seq]
@@ -278,21 +286,25 @@ def run(model, make_sampler, prompts, max_tokens, dump_step=None, ignore_eog=Fal
     the decode time and (at `dump_step`) a copy of that step's logits rows."""
     model.reset()
     n = len(prompts)
-    entries, last = [], {}
+    entries = []
     for seq, p in enumerate(prompts):
+        if not p:
+            raise EngineError(f"prompt {seq} has no tokens")
         if len(p) + max_tokens > model.n_ctx_seq:
             raise EngineError(f"prompt {seq} ({len(p)} tokens) + --max-tokens {max_tokens} exceed --ctx {model.n_ctx_seq}")
-        for pos, t in enumerate(p):
-            entries.append((seq, pos, t, pos == len(p) - 1))
-        last[seq] = len(entries) - 1  # the batch index of its last prompt token
+        entries += [(seq, pos, t, False) for pos, t in enumerate(p[:-1])]
     t0 = time.perf_counter()
-    model.decode(entries)
+    for i in range(0, len(entries), model.n_batch):
+        model.decode(entries[i:i + model.n_batch])
+    # Every prompt's last token in one batch, with logits: entry s is
+    # sequence s, as in every step after.
+    model.decode([(seq, len(p) - 1, p[-1], True) for seq, p in enumerate(prompts)])
     t_prefill = time.perf_counter() - t0
     sampler = make_sampler()
     tokens = [[] for _ in range(n)]
     probs = [[] for _ in range(n)]
     dumped = None
-    live = [(s, last[s]) for s in range(n)]
+    live = [(s, s) for s in range(n)]
     ok = False
     # Per step: the sampler's time (copy into the region, the RPC, or
     # llama.cpp's chain) and the forward pass's. Their medians hold up on a
