@@ -9,7 +9,8 @@
 # TOKENS tokens each; prints the median decode tokens/s of each, the spread
 # (min-max) and the ratio samplerd/llama, the median per-step sampling and
 # forward times with the ratio they imply (steadier than whole-run tokens/s
-# on a shared machine), and the load average before and after.
+# on a shared machine), the sampling per step with no forward pass between
+# steps, and the load average before and after.
 #   ROUNDS=3 TOKENS=64 THREADS=2 scripts/bench-engine.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,4 +45,6 @@ for r in j["results"]:
           f"  llama {r['llama_tok_s']:7.1f} [{r['llama_min']:.1f}-{r['llama_max']:.1f}]  ratio {r['ratio']:.3f}")
     print(f"    per step (median): sampling samplerd {r['samplerd_sample_ms']:.3f} ms, llama {r['llama_sample_ms']:.3f} ms;"
           f" forward {r['forward_ms']:.2f} ms; implied ratio {r['step_ratio']:.3f}")
+    print(f"    sampling per step without forward passes (median): samplerd {r['samplerd_hot_sample_ms']:.3f} ms,"
+          f" llama {r['llama_hot_sample_ms']:.3f} ms")
 PYEOF

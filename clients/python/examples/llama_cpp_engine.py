@@ -191,9 +191,13 @@ class SamplerdSampler:
         self.joined = [False] * len(prompts)
         self.leaving = []
         self.requests = queue.Queue()
-        # grpcio sends what the iterator yields from its own thread; None
-        # (from close) ends it and so half-closes the stream.
-        self.call = stub.SampleBatchStream(iter(self.requests.get, None), timeout=stream_timeout)
+        try:
+            # grpcio sends what the iterator yields from its own thread; None
+            # (from close) ends it and so half-closes the stream.
+            self.call = stub.SampleBatchStream(iter(self.requests.get, None), timeout=stream_timeout)
+        except BaseException:
+            self.region.close()
+            raise
         self.last = {}
 
     def sample(self, model, live):
@@ -279,11 +283,14 @@ class LlamaSampler:
             C.llama_sampler_free(c)
 
 
-def run(model, make_sampler, prompts, max_tokens, dump_step=None, ignore_eog=False):
-    """Prefills every prompt in one batch, then decodes all live sequences
-    one token per forward pass until each has drawn an end-of-generation
-    token (unless `ignore_eog`) or `max_tokens`. Returns the per-sequence tokens and probabilities,
-    the decode time and (at `dump_step`) a copy of that step's logits rows."""
+def run(model, make_sampler, prompts, max_tokens, dump_step=None, ignore_eog=False, forward=True):
+    """Prefills every prompt, then decodes all live sequences one token per
+    forward pass until each has drawn an end-of-generation token (unless
+    `ignore_eog`) or `max_tokens`. Returns the per-sequence tokens and
+    probabilities, the timings and (at `dump_step`) a copy of that step's
+    logits rows. `forward=False` skips the forward passes after the
+    prefill and samples the same rows at every step: the sampler's cost
+    alone, back to back."""
     model.reset()
     n = len(prompts)
     entries = []
@@ -329,6 +336,10 @@ def run(model, make_sampler, prompts, max_tokens, dump_step=None, ignore_eog=Fal
                     nxt.append(seq)
             if not nxt:
                 break
+            if not forward:
+                live = [(seq, i) for seq, i in live if seq in nxt]
+                step += 1
+                continue
             tf = time.perf_counter()
             model.decode([(seq, len(prompts[seq]) + len(tokens[seq]) - 1, tokens[seq][-1], True) for seq in nxt])
             forward_s.append(time.perf_counter() - tf)
@@ -375,7 +386,9 @@ def bench(args, model, prompts, seeds, stub):
     """Alternates the two samplers `args.bench` rounds per sequence count:
     medians and spread (min-max) of decode tokens/s and their ratio, and
     the median per-step sampling and forward times with the ratio they
-    imply, (forward + llama's sampling) / (forward + samplerd's). Every
+    imply, (forward + llama's sampling) / (forward + samplerd's); and the
+    sampling per step with no forward pass between steps (`run(forward=
+    False)`: the server's threads stay busy instead of waking). Every
     sequence runs to --max-tokens (end-of-generation tokens ignored), so
     both samplers decode the same number of tokens at the same batch sizes
     whatever they draw."""
@@ -388,9 +401,12 @@ def bench(args, model, prompts, seeds, stub):
                 r = run(model, make_sampler_factory(a, model, ps, ss, stub), ps, args.max_tokens, ignore_eog=True)
                 tps = r["generated"] / r["decode_s"]
                 results.setdefault((n, kind), []).append((tps, r["sample_ms_p50"], r["forward_ms_p50"]))
+                hot = run(model, make_sampler_factory(a, model, ps, ss, stub), ps, args.max_tokens, ignore_eog=True,
+                          forward=False)["sample_ms_p50"]
+                results.setdefault((n, kind, "hot"), []).append(hot)
                 print(f"  round {rnd + 1} sequences {n} {kind:>8}: {tps:8.1f} tok/s ({r['generated']} tokens), "
-                      f"per step: sampling {r['sample_ms_p50']:.3f} ms, forward {r['forward_ms_p50']:.2f} ms",
-                      file=sys.stderr)
+                      f"per step: sampling {r['sample_ms_p50']:.3f} ms, forward {r['forward_ms_p50']:.2f} ms; "
+                      f"sampling without forward passes {hot:.3f} ms", file=sys.stderr)
     report = []
     for n in args.bench_sequences:
         a, b = results[(n, "samplerd")], results[(n, "llama")]
@@ -401,7 +417,9 @@ def bench(args, model, prompts, seeds, stub):
                        "samplerd_max": max(ta), "llama_tok_s": statistics.median(tb), "llama_min": min(tb),
                        "llama_max": max(tb), "ratio": statistics.median(ta) / statistics.median(tb),
                        "samplerd_sample_ms": sa, "llama_sample_ms": sb, "forward_ms": fwd,
-                       "step_ratio": (fwd + sb) / (fwd + sa)})
+                       "step_ratio": (fwd + sb) / (fwd + sa),
+                       "samplerd_hot_sample_ms": statistics.median(results[(n, "samplerd", "hot")]),
+                       "llama_hot_sample_ms": statistics.median(results[(n, "llama", "hot")])})
     return report
 
 
