@@ -111,9 +111,10 @@ def connect(address, *, credentials=None, ready_timeout=10.0, options=()):
     address = address.removeprefix("http://")
     opts = CHANNEL_OPTIONS + list(options)
     if address.startswith("unix") and not any(k == "grpc.default_authority" for k, _ in opts):
-        # grpcio names a Unix-socket target's :authority after the socket's
-        # path, which the server's HTTP/2 layer refuses (every call ends
-        # with RST_STREAM PROTOCOL_ERROR, surfacing as INTERNAL).
+        # grpcio (1.85) sends a Unix-socket target's path, percent-encoded,
+        # as the :authority (`run%2Fsamplerd%2Fsamplerd.sock`), which the
+        # server's HTTP/2 layer refuses: every call ends with RST_STREAM
+        # PROTOCOL_ERROR, surfacing as INTERNAL.
         opts.append(("grpc.default_authority", "localhost"))
     if credentials is None:
         channel = grpc.insecure_channel(address, options=opts)
