@@ -10,6 +10,7 @@
 #   generate_one.json  one Generate with timings (sampling share of a step)
 #   batch.txt        scripts/bench-batch.sh: SampleBatch(Stream) vs SampleStreams, compression
 #   resume.txt       scripts/bench-resume.py: a cut Generate resumed, with and without the prompt cache
+#   engine.txt       scripts/bench-engine.sh: llama.cpp's forward pass sampled by samplerd (shared rows) vs llama.cpp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -39,4 +40,5 @@ $CTL bench --rpc generate --concurrency 1 --requests 4 -n 64 --json > "$OUT/gene
 $CTL bench --rpc generate --concurrency 4 --requests 8 -n 64 --json > "$OUT/generate_c4.json"
 OUT="$OUT" scripts/bench-batch.sh > "$OUT/batch.txt"
 SAMPLERD_BIN="$BIN/samplerd" "$PY" scripts/bench-resume.py > "$OUT/resume.txt"
+OUT="$OUT" SAMPLERD_BIN="$BIN/samplerd" scripts/bench-engine.sh > "$OUT/engine.txt"
 echo "results in $OUT/"

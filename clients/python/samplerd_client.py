@@ -105,10 +105,17 @@ def connect(address, *, credentials=None, ready_timeout=10.0, options=()):
     grpc.FutureTimeoutError after ready_timeout seconds). `address` is
     host:port, or any gRPC target — `dns:///samplerd-headless.ns.svc:50051`
     for a fleet, `ipv4:10.0.0.1:50051,10.0.0.2:50051` — balanced round-robin
-    with retries (clients/service-config.json); samplerctl's http:// form
+    with retries (clients/service-config.json), `unix:///path/samplerd.sock`
+    for a Unix socket; samplerctl's http:// form
     (its SAMPLERD_ADDR) is taken too. `options` are more channel options."""
     address = address.removeprefix("http://")
     opts = CHANNEL_OPTIONS + list(options)
+    if address.startswith("unix") and not any(k == "grpc.default_authority" for k, _ in opts):
+        # grpcio (1.85) sends a Unix-socket target's path, percent-encoded,
+        # as the :authority (`run%2Fsamplerd%2Fsamplerd.sock`), which the
+        # server's HTTP/2 layer refuses: every call ends with RST_STREAM
+        # PROTOCOL_ERROR, surfacing as INTERNAL.
+        opts.append(("grpc.default_authority", "localhost"))
     if credentials is None:
         channel = grpc.insecure_channel(address, options=opts)
     else:
@@ -215,9 +222,16 @@ class SharedRows:
         self.shm.unlink()
 
     def close(self, timeout=10.0):
-        """Unregisters the region and removes its file."""
+        """Unregisters the region and removes its file. A region the server
+        released already is not an error: the connection that registered
+        it closed (`transport.release_shared_on_disconnect`), e.g. when the
+        server aged it out (`limits.max_connection_age_secs`) and its last
+        call ended, while this call runs on the channel's next connection."""
         try:
             self.stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=self.name), metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.NOT_FOUND:
+                raise
         finally:
             self._release()
 
