@@ -35,6 +35,7 @@ use crate::transport::listen::{Bound, Listen};
 use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
+use crate::transport::request_id::AssignRequestId;
 use crate::transport::status_fixup::CompleteStatus;
 use crate::transport::tls::SecurityError;
 use crate::transport::unary::{SplitMethod, UnaryGuard, UnaryMethod};
@@ -220,7 +221,10 @@ pub async fn serve(
         .max_concurrent_streams(limits.max_streams_per_connection)
         .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
         .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
-        // Outermost, so it sees the final status of every response.
+        // Outermost: every response gets its id, and every log line of
+        // the layers below (and of the handler) its `rpc` span.
+        .layer(WrapLayer(AssignRequestId))
+        // Next, so it sees the final status of every response.
         .layer(WrapLayer(ObserveRpc::new(drain.clone())))
         .layer(WrapLayer(CountActive))
         .layer(WrapLayer(GrpcOnly))
@@ -338,6 +342,18 @@ fn unary_guard(config: &Config) -> UnaryGuard {
         },
         UnaryMethod {
             path: "/samplerd.v1.Sampler/UnregisterSharedMemory",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Tokenize",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Detokenize",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/GetServerInfo",
             limit: None,
         },
         // Server-streaming, but one request message like a unary call.

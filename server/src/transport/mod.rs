@@ -3,8 +3,9 @@
 //! (HTTP 405/415 for anything else), bearer tokens, deadlines, request
 //! metrics and the drain on shutdown, unary calls held to one message with
 //! per-method size limits read from the message prefix, the zero-copy
-//! decoding of messages that arrive in one HTTP/2 frame, and samplerd's
-//! error details on the statuses tonic writes itself.
+//! decoding of messages that arrive in one HTTP/2 frame, samplerd's
+//! error details on the statuses tonic writes itself, and the request id
+//! on every response and log line.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +20,7 @@ pub mod max_age;
 pub mod metrics;
 pub mod middleware;
 pub mod one_frame;
+pub mod request_id;
 pub mod status_fixup;
 pub mod tls;
 pub mod unary;
