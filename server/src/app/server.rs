@@ -27,6 +27,7 @@ use crate::service::SamplerService;
 use crate::service::defaults::{DefaultChainError, Defaults};
 use crate::service::shared_memory::{SharedMemoryConfig, SharedRegions};
 use crate::service::state::AppState;
+use crate::transport::compression::ResponseCompression;
 use crate::transport::connections::CountActive;
 use crate::transport::content_type::GrpcOnly;
 use crate::transport::deadline::Deadline;
@@ -124,7 +125,8 @@ pub fn build_state(
 
 /// A generated service with gzip and zstd both ways: a request compressed
 /// with either is accepted, and a response is compressed when the client
-/// asks for it in `grpc-accept-encoding` (tonic negotiates). A common client
+/// asks for it in `grpc-accept-encoding` (tonic negotiates) and
+/// `[compression]` lets it (`transport/compression.rs`). A common client
 /// setting (grpc-js, grpcio and grpc-go channel options); without it such a
 /// client got UNIMPLEMENTED from every service, reflection and health too.
 /// The one-frame fast path serves uncompressed messages only.
@@ -232,6 +234,8 @@ pub async fn serve(
         .layer(WrapLayer(Deadline::new(Duration::from_secs(
             limits.max_request_duration_secs,
         ))))
+        // Whether tonic may compress the response (`[compression]`).
+        .layer(WrapLayer(ResponseCompression::new(&config.compression)))
         // Innermost: tonic's own statuses get their details (and the
         // metrics above count the code they end with).
         .layer(WrapLayer(CompleteStatus));

@@ -4,12 +4,13 @@
 //! metrics and the drain on shutdown, unary calls held to one message with
 //! per-method size limits read from the message prefix, the zero-copy
 //! decoding of messages that arrive in one HTTP/2 frame, samplerd's
-//! error details on the statuses tonic writes itself, and the request id
-//! on every response and log line.
+//! error details on the statuses tonic writes itself, the request id on
+//! every response and log line, and when responses are compressed.
 
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod compression;
 pub mod connections;
 pub mod content_type;
 pub mod deadline;
