@@ -13,6 +13,8 @@ const EXAMPLES: &str = "\
 Examples:
   samplerctl health
   samplerctl stages
+  samplerctl info
+  samplerctl tokenize \"Hello world\"
   samplerctl generate \"Tell me a story\" -n 64 --seed 1
   samplerctl sample logits.npy --greedy --n-probs 5
   samplerctl bench --rpc sample --concurrency 8 --duration 10 --json
@@ -131,6 +133,21 @@ pub enum Command {
         samplerctl bench --rpc sample --requests 1000 --vocab 32000 --json\n  \
         samplerctl bench --rpc generate --prompt \"Hello\" --max-tokens 32 --concurrency 2")]
     Bench(BenchArgs),
+    /// Text to token ids with the server's tokenizer (the model's, or a
+    /// named vocabulary's).
+    #[command(after_help = "Examples:\n  \
+        samplerctl tokenize \"Hello world\"\n  \
+        samplerctl tokenize --vocabulary smollm2 --no-parse-special \"<|im_start|>\"\n  \
+        cat prompt.txt | samplerctl tokenize - --json")]
+    Tokenize(TokenizeArgs),
+    /// Token ids back to text.
+    #[command(after_help = "Examples:\n  \
+        samplerctl detokenize 19556,905\n  \
+        samplerctl detokenize 1,4093,198 --skip-special")]
+    Detokenize(DetokenizeArgs),
+    /// What the server is: version, build, model, vocabularies and limits.
+    #[command(after_help = "Examples:\n  samplerctl info\n  samplerctl info --json")]
+    Info(InfoArgs),
 }
 
 /// Sampling parameters with llama.cpp's flag names. Only flags given on the
@@ -348,6 +365,52 @@ pub struct SampleArgs {
 #[derive(Debug, Args)]
 pub struct StagesArgs {
     /// Print the raw response as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `samplerctl tokenize`.
+#[derive(Debug, Args)]
+pub struct TokenizeArgs {
+    /// The text; `-` reads it from stdin.
+    pub text: String,
+    /// Add the tokens the vocabulary puts around a text (BOS when the
+    /// model asks for one).
+    #[arg(long)]
+    pub add_special: bool,
+    /// Tokenize special-token text (`<|im_start|>`) as plain text.
+    #[arg(long)]
+    pub no_parse_special: bool,
+    /// A vocabulary loaded by the server (`samplerctl info` lists them)
+    /// [default: the model's].
+    #[arg(long, value_name = "NAME")]
+    pub vocabulary: Option<String>,
+    /// Print the ids as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `samplerctl detokenize`.
+#[derive(Debug, Args)]
+pub struct DetokenizeArgs {
+    /// Token ids, comma-separated.
+    #[arg(value_delimiter = ',', required = true, value_name = "IDS")]
+    pub tokens: Vec<u32>,
+    /// Leave out control tokens (`<|im_end|>`).
+    #[arg(long)]
+    pub skip_special: bool,
+    /// As `tokenize --vocabulary`.
+    #[arg(long, value_name = "NAME")]
+    pub vocabulary: Option<String>,
+    /// Print the text as a JSON string.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `samplerctl info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Print the response as JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -37,6 +37,9 @@ fn main() -> ExitCode {
             Command::Stages(args) => commands::stages::run(&conn, args).await,
             Command::Health(args) => commands::health::run(&conn, args).await,
             Command::Bench(args) => commands::bench::run(&conn, args).await,
+            Command::Tokenize(args) => commands::text::tokenize(&conn, args).await,
+            Command::Detokenize(args) => commands::text::detokenize(&conn, args).await,
+            Command::Info(args) => commands::text::info(&conn, args).await,
         }
     });
     // Don't wait for in-flight background tasks (e.g. a cancelled stream).

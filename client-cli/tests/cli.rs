@@ -508,3 +508,51 @@ fn generate_with_a_model_streams_deterministically() {
     let b = gen_once();
     assert_eq!(a.stdout, b.stdout, "same seed, different text");
 }
+
+/// Runs only when `SAMPLERD_MODEL` names an existing GGUF file.
+#[test]
+fn tokenize_detokenize_and_info_talk_to_the_model() {
+    let Some(model) = std::env::var_os("SAMPLERD_MODEL").map(PathBuf::from) else {
+        eprintln!("skipped: set SAMPLERD_MODEL=/path/to/model.gguf to run");
+        return;
+    };
+    if !model.is_file() {
+        eprintln!("skipped: SAMPLERD_MODEL={} is not a file", model.display());
+        return;
+    }
+    let model = model.to_str().expect("UTF-8 model path").to_string();
+    let server = Server::start_with(&["--model", &model]);
+    // SmolLM2's ids for these, as llama.cpp gives them.
+    let o = run(server.ctl().args(["tokenize", "<|im_start|>Hello world"]));
+    assert_code(&o, 0);
+    assert_eq!(stdout(&o), "1,19556,905\n");
+    let o = run(server
+        .ctl()
+        .args(["tokenize", "--json", "--no-parse-special", "<|im_start|>"]));
+    assert_code(&o, 0);
+    let ids: Vec<u32> = serde_json::from_str(&stdout(&o)).expect("JSON array");
+    assert!(ids.len() > 1 && !ids.contains(&1), "{ids:?}");
+    let o = run(server.ctl().args(["detokenize", "1,19556,905"]));
+    assert_code(&o, 0);
+    assert_eq!(stdout(&o), "<|im_start|>Hello world");
+    let o = run(server
+        .ctl()
+        .args(["detokenize", "--skip-special", "1,19556,905"]));
+    assert_eq!(stdout(&o), "Hello world");
+    let o = run(server.ctl().args(["detokenize", "49152"]));
+    assert_code(&o, 1);
+    assert!(stderr(&o).contains("tokens[0]"), "{}", stderr(&o));
+    let o = run(server.ctl().args(["info", "--json"]));
+    assert_code(&o, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    assert_eq!(v["model"]["n_vocab"], 49152);
+    assert_eq!(v["request_id_header"], "x-request-id");
+    assert!(v["limits"]["max_message_bytes"].as_u64().unwrap() > 0);
+    let o = run(server.ctl().arg("info"));
+    assert_code(&o, 0);
+    assert!(
+        stdout(&o).contains("SmolLM2-135M-Instruct"),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -160,6 +160,27 @@ impl Sampler for Mock {
     ) -> Result<Response<ListStagesResponse>, Status> {
         Err(Status::unimplemented("mock"))
     }
+
+    async fn tokenize(
+        &self,
+        _: Request<samplerd_api::v1::TokenizeRequest>,
+    ) -> Result<Response<samplerd_api::v1::TokenizeResponse>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
+
+    async fn detokenize(
+        &self,
+        _: Request<samplerd_api::v1::DetokenizeRequest>,
+    ) -> Result<Response<samplerd_api::v1::DetokenizeResponse>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
+
+    async fn get_server_info(
+        &self,
+        _: Request<samplerd_api::v1::GetServerInfoRequest>,
+    ) -> Result<Response<samplerd_api::v1::GetServerInfoResponse>, Status> {
+        Err(Status::unimplemented("mock"))
+    }
 }
 
 /// A mock server on its own runtime thread; stops when dropped.

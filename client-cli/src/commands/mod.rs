@@ -9,6 +9,7 @@ pub mod generate;
 pub mod health;
 pub mod sample;
 pub mod stages;
+pub mod text;
 
 /// The user pressed Ctrl-C; `main` exits with 130 without an error line.
 #[derive(Debug, thiserror::Error)]

@@ -44,7 +44,10 @@ pub use ggml::Numerics;
 pub use gguf::{Arch, Config};
 pub use prefix::{CachedTokens, StepOrder};
 pub use text::{ChatMessage, ChatTemplate};
-pub use text::{TokenInfo, Tokenizer, Utf8Streamer, attr, read_vocabulary};
+pub use text::{
+    FileTokenizer, TextCodec, TokenInfo, Tokenizer, Utf8Streamer, attr, read_tokenizer,
+    read_vocabulary,
+};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -289,6 +292,23 @@ fn new_backend(
         )?)),
         #[cfg(not(feature = "cuda"))]
         Placement::Cuda { .. } => Err(ModelError::Backend(cuda::DeviceError::NotBuilt.to_string())),
+    }
+}
+
+/// The model's tokenizer, through the model that owns it (so an
+/// `Arc<Model>` serves as a shared [`TextCodec`]).
+impl TextCodec for Model {
+    fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        self.tokenizer.encode(text, add_special, parse_special)
+    }
+
+    fn vocabulary(&self) -> &[TokenInfo] {
+        self.tokenizer.vocabulary()
     }
 }
 

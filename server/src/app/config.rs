@@ -62,6 +62,8 @@ pub struct Config {
     pub tls: crate::transport::tls::TlsConfig,
     pub auth: crate::transport::auth::AuthConfig,
     pub transport: crate::transport::listen::TransportConfig,
+    /// When responses are compressed.
+    pub compression: crate::transport::compression::CompressionConfig,
     /// Named vocabularies for Sample and SampleStream (`NAME = "path"`: a
     /// GGUF or a Hugging Face tokenizer.json), which `params.vocabulary`
     /// names.
@@ -87,6 +89,7 @@ impl Default for Config {
             tls: crate::transport::tls::TlsConfig::default(),
             auth: crate::transport::auth::AuthConfig::default(),
             transport: crate::transport::listen::TransportConfig::default(),
+            compression: crate::transport::compression::CompressionConfig::default(),
             vocabularies: Default::default(),
         }
     }
@@ -343,6 +346,7 @@ const CONFIG_SECTIONS: &[&str] = &[
     "tls",
     "auth",
     "transport",
+    "compression",
     "vocabularies",
 ];
 /// Top-level scalar keys of [`Config`] (set as `SAMPLERD_<KEY>`).

@@ -27,6 +27,7 @@ use crate::service::SamplerService;
 use crate::service::defaults::{DefaultChainError, Defaults};
 use crate::service::shared_memory::{SharedMemoryConfig, SharedRegions};
 use crate::service::state::AppState;
+use crate::transport::compression::ResponseCompression;
 use crate::transport::connections::CountActive;
 use crate::transport::content_type::GrpcOnly;
 use crate::transport::deadline::Deadline;
@@ -35,6 +36,7 @@ use crate::transport::listen::{Bound, Listen};
 use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
 use crate::transport::one_frame::OneFrameDecode;
+use crate::transport::request_id::AssignRequestId;
 use crate::transport::status_fixup::CompleteStatus;
 use crate::transport::tls::SecurityError;
 use crate::transport::unary::{SplitMethod, UnaryGuard, UnaryMethod};
@@ -123,7 +125,8 @@ pub fn build_state(
 
 /// A generated service with gzip and zstd both ways: a request compressed
 /// with either is accepted, and a response is compressed when the client
-/// asks for it in `grpc-accept-encoding` (tonic negotiates). A common client
+/// asks for it in `grpc-accept-encoding` (tonic negotiates) and
+/// `[compression]` lets it (`transport/compression.rs`). A common client
 /// setting (grpc-js, grpcio and grpc-go channel options); without it such a
 /// client got UNIMPLEMENTED from every service, reflection and health too.
 /// The one-frame fast path serves uncompressed messages only.
@@ -220,7 +223,10 @@ pub async fn serve(
         .max_concurrent_streams(limits.max_streams_per_connection)
         .http2_keepalive_interval(Some(Duration::from_secs(limits.keepalive_interval_secs)))
         .http2_keepalive_timeout(Some(Duration::from_secs(limits.keepalive_timeout_secs)))
-        // Outermost, so it sees the final status of every response.
+        // Outermost: every response gets its id, and every log line of
+        // the layers below (and of the handler) its `rpc` span.
+        .layer(WrapLayer(AssignRequestId))
+        // Next, so it sees the final status of every response.
         .layer(WrapLayer(ObserveRpc::new(drain.clone())))
         .layer(WrapLayer(CountActive))
         .layer(WrapLayer(GrpcOnly))
@@ -228,6 +234,8 @@ pub async fn serve(
         .layer(WrapLayer(Deadline::new(Duration::from_secs(
             limits.max_request_duration_secs,
         ))))
+        // Whether tonic may compress the response (`[compression]`).
+        .layer(WrapLayer(ResponseCompression::new(&config.compression)))
         // Innermost: tonic's own statuses get their details (and the
         // metrics above count the code they end with).
         .layer(WrapLayer(CompleteStatus));
@@ -338,6 +346,18 @@ fn unary_guard(config: &Config) -> UnaryGuard {
         },
         UnaryMethod {
             path: "/samplerd.v1.Sampler/UnregisterSharedMemory",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Tokenize",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/Detokenize",
+            limit: None,
+        },
+        UnaryMethod {
+            path: "/samplerd.v1.Sampler/GetServerInfo",
             limit: None,
         },
         // Server-streaming, but one request message like a unary call.

@@ -7,7 +7,7 @@
 use samplerd_api::v1::GenerateResponse;
 use std::sync::Arc;
 
-use samplerd_model::ChatMessage;
+use samplerd_model::{ChatMessage, TextCodec};
 use samplerd_sampling::{Chain, Vocabulary, step};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -81,6 +81,35 @@ pub trait Generator: Send + Sync + 'static {
     fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
         None
     }
+
+    /// The model's tokenizer, for Tokenize and Detokenize.
+    fn tokenizer(&self) -> Option<Arc<dyn TextCodec>> {
+        None
+    }
+
+    /// What GetServerInfo says about the model.
+    fn describe(&self) -> Option<ModelSummary> {
+        None
+    }
+}
+
+/// The loaded model as GetServerInfo describes it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelSummary {
+    /// The file name of `model.path` (not the directory: that is the
+    /// operator's business).
+    pub file_name: String,
+    /// `general.architecture`.
+    pub architecture: String,
+    /// Weight matrices per storage format (`"q4_1"` → 90).
+    pub weight_types: std::collections::BTreeMap<String, u32>,
+    pub n_vocab: usize,
+    /// Context size of each sequence (`generate.n_ctx`, clamped).
+    pub n_ctx: usize,
+    /// The numerics mode the forward pass follows (`model.numerics`).
+    pub numerics: String,
+    /// Where the forward pass runs ("cpu-avx2", "cuda: …").
+    pub device: String,
 }
 
 /// The FAILED_PRECONDITION message of Generate without a model.

@@ -718,6 +718,31 @@ impl Generator for ModelHost {
         Some(Arc::clone(&self.vocab))
     }
 
+    fn tokenizer(&self) -> Option<Arc<dyn samplerd_model::TextCodec>> {
+        Some(Arc::clone(&self.model) as Arc<dyn samplerd_model::TextCodec>)
+    }
+
+    fn describe(&self) -> Option<generator::ModelSummary> {
+        let m = &self.model;
+        Some(generator::ModelSummary {
+            file_name: m
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            architecture: m.config().arch.name().to_string(),
+            weight_types: m
+                .weight_formats()
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), *v as u32))
+                .collect(),
+            n_vocab: m.n_vocab(),
+            n_ctx: m.n_ctx(),
+            numerics: m.numerics().describe(),
+            device: m.backend_name(),
+        })
+    }
+
     fn generate(&self, job: GenerateJob, sink: GenerateSink) {
         let result = (|| {
             // Admission first: tokenizing is work of the request's size,

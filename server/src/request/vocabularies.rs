@@ -3,8 +3,9 @@
 //! elsewhere. Loaded once at start-up from `[vocabularies]`
 //! (`NAME = "path"`: a GGUF's tokenizer metadata or a Hugging Face
 //! `tokenizer.json`); a request names one in `params.vocabulary`, and
-//! ListStages reports them. Also home of [`plugin_vocabulary`], the model
-//! vocabulary in the plugin ABI's shape, which Generate uses.
+//! ListStages reports them, and Tokenize and Detokenize use their
+//! tokenizers. Also home of [`plugin_vocabulary`], the model vocabulary in
+//! the plugin ABI's shape, which Generate uses.
 
 #![forbid(unsafe_code)]
 
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use samplerd_api::v1;
+use samplerd_model::TextCodec;
 use samplerd_sampling::Vocabulary;
 
 /// A vocabulary that could not be loaded (names its config key and path).
@@ -27,6 +29,7 @@ pub struct VocabularyError {
 
 struct Loaded {
     vocab: Arc<Vocabulary>,
+    tokenizer: Arc<dyn TextCodec>,
     path: PathBuf,
 }
 
@@ -41,19 +44,20 @@ impl Vocabularies {
     pub fn load(config: &BTreeMap<String, PathBuf>) -> Result<Self, Box<VocabularyError>> {
         let mut by_name = BTreeMap::new();
         for (name, path) in config {
-            let tokens = samplerd_model::read_vocabulary(path).map_err(|source| {
+            let tokenizer = samplerd_model::read_tokenizer(path).map_err(|source| {
                 Box::new(VocabularyError {
                     name: name.clone(),
                     path: path.display().to_string(),
                     source: Box::new(source),
                 })
             })?;
-            let vocab = Arc::new(plugin_vocabulary(&tokens));
+            let vocab = Arc::new(plugin_vocabulary(tokenizer.vocabulary()));
             tracing::info!(name, path = %path.display(), tokens = vocab.len(), "vocabulary loaded");
             by_name.insert(
                 name.clone(),
                 Loaded {
                     vocab,
+                    tokenizer: Arc::new(tokenizer),
                     path: path.clone(),
                 },
             );
@@ -63,6 +67,11 @@ impl Vocabularies {
 
     pub fn get(&self, name: &str) -> Option<&Arc<Vocabulary>> {
         self.by_name.get(name).map(|l| &l.vocab)
+    }
+
+    /// The tokenizer of vocabulary `name` (Tokenize, Detokenize).
+    pub fn tokenizer(&self, name: &str) -> Option<&Arc<dyn TextCodec>> {
+        self.by_name.get(name).map(|l| &l.tokenizer)
     }
 
     /// The loaded ones in words, for an error: `"smollm2 (49152 tokens)"`,

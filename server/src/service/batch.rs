@@ -196,7 +196,7 @@ pub async fn handle(
     caller: Caller,
 ) -> Result<v1::SampleBatchResponse, Status> {
     let request_id = state.request_id();
-    let span = tracing::debug_span!("sample_batch", request_id, rows = req.rows.len());
+    let span = tracing::debug_span!("sample_batch", seq = request_id, rows = req.rows.len());
     let t0 = Instant::now();
     let dtype = valid::batch(&state, &req)?;
     let _charge = state

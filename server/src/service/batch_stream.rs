@@ -313,7 +313,7 @@ pub fn handle(
     let permit = state.stream_permit()?;
     state.open_sessions.fetch_add(1, Ordering::Relaxed);
     let request_id = state.request_id();
-    let span = tracing::info_span!("sample_batch_stream", request_id);
+    let span = tracing::info_span!("sample_batch_stream", seq = request_id);
     let batch = Batch {
         state,
         span,

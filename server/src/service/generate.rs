@@ -62,7 +62,7 @@ pub async fn handle(
     let seed = valid.seed;
     let span = tracing::info_span!(
         "generate",
-        request_id,
+        seq = request_id,
         chain = %super::state::chain_for_log(&valid.chain),
         seed = valid.seed
     );

@@ -1,6 +1,6 @@
 //! The `samplerd.v1.Sampler` service: the dispatch of each RPC to its
 //! module (`sample`, `stream`, `batch`, `batch_stream`, `generate`,
-//! `stages`), over the shared state ([`state`]), the configured defaults
+//! `stages`, `text` for Tokenize and Detokenize, `info`), over the shared state ([`state`]), the configured defaults
 //! ([`defaults`]) and limits ([`limits`]), and the shared-memory regions
 //! rows may name ([`shared_memory`]). Every sampling step, and
 //! every other call into plugin code (chain builds included), runs through
@@ -13,6 +13,7 @@ pub mod batch_stream;
 pub mod constraint;
 pub mod defaults;
 pub mod generate;
+pub mod info;
 pub mod limits;
 pub mod lse_helper;
 pub mod prepare;
@@ -21,6 +22,7 @@ pub mod shared_memory;
 pub mod stages;
 pub mod state;
 pub mod stream;
+pub mod text;
 pub mod validate;
 
 use std::sync::Arc;
@@ -131,6 +133,29 @@ impl Sampler for SamplerService {
             .shared
             .unregister(&request.get_ref().name, &caller)?;
         Ok(Response::new(v1::UnregisterSharedMemoryResponse {}))
+    }
+
+    async fn tokenize(
+        &self,
+        request: Request<v1::TokenizeRequest>,
+    ) -> Result<Response<v1::TokenizeResponse>, Status> {
+        text::tokenize(self.state.clone(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn detokenize(
+        &self,
+        request: Request<v1::DetokenizeRequest>,
+    ) -> Result<Response<v1::DetokenizeResponse>, Status> {
+        text::detokenize(&self.state, request.get_ref()).map(Response::new)
+    }
+
+    async fn get_server_info(
+        &self,
+        _request: Request<v1::GetServerInfoRequest>,
+    ) -> Result<Response<v1::GetServerInfoResponse>, Status> {
+        Ok(Response::new(info::get(&self.state)))
     }
 
     async fn list_stages(

@@ -196,7 +196,7 @@ pub async fn handle(
     let request_id = state.request_id();
     let span = tracing::debug_span!(
         "sample",
-        request_id,
+        seq = request_id,
         chain = tracing::field::Empty,
         seed = tracing::field::Empty,
         step = req.step,

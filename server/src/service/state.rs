@@ -105,7 +105,8 @@ impl AppState {
         })
     }
 
-    /// A new request id (for the request's log span).
+    /// A sequence number for the request (its log span's `seq`, beside the
+    /// `rpc` span's `request_id`; the crash report).
     pub fn request_id(&self) -> u64 {
         self.next_request_id.fetch_add(1, Ordering::Relaxed)
     }

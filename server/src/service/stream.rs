@@ -225,7 +225,7 @@ pub fn handle(
     let request_id = state.request_id();
     let span = tracing::info_span!(
         "sample_stream",
-        request_id,
+        seq = request_id,
         chain = tracing::field::Empty,
         seed = tracing::field::Empty,
     );

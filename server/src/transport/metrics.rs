@@ -258,6 +258,30 @@ const RPCS: &[(&str, Rpc)] = &[
         },
     ),
     (
+        "/samplerd.v1.Sampler/Tokenize",
+        Rpc {
+            name: "samplerd.v1.Sampler/Tokenize",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/Detokenize",
+        Rpc {
+            name: "samplerd.v1.Sampler/Detokenize",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/GetServerInfo",
+        Rpc {
+            name: "samplerd.v1.Sampler/GetServerInfo",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
         "/grpc.health.v1.Health/Check",
         Rpc {
             name: "grpc.health.v1.Health/Check",

@@ -14,4 +14,4 @@ pub use chat_tokens::chat_tokens;
 pub use streamer::Utf8Streamer;
 pub use tokenizer::Tokenizer;
 pub use vocab::{TokenInfo, attr};
-pub use vocab_file::read_vocabulary;
+pub use vocab_file::{FileTokenizer, TextCodec, read_tokenizer, read_vocabulary};

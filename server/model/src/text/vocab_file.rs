@@ -38,16 +38,109 @@ const EOG_NAMES: &[&str] = &[
 /// Reads the vocabulary of `path`: a `.json` file is a Hugging Face
 /// tokenizer, anything else a GGUF (whose weights are not read).
 pub fn read_vocabulary(path: &Path) -> Result<Vec<TokenInfo>, ModelError> {
-    if path.extension().is_some_and(|e| e == "json") {
-        return read_tokenizer_json(path);
-    }
-    let gguf = GgufFile::open(path)?;
-    Ok(Tokenizer::from_gguf(&gguf)?.vocabulary().to_vec())
+    Ok(read_tokenizer(path)?.vocabulary().to_vec())
 }
 
-fn read_tokenizer_json(path: &Path) -> Result<Vec<TokenInfo>, ModelError> {
-    let tk = tokenizers::Tokenizer::from_file(path)
-        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+/// Reads the tokenizer of `path` (as [`read_vocabulary`] reads its
+/// vocabulary), to turn text into ids as well.
+pub fn read_tokenizer(path: &Path) -> Result<FileTokenizer, ModelError> {
+    if path.extension().is_some_and(|e| e == "json") {
+        let parsed = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let vocab = json_vocabulary(&parsed);
+        // `tokenizers` keeps "special-token text is text" as a setting of
+        // the tokenizer, not of a call: one copy per setting.
+        let mut literal = parsed.clone();
+        literal.set_encode_special_tokens(true);
+        return Ok(FileTokenizer::Json(Box::new(JsonTokenizer {
+            parsed,
+            literal,
+            vocab,
+        })));
+    }
+    let gguf = GgufFile::open(path)?;
+    Ok(FileTokenizer::Gguf(Box::new(Tokenizer::from_gguf(&gguf)?)))
+}
+
+/// Text to token ids and ids back to bytes, with one vocabulary: the
+/// model's tokenizer, or one read on its own ([`FileTokenizer`]).
+pub trait TextCodec: Send + Sync {
+    /// Token ids of `text`. `add_special`: the tokens the vocabulary adds
+    /// around a text (BOS when it asks for one, as llama.cpp's
+    /// `llama_tokenize` with `add_special`, src/llama-vocab.cpp);
+    /// `parse_special`: special-token text (`<|im_start|>`) becomes that
+    /// token instead of plain text.
+    fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError>;
+
+    /// Per token id its bytes and [`attr`] flags.
+    fn vocabulary(&self) -> &[TokenInfo];
+}
+
+impl TextCodec for Tokenizer {
+    fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        Tokenizer::encode(self, text, add_special, parse_special)
+    }
+
+    fn vocabulary(&self) -> &[TokenInfo] {
+        Tokenizer::vocabulary(self)
+    }
+}
+
+/// A tokenizer read from a file: a GGUF's (ids equal llama.cpp's, see
+/// [`Tokenizer`]) or a Hugging Face `tokenizer.json` (ids as the
+/// `tokenizers` library gives them).
+pub enum FileTokenizer {
+    Gguf(Box<Tokenizer>),
+    Json(Box<JsonTokenizer>),
+}
+
+/// A `tokenizer.json`, with and without special-token parsing.
+pub struct JsonTokenizer {
+    parsed: tokenizers::Tokenizer,
+    literal: tokenizers::Tokenizer,
+    vocab: Vec<TokenInfo>,
+}
+
+impl TextCodec for FileTokenizer {
+    fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        match self {
+            FileTokenizer::Gguf(t) => Tokenizer::encode(t, text, add_special, parse_special),
+            FileTokenizer::Json(j) => {
+                let tk = if parse_special { &j.parsed } else { &j.literal };
+                // `add_special_tokens` runs the file's post-processor (BOS
+                // and the like, where the tokenizer declares them).
+                let enc = tk.encode_fast(text, add_special).map_err(|e| {
+                    ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len()))
+                })?;
+                Ok(enc.get_ids().to_vec())
+            }
+        }
+    }
+
+    fn vocabulary(&self) -> &[TokenInfo] {
+        match self {
+            FileTokenizer::Gguf(t) => t.vocabulary(),
+            FileTokenizer::Json(j) => &j.vocab,
+        }
+    }
+}
+
+fn json_vocabulary(tk: &tokenizers::Tokenizer) -> Vec<TokenInfo> {
     let byte_level = uses_byte_level(tk.get_decoder());
     let unicode_to_byte = gpt2_unicode_to_byte();
     let added = tk.get_added_tokens_decoder();
@@ -84,7 +177,7 @@ fn read_tokenizer_json(path: &Path) -> Result<Vec<TokenInfo>, ModelError> {
             sentencepiece_piece(&text)
         });
     }
-    Ok(out)
+    out
 }
 
 /// Whether the tokenizer decodes GPT-2 style (each byte one printable
