@@ -46,8 +46,14 @@ fn check_refusal(e: RequestError) {
     assert!(
         matches!(
             status.code(),
-            // FAILED_PRECONDITION: a sparse row too short for its chain.
-            Code::InvalidArgument | Code::ResourceExhausted | Code::FailedPrecondition
+            // FAILED_PRECONDITION: a sparse row too short for its chain;
+            // NOT_FOUND / PERMISSION_DENIED: a shared row naming a region
+            // that is not registered, or is another caller's.
+            Code::InvalidArgument
+                | Code::ResourceExhausted
+                | Code::FailedPrecondition
+                | Code::NotFound
+                | Code::PermissionDenied
         ),
         "request refused with {:?}: {described}",
         status.code()
