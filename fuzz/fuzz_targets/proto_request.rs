@@ -70,7 +70,11 @@ fuzz_target!(|data: &[u8]| {
         let Ok(req) = v1::SampleBatchRequest::decode(bytes) else {
             return;
         };
-        match samplerd::service::batch::sample_batch_blocking(state, &req, &samplerd::transport::identity::Caller::Unknown) {
+        match samplerd::service::batch::sample_batch_blocking(
+            state,
+            &req,
+            &samplerd::transport::identity::Caller::Unknown,
+        ) {
             Ok(rows) => {
                 assert_eq!(rows.len(), req.rows.len());
                 for r in rows {
