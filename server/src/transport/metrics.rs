@@ -282,6 +282,22 @@ const RPCS: &[(&str, Rpc)] = &[
         },
     ),
     (
+        "/samplerd.v1.Sampler/RegisterSharedMemory",
+        Rpc {
+            name: "samplerd.v1.Sampler/RegisterSharedMemory",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
+        "/samplerd.v1.Sampler/UnregisterSharedMemory",
+        Rpc {
+            name: "samplerd.v1.Sampler/UnregisterSharedMemory",
+            stream: false,
+            drains: true,
+        },
+    ),
+    (
         "/grpc.health.v1.Health/Check",
         Rpc {
             name: "grpc.health.v1.Health/Check",
@@ -553,6 +569,38 @@ mod tests {
         assert!(!Rpc::classify("/grpc.health.v1.Health/Check").drains);
         assert_eq!(Rpc::classify("/samplerd.v1.Sampler/Nope"), UNKNOWN_RPC);
         assert_eq!(Rpc::classify("/x"), UNKNOWN_RPC);
+    }
+
+    /// Every method of `samplerd.v1.Sampler` in the proto is classified
+    /// (its own series in the metrics, refused while draining), and is
+    /// counted as a stream exactly when either side streams — so a new RPC
+    /// cannot land as `unknown`.
+    #[test]
+    fn every_sampler_method_in_the_proto_is_classified() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(samplerd_api::FILE_DESCRIPTOR_SET)
+            .expect("the API's descriptor set decodes");
+        let mut seen = 0;
+        for file in set.file.iter().filter(|f| f.package() == "samplerd.v1") {
+            for service in &file.service {
+                for method in &service.method {
+                    let path = format!("/samplerd.v1.{}/{}", service.name(), method.name());
+                    let rpc = Rpc::classify(&path);
+                    assert_eq!(rpc.name, &path[1..], "{path} is not in RPCS");
+                    assert!(rpc.drains, "{path} must be refused while draining");
+                    assert_eq!(
+                        rpc.stream,
+                        method.client_streaming() || method.server_streaming(),
+                        "{path}: stream flag"
+                    );
+                    seen += 1;
+                }
+            }
+        }
+        assert!(
+            seen >= 11,
+            "only {seen} methods found in the descriptor set"
+        );
     }
 
     #[test]
