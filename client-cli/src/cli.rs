@@ -227,11 +227,25 @@ pub struct SamplingArgs {
     pub samplers: Option<String>,
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    /// Whitespace between JSON tokens under `--json-schema` or
+    /// `--json-object`: `bounded` (the server's default: one space, or one
+    /// or two newlines then at most 20 spaces or tabs), `compact` (none) or
+    /// `free` (any).
+    #[arg(long, value_enum, value_name = "MODE", requires = "constraint")]
+    pub json_whitespace: Option<JsonWhitespaceArg>,
     /// A vocabulary the server loaded (`[vocabularies]`; `samplerctl
     /// stages` lists them), for `sample` with a constraint: the logits
     /// must have one entry per token of it. `generate` uses the model's.
     #[arg(long, value_name = "NAME")]
     pub vocabulary: Option<String>,
+}
+
+/// `--json-whitespace`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JsonWhitespaceArg {
+    Bounded,
+    Compact,
+    Free,
 }
 
 /// Structured output: at most one of these.
@@ -571,6 +585,30 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_whitespace_needs_a_constraint_flag() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        let ok = parse(&[
+            "samplerctl",
+            "generate",
+            "hi",
+            "--json-object",
+            "--json-whitespace",
+            "compact",
+        ]);
+        let args = ok.expect("with --json-object");
+        let Command::Generate(g) = args.command else {
+            panic!("generate")
+        };
+        assert_eq!(g.sampling.json_whitespace, Some(JsonWhitespaceArg::Compact));
+        let e = parse(&["samplerctl", "generate", "hi", "--json-whitespace", "free"]).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "{e}"
+        );
+    }
 
     #[test]
     fn logit_bias_forms() {

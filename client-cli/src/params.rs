@@ -2,9 +2,9 @@
 //! sent (`optional` fields stay unset otherwise), so the server's configured
 //! defaults apply to everything else.
 
-use samplerd_api::v1::{Constraint, SamplingParams, StringList, constraint};
+use samplerd_api::v1::{Constraint, JsonWhitespace, SamplingParams, StringList, constraint};
 
-use crate::cli::{ConstraintArgs, GrammarFile, SamplingArgs};
+use crate::cli::{ConstraintArgs, GrammarFile, JsonWhitespaceArg, SamplingArgs};
 
 /// Builds the request's `SamplingParams` from the flags the user gave.
 /// `--greedy` is `temperature = 0`; `--samplers` splits on `;` (and `,`).
@@ -36,13 +36,14 @@ pub fn sampling_params(a: &SamplingArgs) -> SamplingParams {
             .as_deref()
             .map(split_samplers)
             .unwrap_or_default(),
-        constraint: constraint(&a.constraint),
+        constraint: constraint(&a.constraint, a.json_whitespace),
         vocabulary: a.vocabulary.clone().unwrap_or_default(),
     }
 }
 
-/// The constraint flag given, if any (clap lets through at most one).
-fn constraint(c: &ConstraintArgs) -> Option<Constraint> {
+/// The constraint flag given, if any (clap lets through at most one), with
+/// `--json-whitespace` (the server refuses it on a kind that is not JSON).
+fn constraint(c: &ConstraintArgs, whitespace: Option<JsonWhitespaceArg>) -> Option<Constraint> {
     use constraint::Kind;
     let kind = if let Some(s) = &c.json_schema {
         Kind::JsonSchema(s.clone())
@@ -64,7 +65,16 @@ fn constraint(c: &ConstraintArgs) -> Option<Constraint> {
             .collect();
         Kind::Choice(StringList { values })
     };
-    Some(Constraint { kind: Some(kind) })
+    let json_whitespace = match whitespace {
+        None => JsonWhitespace::Unspecified,
+        Some(JsonWhitespaceArg::Bounded) => JsonWhitespace::Bounded,
+        Some(JsonWhitespaceArg::Compact) => JsonWhitespace::Compact,
+        Some(JsonWhitespaceArg::Free) => JsonWhitespace::Free,
+    };
+    Some(Constraint {
+        kind: Some(kind),
+        json_whitespace: json_whitespace as i32,
+    })
 }
 
 /// llama.cpp's `--dry-sequence-breaker` flags → the request's list: `none`
@@ -118,7 +128,7 @@ mod tests {
     #[test]
     fn each_constraint_flag_becomes_its_kind() {
         use samplerd_api::v1::constraint::Kind;
-        let kind = |c: ConstraintArgs| constraint(&c).and_then(|c| c.kind);
+        let kind = |c: ConstraintArgs| constraint(&c, None).and_then(|c| c.kind);
         assert_eq!(kind(ConstraintArgs::default()), None);
         assert_eq!(
             kind(ConstraintArgs {
@@ -143,6 +153,26 @@ mod tests {
                 values: vec!["yes".into(), "no".into()]
             }))
         );
+    }
+
+    #[test]
+    fn json_whitespace_rides_on_the_constraint() {
+        let a = SamplingArgs {
+            constraint: ConstraintArgs {
+                json_object: true,
+                ..Default::default()
+            },
+            json_whitespace: Some(JsonWhitespaceArg::Compact),
+            ..Default::default()
+        };
+        let c = sampling_params(&a).constraint.unwrap();
+        assert_eq!(c.json_whitespace, JsonWhitespace::Compact as i32);
+        // Without a constraint flag there is nothing to carry it.
+        let alone = SamplingArgs {
+            json_whitespace: Some(JsonWhitespaceArg::Free),
+            ..Default::default()
+        };
+        assert_eq!(sampling_params(&alone).constraint, None);
     }
 
     #[test]

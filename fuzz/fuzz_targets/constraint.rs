@@ -55,6 +55,7 @@ fuzz_target!(|data: &[u8]| {
     let params = v1::SamplingParams {
         constraint: Some(v1::Constraint {
             kind: Some(constraint),
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -275,6 +275,7 @@ async fn every_echo_site_quotes_a_bounded_value() {
             vocabulary: "plain".into(),
             constraint: Some(v1::Constraint {
                 kind: Some(v1::constraint::Kind::Regex(format!("({}", &q[..100_000]))),
+                ..Default::default()
             }),
             ..Default::default()
         }))

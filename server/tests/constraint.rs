@@ -55,7 +55,10 @@ async fn model_server() -> Option<TestServer> {
 fn constrained(kind: v1::constraint::Kind, seed: u64) -> v1::SamplingParams {
     v1::SamplingParams {
         seed: Some(seed),
-        constraint: Some(v1::Constraint { kind: Some(kind) }),
+        constraint: Some(v1::Constraint {
+            kind: Some(kind),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -102,6 +105,67 @@ async fn generate_holds_the_output_to_a_json_schema() {
     assert!((0..=120).contains(&age), "age {age}");
     let again = generate(&s, req()).await.expect("generate");
     assert_eq!(again.tokens, out.tokens, "same request and seed");
+}
+
+/// The JSON text outside its string literals, each literal as one `"`.
+fn outside_strings(json: &str) -> String {
+    let (mut out, mut in_str, mut escaped) = (String::new(), false, false);
+    for c in json.chars() {
+        match (in_str, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => in_str = false,
+            (true, false, _) => {}
+            (false, _, '"') => {
+                in_str = true;
+                out.push('"');
+            }
+            (false, _, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// `json_whitespace`: compact output has no whitespace between JSON
+/// tokens; bounded output never has a space run, three newlines in a row
+/// or more than 20 spaces after a newline, on the schema a small model
+/// likes to pad.
+#[tokio::test]
+async fn generate_bounds_the_whitespace_between_json_tokens() {
+    let Some(s) = model_server().await else {
+        return;
+    };
+    for seed in [1, 2, 3] {
+        for ws in [v1::JsonWhitespace::Compact, v1::JsonWhitespace::Unspecified] {
+            let mut params = constrained(v1::constraint::Kind::JsonSchema(PERSON.into()), seed);
+            params.temperature = Some(1.5);
+            params.constraint.as_mut().unwrap().json_whitespace = ws as i32;
+            let req = v1::GenerateRequest {
+                max_tokens: Some(96),
+                ..chat("Describe a person as pretty-printed JSON.", params)
+            };
+            let out = generate(&s, req).await.expect("generate");
+            let text = out.text();
+            let between = outside_strings(&text);
+            // Every run of whitespace between two JSON tokens.
+            let runs: Vec<&str> = between
+                .split(|c: char| !c.is_whitespace())
+                .filter(|r| !r.is_empty())
+                .collect();
+            for run in runs {
+                let newlines = run.chars().take_while(|&c| c == '\n').count();
+                let indent = &run[newlines..];
+                let bounded = run == " "
+                    || ((1..=2).contains(&newlines)
+                        && indent.len() <= 20
+                        && indent.chars().all(|c| c == ' ' || c == '\t'));
+                assert!(
+                    ws != v1::JsonWhitespace::Compact && bounded,
+                    "{ws:?} seed {seed} has {run:?}: {text:?}"
+                );
+            }
+        }
+    }
 }
 
 /// Regex, choice, GBNF and Lark: each output matches its grammar in full,
@@ -433,6 +497,30 @@ async fn bad_constraints_are_refused_naming_the_field() {
         &e,
         Code::InvalidArgument,
         &["constraint_tokens", "without a constraint"],
+    );
+    // json_whitespace: only a listed value, only on a JSON kind.
+    let with_whitespace = |kind: Kind, value: i32| v1::SamplingParams {
+        constraint: Some(v1::Constraint {
+            kind: Some(kind),
+            json_whitespace: value,
+        }),
+        ..constrained(Kind::JsonObject(true), 1)
+    };
+    let e = call(with_whitespace(Kind::JsonObject(true), 9), vec![]).await;
+    assert_status(
+        &e,
+        Code::InvalidArgument,
+        &["params.constraint.json_whitespace", "is 9"],
+    );
+    let compact = v1::JsonWhitespace::Compact as i32;
+    let e = call(with_whitespace(Kind::Regex("a".into()), compact), vec![]).await;
+    assert_status(
+        &e,
+        Code::InvalidArgument,
+        &[
+            "params.constraint.json_whitespace",
+            "json_schema or json_object",
+        ],
     );
     // The rest names a loaded vocabulary (the model file as `smollm2`).
     if !have_vocab {

@@ -152,6 +152,7 @@ async fn invalid_requests_name_their_field_and_reason() {
             req(params(v1::SamplingParams {
                 constraint: Some(v1::Constraint {
                     kind: Some(v1::constraint::Kind::Regex("(unclosed".into())),
+                    ..Default::default()
                 }),
                 vocabulary: "plain".into(),
                 ..Default::default()
@@ -164,7 +165,10 @@ async fn invalid_requests_name_their_field_and_reason() {
         (
             // A Constraint with no kind set in its oneof.
             req(params(v1::SamplingParams {
-                constraint: Some(v1::Constraint { kind: None }),
+                constraint: Some(v1::Constraint {
+                    kind: None,
+                    ..Default::default()
+                }),
                 ..Default::default()
             })),
             Reason::InvalidField,
@@ -489,6 +493,7 @@ async fn a_stage_without_its_vocabulary_names_params_vocabulary() {
     let regex = || {
         Some(v1::Constraint {
             kind: Some(v1::constraint::Kind::Regex("t1".into())),
+            ..Default::default()
         })
     };
     // (case, params, field, reason)

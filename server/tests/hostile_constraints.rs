@@ -54,6 +54,7 @@ fn constraint(kind: &str, text: String) -> v1::Constraint {
             "gbnf" => Kind::Gbnf(text),
             other => panic!("no kind {other}"),
         }),
+        ..Default::default()
     }
 }
 

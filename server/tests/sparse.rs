@@ -313,6 +313,7 @@ async fn a_constraint_with_a_vocabulary_answers_as_dense_or_refuses() {
             p.top_k = Some(5);
             p.constraint = Some(v1::Constraint {
                 kind: Some(v1::constraint::Kind::Regex(regex.into())),
+                ..Default::default()
             });
         })
     };

@@ -515,6 +515,7 @@ async fn constrained_stream_verify_equals_one_message_per_row() {
             kind: Some(v1::constraint::Kind::Regex(
                 "(cat|dog)( (cat|dog)){1,40}".into(),
             )),
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -140,6 +140,13 @@ impl Stage for Constraint {
             c"exactly one of these strings",
             0.0,
         ),
+        param_spec(
+            SD_PARAM_STRING,
+            c"json_whitespace",
+            c"whitespace between JSON tokens: bounded (default: one space, or 1-2 newlines \
+              then at most 20 spaces or tabs, as llama.cpp), compact (none) or free (any)",
+            0.0,
+        ),
         number_param(
             c"max_fuel",
             c"lexer budget for building the grammar (llguidance initial_lexer_fuel)",

@@ -60,12 +60,13 @@ fn descriptor_names_the_stage_its_flags_and_params() {
         ("gbnf", SD_PARAM_STRING),
         ("json_object", SD_PARAM_NUMBER),
         ("choice", SD_PARAM_STRING_LIST),
+        ("json_whitespace", SD_PARAM_STRING),
         ("max_fuel", SD_PARAM_NUMBER),
         ("ahead_min_us", SD_PARAM_NUMBER),
     ];
     assert_eq!(params, want.map(|(n, k)| (n.to_string(), k)));
-    assert_eq!(spec[6].default_number, 1_000_000.0);
-    assert_eq!(spec[7].default_number, 15.0);
+    assert_eq!(spec[7].default_number, 1_000_000.0);
+    assert_eq!(spec[8].default_number, 15.0);
 }
 
 #[test]
@@ -155,6 +156,76 @@ fn json_object_allows_any_object_only() {
     assert!(st.accept(v.id(b"[")).is_err());
     feed(&mut st, &v, "{\"x\":[1,\"y\",null]}");
     assert!(st.allowed(v.len()).unwrap().contains(&v.eog_ids()[0]));
+}
+
+/// Whether `ws` may follow `{` under the JSON grammar of `params`, then a key.
+fn object_opens_with(params: &[P<'_>], ws: &str) -> bool {
+    let (v, cfg) = tiny_config(params);
+    let mut st = cfg.state();
+    st.accept(v.id(b"{")).unwrap();
+    ws.bytes().all(|b| st.accept(v.id(&[b])).is_ok()) && st.accept(v.id(b"\"")).is_ok()
+}
+
+#[test]
+fn json_whitespace_is_bounded_as_llama_cpp_unless_asked_otherwise() {
+    let schema = P::Str("json_schema", r#"{"type":"object"}"#);
+    let object = P::Num("json_object", 1.0);
+    let long_line = format!("\n\n{}", " ".repeat(20));
+    for grammar in [schema, object] {
+        for (ws, bounded) in [
+            ("", true),
+            (" ", true),
+            ("\n", true),
+            (long_line.as_str(), true),
+            ("\n\t \t", true),
+            ("  ", false),
+            ("\n\n\n", false),
+            (&format!("\n{}", " ".repeat(21)), false),
+            ("\r\n", false),
+        ] {
+            assert_eq!(object_opens_with(&[grammar], ws), bounded, "bounded {ws:?}");
+            let compact = P::Str("json_whitespace", "compact");
+            assert_eq!(
+                object_opens_with(&[grammar, compact], ws),
+                ws.is_empty(),
+                "compact {ws:?}"
+            );
+            let free = P::Str("json_whitespace", "free");
+            assert!(object_opens_with(&[grammar, free], ws), "free {ws:?}");
+        }
+        let many = "\n".repeat(200);
+        assert!(object_opens_with(
+            &[grammar, P::Str("json_whitespace", "free")],
+            &many
+        ));
+    }
+    // The schema's own llguidance options win over the parameter.
+    let own = P::Str(
+        "json_schema",
+        r#"{"type":"object","x-guidance":{"whitespace_flexible":false}}"#,
+    );
+    assert!(!object_opens_with(&[own], " "));
+    // `true` (any JSON value) is bounded too.
+    let (v, cfg) = tiny_config(&[P::Str("json_schema", "true")]);
+    let mut st = cfg.state();
+    st.accept(v.id(b"[")).unwrap();
+    st.accept(v.id(b" ")).unwrap();
+    assert!(st.accept(v.id(b" ")).is_err(), "a second space after [");
+}
+
+#[test]
+fn json_whitespace_refuses_other_values_and_other_grammars() {
+    let e = err(&[
+        P::Num("json_object", 1.0),
+        P::Str("json_whitespace", "pretty"),
+    ]);
+    assert!(
+        e.contains("json_whitespace") && e.contains("\"pretty\""),
+        "{e}"
+    );
+    assert!(e.contains("bounded, compact, free"), "{e}");
+    let e = err(&[P::Str("regex", "a"), P::Str("json_whitespace", "free")]);
+    assert!(e.contains("json_whitespace") && e.contains("regex"), "{e}");
 }
 
 #[test]

@@ -59,18 +59,45 @@ pub const TYPED_FIELDS: &[TypedField] = &[
     typed("constraint.gbnf", "constraint", "gbnf"),
     typed("constraint.json_object", "constraint", "json_object"),
     typed("constraint.choice", "constraint", "choice"),
+    typed(
+        "constraint.json_whitespace",
+        "constraint",
+        "json_whitespace",
+    ),
 ];
 
 /// What a request's output must match: the grammar of the `constraint`
 /// stage (its own plugin library), one parameter named by its kind.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Constraint {
-    JsonSchema(String),
+    JsonSchema(String, JsonWhitespace),
     Regex(String),
     Lark(String),
     Gbnf(String),
-    JsonObject,
+    JsonObject(JsonWhitespace),
     Choice(Vec<String>),
+}
+
+/// What a JSON constraint allows between two JSON tokens (the stage's
+/// `json_whitespace`). `Bounded` is llama.cpp's rule and the stage's own
+/// default, so it is not passed on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JsonWhitespace {
+    #[default]
+    Bounded,
+    Compact,
+    Free,
+}
+
+impl JsonWhitespace {
+    /// The stage parameter's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            JsonWhitespace::Bounded => "bounded",
+            JsonWhitespace::Compact => "compact",
+            JsonWhitespace::Free => "free",
+        }
+    }
 }
 
 /// The stage that holds the output to a [`Constraint`].
@@ -79,25 +106,29 @@ pub const CONSTRAINT_STAGE: &str = "constraint";
 impl Constraint {
     /// The stage with its grammar parameter.
     pub fn stage(&self) -> StageSpec {
-        let value = match self {
-            Constraint::JsonSchema(s)
-            | Constraint::Regex(s)
-            | Constraint::Lark(s)
-            | Constraint::Gbnf(s) => ParamValue::String(s.clone()),
-            Constraint::JsonObject => ParamValue::Number(1.0),
-            Constraint::Choice(v) => ParamValue::StringList(v.clone()),
+        let (value, whitespace) = match self {
+            Constraint::JsonSchema(s, w) => (ParamValue::String(s.clone()), *w),
+            Constraint::Regex(s) | Constraint::Lark(s) | Constraint::Gbnf(s) => {
+                (ParamValue::String(s.clone()), JsonWhitespace::default())
+            }
+            Constraint::JsonObject(w) => (ParamValue::Number(1.0), *w),
+            Constraint::Choice(v) => (ParamValue::StringList(v.clone()), JsonWhitespace::default()),
         };
-        StageSpec::new(CONSTRAINT_STAGE).with(self.kind(), value)
+        let spec = StageSpec::new(CONSTRAINT_STAGE).with(self.kind(), value);
+        match whitespace {
+            JsonWhitespace::Bounded => spec,
+            w => spec.with("json_whitespace", ParamValue::String(w.name().into())),
+        }
     }
 
     /// Its kind as the request field names it (`json_schema`, …).
     pub fn kind(&self) -> &'static str {
         match self {
-            Constraint::JsonSchema(_) => "json_schema",
+            Constraint::JsonSchema(..) => "json_schema",
             Constraint::Regex(_) => "regex",
             Constraint::Lark(_) => "lark",
             Constraint::Gbnf(_) => "gbnf",
-            Constraint::JsonObject => "json_object",
+            Constraint::JsonObject(_) => "json_object",
             Constraint::Choice(_) => "choice",
         }
     }
@@ -106,11 +137,11 @@ impl Constraint {
     /// bounds).
     pub fn text_bytes(&self) -> usize {
         match self {
-            Constraint::JsonSchema(s)
+            Constraint::JsonSchema(s, _)
             | Constraint::Regex(s)
             | Constraint::Lark(s)
             | Constraint::Gbnf(s) => s.len(),
-            Constraint::JsonObject => 0,
+            Constraint::JsonObject(_) => 0,
             Constraint::Choice(v) => v.iter().map(String::len).sum(),
         }
     }

@@ -12,7 +12,8 @@ use samplerd_sampling::echo::quote;
 use samplerd_sampling::sparse::SparseRow;
 use samplerd_sampling::step::Logits;
 use samplerd_sampling::{
-    ChainSpec, Constraint, ParamKind, ParamValue, SamplingParams, StageInfo, StageSpec,
+    ChainSpec, Constraint, JsonWhitespace, ParamKind, ParamValue, SamplingParams, StageInfo,
+    StageSpec,
 };
 
 use crate::request::errors::{InvalidKind, RequestError};
@@ -313,14 +314,26 @@ pub fn constraint_is_set(c: &v1::Constraint) -> bool {
 /// [`constraint_is_set`]).
 pub fn constraint_from_proto(c: &v1::Constraint) -> Option<Constraint> {
     use v1::constraint::Kind;
+    let whitespace = json_whitespace_from_proto(c.json_whitespace).unwrap_or_default();
     Some(match c.kind.as_ref()? {
-        Kind::JsonSchema(s) => Constraint::JsonSchema(s.clone()),
+        Kind::JsonSchema(s) => Constraint::JsonSchema(s.clone(), whitespace),
         Kind::Regex(s) => Constraint::Regex(s.clone()),
         Kind::Lark(s) => Constraint::Lark(s.clone()),
         Kind::Gbnf(s) => Constraint::Gbnf(s.clone()),
-        Kind::JsonObject(true) => Constraint::JsonObject,
+        Kind::JsonObject(true) => Constraint::JsonObject(whitespace),
         Kind::JsonObject(false) => return None,
         Kind::Choice(l) => Constraint::Choice(l.values.clone()),
+    })
+}
+
+/// `params.constraint.json_whitespace` → the core's (`None`: a value the
+/// proto does not list).
+pub fn json_whitespace_from_proto(value: i32) -> Option<JsonWhitespace> {
+    use v1::JsonWhitespace as W;
+    Some(match W::try_from(value).ok()? {
+        W::Unspecified | W::Bounded => JsonWhitespace::Bounded,
+        W::Compact => JsonWhitespace::Compact,
+        W::Free => JsonWhitespace::Free,
     })
 }
 

@@ -55,6 +55,11 @@ impl AppState {
         p: Option<&v1::SamplingParams>,
         vocab: Option<&'a Arc<samplerd_sampling::Vocabulary>>,
     ) -> Result<Option<&'a Arc<samplerd_sampling::Vocabulary>>, RequestError> {
+        // The constraint's own fields first: a client told to name a
+        // vocabulary would otherwise learn of them only on its next try.
+        if let Some(c) = p.and_then(|p| p.constraint.as_ref()) {
+            validate::check_json_whitespace(c)?;
+        }
         match vocab {
             Some(v) => Ok(Some(v)),
             None => self.named_vocabulary(p),

@@ -94,6 +94,7 @@ impl TestVocab {
 }
 
 /// One parameter value.
+#[derive(Clone, Copy)]
 pub enum P<'a> {
     Str(&'a str, &'a str),
     Num(&'a str, f64),

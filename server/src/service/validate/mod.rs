@@ -431,6 +431,9 @@ pub fn sampling(
              or choice, or leave params.constraint unset",
         ));
     }
+    if let Some(c) = &p.constraint {
+        check_json_whitespace(c)?;
+    }
     for (field, n) in [
         ("params.chain", p.chain.len()),
         ("params.samplers", p.samplers.len()),
@@ -734,4 +737,27 @@ fn probs(
         n: n_probs as usize,
         post_sampling,
     })
+}
+
+/// `params.constraint.json_whitespace`: a listed value, on a JSON kind.
+pub(crate) fn check_json_whitespace(c: &v1::Constraint) -> Result<(), RequestError> {
+    use v1::constraint::Kind;
+    const FIELD: &str = "params.constraint.json_whitespace";
+    if convert::json_whitespace_from_proto(c.json_whitespace).is_none() {
+        return Err(RequestError::invalid(
+            FIELD,
+            format!(
+                "is {}, not one of JSON_WHITESPACE_UNSPECIFIED (0), BOUNDED (1), COMPACT (2), FREE (3)",
+                c.json_whitespace
+            ),
+        ));
+    }
+    let json = matches!(c.kind, Some(Kind::JsonSchema(_) | Kind::JsonObject(_)));
+    if c.json_whitespace != v1::JsonWhitespace::Unspecified as i32 && !json {
+        return Err(RequestError::invalid(
+            FIELD,
+            "applies to a json_schema or json_object constraint only; leave it unset for this kind",
+        ));
+    }
+    Ok(())
 }
