@@ -331,6 +331,13 @@ async fn list_stages_reports_core_stages_and_default_chain() {
     assert!(!r.default_chain.is_empty());
     assert_eq!(r.default_chain.last().unwrap().name, "dist");
     assert!(r.default_chain_description.contains("top_k"));
+    // The configured top_p (an f32 0.95) shows as written, not as
+    // 0.949999988079071.
+    let top_p = r.default_chain.iter().find(|s| s.name == "top_p").unwrap();
+    assert_eq!(
+        top_p.params["p"].kind,
+        Some(v1::param_value::Kind::Number(0.95))
+    );
     s.stop().await;
 }
 
