@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # grpcurl test: with no proto files (server reflection only; grpcurl 1.8.x
 # speaks reflection v1alpha), list services, describe samplerd.v1.Sampler,
-# call Sample with JSON logits (expecting the greedy token) and check health.
+# call Sample with JSON logits (expecting the greedy token), check health,
+# and decode an error's google.rpc details through reflection.
 #
 #   tests/grpcurl/test_grpcurl.sh [path/to/samplerd]
 #
@@ -64,6 +65,16 @@ if grep -q '"tokenId": 3' <<<"$out"; then ok "Sample greedy"; else fail "Sample 
 out="$("$GRPCURL" -plaintext -d '{"logits":[1,2],"params":{"topP":1.5}}' \
   "$ADDR" samplerd.v1.Sampler/Sample 2>&1 || true)"
 if grep -q "InvalidArgument" <<<"$out" && grep -q "top_p" <<<"$out"; then ok "Sample top_p=1.5 rejected"; else fail "top_p" "$out"; fi
+
+# The rich error details decode through reflection (google.rpc types).
+out="$("$GRPCURL" -plaintext -d '{"logits":[1,2],"params":{"topP":1.5}}' \
+  "$ADDR" samplerd.v1.Sampler/Sample 2>&1 || true)"
+if grep -q '"@type":"type.googleapis.com/google.rpc.BadRequest"' <<<"$out" \
+  && grep -q '"field":"params.top_p"' <<<"$out"; then
+  ok "error details decoded (google.rpc.BadRequest)"
+else
+  fail "error details" "$out"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,8 +1,9 @@
 //! Assembling and running the gRPC server: plugin loading, the default
 //! chain, the Sampler service with its message-size limits, health
 //! (SERVING once plugins are loaded and, when configured, the model is
-//! ready) and reflection (v1 and v1alpha, for grpcurl 1.8.x), request
-//! metrics, and draining on shutdown (`crate::app::shutdown`).
+//! ready) and reflection (v1 and v1alpha, for grpcurl 1.8.x; with the
+//! `google.rpc` error-detail types), request metrics, and draining on
+//! shutdown (`crate::app::shutdown`).
 
 #![forbid(unsafe_code)]
 
@@ -198,6 +199,9 @@ pub async fn serve(
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(samplerd_api::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // google.rpc's error details, so that grpcurl (and any
+            // reflection client) can decode a status's details.
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = compressed!(reflection().build_v1()?);
     let reflection_v1alpha = compressed!(reflection().build_v1alpha()?);
