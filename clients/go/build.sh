@@ -4,7 +4,9 @@
 # kit beside it, vets and builds it, and runs its tests when SAMPLERD_ADDR
 # names a server.
 #
-#   clients/go/build.sh [GOPATH_DIR]      (default: a temporary directory)
+#   clients/go/build.sh [GOPATH_DIR]      (default: clients/go/build, kept)
+#
+# The example binary is GOPATH_DIR/bin/samplerd-example.
 #
 # Needs: golang-go, protobuf-compiler, protoc-gen-go, protoc-gen-go-grpc,
 # golang-google-grpc-dev, golang-google-protobuf-dev,
@@ -12,11 +14,7 @@
 set -euo pipefail
 KIT="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$KIT/../.." && pwd)"
-WORK="${1:-}"
-if [ -z "$WORK" ]; then
-  WORK="$(mktemp -d)"
-  trap 'rm -rf "$WORK"' EXIT
-fi
+WORK="$(mkdir -p "${1:-$KIT/build}" && cd "${1:-$KIT/build}" && pwd)"
 # The Debian packages install their sources under /usr/share/gocode.
 SYSTEM_GOPATH="${SYSTEM_GOPATH:-/usr/share/gocode}"
 # GOFLAGS is cleared: module flags (-mod=...) are errors in GOPATH mode.

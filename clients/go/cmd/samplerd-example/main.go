@@ -1,7 +1,7 @@
 // Command samplerd-example runs the Go kit end to end against a running
 // samplerd:
 //
-//	samplerd-example [-addr 127.0.0.1:50051]
+//	samplerd-example [-addr] [127.0.0.1:50051]
 //
 // Generate needs a server started with --model.
 package main
@@ -28,8 +28,15 @@ func main() {
 	if defAddr == "" {
 		defAddr = "127.0.0.1:50051"
 	}
-	addr := flag.String("addr", defAddr, "samplerd address (host:port)")
+	addr := flag.String("addr", defAddr, "samplerd address (host:port); also taken as the one plain argument")
 	flag.Parse()
+	switch flag.NArg() {
+	case 0:
+	case 1:
+		*addr = flag.Arg(0)
+	default:
+		log.Fatalf("one address expected, got %q", flag.Args())
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
