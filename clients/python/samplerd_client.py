@@ -34,9 +34,17 @@ PROTO = "samplerd/v1/sampler.proto"
 # which samplerd sends with the same delay (and "-1", do not retry, on
 # refusals that retrying cannot fix). The streams are not retried by gRPC
 # once they have answered; SampleStream and Generate below resume them.
+# An installed kit (pip install ./clients/python) has no checkout around it:
+# its stubs and this config were put in the `samplerd` package at build time.
+INSTALLED = not os.path.exists(os.path.join(PROTO_DIR, PROTO))
 SERVICE_CONFIG_PATH = os.environ.get("SAMPLERD_SERVICE_CONFIG", os.path.join(HERE, "..", "service-config.json"))
-with open(SERVICE_CONFIG_PATH) as _f:
-    SERVICE_CONFIG = json.load(_f)
+if INSTALLED and "SAMPLERD_SERVICE_CONFIG" not in os.environ:
+    from importlib.resources import files as _files
+
+    SERVICE_CONFIG = json.loads(_files("samplerd").joinpath("service-config.json").read_text())
+else:
+    with open(SERVICE_CONFIG_PATH) as _f:
+        SERVICE_CONFIG = json.load(_f)
 
 # The server takes messages up to limits.max_message_bytes (64 MiB by
 # default); grpcio would otherwise stop at 4 MiB received.
@@ -86,6 +94,10 @@ def generate_stubs(out_dir=GEN_DIR, proto_dir=PROTO_DIR):
 
 
 def _load_stubs():
+    if INSTALLED:
+        from samplerd.v1 import sampler_pb2, sampler_pb2_grpc
+
+        return sampler_pb2, sampler_pb2_grpc
     generated = os.path.join(GEN_DIR, "samplerd", "v1", "sampler_pb2_grpc.py")
     proto = os.path.join(PROTO_DIR, PROTO)
     if not os.path.exists(generated) or os.path.getmtime(generated) < os.path.getmtime(proto):

@@ -135,6 +135,17 @@ if wants python; then
   export SAMPLERD_PY_GEN_DIR="$WORK/python-gen"
   run_kit "python kit test" "$PY" "$ROOT/clients/python/test_kit.py" -v
   run_kit "python example" "$PY" "$ROOT/clients/python/example.py"
+  # The kit as a package (pip install ./clients/python), used from outside
+  # the checkout: its stubs and service config come with it.
+  run_kit "python kit installed" bash -c '
+    "$1" -m pip install -q --no-deps --no-build-isolation --target "$2/pykit" "$3/clients/python" &&
+    cd "$2" && PYTHONPATH="$2/pykit" "$1" -c "
+import samplerd_client as sc
+assert sc.INSTALLED, sc.__file__
+channel, stub = sc.connect(\"$SAMPLERD_ADDR\")
+r = sc.sample_logits(stub, [0.5, 1.0, 4.25, 3.0], temperature=0.0)
+assert r.token_id == 2, r
+print(\"installed kit:\", sc.__file__, \"token\", r.token_id)"' _ "$PY" "$WORK" "$ROOT"
 fi
 if wants node; then
   run_kit "node kit test" bash -c 'cd "$1" && node --test test/kit.test.js' _ "$ROOT/clients/node"
