@@ -14,8 +14,13 @@ const protoLoader = require('@grpc/proto-loader');
 const protobuf = require('protobufjs');
 const googleProtoFiles = require('google-proto-files');
 
-// The repository's proto/ directory (override to use a copy elsewhere).
-const PROTO_DIR = process.env.SAMPLERD_PROTO_DIR || path.resolve(__dirname, '..', '..', 'proto');
+// A packed kit (`npm pack`, then `npm install samplerd-client-0.1.0.tgz`)
+// carries the proto and the service config beside this file (the prepack
+// script copies them); in the checkout they are the repository's.
+const BUNDLED = fs.existsSync(path.join(__dirname, 'proto', 'samplerd', 'v1', 'sampler.proto'));
+// The proto/ directory (override to use a copy elsewhere).
+const PROTO_DIR = process.env.SAMPLERD_PROTO_DIR
+  || (BUNDLED ? path.join(__dirname, 'proto') : path.resolve(__dirname, '..', '..', 'proto'));
 
 // keepCase: field names exactly as in the proto (`logits_f32le`, not
 // `logitsF32le`), the same spelling as the other kits and the docs.
@@ -33,7 +38,8 @@ const LOADER_OPTIONS = { keepCase: true, longs: String, enums: String, defaults:
 // trailer, which samplerd sends with the same delay (and -1, "do not
 // retry", on refusals retrying cannot fix). Streams are not retried once
 // they have answered: resume them (docs/API.md, "Resuming a stream").
-const SERVICE_CONFIG_PATH = process.env.SAMPLERD_SERVICE_CONFIG || path.resolve(__dirname, '..', 'service-config.json');
+const SERVICE_CONFIG_PATH = process.env.SAMPLERD_SERVICE_CONFIG
+  || (BUNDLED ? path.join(__dirname, 'service-config.json') : path.resolve(__dirname, '..', 'service-config.json'));
 const SERVICE_CONFIG = JSON.parse(fs.readFileSync(SERVICE_CONFIG_PATH, 'utf8'));
 
 // The server takes messages up to limits.max_message_bytes (64 MiB by

@@ -150,6 +150,21 @@ fi
 if wants node; then
   run_kit "node kit test" bash -c 'cd "$1" && node --test test/kit.test.js' _ "$ROOT/clients/node"
   run_kit "node example" node "$ROOT/clients/node/example.js"
+  # The kit as a package (npm pack, then npm install of the tarball), used
+  # from outside the checkout: the proto and service config come with it.
+  run_kit "node kit installed" bash -c '
+    mkdir -p "$2/nodekit" && (cd "$3/clients/node" && npm pack --silent --pack-destination "$2/nodekit" >/dev/null) &&
+    cd "$2/nodekit" && npm install --silent --prefer-offline --no-audit --no-fund ./samplerd-client-*.tgz &&
+    node -e "
+const sc = require(\"samplerd-client\");
+(async () => {
+  const client = sc.connect(process.env.SAMPLERD_ADDR);
+  await sc.waitForReady(client, 10000);
+  const r = await sc.sample(client, [0.5, 1.0, 4.25, 3.0], { temperature: 0 });
+  if (r.token_id !== 2) throw new Error(\"token \" + r.token_id);
+  console.log(\"installed kit:\", require.resolve(\"samplerd-client\"), \"token\", r.token_id);
+  client.close();
+})().catch((e) => { console.error(e); process.exit(1); });"' _ node "$WORK" "$ROOT"
 fi
 if wants go; then
   # build.sh vets and builds the kit and, with SAMPLERD_ADDR set, runs its tests.
