@@ -4,8 +4,10 @@
 # missing; `npm ci`; the Python packages come from the venv of
 # scripts/setup-python.sh), starts `samplerd serve` with the core stages
 # library and the model (so Generate works) on a free loopback port, waits
-# for its health check (bounded), runs each kit's test and example, and
-# checks the server is still serving at the end.
+# for its health check (bounded), runs each kit's test and example, the
+# kit installed as a package (Python, Node), docs/API.md's every-RPC example
+# in that language (docs/examples/), and checks the server is still serving
+# at the end.
 #
 #   scripts/ci/clients.sh [python] [node] [go]      (default: all three)
 #
@@ -135,6 +137,9 @@ if wants python; then
   export SAMPLERD_PY_GEN_DIR="$WORK/python-gen"
   run_kit "python kit test" "$PY" "$ROOT/clients/python/test_kit.py" -v
   run_kit "python example" "$PY" "$ROOT/clients/python/example.py"
+  # docs/API.md's worked example (plain grpcio), on the kit's stubs.
+  run_kit "python every-RPC example" env PYTHONPATH="$SAMPLERD_PY_GEN_DIR" \
+    "$PY" "$ROOT/docs/examples/python/every_rpc.py"
   # The kit as a package (pip install ./clients/python), used from outside
   # the checkout: its stubs and service config come with it.
   run_kit "python kit installed" bash -c '
@@ -150,6 +155,8 @@ fi
 if wants node; then
   run_kit "node kit test" bash -c 'cd "$1" && node --test test/kit.test.js' _ "$ROOT/clients/node"
   run_kit "node example" node "$ROOT/clients/node/example.js"
+  # docs/API.md's worked example (plain grpc-js), with the kit's packages.
+  run_kit "node every-RPC example" bash -c 'cd "$1" && NODE_PATH="$1/clients/node/node_modules" node docs/examples/node/every_rpc.js' _ "$ROOT"
   # The kit as a package (npm pack, then npm install of the tarball), used
   # from outside the checkout: the proto and service config come with it.
   run_kit "node kit installed" bash -c '
@@ -170,6 +177,13 @@ if wants go; then
   # build.sh vets and builds the kit and, with SAMPLERD_ADDR set, runs its tests.
   run_kit "go kit build + test" "$ROOT/clients/go/build.sh" "$WORK/gopath"
   run_kit "go example" "$WORK/gopath/bin/samplerd-example"
+  # docs/API.md's worked example (plain grpc-go), in the kit's GOPATH.
+  run_kit "go every-RPC example" bash -c '
+    dir="$2/src/github.com/samplerd/samplerd/docs/examples/go" && mkdir -p "$dir" &&
+    cp -r "$1/docs/examples/go/every_rpc" "$dir/" && cd "$dir/every_rpc" &&
+    GO111MODULE=off GOPATH="$2:/usr/share/gocode" GOFLAGS= go vet . &&
+    GO111MODULE=off GOPATH="$2:/usr/share/gocode" GOFLAGS= go build -o "$2/bin/every_rpc" . &&
+    "$2/bin/every_rpc"' _ "$ROOT" "$WORK/gopath"
 fi
 
 # Every test above cancelled or timed out streams; the server must still

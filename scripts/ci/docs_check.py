@@ -22,6 +22,10 @@
     `module::Type` need the type (or enum variant, constant, module)
     defined there.
 
+(c) Examples. A line `<!-- example: PATH -->` must be followed by a fenced
+    code block holding exactly the file PATH (which CI runs), so the
+    example a reader copies is the one that was run.
+
 Each stale citation is printed as `FILE:LINE: ...`; the exit status is 1 if
 there is any.
 """
@@ -49,6 +53,10 @@ ALLOWED = (
     "bench-results", "bench-results/*",   # scripts/bench-all.sh
     "fuzz/artifacts/*", "fuzz/target/*",  # cargo fuzz
     "samplerd/v1/sampler_pb2*.py",        # generated from the proto by a client's build
+    "clients/go/build", "clients/go/build/*",  # clients/go/build.sh
+    "*.tgz",                              # npm pack
+    # install commands the kits' READMEs give from the repository root
+    "./clients/node", "./clients/python",
     # other projects' files, cited for where a behaviour comes from
     "src/llama-*.cpp", "common/common.h",   # llama.cpp
     "google/rpc/*.proto",                   # googleapis (the rich error details)
@@ -361,11 +369,30 @@ def check_code(doc, text, problems):
                 problems.append(f"{doc}:{line_of(text, start + m.start())}: {token}: {why}")
 
 
+EXAMPLE = re.compile(r"^<!-- example: (\S+) -->\n```[^\n]*\n(.*?)^```$", re.M | re.S)
+
+
+def check_examples(doc, text, problems):
+    for marker in re.finditer(r"^<!-- example: (\S+) -->$", text, re.M):
+        m = EXAMPLE.match(text, marker.start())
+        path = marker.group(1)
+        if not m:
+            why = "not followed by a fenced code block"
+        elif not os.path.isfile(path):
+            why = "no such file"
+        elif read(path) != m.group(2):
+            why = "the code block differs from the file (copy the file into it)"
+        else:
+            continue
+        problems.append(f"{doc}:{line_of(text, marker.start())}: example {path}: {why}")
+
+
 def main():
     problems = []
     for doc in docs():
         text = read(doc)
         check_paths(doc, text, problems)
+        check_examples(doc, text, problems)
         if doc == "docs/ARCHITECTURE.md":
             check_code(doc, text, problems)
     def key(p):
