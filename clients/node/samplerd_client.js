@@ -32,7 +32,8 @@ const LOADER_OPTIONS = { keepCase: true, longs: String, enums: String, defaults:
 
 // clients/service-config.json: round_robin over every address the target
 // resolves to (a headless Service's `dns:///name:port`), and retries of the
-// idempotent RPCs (Sample, SampleBatch, ListStages, health Check) on
+// idempotent RPCs (Sample, SampleBatch, ListStages, Tokenize, Detokenize,
+// GetServerInfo, health Check) on
 // UNAVAILABLE and RESOURCE_EXHAUSTED. grpc-js's retry cannot read RetryInfo
 // (inside grpc-status-details-bin); it honours the grpc-retry-pushback-ms
 // trailer, which samplerd sends with the same delay (and -1, "do not

@@ -28,10 +28,10 @@ PROTO = "samplerd/v1/sampler.proto"
 
 # clients/service-config.json: round_robin over every address the name
 # resolves to, and retries of the idempotent RPCs (Sample, SampleBatch,
-# ListStages, health Check) on UNAVAILABLE and RESOURCE_EXHAUSTED. gRPC's
-# built-in retry cannot read RetryInfo (a message inside
-# grpc-status-details-bin); it honours the grpc-retry-pushback-ms trailer,
-# which samplerd sends with the same delay (and "-1", do not retry, on
+# ListStages, Tokenize, Detokenize, GetServerInfo, health Check) on
+# UNAVAILABLE and RESOURCE_EXHAUSTED. gRPC's built-in retry cannot read
+# RetryInfo (a message inside grpc-status-details-bin); it honours the
+# grpc-retry-pushback-ms trailer, which samplerd sends with the same delay (and "-1", do not retry, on
 # refusals that retrying cannot fix). The streams are not retried by gRPC
 # once they have answered; SampleStream and Generate below resume them.
 # An installed kit (pip install ./clients/python) has no checkout around it:

@@ -212,7 +212,9 @@ class KitTest(unittest.TestCase):
         (method,) = cfg["methodConfig"]
         names = {(n["service"], n["method"]) for n in method["name"]}
         self.assertEqual(names, {("samplerd.v1.Sampler", "Sample"), ("samplerd.v1.Sampler", "SampleBatch"),
-                                 ("samplerd.v1.Sampler", "ListStages"), ("grpc.health.v1.Health", "Check")})
+                                 ("samplerd.v1.Sampler", "ListStages"), ("samplerd.v1.Sampler", "Tokenize"),
+                                 ("samplerd.v1.Sampler", "Detokenize"), ("samplerd.v1.Sampler", "GetServerInfo"),
+                                 ("grpc.health.v1.Health", "Check")})
         self.assertEqual(method["retryPolicy"]["retryableStatusCodes"], ["UNAVAILABLE", "RESOURCE_EXHAUSTED"])
 
     def test_generate_with_deadline(self):

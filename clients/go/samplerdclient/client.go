@@ -29,8 +29,8 @@ import (
 // ServiceConfig is clients/service-config.json (build.sh copies it beside
 // this file): round_robin over every address the target resolves to (a
 // headless Service's dns:///name:port), and retries of the idempotent RPCs
-// (Sample, SampleBatch, ListStages, health Check) on UNAVAILABLE and
-// RESOURCE_EXHAUSTED. grpc-go's retry cannot read RetryInfo (inside
+// (Sample, SampleBatch, ListStages, Tokenize, Detokenize, GetServerInfo,
+// health Check) on UNAVAILABLE and RESOURCE_EXHAUSTED. grpc-go's retry cannot read RetryInfo (inside
 // grpc-status-details-bin); it honours the grpc-retry-pushback-ms trailer,
 // which samplerd sends with the same delay (and -1, "do not retry", on
 // refusals retrying cannot fix). Streams are not retried once they have

@@ -319,7 +319,9 @@ func TestServiceConfigRetriesTheIdempotentRPCs(t *testing.T) {
 	for _, n := range cfg.MethodConfig[0].Name {
 		names = append(names, n.Service+"/"+n.Method)
 	}
-	want := "samplerd.v1.Sampler/Sample samplerd.v1.Sampler/SampleBatch samplerd.v1.Sampler/ListStages grpc.health.v1.Health/Check"
+	want := "samplerd.v1.Sampler/Sample samplerd.v1.Sampler/SampleBatch samplerd.v1.Sampler/ListStages " +
+		"samplerd.v1.Sampler/Tokenize samplerd.v1.Sampler/Detokenize samplerd.v1.Sampler/GetServerInfo " +
+		"grpc.health.v1.Health/Check"
 	if strings.Join(names, " ") != want {
 		t.Fatalf("retried methods %v, want %s", names, want)
 	}

@@ -36,7 +36,9 @@ test('the channel runs the shared service config: round_robin, retries of the id
   const [method] = cfg.methodConfig;
   assert.deepEqual(method.name.map((n) => `${n.service}/${n.method}`), [
     'samplerd.v1.Sampler/Sample', 'samplerd.v1.Sampler/SampleBatch',
-    'samplerd.v1.Sampler/ListStages', 'grpc.health.v1.Health/Check',
+    'samplerd.v1.Sampler/ListStages', 'samplerd.v1.Sampler/Tokenize',
+    'samplerd.v1.Sampler/Detokenize', 'samplerd.v1.Sampler/GetServerInfo',
+    'grpc.health.v1.Health/Check',
   ]);
   assert.deepEqual(method.retryPolicy.retryableStatusCodes, ['UNAVAILABLE', 'RESOURCE_EXHAUSTED']);
   // Every call in this file goes through a channel with it (grpc-js
