@@ -44,6 +44,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         logits: &mut [f32],
     ) -> Result<(), ModelError>;
 
+    /// A new sequence holding a copy of `state`'s cache (its positions,
+    /// with the same capacity): the start of each of several continuations
+    /// of one prefilled prompt, whose decode steps then read the very bits
+    /// the prefill wrote. `None` where the backend cannot copy a cache (the
+    /// caller prefills each continuation instead, to the same bits).
+    fn fork_state(
+        &self,
+        _state: &mut dyn SequenceState,
+    ) -> Option<Result<Box<dyn SequenceState>, ModelError>> {
+        None
+    }
+
     /// One decode step for several sequences: runs `tokens[i]` on
     /// `states[i]` and writes its logits into `logits[i]`. Results must equal
     /// `forward` on each sequence alone (bit for bit). The default loops over

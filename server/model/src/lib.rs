@@ -357,6 +357,21 @@ impl Session {
     fn forget_unbooked(&mut self) {
         self.truncate(self.state.position().min(self.cached.tokens().len()));
     }
+    /// A second session at this one's position, with a copy of its cache,
+    /// books and last logits: one of several continuations of one prefill,
+    /// bit for bit what prefilling the same tokens again would give.
+    /// `Ok(None)` where the backend cannot copy a cache.
+    pub fn fork(&mut self) -> Result<Option<Session>, ModelError> {
+        let Some(state) = self.backend.fork_state(self.state.as_mut()) else {
+            return Ok(None);
+        };
+        Ok(Some(Session {
+            backend: Arc::clone(&self.backend),
+            state: state?,
+            logits: self.logits.clone(),
+            cached: self.cached.clone(),
+        }))
+    }
     /// Runs one token and returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], ModelError> {
         self.prefill(std::slice::from_ref(&token))

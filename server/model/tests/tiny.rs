@@ -301,6 +301,53 @@ fn sessions_are_independent_and_deterministic() {
     assert_eq!(a.decode(7).unwrap(), &la[..]);
 }
 
+/// A forked session continues as a fresh prefill of the same prompt would,
+/// bit for bit, alone or batched, and leaves its parent untouched.
+#[test]
+fn forked_sessions_continue_as_a_fresh_prefill_bit_for_bit() {
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["llama", "qwen2"] {
+        let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
+        let prompt = [1, 40, 41, 7, 250];
+        let continuations: [[u32; 3]; 3] = [[3, 4, 5], [6, 7, 8], [3, 9, 9]];
+        let solo: Vec<Vec<Vec<u32>>> = continuations
+            .iter()
+            .map(|c| {
+                let mut s = m.new_session().unwrap();
+                s.prefill(&prompt).unwrap();
+                c.iter().map(|&t| bits(s.decode(t).unwrap())).collect()
+            })
+            .collect();
+        let mut parent = m.new_session().unwrap();
+        let prefilled = bits(parent.prefill(&prompt).unwrap());
+        let mut forks: Vec<_> = (1..3)
+            .map(|_| parent.fork().unwrap().expect("the CPU backend forks"))
+            .collect();
+        for f in &forks {
+            assert_eq!(f.position(), prompt.len());
+            assert_eq!(bits(f.logits()), prefilled);
+            assert_eq!(f.cached_tokens(), &prompt);
+        }
+        forks.insert(0, parent);
+        for k in 0..3 {
+            // Step 0 alone per session, then batched.
+            if k == 0 {
+                for (i, s) in forks.iter_mut().enumerate() {
+                    assert_eq!(bits(s.decode(continuations[i][k]).unwrap()), solo[i][k]);
+                }
+                continue;
+            }
+            let toks: Vec<u32> = (0..3).map(|i| continuations[i][k]).collect();
+            let mut batch: Vec<&mut _> = forks.iter_mut().collect();
+            m.decode_batch(&mut batch, &toks).unwrap();
+            for (i, s) in forks.iter().enumerate() {
+                assert!(bits(s.logits()) == solo[i][k], "{arch}: fork {i} step {k}");
+            }
+        }
+    }
+}
+
 #[test]
 fn batched_decode_equals_each_sequence_alone_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();

@@ -65,6 +65,21 @@ impl Backend for CpuBackend {
         Ok(Box::new(st))
     }
 
+    fn fork_state(
+        &self,
+        state: &mut dyn SequenceState,
+    ) -> Option<Result<Box<dyn SequenceState>, ModelError>> {
+        let mut fork = || {
+            let from = cpu_state(state)?;
+            let mut fresh = self.new_state(from.cache.capacity)?;
+            cpu_state(fresh.as_mut())?
+                .cache
+                .copy_prefix(&from.cache, self.config.head_dim);
+            Ok(fresh)
+        };
+        Some(fork())
+    }
+
     fn forward(
         &self,
         state: &mut dyn SequenceState,

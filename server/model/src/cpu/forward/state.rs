@@ -22,6 +22,21 @@ pub(super) struct KvCache {
     pub(super) v: Vec<u16>,
 }
 
+impl KvCache {
+    /// Takes `from`'s positions (`from.pos` of each `[layer][kv_head]`
+    /// block of `head_dim`-wide rows); the rest stays as it was.
+    pub(super) fn copy_prefix(&mut self, from: &KvCache, head_dim: usize) {
+        let n = from.pos.min(self.capacity) * head_dim;
+        let blocks = from.k.len() / (from.capacity * head_dim).max(1);
+        for b in 0..blocks {
+            let (src, dst) = (b * from.capacity * head_dim, b * self.capacity * head_dim);
+            self.k[dst..dst + n].copy_from_slice(&from.k[src..src + n]);
+            self.v[dst..dst + n].copy_from_slice(&from.v[src..src + n]);
+        }
+        self.pos = from.pos.min(self.capacity);
+    }
+}
+
 impl SequenceState for CpuState {
     fn position(&self) -> usize {
         self.cache.pos
