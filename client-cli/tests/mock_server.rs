@@ -109,6 +109,7 @@ impl Sampler for Mock {
                     logprob: -0.5,
                     probs: vec![],
                     probability: 0.6,
+                    ..Default::default()
                 })),
             };
             if req.prompt == ENDLESS {
@@ -147,6 +148,7 @@ impl Sampler for Mock {
                             sampling_us_per_token: 10.0,
                             numerics: "portable (avx2 order)".into(),
                         }),
+                        ..Default::default()
                     })),
                 }))
                 .await;

@@ -185,7 +185,7 @@ async fn generate_once(
             ignore_eos: true,
             n_probs: 0,
             post_sampling_probs: false,
-            resume: None,
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -46,7 +46,7 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         ignore_eos: args.ignore_eos,
         n_probs: args.n_probs,
         post_sampling_probs: args.post_sampling_probs,
-        resume: None,
+        ..Default::default()
     }
 }
 

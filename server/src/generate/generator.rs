@@ -14,6 +14,9 @@ use tonic::Status;
 
 /// A validated `Generate` request (`service::validate::generate`).
 pub struct ValidGenerate {
+    /// Completions to generate (`n`, at least 1); choice i samples with
+    /// `seed + i`.
+    pub choices: u32,
     pub chain: Chain,
     pub seed: u64,
     pub probs: step::ProbsRequest,

@@ -324,11 +324,12 @@ impl ModelHost {
     }
 
     /// What one generation holds at its peak: the tokenizer's work on its
-    /// prompt and a session's f16 K/V cache.
-    fn generation_bytes(&self, prompt: &Prompt) -> usize {
+    /// prompt and a session's f16 K/V cache per choice.
+    fn generation_bytes(&self, prompt: &Prompt, choices: u32) -> usize {
         let c = self.model.config();
         let kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
-        prompt.bytes() * crate::request::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE + kv
+        prompt.bytes() * crate::request::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE
+            + kv * choices as usize
     }
 
     /// A validated prompt's tokens: the chat template applied, tokenized,
@@ -352,12 +353,8 @@ impl ModelHost {
         let tok = self.model.tokenizer();
         let resumed = &req.resume;
         let seq = self.open_sequence(job, &prompt)?;
-        let mut decoded = Decoded {
-            filter: StopFilter::new(&req.stop),
-            utf8: Utf8Streamer::new(),
-            generated: resumed.len() as u32,
-            sampling_ns: 0,
-        };
+        let mut decoded = Decoded::new(&req.stop);
+        decoded.generated = resumed.len() as u32;
         let mut usage = v1::Usage {
             prompt_tokens: prompt.len() as u32,
             resumed_tokens: decoded.generated,
@@ -377,6 +374,7 @@ impl ModelHost {
             // Finished was missing.
             usage.completion_tokens = decoded.generated;
             let finished = self.finished(
+                0,
                 reason,
                 &mut decoded.filter,
                 &mut decoded.utf8,
@@ -398,10 +396,91 @@ impl ModelHost {
         let prefill_start = Instant::now();
         let (session, cached) = self.prefill(&prompt, resumed, &forward)?;
         usage.cached_prompt_tokens = cached.min(prompt.len()) as u32;
-        let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
+        // The other choices start from copies of this prefill (or, where
+        // the backend cannot copy a cache, their own: the same bits).
+        let mut choices = vec![Choice {
+            seq,
+            session,
+            decoded,
+        }];
+        for _ in 1..req.choices {
+            let session = match choices[0].session.fork() {
+                Ok(Some(fork)) => fork,
+                Ok(None) => self.prefill(&prompt, &[], &forward)?.0,
+                Err(e) => return Err(RequestError::Internal(e.to_string())),
+            };
+            choices.push(Choice {
+                seq: self.open_sequence(job, &prompt)?,
+                session,
+                decoded: Decoded::new(&req.stop),
+            });
+        }
+        drop(engine);
+        let started = ChoiceStart {
+            usage,
+            cached,
+            prefill_ms: prefill_start.elapsed().as_secs_f64() * 1e3,
+            start,
+            prompt_len: prompt.len(),
+        };
+        // Each choice decodes on its own thread, its steps batched with the
+        // others' by the engine; the first error ends the stream for all
+        // (the others then see the client gone).
+        std::thread::scope(|scope| {
+            let mut all = choices.into_iter().enumerate();
+            let (_, first) = all.next().expect("at least one choice");
+            let others: Vec<_> = all
+                .map(|(i, c)| {
+                    let started = &started;
+                    scope.spawn(move || self.finish_choice(job, i as u32, c, started, sink))
+                })
+                .collect();
+            let mut result = self.finish_choice(job, 0, first, &started, sink);
+            for h in others {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(RequestError::Internal("a choice's thread panicked".into()))
+                });
+                result = result.and(r);
+            }
+            result
+        })
+    }
+
+    /// One choice from its prefilled session to its `Finished`: the decode
+    /// loop with seed `seed + choice`, then its usage and timings.
+    fn finish_choice(
+        &self,
+        job: &GenerateJob,
+        choice: u32,
+        c: Choice,
+        started: &ChoiceStart,
+        sink: &GenerateSink,
+    ) -> Result<(), RequestError> {
+        let req = &job.request;
+        let Choice {
+            seq,
+            session,
+            mut decoded,
+        } = c;
+        let mut usage = started.usage;
+        let engine = self.batcher.join();
+        let forward = |session: Session, tokens: Vec<u32>| {
+            engine
+                .step(session, tokens)
+                .map_err(|(_, e)| RequestError::Internal(e.to_string()))
+        };
+        let seed = req.seed.wrapping_add(u64::from(choice));
         let decode_start = Instant::now();
-        let Some((reason, session)) =
-            self.decode(job, seq, session, &forward, sink, &mut decoded)?
+        let Some((reason, session)) = self.decode(
+            job,
+            choice,
+            seed,
+            seq,
+            session,
+            &forward,
+            sink,
+            &mut decoded,
+        )?
         else {
             return Ok(());
         };
@@ -410,7 +489,7 @@ impl ModelHost {
         let new_tokens = generated - usage.resumed_tokens;
         usage.completion_tokens = generated;
         let timings = Timings {
-            prefill_ms,
+            prefill_ms: started.prefill_ms,
             decode_tokens_per_second: if decode_s > 0.0 {
                 f64::from(new_tokens) / decode_s
             } else {
@@ -423,21 +502,23 @@ impl ModelHost {
             },
         };
         let finished = self.finished(
+            choice,
             reason,
             &mut decoded.filter,
             &mut decoded.utf8,
-            req.seed,
+            seed,
             usage,
             timings,
         );
         self.prompt_cache.put(session, &job.memory);
         tracing::info!(
-            prompt_tokens = prompt.len(),
-            cached_prompt_tokens = cached,
+            choice,
+            prompt_tokens = started.prompt_len,
+            cached_prompt_tokens = started.cached,
             resumed_tokens = usage.resumed_tokens,
             completion_tokens = generated,
             reason = ?reason,
-            ms = start.elapsed().as_millis() as u64,
+            ms = started.start.elapsed().as_millis() as u64,
             "generation finished"
         );
         let _ = sink.blocking_send(Ok(finished));
@@ -502,9 +583,12 @@ impl ModelHost {
     /// token streamed, the stop gates, the next forward pass. Ends with the
     /// reason and the session, or `None` once the client went away (what
     /// it computed then kept for a resume of this generation).
+    #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
         job: &GenerateJob,
+        choice: u32,
+        seed: u64,
         mut seq: Sequence,
         mut session: Session,
         forward: &impl Fn(Session, Vec<u32>) -> Result<Session, RequestError>,
@@ -529,7 +613,7 @@ impl ModelHost {
             let t0 = Instant::now();
             // The step that Sample runs, over the model's logits; the token
             // is accepted unless it ends the generation.
-            let (seed, at) = (req.seed, u64::from(decoded.generated));
+            let at = u64::from(decoded.generated);
             let model = Arc::clone(&self.model);
             let mut moved = (seq, buf, session);
             let (back, out) = job.steps.run_blocking(move || {
@@ -563,6 +647,7 @@ impl ModelHost {
                 logprob: out.logprob,
                 probs: crate::request::convert::token_probabilities(&out.probs),
                 probability: out.probability,
+                choice,
             });
             if sink
                 .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
@@ -591,8 +676,10 @@ impl ModelHost {
     /// The `Finished` event: the reason, what was held back (a partial
     /// stop-string candidate — not a stop, since none matched — and any
     /// incomplete character), usage, seed and timings.
+    #[allow(clippy::too_many_arguments)]
     fn finished(
         &self,
+        choice: u32,
         reason: v1::FinishReason,
         filter: &mut StopFilter,
         utf8: &mut Utf8Streamer,
@@ -616,9 +703,38 @@ impl ModelHost {
                 numerics: self.model.numerics().describe(),
             }),
             text: rest,
+            choice,
         };
         v1::GenerateResponse {
             event: Some(v1::generate_response::Event::Finished(finished)),
+        }
+    }
+}
+
+/// One choice before its decode loop: its sequence (the chain's state),
+/// its session at the end of the prompt, its text gates.
+struct Choice {
+    seq: Sequence,
+    session: Session,
+    decoded: Decoded,
+}
+
+/// What every choice shares from the prefill.
+struct ChoiceStart {
+    usage: v1::Usage,
+    cached: usize,
+    prefill_ms: f64,
+    start: Instant,
+    prompt_len: usize,
+}
+
+impl Decoded {
+    fn new(stop: &[String]) -> Self {
+        Decoded {
+            filter: StopFilter::new(stop),
+            utf8: Utf8Streamer::new(),
+            generated: 0,
+            sampling_ns: 0,
         }
     }
 }
@@ -753,7 +869,7 @@ impl Generator for ModelHost {
             // Then the memory it will hold: the tokenizer's peak and the
             // KV cache, for the whole generation.
             let _charge = job.memory.charge(
-                self.generation_bytes(&job.request.prompt),
+                self.generation_bytes(&job.request.prompt, job.request.choices),
                 "this Generate request",
             )?;
             // On the sampling pool, under the step budget, like a step.

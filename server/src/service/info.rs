@@ -83,6 +83,7 @@ pub fn get(state: &AppState) -> v1::GetServerInfoResponse {
             max_generate_request_bytes: g.max_request_bytes as u64,
             max_stop_strings: u32_of(g.max_stop_strings),
             max_stop_bytes: u32_of(g.max_stop_bytes),
+            max_choices: u32_of(l.max_choices),
         }),
         request_id_header: REQUEST_ID_HEADER.to_string(),
     }

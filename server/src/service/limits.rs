@@ -29,6 +29,9 @@ pub struct LimitsConfig {
     /// Most draft tokens one `Verify` may carry (K; it sends K + 1 target
     /// rows, and K drafter rows under REJECTION).
     pub max_draft_tokens: usize,
+    /// Most choices (`GenerateRequest.n`) of one Generate: each decodes
+    /// as its own sequence with its own KV cache.
+    pub max_choices: usize,
     /// Most shared-memory regions registered at once (all clients
     /// together; at most `service::shared_memory::MAX_REGIONS`).
     pub max_shared_regions: usize,
@@ -203,6 +206,9 @@ impl Default for LimitsConfig {
             // Speculative decoders draft 2-8 tokens (vLLM's and llama.cpp's
             // defaults are 5 and 16); 16 bounds a Verify to 17 rows.
             max_draft_tokens: 16,
+            // Self-consistency and best-of-n sample 4-16 completions;
+            // each holds a KV cache (~150 MB at SmolLM2's 8k context).
+            max_choices: 16,
             max_shared_regions: 64,
             // 64 GiB of address space: 256 rows of 151,936 f32 logits take
             // 155 MB, so room for a few hundred engines' batches.

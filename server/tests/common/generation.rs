@@ -69,3 +69,43 @@ pub fn without_run_details(f: &mut v1::Finished) {
         u.cached_prompt_tokens = 0;
     }
 }
+
+/// Every choice of a Generate with `n` choices, by `choice`: each gets its
+/// tokens before its one Finished, and every choice ends.
+pub async fn generate_choices(
+    s: &TestServer,
+    req: v1::GenerateRequest,
+) -> Result<Vec<Output>, tonic::Status> {
+    let n = req.n.max(1) as usize;
+    let mut client = s.client.clone();
+    tokio::time::timeout(DEADLINE, async move {
+        let mut stream = client.generate(req).await?.into_inner();
+        let mut outs: Vec<Output> = (0..n).map(|_| Output::default()).collect();
+        while let Some(msg) = stream.message().await? {
+            match msg.event.expect("event set") {
+                Event::Token(t) => {
+                    let out = &mut outs[t.choice as usize];
+                    assert!(
+                        out.finished.is_none(),
+                        "choice {}: token after Finished",
+                        t.choice
+                    );
+                    out.tokens.push(t.token_id);
+                    out.logprob_bits.push(t.logprob.to_bits());
+                    out.texts.push(t.text);
+                }
+                Event::Finished(f) => {
+                    let out = &mut outs[f.choice as usize];
+                    assert!(out.finished.is_none(), "choice {}: two Finished", f.choice);
+                    out.finished = Some(f);
+                }
+            }
+        }
+        for (i, out) in outs.iter().enumerate() {
+            assert!(out.finished.is_some(), "choice {i} ended without Finished");
+        }
+        Ok(outs)
+    })
+    .await
+    .expect("Generate finished within the deadline")
+}

@@ -8,7 +8,7 @@ mod logits;
 pub mod raw;
 // Not every test binary uses them (as with the rest of this module).
 #[allow(unused_imports)]
-pub use generation::{DEADLINE, Output, generate, without_run_details};
+pub use generation::{DEADLINE, Output, generate, generate_choices, without_run_details};
 #[allow(unused_imports)]
 pub use logits::{argmax, logits, to_bytes};
 

@@ -301,8 +301,10 @@ pub fn generate(
     }
     let n_vocab = vocab.as_ref().map(|v| v.len());
     let resume = resume(req, max_tokens, n_vocab)?;
+    let choices = choices(state, req)?;
     let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab, prebuilt)?;
     Ok(ValidGenerate {
+        choices,
         chain,
         seed,
         probs,
@@ -312,6 +314,27 @@ pub fn generate(
         ignore_eos: req.ignore_eos,
         resume,
     })
+}
+
+/// `n`: 1 (unset) to `limits.max_choices`, and 1 with `resume` (whose
+/// tokens are one choice's).
+fn choices(state: &AppState, req: &v1::GenerateRequest) -> Result<u32, RequestError> {
+    let max = state.limits.max_choices;
+    match req.n {
+        0 | 1 => Ok(1),
+        n if n as usize > max => Err(RequestError::limit(
+            "n",
+            "limits.max_choices",
+            format!("{n} choices exceed the limit of {max} (limits.max_choices)"),
+        )),
+        n if req.resume.is_some() => Err(RequestError::invalid(
+            "resume",
+            format!(
+                "resumes one choice, but n is {n}: resume each choice as its own n = 1 request with seed + i"
+            ),
+        )),
+        n => Ok(n),
+    }
 }
 
 /// `resume.token_ids`: no more than `max_tokens` (the uninterrupted run
