@@ -335,6 +335,12 @@ pub struct GenerateArgs {
     /// Print one JSON object per streamed message (stdout) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Completions of the prompt from one prefill (`GenerateRequest.n`);
+    /// choice i uses seed + i. With more than one, each choice's text is
+    /// printed once it finishes, under a `--- choice i ---` line.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub choices: u32,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }

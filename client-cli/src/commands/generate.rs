@@ -46,6 +46,7 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         ignore_eos: args.ignore_eos,
         n_probs: args.n_probs,
         post_sampling_probs: args.post_sampling_probs,
+        n: args.choices,
         ..Default::default()
     }
 }
@@ -67,6 +68,9 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
     let mut tokens = 0u64;
     let mut first_token: Option<Instant> = None;
     let mut finished: Option<Finished> = None;
+    // With several choices, each one's text until its Finished.
+    let several = args.choices > 1;
+    let mut texts = vec![String::new(); args.choices as usize];
     loop {
         let msg = tokio::select! {
             m = stream.message() => match m {
@@ -97,6 +101,30 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
             stdout.flush()?;
         }
         match msg.event {
+            Some(Event::Token(t)) if several => {
+                tokens += 1;
+                first_token.get_or_insert_with(Instant::now);
+                if let Some(text) = texts.get_mut(t.choice as usize) {
+                    text.push_str(&t.text);
+                }
+            }
+            Some(Event::Finished(f)) if several => {
+                if !args.json {
+                    let text = texts.get(f.choice as usize).map_or("", String::as_str);
+                    writeln!(
+                        stdout,
+                        "--- choice {} (seed {}, {}) ---",
+                        f.choice,
+                        f.seed,
+                        finish_reason_name(f.finish_reason)
+                    )?;
+                    writeln!(stdout, "{text}{}", f.text)?;
+                    stdout.flush()?;
+                }
+                if f.choice == 0 {
+                    finished = Some(f);
+                }
+            }
             Some(Event::Token(t)) => {
                 tokens += 1;
                 first_token.get_or_insert_with(Instant::now);
@@ -127,11 +155,13 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
     let Some(f) = finished else {
         anyhow::bail!("the stream ended without a Finished message after {tokens} tokens");
     };
-    let completion = f
-        .usage
-        .as_ref()
-        .map_or(tokens, |u| u64::from(u.completion_tokens));
-    let tps = match f.timings.as_ref().map(|t| t.decode_tokens_per_second) {
+    // Several choices: every choice's tokens, at the rate they arrived.
+    let completion = match &f.usage {
+        Some(u) if !several => u64::from(u.completion_tokens),
+        _ => tokens,
+    };
+    let reported = f.timings.as_ref().map(|t| t.decode_tokens_per_second);
+    let tps = match reported.filter(|_| !several) {
         Some(t) if t > 0.0 => t,
         _ => {
             let decode = first_token.map_or(elapsed, |t| t.elapsed().as_secs_f64());
@@ -185,8 +215,17 @@ mod tests {
             n_probs: 0,
             post_sampling_probs: false,
             json: false,
+            choices: 1,
             sampling: SamplingArgs::default(),
         }
+    }
+
+    #[test]
+    fn choices_become_n() {
+        assert_eq!(request(&args("hi")).n, 1);
+        let mut a = args("hi");
+        a.choices = 4;
+        assert_eq!(request(&a).n, 4);
     }
 
     #[test]
