@@ -43,7 +43,8 @@ pub struct Cli {
 /// Connection flags, accepted by every subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct ConnArgs {
-    /// Server address; `host:port` gets `http://` prepended.
+    /// Server address; `host:port` gets `http://` prepended; `unix:/PATH`
+    /// is a Unix-domain socket (the server's `--listen unix:/PATH`).
     #[arg(
         long,
         global = true,
@@ -541,11 +542,19 @@ pub struct BenchArgs {
     pub sampling: SamplingArgs,
 }
 
-/// `--addr`: accepts `host:port` or a full http(s) URL.
+/// `--addr`: accepts `host:port`, a full http(s) URL or `unix:/PATH`.
 fn parse_addr(s: &str) -> Result<String, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty address".into());
+    }
+    if let Some(path) = crate::connect::unix_path(s) {
+        if !path.starts_with('/') {
+            return Err(format!(
+                "{s:?}: a Unix socket needs an absolute path (unix:/run/samplerd.sock)"
+            ));
+        }
+        return Ok(format!("unix:{path}"));
     }
     let url = if s.contains("://") {
         s.to_string()
@@ -554,7 +563,7 @@ fn parse_addr(s: &str) -> Result<String, String> {
     };
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(format!(
-            "unsupported scheme in {url:?} (use http://HOST:PORT)"
+            "unsupported scheme in {url:?} (use http://HOST:PORT or unix:/PATH)"
         ));
     }
     tonic::transport::Endpoint::from_shared(url.clone())
@@ -632,6 +641,13 @@ mod tests {
         assert_eq!(parse_addr("127.0.0.1:1").unwrap(), "http://127.0.0.1:1");
         assert_eq!(parse_addr("http://h:2/").unwrap(), "http://h:2");
         assert!(parse_addr("ftp://h:2").is_err());
+        assert_eq!(parse_addr("unix:/run/s.sock").unwrap(), "unix:/run/s.sock");
+        assert_eq!(
+            parse_addr("unix:///run/s.sock").unwrap(),
+            "unix:/run/s.sock"
+        );
+        let e = parse_addr("unix:run/s.sock").unwrap_err();
+        assert!(e.contains("absolute path"), "{e}");
     }
 
     #[test]

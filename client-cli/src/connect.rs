@@ -127,6 +127,17 @@ pub async fn connect(args: &ConnArgs) -> Result<Conn, ConnectError> {
         addr: args.addr.clone(),
         reason,
     };
+    if let Some(path) = unix_path(&args.addr) {
+        let channel = tokio::time::timeout(timeout, unix_channel(path, timeout))
+            .await
+            .map_err(|_| unreachable(format!("timed out after {}s", args.timeout)))?
+            .map_err(|e| unreachable(root_cause(&e)))?;
+        return Ok(Conn {
+            addr: args.addr.clone(),
+            channel,
+            auth,
+        });
+    }
     let tls = wants_tls(args);
     // tonic only speaks TLS to an https:// URI.
     let url = match args.addr.strip_prefix("http://") {
@@ -156,6 +167,32 @@ pub async fn connect(args: &ConnArgs) -> Result<Conn, ConnectError> {
         channel,
         auth,
     })
+}
+
+/// The socket path of a `unix:/path` (or `unix:///path`) address.
+pub fn unix_path(addr: &str) -> Option<&str> {
+    let rest = addr.strip_prefix("unix:")?;
+    Some(rest.strip_prefix("//").unwrap_or(rest))
+}
+
+/// A channel over the Unix-domain socket at `path` (the server's
+/// `--listen unix:/path`). The URI only names the `:authority`; `localhost`
+/// is what the server's HTTP/2 layer accepts.
+async fn unix_channel(path: &str, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+    let path = std::path::PathBuf::from(path);
+    Endpoint::from_static("http://localhost")
+        .timeout(timeout)
+        .initial_stream_window_size(8 << 20)
+        .initial_connection_window_size(32 << 20)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
 }
 
 /// The most useful text of an error chain: an I/O error's kind ("connection

@@ -18,7 +18,7 @@ use samplerd_api::v1::{
     SampleRequest, SampleResponse, SampleStreamRequest, Timings, Token, Usage,
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 
 /// The prompt that makes the mock stream forever (until cancelled).
@@ -190,12 +190,33 @@ struct MockServer {
     addr: String,
     seen: Arc<Seen>,
     _shutdown: tokio::sync::oneshot::Sender<()>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Where the mock listens.
+enum Bind {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
 }
 
 fn start_mock() -> MockServer {
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     std_listener.set_nonblocking(true).unwrap();
     let addr = format!("http://{}", std_listener.local_addr().unwrap());
+    start_mock_on(Bind::Tcp(std_listener), addr, None)
+}
+
+/// The mock on a Unix-domain socket (`--addr unix:/path`).
+fn start_mock_unix() -> MockServer {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("samplerd.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = format!("unix:{}", path.display());
+    start_mock_on(Bind::Unix(listener), addr, Some(dir))
+}
+
+fn start_mock_on(bind: Bind, addr: String, dir: Option<tempfile::TempDir>) -> MockServer {
     let seen = Arc::new(Seen::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let svc = SamplerServer::new(Mock(seen.clone()));
@@ -206,25 +227,36 @@ fn start_mock() -> MockServer {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
             // The mock never reports SERVING.
             let (reporter, health) = tonic_health::server::health_reporter();
             reporter
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
-            let _ = tonic::transport::Server::builder()
+            let router = tonic::transport::Server::builder()
                 .add_service(health)
-                .add_service(svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                    let _ = stop_rx.await;
-                })
-                .await;
+                .add_service(svc);
+            let stop = async {
+                let _ = stop_rx.await;
+            };
+            let _ = match bind {
+                Bind::Tcp(l) => {
+                    let incoming =
+                        TcpListenerStream::new(tokio::net::TcpListener::from_std(l).unwrap());
+                    router.serve_with_incoming_shutdown(incoming, stop).await
+                }
+                Bind::Unix(l) => {
+                    let incoming =
+                        UnixListenerStream::new(tokio::net::UnixListener::from_std(l).unwrap());
+                    router.serve_with_incoming_shutdown(incoming, stop).await
+                }
+            };
         });
     });
     MockServer {
         addr,
         seen,
         _shutdown: stop_tx,
+        _dir: dir,
     }
 }
 
@@ -279,6 +311,35 @@ fn generate_streams_text_and_prints_a_summary() {
     assert_eq!(p.repeat_penalty, None);
     assert!(p.samplers.is_empty());
     assert_eq!(mock.seen.authorization.lock().unwrap()[0], None);
+}
+
+#[test]
+fn generate_over_a_unix_socket() {
+    let mock = start_mock_unix();
+    let o = ctl(&mock.addr)
+        .args([
+            "--token",
+            "s3cret",
+            "generate",
+            "Tell me a story",
+            "-n",
+            "16",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = out(&o);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert_eq!(stdout, format!("{}{TAIL}\n", PIECES.concat()));
+    assert_eq!(
+        mock.seen.requests.lock().unwrap()[0].prompt,
+        "Tell me a story"
+    );
+    // A socket nobody listens on: unreachable, named.
+    let gone = format!("{}.gone", mock.addr);
+    let o = ctl(&gone).args(["stages"]).output().unwrap();
+    let (_, stderr) = out(&o);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr.contains(".gone"), "{stderr}");
 }
 
 #[test]
