@@ -27,6 +27,8 @@ pub struct ValidGenerate {
     /// Non-empty stop strings.
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Each step's raw logits to return with its token, and how.
+    pub return_logits: Option<crate::generate::returned_logits::ReturnLogits>,
     /// `resume.token_ids`: the tokens an interrupted run already sent (at
     /// most `max_tokens`, each inside the vocabulary; what else they must
     /// satisfy is checked as the model host replays them).

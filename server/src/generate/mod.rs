@@ -12,6 +12,7 @@ mod batcher;
 pub mod generator;
 pub mod prompt_cache;
 mod resume;
+pub mod returned_logits;
 pub mod stop_filter;
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -641,14 +642,19 @@ impl ModelHost {
             metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
             let step = decoded.filter.push(tok.token_bytes(token));
             let text = decoded.utf8.push(&step.emit);
-            let event = v1::generate_response::Event::Token(v1::Token {
+            let mut message = v1::Token {
                 token_id: token,
                 text,
                 logprob: out.logprob,
                 probs: crate::request::convert::token_probabilities(&out.probs),
                 probability: out.probability,
                 choice,
-            });
+                ..Default::default()
+            };
+            if let Some(r) = req.return_logits {
+                r.attach(session.logits(), &mut message);
+            }
+            let event = v1::generate_response::Event::Token(message);
             if sink
                 .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
                 .is_err()

@@ -41,6 +41,7 @@ use samplerd_model::ChatMessage;
 
 use crate::generate::GenerateConfig;
 use crate::generate::generator::{Prompt, ValidGenerate};
+use crate::generate::returned_logits::ReturnLogits;
 use crate::request::convert::{self, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
 use crate::service::state::AppState;
@@ -302,9 +303,11 @@ pub fn generate(
     let n_vocab = vocab.as_ref().map(|v| v.len());
     let resume = resume(req, max_tokens, n_vocab)?;
     let choices = choices(state, req)?;
+    let return_logits = return_logits(req, n_vocab)?;
     let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab, prebuilt)?;
     Ok(ValidGenerate {
         choices,
+        return_logits,
         chain,
         seed,
         probs,
@@ -314,6 +317,38 @@ pub fn generate(
         ignore_eos: req.ignore_eos,
         resume,
     })
+}
+
+/// `return_logits`: a listed `dtype`; `top_n` at most the vocabulary.
+fn return_logits(
+    req: &v1::GenerateRequest,
+    n_vocab: Option<usize>,
+) -> Result<Option<ReturnLogits>, RequestError> {
+    let Some(r) = &req.return_logits else {
+        return Ok(None);
+    };
+    let Ok(dtype) = v1::LogitsDtype::try_from(r.dtype) else {
+        return Err(RequestError::invalid(
+            "return_logits.dtype",
+            format!(
+                "is {}, not a LogitsDtype (F32LE 1, F16LE 2, BF16LE 3)",
+                r.dtype
+            ),
+        ));
+    };
+    let top = r.top_n as usize;
+    match n_vocab {
+        Some(n) if top > n => Err(RequestError::invalid(
+            "return_logits.top_n",
+            format!("{top} is more than the vocabulary's {n} tokens"),
+        )),
+        _ if top > 0 && dtype != v1::LogitsDtype::Unspecified => Err(RequestError::invalid(
+            "return_logits.dtype",
+            "is for the full row; with top_n the values are f32 (leave dtype unset)",
+        )),
+        _ if top > 0 => Ok(Some(ReturnLogits::Top(top))),
+        _ => Ok(Some(ReturnLogits::Full(dtype))),
+    }
 }
 
 /// `n`: 1 (unset) to `limits.max_choices`, and 1 with `resume` (whose
