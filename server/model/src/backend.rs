@@ -74,6 +74,46 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+
+    /// Runs `tokens[i]` on `states[i]` as consecutive decode steps — every
+    /// row in the arithmetic order of a one-token step — and writes every
+    /// row's logits into `logits[i]` (`tokens[i].len() × n_vocab`; row `j`:
+    /// the logits after token `j`). This is the verify pass of speculative
+    /// decoding: a token and its drafts scored in one pass. Results must
+    /// equal one [`Backend::forward`] call per token, bit for bit, so a
+    /// verified run is the run decoded one token at a time. The default is
+    /// that loop (an error may leave a sequence part-advanced); the CPU
+    /// backend overrides it to run every row of every sequence in one step,
+    /// reading each weight once, and checks everything first.
+    fn forward_rows(
+        &self,
+        states: &mut [&mut dyn SequenceState],
+        tokens: &[&[u32]],
+        logits: &mut [&mut [f32]],
+    ) -> Result<(), ModelError> {
+        check_batch_shape(states.len(), tokens.len(), logits.len())?;
+        for ((st, toks), l) in states.iter_mut().zip(tokens).zip(logits.iter_mut()) {
+            let n_vocab = rows_vocab(toks.len(), l.len())?;
+            for (t, row) in toks.iter().zip(l.chunks_exact_mut(n_vocab)) {
+                self.forward(&mut **st, std::slice::from_ref(t), row)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The vocabulary size a rows buffer of `len` values implies for `n_rows`
+/// rows (an error when there are no rows or they do not divide it).
+pub fn rows_vocab(n_rows: usize, len: usize) -> Result<usize, ModelError> {
+    if n_rows == 0 {
+        return Err(ModelError::EmptyInput);
+    }
+    if len == 0 || !len.is_multiple_of(n_rows) {
+        return Err(ModelError::Backend(format!(
+            "a logits buffer of {len} entries does not hold {n_rows} rows"
+        )));
+    }
+    Ok(len / n_rows)
 }
 
 /// A batch needs one token and one logits buffer per sequence.

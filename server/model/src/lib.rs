@@ -11,7 +11,11 @@
 //! `cuda` cargo feature, the CUDA backend (`cuda`), which gives the same
 //! bits. [`cuda::resolve`] picks the device and [`Model::load_on`] loads
 //! for it ([`Model::load`]: CPU). [`Model::decode_batch`] runs one decode
-//! step for several sessions, reading each weight once; [`Utf8Streamer`]
+//! step for several sessions, reading each weight once, and
+//! [`Model::decode_rows`] the verify pass of speculative decoding (a token
+//! and its drafts as consecutive decode steps in one pass, every row the
+//! bits of its own decode step; [`Session::truncate`] drops the rejected
+//! ones); [`Utf8Streamer`]
 //! turns token bytes into whole characters.
 //!
 //! ```no_run
@@ -240,6 +244,7 @@ impl Model {
             let Session {
                 state, logits: l, ..
             } = &mut **s;
+            l.resize(self.config.n_vocab, 0.0);
             states.push(state.as_mut());
             logits.push(l.as_mut_slice());
         }
@@ -253,12 +258,50 @@ impl Model {
         }
         ran
     }
+    /// The verify pass of speculative decoding for several sessions at
+    /// once: `tokens[i]` run on `sessions[i]` as consecutive decode steps,
+    /// and [`Session::logits_rows`] then hold every token's logits — row
+    /// `j` the same bits as the `j`-th of `tokens[i].len()` calls of
+    /// [`Session::decode`] (so are the cache's positions: rejected drafts
+    /// are dropped with [`Session::truncate`]). The weights are read once
+    /// for every row of every session.
+    pub fn decode_rows(
+        &self,
+        sessions: &mut [&mut Session],
+        tokens: &[&[u32]],
+    ) -> Result<(), ModelError> {
+        backend::check_batch_shape(sessions.len(), tokens.len(), tokens.len())?;
+        let mut states: Vec<&mut dyn SequenceState> = Vec::with_capacity(sessions.len());
+        let mut logits: Vec<&mut [f32]> = Vec::with_capacity(sessions.len());
+        for (s, t) in sessions.iter_mut().zip(tokens) {
+            let Session {
+                state, logits: l, ..
+            } = &mut **s;
+            l.resize(t.len().max(1) * self.config.n_vocab, 0.0);
+            states.push(state.as_mut());
+            logits.push(l.as_mut_slice());
+        }
+        let ran = self.backend.forward_rows(&mut states, tokens, &mut logits);
+        drop(states);
+        for (s, t) in sessions.iter_mut().zip(tokens) {
+            match &ran {
+                // Booked as the decode steps they equal.
+                Ok(()) => t.iter().for_each(|t| s.cached.ran(std::slice::from_ref(t))),
+                Err(_) => {
+                    s.logits.resize(self.config.n_vocab, 0.0);
+                    s.forget_unbooked();
+                }
+            }
+        }
+        ran
+    }
     /// A new sequence with a `capacity`-token KV cache.
     pub fn new_session_with_capacity(&self, capacity: usize) -> Result<Session, ModelError> {
         Ok(Session {
             backend: Arc::clone(&self.backend),
             state: self.backend.new_state(capacity.max(1))?,
             logits: vec![0.0; self.config.n_vocab],
+            n_vocab: self.config.n_vocab,
             cached: Box::default(),
         })
     }
@@ -316,7 +359,10 @@ impl TextCodec for Model {
 pub struct Session {
     backend: Arc<dyn Backend>,
     state: Box<dyn SequenceState>,
+    /// The last pass's logits: one row, or one per token of a
+    /// [`Model::decode_rows`] pass.
     logits: Vec<f32>,
+    n_vocab: usize,
     /// Boxed: a session moves between threads by value every step.
     cached: Box<CachedTokens>,
 }
@@ -333,6 +379,7 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Runs `tokens` (one or many) and returns the last position's logits.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        self.logits.resize(self.n_vocab, 0.0);
         let ran = self
             .backend
             .forward(self.state.as_mut(), tokens, &mut self.logits);
@@ -376,9 +423,15 @@ impl Session {
     pub fn decode(&mut self, token: u32) -> Result<&[f32], ModelError> {
         self.prefill(std::slice::from_ref(&token))
     }
-    /// The last logits computed (zeros before the first call).
+    /// The last logits computed (zeros before the first call): after a
+    /// [`Model::decode_rows`] pass, its last row.
     pub fn logits(&self) -> &[f32] {
-        &self.logits
+        &self.logits[self.logits.len() - self.n_vocab..]
+    }
+    /// The last pass's logits row by row: one row after a prefill or a
+    /// decode step, one per token after a [`Model::decode_rows`] pass.
+    pub fn logits_rows(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.logits.chunks_exact(self.n_vocab)
     }
     /// Tokens in the cache.
     pub fn position(&self) -> usize {

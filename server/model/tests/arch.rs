@@ -480,3 +480,30 @@ fn batched_decode_of_new_variants_equals_each_sequence_alone() {
         }
     }
 }
+
+/// qwen3 (per-head q/k norms, NEOX RoPE, wider queries): the verify pass
+/// of speculative decoding (`Model::decode_rows`) gives every row the bits
+/// of the decode step of that token, for K = 1…8 drafts.
+#[test]
+fn qwen3_verify_rows_equal_decode_steps_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m) = load(&dir, "qwen3-rows.gguf", &qwen3(), |_, _| {});
+    let m = m.unwrap();
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    // Long enough that attention's decode and prompt orders differ.
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 259).collect();
+    let toks = [9u32, 100, 7, 250, 33, 12, 2, 44, 45];
+    for k in 1..=8 {
+        let mut seq = m.new_session().unwrap();
+        seq.prefill(&prompt).unwrap();
+        let want: Vec<_> = toks[..=k]
+            .iter()
+            .map(|&t| bits(seq.decode(t).unwrap()))
+            .collect();
+        let mut s = m.new_session().unwrap();
+        s.prefill(&prompt).unwrap();
+        m.decode_rows(&mut [&mut s], &[&toks[..=k]]).unwrap();
+        let got: Vec<_> = s.logits_rows().map(bits).collect();
+        assert!(got == want, "K = {k}: rows differ from decode steps");
+    }
+}

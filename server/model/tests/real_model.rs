@@ -132,6 +132,44 @@ fn smollm2_decode_matches_prefill() {
     );
 }
 
+/// The verify pass of speculative decoding on the default model (Q4_1,
+/// tied Q8_0 output): a token and K = 1…8 drafts scored in one pass give
+/// every row the bits of that token's decode step, and a rollback to an
+/// accepted prefix decodes on as the sequential run does.
+#[test]
+fn smollm2_verify_rows_equal_decode_steps_bit_for_bit() {
+    let Some(m) = model() else { return };
+    let prompt = m
+        .render_chat(&[ChatMessage::new("user", "Copy: the quick brown fox.")])
+        .unwrap();
+    let ids = m.tokenizer().encode(&prompt, true, true).unwrap();
+    let drafts = m
+        .tokenizer()
+        .encode(" the quick brown fox jumps over", false, false)
+        .unwrap();
+    assert!(drafts.len() >= 6, "{drafts:?}");
+    for k in 1..=8.min(drafts.len() - 1) {
+        let toks = &drafts[..=k];
+        let mut seq = m.new_session().unwrap();
+        seq.prefill(&ids).unwrap();
+        let want: Vec<_> = toks.iter().map(|&t| bits(seq.decode(t).unwrap())).collect();
+        let mut s = m.new_session().unwrap();
+        s.prefill(&ids).unwrap();
+        m.decode_rows(&mut [&mut s], &[toks]).unwrap();
+        let got: Vec<_> = s.logits_rows().map(bits).collect();
+        assert!(got == want, "K = {k}: rows differ from decode steps");
+        s.truncate(ids.len() + 1);
+        let mut r = m.new_session().unwrap();
+        r.prefill(&ids).unwrap();
+        r.decode(toks[0]).unwrap();
+        assert_eq!(
+            bits(s.decode(13).unwrap()),
+            bits(r.decode(13).unwrap()),
+            "K = {k}"
+        );
+    }
+}
+
 /// Bits of a logits vector, for exact comparison.
 fn bits(l: &[f32]) -> Vec<u32> {
     l.iter().map(|x| x.to_bits()).collect()

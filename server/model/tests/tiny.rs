@@ -706,3 +706,114 @@ fn k_quant_reused_prefix_equals_a_fresh_prefill_bit_for_bit() {
         }
     }
 }
+
+fn bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The verify pass of speculative decoding (`Model::decode_rows`): for a
+/// token and K = 1…8 drafts after a 40-token prompt, every row equals the
+/// decode step of that token, bit for bit — alone, and batched with a
+/// second sequence's verify pass and a third's single token; a rollback
+/// to the token and some accepted drafts (`Session::truncate`) leaves a
+/// cache whose next decode step equals the sequential run's, booked as
+/// decode steps (a resume reuses them).
+fn assert_rows_equal_decode_steps(m: &Model, what: &str) {
+    // Long enough that attention's decode and prompt orders differ.
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 1) % 261).collect();
+    let drafts: Vec<u32> = vec![44, 45, 7, 9, 250, 33, 200, 2, 17];
+    for k in 1..=8 {
+        let toks = &drafts[..=k];
+        let fresh = || {
+            let mut s = m.new_session().unwrap();
+            s.prefill(&prompt).unwrap();
+            s
+        };
+        let mut seq = fresh();
+        let want: Vec<Vec<u32>> = toks.iter().map(|&t| bits(seq.decode(t).unwrap())).collect();
+        let mut alone = fresh();
+        m.decode_rows(&mut [&mut alone], &[toks]).unwrap();
+        let got: Vec<Vec<u32>> = alone.logits_rows().map(bits).collect();
+        assert!(
+            got == want,
+            "{what}: K = {k}, alone: rows differ from decode steps"
+        );
+        assert_eq!(
+            bits(alone.logits()),
+            want[k],
+            "{what}: K = {k}: logits() is the last row"
+        );
+        let (mut other, mut third, mut batched) =
+            (m.new_session().unwrap(), m.new_session().unwrap(), fresh());
+        other.prefill(&prompt[..3]).unwrap();
+        third.prefill(&prompt[..7]).unwrap();
+        m.decode_rows(
+            &mut [&mut other, &mut batched, &mut third],
+            &[&[5, 6, 7][..], toks, &[8][..]],
+        )
+        .unwrap();
+        let got: Vec<Vec<u32>> = batched.logits_rows().map(bits).collect();
+        assert!(
+            got == want,
+            "{what}: K = {k}, batched: rows differ from decode steps"
+        );
+        let mut solo = m.new_session().unwrap();
+        solo.prefill(&prompt[..7]).unwrap();
+        assert_eq!(
+            bits(third.logits()),
+            bits(solo.decode(8).unwrap()),
+            "{what}: K = {k}, third"
+        );
+        // Rollback: the token and `j` accepted drafts stay, then a new token.
+        let j = k / 2;
+        alone.truncate(prompt.len() + 1 + j);
+        let mut reference = fresh();
+        for &t in &toks[..=j] {
+            reference.decode(t).unwrap();
+        }
+        assert_eq!(
+            alone.cached_tokens(),
+            reference.cached_tokens(),
+            "{what}: K = {k}"
+        );
+        assert_eq!(
+            bits(alone.decode(99).unwrap()),
+            bits(reference.decode(99).unwrap()),
+            "{what}: K = {k}: after a rollback to {j} accepted drafts"
+        );
+        let mut replay: Vec<u32> = toks[..=j].to_vec();
+        replay.push(99);
+        replay.push(98);
+        assert_eq!(
+            alone.reusable_replay(&prompt, &replay),
+            prompt.len() + j + 2,
+            "{what}: verified positions are booked as decode steps"
+        );
+    }
+    // A verify pass that does not fit is refused before anything runs.
+    let mut full = m.new_session_with_capacity(prompt.len() + 2).unwrap();
+    full.prefill(&prompt).unwrap();
+    let err = m
+        .decode_rows(&mut [&mut full], &[&[1, 2, 3][..]])
+        .unwrap_err();
+    assert!(err.to_string().contains("context"), "{what}: {err}");
+    assert_eq!(full.position(), prompt.len());
+    let err = m.decode_rows(&mut [&mut full], &[&[][..]]).unwrap_err();
+    assert!(matches!(err, ModelError::EmptyInput), "{what}: {err}");
+}
+
+#[test]
+fn verify_rows_equal_decode_steps_bit_for_bit_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    for arch in ["llama", "qwen2"] {
+        let m = Model::load(&tiny(&dir, arch), &opts()).unwrap();
+        assert_rows_equal_decode_steps(&m, &format!("{arch} q4_1/q8_0/f16"));
+    }
+    for (fm, what) in [(&MIXED_BF16, "bf16"), (&K_QUANTS, "q5_0/q4_K/q6_K")] {
+        let p = dir
+            .path()
+            .join(format!("tiny-rows-{what}.gguf").replace('/', "-"));
+        write_model(&p, "llama", fm);
+        assert_rows_equal_decode_steps(&Model::load(&p, &opts()).unwrap(), what);
+    }
+}

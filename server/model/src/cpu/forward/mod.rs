@@ -36,7 +36,7 @@ use scratch::Scratch;
 use state::KvCache;
 use step::Segment;
 
-use crate::backend::{Backend, SequenceState, batch_rows, downcast_state};
+use crate::backend::{Backend, SequenceState, batch_rows, check_batch_shape, downcast_state};
 use crate::error::ModelError;
 use crate::quant::QMatrix;
 
@@ -87,12 +87,13 @@ impl Backend for CpuBackend {
         logits: &mut [f32],
     ) -> Result<(), ModelError> {
         let CpuState { cache, s } = cpu_state(state)?;
-        self.check_segment(cache, tokens, logits)?;
+        self.check_segment(cache, tokens, logits, 1)?;
         self.forward_segments(
             &mut [Segment {
                 cache,
                 tokens,
                 logits,
+                decode_rows: false,
             }],
             s,
         );
@@ -109,11 +110,38 @@ impl Backend for CpuBackend {
         for (st, tok, l) in batch_rows(states, tokens, logits)? {
             let cache = &mut cpu_state(st)?.cache;
             let tokens = std::slice::from_ref(tok);
-            self.check_segment(cache, tokens, l)?;
+            self.check_segment(cache, tokens, l, 1)?;
             segs.push(Segment {
                 cache,
                 tokens,
                 logits: l,
+                decode_rows: false,
+            });
+        }
+        let mut s = self.batch_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.forward_segments(&mut segs, &mut s);
+        Ok(())
+    }
+
+    /// Every row of every sequence in one step (the weights read once),
+    /// each row in a decode step's order (see `Segment::decode_rows`);
+    /// every sequence is checked before anything runs.
+    fn forward_rows(
+        &self,
+        states: &mut [&mut dyn SequenceState],
+        tokens: &[&[u32]],
+        logits: &mut [&mut [f32]],
+    ) -> Result<(), ModelError> {
+        check_batch_shape(states.len(), tokens.len(), logits.len())?;
+        let mut segs = Vec::with_capacity(states.len());
+        for ((st, &tokens), l) in states.iter_mut().zip(tokens).zip(logits.iter_mut()) {
+            let cache = &mut cpu_state(&mut **st)?.cache;
+            self.check_segment(cache, tokens, l, tokens.len())?;
+            segs.push(Segment {
+                cache,
+                tokens,
+                logits: l,
+                decode_rows: true,
             });
         }
         let mut s = self.batch_scratch.lock().unwrap_or_else(|e| e.into_inner());

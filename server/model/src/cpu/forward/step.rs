@@ -20,24 +20,53 @@ use crate::gguf::LayerWeights;
 use crate::quant::{Acts, BlockQ8_1, BlockQ8K, QK, QK_K, quantize_q8_1, quantize_q8_k};
 
 /// One sequence's part of a forward step: its cache, the tokens it runs
-/// and where its last token's logits go.
+/// and where its logits go.
 pub(super) struct Segment<'a> {
     pub(super) cache: &'a mut KvCache,
     pub(super) tokens: &'a [u32],
+    /// The last token's logits (`n_vocab`), or with `decode_rows` every
+    /// token's (`tokens.len() × n_vocab`).
     pub(super) logits: &'a mut [f32],
+    /// Every token runs as its own decode step would (the one-token
+    /// arithmetic order throughout) and writes its logits: the verify
+    /// pass of speculative decoding. Otherwise the tokens are one step
+    /// (a prompt's order when there are 2 or more).
+    pub(super) decode_rows: bool,
+}
+
+impl Segment<'_> {
+    /// The step order of this segment's rows: as a step of this many tokens.
+    fn step_len(&self) -> usize {
+        if self.decode_rows {
+            1
+        } else {
+            self.tokens.len()
+        }
+    }
+
+    /// Rows whose logits this segment takes (the last, or every one).
+    fn out_rows(&self) -> usize {
+        if self.decode_rows {
+            self.tokens.len()
+        } else {
+            1
+        }
+    }
 }
 
 impl CpuBackend {
-    /// Checks one sequence's part of a step before anything is computed.
+    /// Checks one sequence's part of a step before anything is computed
+    /// (`out_rows`: the rows of logits it takes).
     pub(super) fn check_segment(
         &self,
         cache: &KvCache,
         tokens: &[u32],
         logits: &[f32],
+        out_rows: usize,
     ) -> Result<(), ModelError> {
         let n_vocab = self.config.n_vocab;
         check_tokens(cache.pos, cache.capacity, tokens, n_vocab)?;
-        check_logits(logits.len(), n_vocab)?;
+        check_logits(logits.len(), out_rows * n_vocab)?;
         Ok(())
     }
 
@@ -59,11 +88,11 @@ impl CpuBackend {
         let n = rows.len();
         // Rows of a sequence's step of 8+ tokens mirror ggml's tiled K-quant
         // matmul, the others its vector dot (as llama.cpp running that
-        // sequence alone does).
+        // sequence alone does); decode rows are one-token steps.
         let tiled: Vec<bool> = segs
             .iter()
             .flat_map(|g| {
-                let t = g.tokens.len() >= crate::quant::TILED_MIN_ROWS;
+                let t = g.step_len() >= crate::quant::TILED_MIN_ROWS;
                 std::iter::repeat_n(t, g.tokens.len())
             })
             .collect();
@@ -71,7 +100,7 @@ impl CpuBackend {
         // sgemm takes prompt steps only), one-token steps its vector dot.
         let gemm: Vec<bool> = segs
             .iter()
-            .flat_map(|g| std::iter::repeat_n(g.tokens.len() >= 2, g.tokens.len()))
+            .flat_map(|g| std::iter::repeat_n(g.step_len() >= 2, g.tokens.len()))
             .collect();
         let orders = Orders {
             tiled: &tiled,
@@ -89,7 +118,8 @@ impl CpuBackend {
             // only (`ggml_get_rows(cur, inp_out_ids)` after the attention):
             // one row per sequence, so its products take the one-row order
             // (vector dot, never tinyBLAS or the tiled K-quant matmul). The
-            // other rows' results there are never read.
+            // other rows' results there are never read (decode rows are
+            // all output rows, each in that one-row order).
             let ffn_orders = if l + 1 == w.layers.len() {
                 Orders {
                     tiled: &[],
@@ -144,7 +174,7 @@ impl CpuBackend {
                 k: g.cache.k.reinterpret_cast::<f16>(),
                 v: g.cache.v.reinterpret_cast::<f16>(),
                 cap: g.cache.capacity,
-                decode: g.tokens.len() == 1,
+                decode: g.step_len() == 1,
             })
             .collect();
         self.attention(
@@ -258,46 +288,54 @@ impl CpuBackend {
         self.add_rows(x, &s.proj[..n * d]);
     }
 
-    /// The final RMSNorm and the output product for each segment's last row
-    /// only, into the segments' logits.
+    /// The final RMSNorm and the output product for each segment's output
+    /// rows only (its last, or every decode row), into the segments' logits.
     fn output_head(&self, segs: &mut [Segment<'_>], s: &mut Scratch) {
         let c = &self.config;
         let w = &*self.weights;
         let d = c.n_embd;
         let x = &s.x;
-        let n_seg = segs.len();
+        let n_out: usize = segs.iter().map(Segment::out_rows).sum();
         let out_k = w.output().needs_q8k();
-        s.lastq.resize(n_seg * d / QK, BlockQ8_1::default());
+        s.lastq.resize(n_out * d / QK, BlockQ8_1::default());
         if out_k {
-            s.lastqk.resize(n_seg * d / QK_K, BlockQ8K::default());
+            s.lastqk.resize(n_out * d / QK_K, BlockQ8K::default());
         }
-        let mut end = 0;
-        for (i, g) in segs.iter().enumerate() {
+        let (mut end, mut i) = (0, 0);
+        for g in segs.iter() {
             end += g.tokens.len();
-            let last = &x[(end - 1) * d..end * d];
-            let xn = &mut s.xn[i * d..(i + 1) * d];
-            rms_norm(last, &w.output_norm, c.rms_eps, xn);
-            quantize_q8_1(xn, &mut s.lastq[i * d / QK..(i + 1) * d / QK]);
-            if out_k {
-                quantize_q8_k(xn, &mut s.lastqk[i * d / QK_K..(i + 1) * d / QK_K]);
+            for row in end - g.out_rows()..end {
+                let xr = &x[row * d..(row + 1) * d];
+                let xn = &mut s.xn[i * d..(i + 1) * d];
+                rms_norm(xr, &w.output_norm, c.rms_eps, xn);
+                quantize_q8_1(xn, &mut s.lastq[i * d / QK..(i + 1) * d / QK]);
+                if out_k {
+                    quantize_q8_k(xn, &mut s.lastqk[i * d / QK_K..(i + 1) * d / QK_K]);
+                }
+                i += 1;
             }
         }
-        // One output row per sequence: ggml's vector dot, never the tiled path.
+        // Each output row is its own step's one output row: ggml's vector
+        // dot, never the tiled path.
         let lastq = Acts {
             q8: &s.lastq,
             q8k: if out_k { &s.lastqk } else { &[] },
             tiled: &[],
-            x: &s.xn[..n_seg * d],
+            x: &s.xn[..n_out * d],
             gemm: &[],
             flavor: self.flavor,
         };
         if let [g] = segs {
-            w.output().matmul(&self.pool, lastq, 1, g.logits);
+            // A lone segment's rows are its logits buffer, in order.
+            w.output().matmul(&self.pool, lastq, n_out, g.logits);
         } else {
-            s.logits.resize(n_seg * c.n_vocab, 0.0);
-            w.output().matmul(&self.pool, lastq, n_seg, &mut s.logits);
-            for (g, l) in segs.iter_mut().zip(s.logits.chunks_exact(c.n_vocab)) {
-                g.logits.copy_from_slice(l);
+            s.logits.resize(n_out * c.n_vocab, 0.0);
+            w.output().matmul(&self.pool, lastq, n_out, &mut s.logits);
+            let mut from = 0;
+            for g in segs.iter_mut() {
+                let len = g.out_rows() * c.n_vocab;
+                g.logits.copy_from_slice(&s.logits[from..from + len]);
+                from += len;
             }
         }
     }
