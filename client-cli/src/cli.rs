@@ -342,8 +342,26 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub choices: u32,
+    /// Speculative decoding: the server drafts tokens and checks them in
+    /// one forward pass; the output is the same bytes as without it.
+    #[arg(long, value_enum, value_name = "SOURCE")]
+    pub speculate: Option<DraftSourceArg>,
+    /// With --speculate: most draft tokens per pass [default: the
+    /// server's `limits.max_draft_tokens`].
+    #[arg(long, value_name = "N", requires = "speculate")]
+    pub max_draft: Option<u32>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+/// Where a speculating Generate's drafts come from (`DraftSource`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DraftSourceArg {
+    /// Tokens that followed the text's last n-gram earlier in the prompt
+    /// or output.
+    PromptLookup,
+    /// The server's draft model (`model.draft_path`).
+    Model,
 }
 
 /// Logits file formats.

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use samplerd_api::v1;
 use samplerd_api::v1::generate_response::Event;
 use samplerd_api::v1::sampler_server::{Sampler, SamplerServer};
 use samplerd_api::v1::{
@@ -139,6 +140,8 @@ impl Sampler for Mock {
                             completion_tokens: PIECES.len() as u32,
                             cached_prompt_tokens: 0,
                             resumed_tokens: 0,
+                            draft_tokens: 0,
+                            accepted_draft_tokens: 0,
                         }),
                         seed,
                         text: TAIL.into(),
@@ -376,6 +379,10 @@ fn generate_sends_the_flags_given_chat_messages_and_the_token() {
             "penalties;top_k;top_p;temperature",
             "-l",
             "7-inf",
+            "--speculate",
+            "prompt-lookup",
+            "--max-draft",
+            "6",
         ])
         .output()
         .unwrap();
@@ -404,6 +411,13 @@ fn generate_sends_the_flags_given_chat_messages_and_the_token() {
     assert_eq!(p.seed, None);
     assert_eq!(p.samplers, ["penalties", "top_k", "top_p", "temperature"]);
     assert_eq!(p.logit_bias.get(&7), Some(&f32::NEG_INFINITY));
+    assert_eq!(
+        req.speculation,
+        Some(v1::Speculation {
+            source: v1::DraftSource::PromptLookup as i32,
+            max_draft_tokens: 6,
+        })
+    );
     assert_eq!(
         mock.seen.authorization.lock().unwrap()[0].as_deref(),
         Some("Bearer s3cret")

@@ -210,6 +210,39 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
             ),
             1.0
         );
+        // A speculating Generate counts its drafts as its Usage does.
+        let mut events = client
+            .generate(samplerd_api::v1::GenerateRequest {
+                speculation: Some(samplerd_api::v1::Speculation {
+                    source: samplerd_api::v1::DraftSource::PromptLookup as i32,
+                    max_draft_tokens: 4,
+                }),
+                ..exact_generate("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", 12)
+            })
+            .await
+            .expect("generate")
+            .into_inner();
+        let usage = tokio::time::timeout(RPC_TIMEOUT, async {
+            let mut usage = None;
+            while let Some(m) = events.message().await.expect("event") {
+                if let Some(samplerd_api::v1::generate_response::Event::Finished(f)) = m.event {
+                    usage = f.usage;
+                }
+            }
+            usage.expect("a Finished with usage")
+        })
+        .await
+        .expect("generation in time");
+        assert!(usage.draft_tokens > 0, "{usage:?}");
+        let s = Scrape::parse(&p.scrape());
+        assert_eq!(
+            s.get("samplerd_generate_draft_tokens_total", &[]),
+            f64::from(usage.draft_tokens)
+        );
+        assert_eq!(
+            s.get("samplerd_generate_accepted_draft_tokens_total", &[]),
+            f64::from(usage.accepted_draft_tokens)
+        );
     } else {
         eprintln!("SAMPLERD_MODEL is not set: Generate metrics not checked");
         assert!(!s.has("samplerd_model_load_seconds"));

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use samplerd_api::v1::generate_response::Event;
-use samplerd_api::v1::{ChatMessage, Finished, GenerateRequest};
+use samplerd_api::v1::{ChatMessage, DraftSource, Finished, GenerateRequest, Speculation};
 
-use crate::cli::{ConnArgs, GenerateArgs};
+use crate::cli::{ConnArgs, DraftSourceArg, GenerateArgs};
 use crate::commands::Interrupted;
 use crate::connect::connect;
 use crate::output::{Style, finish_reason_name, generate_response_json, paint_err};
@@ -47,6 +47,13 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         n_probs: args.n_probs,
         post_sampling_probs: args.post_sampling_probs,
         n: args.choices,
+        speculation: args.speculate.map(|source| Speculation {
+            source: match source {
+                DraftSourceArg::PromptLookup => DraftSource::PromptLookup,
+                DraftSourceArg::Model => DraftSource::Model,
+            } as i32,
+            max_draft_tokens: args.max_draft.unwrap_or(0),
+        }),
         ..Default::default()
     }
 }
@@ -176,6 +183,13 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
         .usage
         .as_ref()
         .map_or((0, 0), |u| (u.prompt_tokens, u.cached_prompt_tokens));
+    let drafts = match f.usage.as_ref() {
+        Some(u) if args.speculate.is_some() => format!(
+            ", drafts: {} of {} accepted",
+            u.accepted_draft_tokens, u.draft_tokens
+        ),
+        _ => String::new(),
+    };
     let numerics = f
         .timings
         .as_ref()
@@ -188,7 +202,7 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
             paint_err(
                 Style::Dim,
                 &format!(
-                    "{completion} tokens ({prompt_tokens} prompt, {cached} from the prompt cache) in {elapsed:.2}s, {tps:.1} tokens/s, finish: {}, seed: {}, numerics: {numerics}",
+                    "{completion} tokens ({prompt_tokens} prompt, {cached} from the prompt cache) in {elapsed:.2}s, {tps:.1} tokens/s, finish: {}, seed: {}, numerics: {numerics}{drafts}",
                     finish_reason_name(f.finish_reason),
                     f.seed
                 )
@@ -216,6 +230,8 @@ mod tests {
             post_sampling_probs: false,
             json: false,
             choices: 1,
+            speculate: None,
+            max_draft: None,
             sampling: SamplingArgs::default(),
         }
     }
@@ -241,5 +257,20 @@ mod tests {
         assert!(r.prompt.is_empty());
         let roles: Vec<_> = r.messages.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user"]);
+        assert_eq!(r.speculation, None);
+    }
+
+    #[test]
+    fn speculation_flags() {
+        let mut a = args("hi");
+        a.speculate = Some(DraftSourceArg::PromptLookup);
+        let s = request(&a).speculation.unwrap();
+        assert_eq!(s.source, DraftSource::PromptLookup as i32);
+        assert_eq!(s.max_draft_tokens, 0, "the server's limit");
+        a.speculate = Some(DraftSourceArg::Model);
+        a.max_draft = Some(4);
+        let s = request(&a).speculation.unwrap();
+        assert_eq!(s.source, DraftSource::Model as i32);
+        assert_eq!(s.max_draft_tokens, 4);
     }
 }

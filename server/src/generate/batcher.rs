@@ -6,7 +6,9 @@
 //! every other active generation, so one `Model::decode_batch` call reads
 //! each weight once for all of them instead of once per generation (decode
 //! is memory-bound, and separate passes would also fight over the cores).
-//! Prompts (prefill) run as their own step. Sequences join and leave
+//! A speculating generation's verify pass (its token and drafts, every row
+//! a decode step's, `Model::decode_rows`) joins the same step as the
+//! others' single tokens. Prompts (prefill) run as their own step. Sequences join and leave
 //! between steps; the engine waits for the generations it just served to
 //! come back (they are sampling) at most `batch_wait`, so a generation held
 //! up by a slow client is stepped later on its own rather than stalling the
@@ -27,6 +29,9 @@ struct Job {
     seq: u64,
     session: Session,
     tokens: Vec<u32>,
+    /// Decode rows (a verify pass): every token's logits, each token in a
+    /// decode step's order; otherwise one step of all the tokens.
+    rows: bool,
     reply: mpsc::Sender<Done>,
 }
 
@@ -113,10 +118,33 @@ impl SeqHandle<'_> {
         session: Session,
         tokens: Vec<u32>,
     ) -> Result<Session, (Option<Session>, StepError)> {
+        self.submit(session, tokens, false)
+    }
+
+    /// The verify pass of speculative decoding: `tokens` (the last token
+    /// and its drafts) run on `session` as consecutive decode steps, batched
+    /// with the other sequences' decode steps; the session comes back with
+    /// every token's logits (`Session::logits_rows`), bit for bit those of
+    /// one `step` per token.
+    pub fn verify(
+        &self,
+        session: Session,
+        tokens: Vec<u32>,
+    ) -> Result<Session, (Option<Session>, StepError)> {
+        self.submit(session, tokens, true)
+    }
+
+    fn submit(
+        &self,
+        session: Session,
+        tokens: Vec<u32>,
+        rows: bool,
+    ) -> Result<Session, (Option<Session>, StepError)> {
         let job = Job {
             seq: self.seq,
             session,
             tokens,
+            rows,
             reply: self.reply.clone(),
         };
         if !self.batcher.send(Msg::Step(job)) {
@@ -169,7 +197,7 @@ impl Engine {
         match msg {
             Msg::Step(job) => {
                 self.expected.remove(&job.seq);
-                if job.tokens.len() == 1 {
+                if job.tokens.len() == 1 || job.rows {
                     self.decode.push(job);
                 } else {
                     self.prefill.push(job);
@@ -212,10 +240,20 @@ impl Engine {
             if !self.decode.is_empty() {
                 let mut jobs = std::mem::take(&mut self.decode);
                 self.largest_batch.fetch_max(jobs.len(), Ordering::Relaxed);
-                let tokens: Vec<u32> = jobs.iter().map(|j| j.tokens[0]).collect();
-                let mut sessions: Vec<&mut Session> =
-                    jobs.iter_mut().map(|j| &mut j.session).collect();
-                let result = guarded(|| self.model.decode_batch(&mut sessions, &tokens));
+                let verifying = jobs.iter().any(|j| j.rows);
+                let (mut sessions, tokens): (Vec<&mut Session>, Vec<&[u32]>) = jobs
+                    .iter_mut()
+                    .map(|j| (&mut j.session, j.tokens.as_slice()))
+                    .unzip();
+                let result = guarded(|| {
+                    if verifying {
+                        // A single token is a verify pass of one row.
+                        self.model.decode_rows(&mut sessions, &tokens)
+                    } else {
+                        let tokens: Vec<u32> = tokens.iter().map(|t| t[0]).collect();
+                        self.model.decode_batch(&mut sessions, &tokens)
+                    }
+                });
                 for job in jobs {
                     self.finish(job, result.clone());
                 }

@@ -33,6 +33,23 @@ pub struct ValidGenerate {
     /// most `max_tokens`, each inside the vocabulary; what else they must
     /// satisfy is checked as the model host replays them).
     pub resume: Vec<u32>,
+    /// `speculation` (None: off).
+    pub speculation: Option<Speculation>,
+}
+
+/// A validated `speculation`: where drafts come from and the most per pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculation {
+    pub source: DraftSource,
+    /// 1 to `limits.max_draft_tokens`.
+    pub max_draft_tokens: usize,
+}
+
+/// `DraftSource` of the protocol, without the unset value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftSource {
+    PromptLookup,
+    Model,
 }
 
 /// A Generate prompt: plain text, or chat messages for the model's

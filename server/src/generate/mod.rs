@@ -13,6 +13,7 @@ pub mod generator;
 pub mod prompt_cache;
 mod resume;
 pub mod returned_logits;
+pub mod speculate;
 pub mod stop_filter;
 
 use std::sync::{Arc, Condvar, Mutex};
@@ -121,6 +122,7 @@ pub fn describe_metrics() {
         "time taken to load the model"
     );
     prompt_cache::describe();
+    speculate::describe();
     metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
 }
 
@@ -470,19 +472,38 @@ impl ModelHost {
                 .step(session, tokens)
                 .map_err(|(_, e)| RequestError::Internal(e.to_string()))
         };
+        let verify_pass = |session: Session, tokens: Vec<u32>| {
+            engine
+                .verify(session, tokens)
+                .map_err(|(_, e)| RequestError::Internal(e.to_string()))
+        };
         let seed = req.seed.wrapping_add(u64::from(choice));
         let decode_start = Instant::now();
-        let Some((reason, session)) = self.decode(
-            job,
-            choice,
-            seed,
-            seq,
-            session,
-            &forward,
-            sink,
-            &mut decoded,
-        )?
-        else {
+        let outcome = match req.speculation {
+            Some(spec) => self.decode_speculative(
+                job,
+                (choice, seed),
+                spec,
+                seq,
+                session,
+                &forward,
+                &verify_pass,
+                sink,
+                &mut decoded,
+                &mut usage,
+            )?,
+            None => self.decode(
+                job,
+                choice,
+                seed,
+                seq,
+                session,
+                &forward,
+                sink,
+                &mut decoded,
+            )?,
+        };
+        let Some((reason, session)) = outcome else {
             return Ok(());
         };
         let decode_s = decode_start.elapsed().as_secs_f64();
@@ -867,6 +888,9 @@ impl Generator for ModelHost {
 
     fn generate(&self, job: GenerateJob, sink: GenerateSink) {
         let result = (|| {
+            if let Some(spec) = &job.request.speculation {
+                self.check_speculation(spec)?;
+            }
             // Admission first: tokenizing is work of the request's size,
             // so it happens inside a generation slot.
             let Some(_slot) = self.slots.acquire(|| sink.is_closed())? else {

@@ -18,8 +18,9 @@
 //!   (text, or chat messages with known roles) under
 //!   `generate.max_prompt_bytes`, `max_tokens` under
 //!   `generate.max_tokens_cap`, the stop strings under their limits,
-//!   `resume.token_ids` (at most `max_tokens`, inside the vocabulary), and
-//!   the sampling side as above. What needs the model (the chat template, the
+//!   `resume.token_ids` (at most `max_tokens`, inside the vocabulary),
+//!   `speculation` (a known source, `max_draft_tokens` under
+//!   `limits.max_draft_tokens`), and the sampling side as above. What needs the model (the chat template, the
 //!   token count against `generate.max_prompt_tokens` and the context) is
 //!   the model host's, after admission.
 //!
@@ -40,7 +41,7 @@ use samplerd_sampling::{Chain, ChainError, Prebuilt, Sequence, Vocabulary, step}
 use samplerd_model::ChatMessage;
 
 use crate::generate::GenerateConfig;
-use crate::generate::generator::{Prompt, ValidGenerate};
+use crate::generate::generator::{DraftSource, Prompt, Speculation, ValidGenerate};
 use crate::generate::returned_logits::ReturnLogits;
 use crate::request::convert::{self, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
@@ -304,6 +305,7 @@ pub fn generate(
     let resume = resume(req, max_tokens, n_vocab)?;
     let choices = choices(state, req)?;
     let return_logits = return_logits(req, n_vocab)?;
+    let speculation = speculation(state, req.speculation.as_ref())?;
     let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab, prebuilt)?;
     Ok(ValidGenerate {
         choices,
@@ -316,6 +318,7 @@ pub fn generate(
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
         resume,
+        speculation,
     })
 }
 
@@ -370,6 +373,43 @@ fn choices(state: &AppState, req: &v1::GenerateRequest) -> Result<u32, RequestEr
         )),
         n => Ok(n),
     }
+}
+
+/// `speculation`: a known source (unset: off), `max_draft_tokens` within
+/// `limits.max_draft_tokens` (0: that limit). Whether a draft model is
+/// configured is the model host's to say.
+fn speculation(
+    state: &AppState,
+    spec: Option<&v1::Speculation>,
+) -> Result<Option<Speculation>, RequestError> {
+    let Some(spec) = spec else { return Ok(None) };
+    let source = match v1::DraftSource::try_from(spec.source) {
+        Ok(v1::DraftSource::Unspecified) => return Ok(None),
+        Ok(v1::DraftSource::PromptLookup) => DraftSource::PromptLookup,
+        Ok(v1::DraftSource::Model) => DraftSource::Model,
+        Err(_) => {
+            return Err(RequestError::invalid(
+                "speculation.source",
+                format!("unknown DraftSource {}", spec.source),
+            ));
+        }
+    };
+    let max = state.limits.max_draft_tokens;
+    let max_draft_tokens = match spec.max_draft_tokens as usize {
+        0 => max,
+        n if n > max => {
+            return Err(RequestError::limit(
+                "speculation.max_draft_tokens",
+                "limits.max_draft_tokens",
+                format!("{n} exceeds the limit of {max} (limits.max_draft_tokens)"),
+            ));
+        }
+        n => n,
+    };
+    Ok(Some(Speculation {
+        source,
+        max_draft_tokens,
+    }))
 }
 
 /// `resume.token_ids`: no more than `max_tokens` (the uninterrupted run

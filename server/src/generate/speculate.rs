@@ -1,0 +1,380 @@
+//! Speculative decoding for Generate (`GenerateRequest.speculation`): the
+//! decode loop drafts tokens, the model scores the last token and its
+//! drafts in one pass, and the request's own chain accepts them.
+//!
+//! Each round, with `last` the token sampled last (not yet in the cache):
+//! 1. **Draft** ([`prompt_lookup`]): up to `k` tokens that followed the
+//!    latest earlier occurrence of the text's last 3 (then 2, then 1)
+//!    tokens, in the prompt and the tokens generated so far — prompt-lookup
+//!    decoding (Saxena 2023; llama.cpp's `common/ngram-cache.cpp` keeps
+//!    n-gram statistics for the same purpose). Drafts stop before an
+//!    end-of-generation token (unless `ignore_eos`), so no accepted draft
+//!    ends the run.
+//! 2. **Verify pass**: `[last, drafts…]` run as consecutive decode steps in
+//!    one forward pass, batched with the other generations' steps
+//!    (`batcher::SeqHandle::verify`, `samplerd_model::Model::decode_rows`):
+//!    row `j` has the bits the `j`-th one-token step would have given.
+//! 3. **Accept** (`samplerd_sampling::verify`, EXACT: sample-and-match, as
+//!    llama.cpp's `common_sampler_sample_and_accept_n` in
+//!    `common/sampling.cpp` that `examples/speculative-simple` uses): the
+//!    chain runs on row `j` at step `generated + j` and a draft is kept
+//!    while the chain's draw equals it; the first draw that differs (or the
+//!    draw after the last draft) is the next `last`. Every token is the one
+//!    step-by-step decoding samples, whatever the chain (seeded `dist`,
+//!    penalties, DRY, constraints).
+//! 4. **Commit**: each token goes through the same gates as without
+//!    speculation (end of generation, stop strings, `max_tokens`, the
+//!    context) and is streamed as its own `Token`; the run is cut at the
+//!    token where step-by-step decoding stops, and the cache is truncated
+//!    to the positions step-by-step decoding would hold
+//!    (`Session::truncate`), so the prompt cache and `resume` see exactly
+//!    the committed tokens.
+//!
+//! The draft length adapts ([`DraftLength`]): +2 after a round whose
+//! drafts were all accepted, −1 after one with a rejection (between 1 and
+//! the request's `max_draft_tokens`), the schedule of Hugging Face
+//! transformers' assisted generation (`AssistedCandidateGenerator`,
+//! `num_assistant_tokens_schedule = "heuristic"`).
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use samplerd_api::v1;
+use samplerd_model::Session;
+use samplerd_sampling::step::Logits;
+use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
+use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
+
+use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
+use super::{Decoded, GENERATED_TOKENS_METRIC, ModelHost, resume};
+use crate::request::errors::{InvalidKind, RequestError};
+use crate::status::Reason;
+
+/// Counter: draft tokens a speculating Generate's verify passes scored.
+pub const DRAFT_TOKENS_METRIC: &str = "samplerd_generate_draft_tokens_total";
+/// Counter: of those, the drafts accepted.
+pub const ACCEPTED_DRAFT_TOKENS_METRIC: &str = "samplerd_generate_accepted_draft_tokens_total";
+
+pub(super) fn describe() {
+    use metrics::describe_counter;
+    describe_counter!(
+        DRAFT_TOKENS_METRIC,
+        "draft tokens scored by speculating Generate requests"
+    );
+    describe_counter!(
+        ACCEPTED_DRAFT_TOKENS_METRIC,
+        "draft tokens accepted by speculating Generate requests"
+    );
+    // Present from the start (a scrape shows 0, not nothing).
+    metrics::counter!(DRAFT_TOKENS_METRIC).increment(0);
+    metrics::counter!(ACCEPTED_DRAFT_TOKENS_METRIC).increment(0);
+}
+
+/// The longest suffix n-gram prompt lookup tries (then shorter ones down to 1).
+const MAX_NGRAM: usize = 3;
+
+/// Up to `max` tokens that followed the latest earlier occurrence of the
+/// longest suffix of `history` (3 tokens, else 2, else 1) inside it; empty
+/// when none recurs. Cost: O(len × 3) comparisons, ~12k for a 4096-token
+/// context — microseconds against a forward pass of milliseconds.
+pub fn prompt_lookup(history: &[u32], max: usize) -> &[u32] {
+    let len = history.len();
+    if max == 0 {
+        return &[];
+    }
+    for n in (1..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
+        let suffix = &history[len - n..];
+        // A start before `len - n`: something follows the match.
+        if let Some(i) = (0..len - n).rev().find(|&i| history[i..i + n] == *suffix) {
+            return &history[i + n..(i + n + max).min(len)];
+        }
+    }
+    &[]
+}
+
+/// The adaptive draft length (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftLength {
+    k: usize,
+    max: usize,
+}
+
+impl DraftLength {
+    /// Starts at half of `max` (rounded up).
+    pub fn new(max: usize) -> Self {
+        let max = max.max(1);
+        DraftLength {
+            k: max.div_ceil(2),
+            max,
+        }
+    }
+
+    pub fn get(self) -> usize {
+        self.k
+    }
+
+    /// After a round that drafted `drafted` tokens and accepted `accepted`.
+    pub fn update(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.k = if accepted == drafted {
+            (self.k + 2).min(self.max)
+        } else {
+            self.k.saturating_sub(1).max(1)
+        };
+    }
+}
+
+/// A verify round's outcome, as the sampling thread hands it back.
+struct Round {
+    tokens: Vec<samplerd_sampling::step::StepOutput>,
+    /// Whether the last token ends the generation (it was not accepted).
+    ends: bool,
+}
+
+impl ModelHost {
+    /// FAILED_PRECONDITION for `DRAFT_SOURCE_MODEL` (no draft model is
+    /// loaded: `model.draft_path` is not built yet).
+    pub(super) fn check_speculation(&self, spec: &Speculation) -> Result<(), RequestError> {
+        match spec.source {
+            DraftSource::PromptLookup => Ok(()),
+            DraftSource::Model => Err(RequestError::refused(
+                Reason::NoModel,
+                "speculation.source",
+                "DRAFT_SOURCE_MODEL needs a draft model, and this server has none configured: \
+                 use DRAFT_SOURCE_PROMPT_LOOKUP",
+            )),
+        }
+    }
+
+    /// The decode loop with speculation (see the module doc): the same
+    /// tokens, messages and end as [`ModelHost::decode`]; `usage` gets
+    /// the draft counts.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decode_speculative(
+        &self,
+        job: &GenerateJob,
+        (choice, seed): (u32, u64),
+        spec: Speculation,
+        mut seq: Sequence,
+        mut session: Session,
+        forward: &impl Fn(Session, Vec<u32>) -> Result<Session, RequestError>,
+        verify_pass: &impl Fn(Session, Vec<u32>) -> Result<Session, RequestError>,
+        sink: &GenerateSink,
+        decoded: &mut Decoded,
+        usage: &mut v1::Usage,
+    ) -> Result<Option<(v1::FinishReason, Session)>, RequestError> {
+        let req = &job.request;
+        let request_id = job.request_id;
+        let tok = self.model.tokenizer();
+        let mut buf = job.buffers.lease(self.model.n_vocab());
+        let (probs, ignore_eos) = (req.probs, req.ignore_eos);
+        let mut length = DraftLength::new(spec.max_draft_tokens);
+        // The drafts whose rows the session's last pass holds (after the
+        // row of the token before them); none after the prefill.
+        let mut drafts: Vec<u32> = Vec::new();
+        loop {
+            // Positions before the drafts' are committed: the token that
+            // produced row 0, and everything before it.
+            let base = session.position() - drafts.len();
+            if sink.is_closed() {
+                tracing::debug!(
+                    generated = decoded.generated,
+                    "client went away; generation stopped"
+                );
+                session.truncate(base);
+                self.prompt_cache.put(session, &job.memory);
+                return Ok(None);
+            }
+            let t0 = Instant::now();
+            let first_step = u64::from(decoded.generated);
+            let model = Arc::clone(&self.model);
+            let mut moved = (seq, buf, session, std::mem::take(&mut drafts));
+            let (back, out) = job.steps.run_blocking(move || {
+                let _serving = samplerd_sampling::activity::serving(request_id);
+                let (seq, buf, session, drafts) = &mut moved;
+                let rows: Vec<Logits<'_>> = session.logits_rows().map(Logits::Floats).collect();
+                let draft = Draft {
+                    tokens: drafts,
+                    target: &rows,
+                    drafter: &[],
+                };
+                let out = verify::verify(
+                    seq,
+                    buf,
+                    &mut TokenBuffer::new(),
+                    Mode::Exact,
+                    draft,
+                    seed,
+                    first_step,
+                    probs,
+                )
+                .map_err(verify_error)
+                .and_then(|v| {
+                    let last = v.tokens.last().map_or(0, |t| t.token_id);
+                    let ends = !ignore_eos && model.tokenizer().is_eog(last);
+                    if !ends {
+                        seq.accept(last).map_err(RequestError::Plugin)?;
+                    }
+                    Ok(Round {
+                        tokens: v.tokens,
+                        ends,
+                    })
+                });
+                (moved, out)
+            })?;
+            let drafted;
+            (seq, buf, session, drafted) = back;
+            let round = out?;
+            decoded.sampling_ns += t0.elapsed().as_nanos();
+            let accepted = round.tokens.len() - 1;
+            if !drafted.is_empty() {
+                usage.draft_tokens += drafted.len() as u32;
+                metrics::counter!(DRAFT_TOKENS_METRIC).increment(drafted.len() as u64);
+                length.update(drafted.len(), accepted);
+            }
+            for (j, out) in round.tokens.iter().enumerate() {
+                // What step-by-step decoding holds before this token runs.
+                let position = base + j;
+                if j == accepted && round.ends {
+                    session.truncate(position);
+                    return Ok(Some((v1::FinishReason::StopToken, session)));
+                }
+                let token = out.token_id;
+                decoded.generated += 1;
+                metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
+                if j < accepted {
+                    // Counted once committed: drafts after a stop are not.
+                    usage.accepted_draft_tokens += 1;
+                    metrics::counter!(ACCEPTED_DRAFT_TOKENS_METRIC).increment(1);
+                }
+                let step = decoded.filter.push(tok.token_bytes(token));
+                let text = decoded.utf8.push(&step.emit);
+                let mut message = v1::Token {
+                    token_id: token,
+                    text,
+                    logprob: out.logprob,
+                    probs: crate::request::convert::token_probabilities(&out.probs),
+                    probability: out.probability,
+                    choice,
+                    ..Default::default()
+                };
+                if let (Some(r), Some(row)) = (req.return_logits, session.logits_rows().nth(j)) {
+                    // The row this token was sampled from: its step's.
+                    r.attach(row, &mut message);
+                }
+                let event = v1::generate_response::Event::Token(message);
+                if sink
+                    .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
+                    .is_err()
+                {
+                    tracing::debug!(
+                        generated = decoded.generated,
+                        "client went away; generation stopped"
+                    );
+                    session.truncate(position);
+                    self.prompt_cache.put(session, &job.memory);
+                    return Ok(None);
+                }
+                if let Some(reason) = resume::ends_after(
+                    step.stopped,
+                    decoded.generated,
+                    req.max_tokens,
+                    position,
+                    session.capacity(),
+                ) {
+                    session.truncate(position);
+                    return Ok(Some((reason, session)));
+                }
+            }
+            // Keep the token before the drafts and the accepted drafts.
+            let position = base + accepted;
+            session.truncate(position);
+            let last = round.tokens[accepted].token_id;
+            // No more drafts than tokens may still come after `last`, nor
+            // than the cache holds after it.
+            let room = (req.max_tokens - decoded.generated) as usize;
+            let k = length
+                .get()
+                .min(room.saturating_sub(1))
+                .min(session.capacity() - position - 1);
+            let mut history = session.cached_tokens().to_vec();
+            history.push(last);
+            drafts = prompt_lookup(&history, k)
+                .iter()
+                .copied()
+                .take_while(|&t| ignore_eos || !tok.is_eog(t))
+                .collect();
+            let mut tokens = Vec::with_capacity(drafts.len() + 1);
+            tokens.push(last);
+            tokens.extend_from_slice(&drafts);
+            session = if drafts.is_empty() {
+                forward(session, tokens)?
+            } else {
+                verify_pass(session, tokens)?
+            };
+        }
+    }
+}
+
+/// A verify round's error as the step's would be: bad logits are the
+/// model's fault, a chain that masks everything the request's.
+fn verify_error(e: VerifyError) -> RequestError {
+    match e {
+        VerifyError::Logits { source, .. } => {
+            RequestError::Internal(format!("the model produced bad logits: {source}"))
+        }
+        VerifyError::Sample {
+            source: e @ SampleError::AllMasked { .. },
+            ..
+        } => RequestError::invalid_as(InvalidKind::AllMasked, "params", e.to_string()),
+        VerifyError::Sample { source, .. } => RequestError::Plugin(source),
+        other => RequestError::Internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_takes_the_longest_recurring_suffix_and_its_latest_match() {
+        // "a b c d | x b c" → the 2-gram "b c" recurs; "d" followed it.
+        let h = [1, 2, 3, 4, 9, 2, 3];
+        assert_eq!(prompt_lookup(&h, 5), &[4, 9, 2, 3]);
+        assert_eq!(prompt_lookup(&h, 2), &[4, 9]);
+        // The 3-gram wins over a later 1-gram match.
+        let h = [5, 6, 7, 8, 7, 1, 5, 6, 7];
+        assert_eq!(prompt_lookup(&h, 3), &[8, 7, 1]);
+        // The latest of two matches.
+        let h = [7, 1, 7, 2, 7];
+        assert_eq!(prompt_lookup(&h, 4), &[2, 7]);
+        // Nothing recurs, or nothing to draft.
+        assert!(prompt_lookup(&[1, 2, 3], 4).is_empty());
+        assert!(prompt_lookup(&[1, 2, 1], 0).is_empty());
+        assert!(prompt_lookup(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn draft_length_grows_on_full_acceptance_and_shrinks_on_a_rejection() {
+        let mut l = DraftLength::new(8);
+        assert_eq!(l.get(), 4);
+        l.update(4, 4);
+        assert_eq!(l.get(), 6);
+        l.update(6, 6);
+        l.update(8, 8);
+        assert_eq!(l.get(), 8);
+        l.update(8, 3);
+        assert_eq!(l.get(), 7);
+        for _ in 0..10 {
+            l.update(1, 0);
+        }
+        assert_eq!(l.get(), 1);
+        // A round without drafts changes nothing.
+        l.update(0, 0);
+        assert_eq!(l.get(), 1);
+    }
+}

@@ -1,0 +1,425 @@
+//! Generate with speculative decoding (`GenerateRequest.speculation`,
+//! prompt-lookup drafts) against the real default model: the stream is
+//! byte-identical to the same request without speculation — every `Token`
+//! message (id, text, log-probability, probability, `n_probs`
+//! candidates) and the `Finished` (reason, held-back text, usage) — on
+//! input-grounded prompts, greedy and seeded, with stop strings, a JSON
+//! Schema, penalties and DRY, the prompt cache and `resume`; the draft
+//! counts are consistent; bad `speculation` fields are refused.
+//!
+//! The model path comes from `SAMPLERD_MODEL`; without it these tests
+//! print a notice and pass.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
+use samplerd_api::v1;
+use samplerd_api::v1::generate_response::Event;
+use tonic::Code;
+
+fn host_with(cfg: GenerateConfig) -> Option<Arc<ModelHost>> {
+    Some(Arc::new(
+        ModelHost::load(&model_path()?, cfg).expect("model loads"),
+    ))
+}
+
+fn shared_host() -> Option<Arc<ModelHost>> {
+    static HOST: OnceLock<Option<Arc<ModelHost>>> = OnceLock::new();
+    HOST.get_or_init(|| host_with(GenerateConfig::default()))
+        .clone()
+}
+
+macro_rules! require_model {
+    ($host:expr) => {
+        match $host {
+            Some(h) => h,
+            None => {
+                eprintln!("SAMPLERD_MODEL is not set: skipping the real-model Generate test");
+                return;
+            }
+        }
+    };
+}
+
+/// A server with the core stages and the `constraint` plugin.
+async fn server_with(host: Arc<ModelHost>) -> TestServer {
+    let mut c = test_config();
+    c.plugins.files = vec![core_plugin(), constraint_plugin()];
+    start_serving(c, Some(host as Arc<dyn Generator>)).await
+}
+
+/// A whole Generate stream: every Token message and the Finished.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Stream {
+    tokens: Vec<v1::Token>,
+    finished: Option<v1::Finished>,
+}
+
+impl Stream {
+    fn ids(&self) -> Vec<u32> {
+        self.tokens.iter().map(|t| t.token_id).collect()
+    }
+    fn text(&self) -> String {
+        let mut t: String = self.tokens.iter().map(|t| t.text.as_str()).collect();
+        t.push_str(&self.finished.as_ref().unwrap().text);
+        t
+    }
+    fn reason(&self) -> v1::FinishReason {
+        v1::FinishReason::try_from(self.finished.as_ref().unwrap().finish_reason).unwrap()
+    }
+    fn usage(&self) -> v1::Usage {
+        self.finished.as_ref().unwrap().usage.unwrap()
+    }
+    /// The Finished without what may differ between runs (timings, the
+    /// prompt cache's share of the prompt) or with speculation (its draft
+    /// counts).
+    fn comparable(&self) -> v1::Finished {
+        let mut f = self.finished.clone().unwrap();
+        f.timings = None;
+        let u = f.usage.as_mut().unwrap();
+        u.draft_tokens = 0;
+        u.accepted_draft_tokens = 0;
+        u.cached_prompt_tokens = 0;
+        f
+    }
+}
+
+async fn stream(s: &TestServer, req: v1::GenerateRequest) -> Result<Stream, tonic::Status> {
+    let mut client = s.client.clone();
+    tokio::time::timeout(DEADLINE, async move {
+        let mut st = client.generate(req).await?.into_inner();
+        let mut out = Stream::default();
+        while let Some(msg) = st.message().await? {
+            match msg.event.expect("event set") {
+                Event::Token(t) => out.tokens.push(t),
+                Event::Finished(f) => out.finished = Some(f),
+            }
+        }
+        Ok(out)
+    })
+    .await
+    .expect("generate finished within the deadline")
+}
+
+fn speculating(req: &v1::GenerateRequest, max_draft_tokens: u32) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        speculation: Some(v1::Speculation {
+            source: v1::DraftSource::PromptLookup as i32,
+            max_draft_tokens,
+        }),
+        ..req.clone()
+    }
+}
+
+fn chat(q: &str, max_tokens: u32, params: v1::SamplingParams) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        messages: vec![v1::ChatMessage {
+            role: "user".into(),
+            content: q.into(),
+        }],
+        max_tokens: Some(max_tokens),
+        params: Some(params),
+        ..Default::default()
+    }
+}
+
+fn greedy() -> v1::SamplingParams {
+    v1::SamplingParams {
+        temperature: Some(0.0),
+        repeat_penalty: Some(1.0),
+        ..Default::default()
+    }
+}
+
+fn seeded(seed: u64) -> v1::SamplingParams {
+    v1::SamplingParams {
+        seed: Some(seed),
+        ..Default::default()
+    }
+}
+
+const PARAGRAPH: &str = "The lighthouse at Point Reyes was built in 1870 and stands on a rocky \
+    headland three hundred feet above the Pacific Ocean. Its first-order Fresnel lens, made in \
+    France, was lit by an oil lamp until electricity arrived in 1938. Keepers climbed 308 steps \
+    down from the cliff top every evening to wind the clockwork that turned the lens.";
+
+/// Input-grounded prompts (copy, extract, edit), each as it is run.
+fn grounded(params: impl Fn() -> v1::SamplingParams) -> Vec<(&'static str, v1::GenerateRequest)> {
+    vec![
+        (
+            "copy",
+            chat(
+                &format!("Copy this paragraph exactly:\n\n{PARAGRAPH}"),
+                96,
+                params(),
+            ),
+        ),
+        (
+            "extract",
+            chat(
+                &format!(
+                    "{PARAGRAPH}\n\nExtract the year built, the lens type and the number of \
+                     steps as a JSON object with keys year, lens, steps."
+                ),
+                64,
+                params(),
+            ),
+        ),
+        (
+            "edit",
+            chat(
+                &format!("Rewrite this text replacing 'lighthouse' with 'tower':\n\n{PARAGRAPH}"),
+                96,
+                params(),
+            ),
+        ),
+    ]
+}
+
+/// Speculation on and off stream the same bytes: every Token message
+/// (ids, texts, log-probabilities, probabilities, n_probs) and the
+/// Finished; the usage's draft counts are consistent.
+async fn assert_same_with_and_without(
+    s: &TestServer,
+    what: &str,
+    req: &v1::GenerateRequest,
+    max_draft: u32,
+) -> v1::Usage {
+    let off = stream(s, req.clone()).await.unwrap();
+    let on = stream(s, speculating(req, max_draft)).await.unwrap();
+    assert_eq!(
+        on.ids(),
+        off.ids(),
+        "{what}: tokens\n on: {:?}\noff: {:?}",
+        on.text(),
+        off.text()
+    );
+    assert_eq!(on.tokens, off.tokens, "{what}: Token messages");
+    assert_eq!(on.comparable(), off.comparable(), "{what}: Finished");
+    let (u, u_off) = (on.usage(), off.usage());
+    assert_eq!(u.completion_tokens, u_off.completion_tokens, "{what}");
+    assert_eq!(
+        (u_off.draft_tokens, u_off.accepted_draft_tokens),
+        (0, 0),
+        "{what}"
+    );
+    assert!(
+        u.accepted_draft_tokens <= u.draft_tokens,
+        "{what}: {} accepted of {} drafted",
+        u.accepted_draft_tokens,
+        u.draft_tokens
+    );
+    // Every accepted draft is a token that took no forward pass.
+    assert!(
+        u.accepted_draft_tokens < u.completion_tokens.max(1),
+        "{what}: {u:?}"
+    );
+    u
+}
+
+#[tokio::test]
+async fn speculation_streams_the_same_bytes_greedy_and_seeded() {
+    let host = require_model!(shared_host());
+    let s = server_with(host).await;
+    let mut accepted = 0;
+    for (name, req) in grounded(greedy) {
+        let u = assert_same_with_and_without(&s, &format!("greedy {name}"), &req, 0).await;
+        accepted += u.accepted_draft_tokens;
+    }
+    // Copying a paragraph is what prompt lookup is for.
+    assert!(
+        accepted > 20,
+        "{accepted} drafts accepted over the greedy prompts"
+    );
+    for (i, (name, req)) in grounded(|| seeded(11)).into_iter().enumerate() {
+        let max_draft = [3, 8, 16][i];
+        assert_same_with_and_without(&s, &format!("seeded {name}"), &req, max_draft).await;
+    }
+    s.stop().await;
+}
+
+/// The gates cut an accepted run at the token where step-by-step decoding
+/// stops: a stop string from the middle of the greedy copy, max_tokens
+/// inside a run of accepted drafts, and a chain with penalties, DRY and
+/// n_probs candidates; then a JSON Schema.
+#[tokio::test]
+async fn speculation_stops_where_decoding_stops_and_keeps_every_chain() {
+    let host = require_model!(shared_host());
+    let s = server_with(host).await;
+    let (_, copy) = grounded(greedy).remove(0);
+    let full = stream(&s, copy.clone()).await.unwrap();
+    let text = full.text();
+    for (at, len) in [(text.len() / 3, 5), (text.len() * 2 / 3, 3)] {
+        let start = (at..text.len())
+            .find(|&i| text.is_char_boundary(i) && text.is_char_boundary(i + len))
+            .unwrap();
+        let mut stopped = copy.clone();
+        stopped.stop = vec![text[start..start + len].to_string()];
+        let u = assert_same_with_and_without(&s, "stop string", &stopped, 8).await;
+        assert!(u.completion_tokens < full.tokens.len() as u32, "{u:?}");
+    }
+    for max_tokens in [1, 2, 7, 23] {
+        let req = v1::GenerateRequest {
+            max_tokens: Some(max_tokens),
+            ..copy.clone()
+        };
+        let u =
+            assert_same_with_and_without(&s, &format!("max_tokens {max_tokens}"), &req, 16).await;
+        assert_eq!(u.completion_tokens, max_tokens);
+    }
+    let penalised = v1::SamplingParams {
+        seed: Some(5),
+        repeat_penalty: Some(1.3),
+        frequency_penalty: Some(0.2),
+        dry_multiplier: Some(0.8),
+        ..Default::default()
+    };
+    for (name, mut req) in grounded(|| penalised.clone()) {
+        req.n_probs = 5;
+        req.post_sampling_probs = name == "edit";
+        assert_same_with_and_without(&s, &format!("penalties+DRY+n_probs {name}"), &req, 8).await;
+    }
+    let schema = r#"{"type":"object","properties":{"year":{"type":"integer"},"lens":{"type":"string","maxLength":40},"steps":{"type":"integer"}},"required":["year","lens","steps"],"additionalProperties":false}"#;
+    let (_, mut extract) = grounded(|| v1::SamplingParams {
+        seed: Some(3),
+        constraint: Some(v1::Constraint {
+            kind: Some(v1::constraint::Kind::JsonSchema(schema.into())),
+        }),
+        ..Default::default()
+    })
+    .remove(1);
+    extract.max_tokens = Some(128);
+    assert_same_with_and_without(&s, "json schema", &extract, 8).await;
+    s.stop().await;
+}
+
+/// The prompt cache holds exactly the committed positions: a second
+/// request sharing the first's prefix, with speculation and a cache,
+/// streams what a server with neither streams; and a speculating run
+/// resumed after k tokens streams the rest of the uninterrupted run.
+#[tokio::test]
+async fn speculation_keeps_the_prompt_cache_and_resume_exact() {
+    let cached = require_model!(host_with(GenerateConfig::default()));
+    let uncached = require_model!(host_with(GenerateConfig {
+        prompt_cache_entries: 0,
+        ..GenerateConfig::default()
+    }));
+    let (a, b) = (server_with(cached).await, server_with(uncached).await);
+    let (_, copy) = grounded(greedy).remove(0);
+    let first = stream(&a, speculating(&copy, 8)).await.unwrap();
+    let next_turn = v1::GenerateRequest {
+        messages: vec![
+            copy.messages[0].clone(),
+            v1::ChatMessage {
+                role: "assistant".into(),
+                content: first.text(),
+            },
+            v1::ChatMessage {
+                role: "user".into(),
+                content: "Now copy its first sentence again.".into(),
+            },
+        ],
+        ..copy.clone()
+    };
+    for round in 0..2 {
+        let with = stream(&a, speculating(&next_turn, 8)).await.unwrap();
+        let without = stream(&b, next_turn.clone()).await.unwrap();
+        assert_eq!(with.tokens, without.tokens, "round {round}");
+        let u = with.usage();
+        assert!(u.cached_prompt_tokens > 0, "round {round}: {u:?}");
+        assert_eq!(with.comparable(), without.comparable(), "round {round}");
+    }
+    let full = stream(&a, speculating(&copy, 8)).await.unwrap();
+    let n = full.tokens.len();
+    for k in [1, 5, n / 2, n - 1] {
+        let resumed = v1::GenerateRequest {
+            resume: Some(v1::GenerateResume {
+                token_ids: full.ids()[..k].to_vec(),
+            }),
+            ..speculating(&copy, 8)
+        };
+        for (server, s) in [("cached", &a), ("uncached", &b)] {
+            let out = stream(s, resumed.clone()).await.unwrap();
+            let why = format!("{server}, resumed after {k} tokens");
+            assert_eq!(out.tokens, full.tokens[k..], "{why}");
+            let mut f = out.comparable();
+            assert_eq!(f.usage.as_ref().unwrap().resumed_tokens, k as u32, "{why}");
+            f.usage.as_mut().unwrap().resumed_tokens = 0;
+            assert_eq!(f, full.comparable(), "{why}");
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn bad_speculation_is_refused_naming_the_field() {
+    let host = require_model!(shared_host());
+    let s = server_with(host).await;
+    let base = chat("Hi", 4, greedy());
+    let with = |source: i32, max_draft_tokens: u32| v1::GenerateRequest {
+        speculation: Some(v1::Speculation {
+            source,
+            max_draft_tokens,
+        }),
+        ..base.clone()
+    };
+    let cases = [
+        (
+            with(v1::DraftSource::Model as i32, 0),
+            Code::FailedPrecondition,
+            "speculation.source: DRAFT_SOURCE_MODEL needs a draft model",
+        ),
+        (
+            with(v1::DraftSource::PromptLookup as i32, 17),
+            Code::InvalidArgument,
+            "speculation.max_draft_tokens: 17 exceeds the limit of 16 (limits.max_draft_tokens)",
+        ),
+        (
+            with(9, 0),
+            Code::InvalidArgument,
+            "speculation.source: unknown DraftSource 9",
+        ),
+    ];
+    for (req, code, want) in cases {
+        let e = stream(&s, req).await.unwrap_err();
+        assert_eq!(e.code(), code, "{}", e.message());
+        assert!(
+            e.message().contains(want),
+            "{:?} lacks {want:?}",
+            e.message()
+        );
+    }
+    // Unspecified is off, and the limit itself is allowed.
+    for req in [with(0, 0), with(v1::DraftSource::PromptLookup as i32, 16)] {
+        let out = stream(&s, req).await.unwrap();
+        assert_eq!(out.tokens.len(), 4);
+    }
+    s.stop().await;
+}
+
+/// The context's end cuts a speculating run at the token where
+/// step-by-step decoding meets it (drafts never run past the cache).
+#[tokio::test]
+async fn speculation_ends_at_the_context_end_like_decoding() {
+    let host = require_model!(host_with(GenerateConfig {
+        n_ctx: 150,
+        ..GenerateConfig::default()
+    }));
+    let s = server_with(host).await;
+    for (name, req) in grounded(greedy) {
+        let off = stream(&s, req.clone()).await.unwrap();
+        let prompt = off.usage().prompt_tokens;
+        if prompt >= 140 {
+            continue;
+        }
+        assert_eq!(off.reason(), v1::FinishReason::ContextFull, "{name}");
+        assert_eq!(off.usage().completion_tokens + prompt, 151, "{name}");
+        assert_same_with_and_without(&s, &format!("context end, {name}"), &req, 16).await;
+    }
+    s.stop().await;
+}
