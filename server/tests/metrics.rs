@@ -217,7 +217,7 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
                     source: samplerd_api::v1::DraftSource::PromptLookup as i32,
                     max_draft_tokens: 4,
                 }),
-                ..exact_generate("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", 12)
+                ..exact_generate("a b c d e a b c d e a b c d e a b c d e a b", 12)
             })
             .await
             .expect("generate")

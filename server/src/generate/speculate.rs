@@ -4,7 +4,7 @@
 //!
 //! Each round, with `last` the token sampled last (not yet in the cache):
 //! 1. **Draft** ([`prompt_lookup`]): up to `k` tokens that followed the
-//!    latest earlier occurrence of the text's last 3 (then 2, then 1)
+//!    latest earlier occurrence of the text's last 3 (then 2)
 //!    tokens, in the prompt and the tokens generated so far — prompt-lookup
 //!    decoding (Saxena 2023; llama.cpp's `common/ngram-cache.cpp` keeps
 //!    n-gram statistics for the same purpose). Drafts stop before an
@@ -72,19 +72,28 @@ pub(super) fn describe() {
     metrics::counter!(ACCEPTED_DRAFT_TOKENS_METRIC).increment(0);
 }
 
-/// The longest suffix n-gram prompt lookup tries (then shorter ones down to 1).
+/// The longest suffix n-gram prompt lookup tries (then shorter ones down
+/// to [`MIN_NGRAM`]).
 const MAX_NGRAM: usize = 3;
+/// The shortest: a lone recurring token predicts its successor too rarely
+/// to pay for the rows (see `prompt_lookup`).
+const MIN_NGRAM: usize = 2;
 
 /// Up to `max` tokens that followed the latest earlier occurrence of the
-/// longest suffix of `history` (3 tokens, else 2, else 1) inside it; empty
-/// when none recurs. Cost: O(len × 3) comparisons, ~12k for a 4096-token
+/// longest suffix of `history` (3 tokens, else 2) inside it; empty when
+/// none recurs. Cost: O(len × 2) comparisons, ~8k for a 4096-token
 /// context — microseconds against a forward pass of milliseconds.
+///
+/// Not 1-token suffixes: on the benchmark's input-grounded prompts they
+/// raised the drafts 60 % and cut the acceptance from 48 % to 33 %, and a
+/// rejected draft costs a quarter of a decode step or more (the verify
+/// pass's rows are not free on a CPU, docs/PERFORMANCE.md).
 pub fn prompt_lookup(history: &[u32], max: usize) -> &[u32] {
     let len = history.len();
     if max == 0 {
         return &[];
     }
-    for n in (1..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
+    for n in (MIN_NGRAM..=MAX_NGRAM.min(len.saturating_sub(1))).rev() {
         let suffix = &history[len - n..];
         // A start before `len - n`: something follows the match.
         if let Some(i) = (0..len - n).rev().find(|&i| history[i..i + n] == *suffix) {
@@ -350,10 +359,11 @@ mod tests {
         let h = [5, 6, 7, 8, 7, 1, 5, 6, 7];
         assert_eq!(prompt_lookup(&h, 3), &[8, 7, 1]);
         // The latest of two matches.
-        let h = [7, 1, 7, 2, 7];
-        assert_eq!(prompt_lookup(&h, 4), &[2, 7]);
-        // Nothing recurs, or nothing to draft.
+        let h = [7, 8, 1, 7, 8, 2, 7, 8];
+        assert_eq!(prompt_lookup(&h, 4), &[2, 7, 8]);
+        // Nothing recurs, only one token does, or nothing to draft.
         assert!(prompt_lookup(&[1, 2, 3], 4).is_empty());
+        assert!(prompt_lookup(&[1, 2, 3, 1], 4).is_empty());
         assert!(prompt_lookup(&[1, 2, 1], 0).is_empty());
         assert!(prompt_lookup(&[], 4).is_empty());
     }
