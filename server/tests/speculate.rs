@@ -244,8 +244,9 @@ async fn speculation_streams_the_same_bytes_greedy_and_seeded() {
 
 /// The gates cut an accepted run at the token where step-by-step decoding
 /// stops: a stop string from the middle of the greedy copy, max_tokens
-/// inside a run of accepted drafts, and a chain with penalties, DRY and
-/// n_probs candidates; then a JSON Schema.
+/// inside a run of accepted drafts, and a chain with penalties, DRY,
+/// n_probs candidates and return_logits (full and top-n rows); then a
+/// JSON Schema.
 #[tokio::test]
 async fn speculation_stops_where_decoding_stops_and_keeps_every_chain() {
     let host = require_model!(shared_host());
@@ -281,6 +282,11 @@ async fn speculation_stops_where_decoding_stops_and_keeps_every_chain() {
     for (name, mut req) in grounded(|| penalised.clone()) {
         req.n_probs = 5;
         req.post_sampling_probs = name == "edit";
+        // Each Token's raw logits are the row it was sampled from.
+        req.return_logits = Some(v1::ReturnLogits {
+            top_n: if name == "copy" { 0 } else { 8 },
+            ..Default::default()
+        });
         assert_same_with_and_without(&s, &format!("penalties+DRY+n_probs {name}"), &req, 8).await;
     }
     let schema = r#"{"type":"object","properties":{"year":{"type":"integer"},"lens":{"type":"string","maxLength":40},"steps":{"type":"integer"}},"required":["year","lens","steps"],"additionalProperties":false}"#;
@@ -288,6 +294,7 @@ async fn speculation_stops_where_decoding_stops_and_keeps_every_chain() {
         seed: Some(3),
         constraint: Some(v1::Constraint {
             kind: Some(v1::constraint::Kind::JsonSchema(schema.into())),
+            ..Default::default()
         }),
         ..Default::default()
     })

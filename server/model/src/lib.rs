@@ -416,6 +416,7 @@ impl Session {
             backend: Arc::clone(&self.backend),
             state: state?,
             logits: self.logits.clone(),
+            n_vocab: self.n_vocab,
             cached: self.cached.clone(),
         }))
     }
