@@ -326,6 +326,16 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Generate at least this many tokens before an end token or a stop
+    /// string may end the generation.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub min_tokens: u32,
+    /// A token id that ends the generation like end-of-sequence; repeatable.
+    #[arg(long = "stop-token-id", value_name = "ID")]
+    pub stop_token_ids: Vec<u32>,
+    /// A word the generation must not contain; repeatable.
+    #[arg(long = "bad-word", value_name = "TEXT")]
+    pub bad_words: Vec<String>,
     /// Return this many top candidates with each token (shown with --json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub n_probs: u32,

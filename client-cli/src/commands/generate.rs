@@ -46,6 +46,9 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         ignore_eos: args.ignore_eos,
         n_probs: args.n_probs,
         post_sampling_probs: args.post_sampling_probs,
+        min_tokens: args.min_tokens,
+        stop_token_ids: args.stop_token_ids.clone(),
+        bad_words: args.bad_words.clone(),
         n: args.choices,
         ..Default::default()
     }
@@ -212,6 +215,9 @@ mod tests {
             max_tokens: Some(16),
             stop: vec!["\n".into()],
             ignore_eos: false,
+            min_tokens: 0,
+            stop_token_ids: vec![],
+            bad_words: vec![],
             n_probs: 0,
             post_sampling_probs: false,
             json: false,

@@ -11,6 +11,7 @@ pub mod min_p;
 pub mod mirostat;
 pub mod penalties;
 pub mod temperature;
+pub mod token_controls;
 pub mod top_k;
 pub mod top_n_sigma;
 pub mod top_p;
@@ -37,5 +38,6 @@ samplerd_plugin_sdk::export_plugin!(
         coupled::Coupled,
         mirostat::Mirostat,
         mirostat::MirostatV2,
+        token_controls::TokenControls,
     ]
 );

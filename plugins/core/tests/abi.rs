@@ -93,6 +93,11 @@ fn descriptor_lists_the_contracted_stages_and_params() {
             &["tau", "eta"],
             SD_STAGE_DENSE_OK | SD_STAGE_SELECTS,
         ),
+        (
+            "token_controls",
+            &["min_tokens", "end_tokens", "bad_words"],
+            SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY,
+        ),
     ];
     let got = stages();
     assert_eq!(got.len(), want.len());
