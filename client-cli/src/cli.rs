@@ -182,6 +182,9 @@ pub struct SamplingArgs {
     /// Tokens of history the penalties look at; 0 disables, -1 = all [default: 64].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub repeat_last_n: Option<i32>,
+    /// A token id the penalties never penalise; repeatable.
+    #[arg(long = "penalty-exclude-token", value_name = "ID")]
+    pub penalty_exclude_tokens: Vec<u32>,
     /// Frequency penalty; 0 disables [default: 0.0].
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
@@ -336,6 +339,10 @@ pub struct GenerateArgs {
     /// A word the generation must not contain; repeatable.
     #[arg(long = "bad-word", value_name = "TEXT")]
     pub bad_words: Vec<String>,
+    /// Leave the prompt out of the penalties' window (only generated
+    /// tokens are penalised).
+    #[arg(long)]
+    pub no_penalize_prompt: bool,
     /// Return this many top candidates with each token (shown with --json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub n_probs: u32,

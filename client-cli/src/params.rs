@@ -20,6 +20,7 @@ pub fn sampling_params(a: &SamplingArgs) -> SamplingParams {
         frequency_penalty: a.frequency_penalty,
         presence_penalty: a.presence_penalty,
         repeat_last_n: a.repeat_last_n,
+        penalty_exclude_tokens: a.penalty_exclude_tokens.clone(),
         seed: a.seed,
         logit_bias: a.logit_bias.iter().copied().collect(),
         chain: Vec::new(),

@@ -252,3 +252,55 @@ async fn bad_controls_are_refused_naming_the_field() {
     }
     s.stop().await;
 }
+
+fn penalised(rp: f32) -> v1::GenerateRequest {
+    let mut r = greedy_chat(16);
+    let p = r.params.as_mut().unwrap();
+    p.repeat_penalty = Some(rp);
+    p.repeat_last_n = Some(-1);
+    r
+}
+
+/// `penalize_prompt` unset is today's behaviour (the prompt is history);
+/// false starts the window empty: the first token is then the unpenalised
+/// one, and the run differs from the prompt-penalised one.
+#[tokio::test]
+async fn penalize_prompt_false_leaves_the_prompt_out_of_the_window() {
+    let host = require_model!();
+    let s = server(host).await;
+    let plain = answer(&s).await;
+    let default = generate(&s, penalised(3.0)).await.unwrap();
+    let mut with = penalised(3.0);
+    with.penalize_prompt = Some(true);
+    assert_eq!(generate(&s, with).await.unwrap().tokens, default.tokens);
+    let mut without = penalised(3.0);
+    without.penalize_prompt = Some(false);
+    let without = generate(&s, without).await.unwrap();
+    assert_eq!(without.tokens[0], plain.tokens[0]);
+    assert_ne!(without.tokens, default.tokens);
+    s.stop().await;
+}
+
+/// Excluding every id makes the penalties a no-op: the unpenalised answer.
+#[tokio::test]
+async fn penalty_exclude_tokens_spares_them() {
+    let host = require_model!();
+    let n_vocab = host.model().n_vocab() as u32;
+    let s = server(host).await;
+    let plain = answer(&s).await;
+    let penalised_run = generate(&s, penalised(3.0)).await.unwrap();
+    assert_ne!(penalised_run.tokens, plain.tokens);
+    let mut spared = penalised(3.0);
+    spared.params.as_mut().unwrap().penalty_exclude_tokens = (0..n_vocab).collect();
+    let out = generate(&s, spared).await.unwrap();
+    assert_eq!(out.tokens, plain.tokens);
+    let mut bad = penalised(3.0);
+    bad.params.as_mut().unwrap().penalty_exclude_tokens = vec![5, n_vocab];
+    let err = generate(&s, bad).await.expect_err("outside the vocabulary");
+    assert_status(
+        &err,
+        Code::InvalidArgument,
+        &["params.penalty_exclude_tokens", "outside the vocabulary"],
+    );
+    s.stop().await;
+}

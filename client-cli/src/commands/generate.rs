@@ -49,6 +49,7 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         min_tokens: args.min_tokens,
         stop_token_ids: args.stop_token_ids.clone(),
         bad_words: args.bad_words.clone(),
+        penalize_prompt: args.no_penalize_prompt.then_some(false),
         n: args.choices,
         ..Default::default()
     }
@@ -218,6 +219,7 @@ mod tests {
             min_tokens: 0,
             stop_token_ids: vec![],
             bad_words: vec![],
+            no_penalize_prompt: false,
             n_probs: 0,
             post_sampling_probs: false,
             json: false,

@@ -51,6 +51,7 @@ fn descriptor_lists_the_contracted_stages_and_params() {
                 "repeat_penalty",
                 "frequency_penalty",
                 "presence_penalty",
+                "exclude_tokens",
             ],
             SD_STAGE_DENSE_OK,
         ),

@@ -40,6 +40,7 @@ pub const TYPED_FIELDS: &[TypedField] = &[
     typed("repeat_penalty", "penalties", "repeat_penalty"),
     typed("frequency_penalty", "penalties", "frequency_penalty"),
     typed("presence_penalty", "penalties", "presence_penalty"),
+    typed("penalty_exclude_tokens", "penalties", "exclude_tokens"),
     typed("dry_multiplier", "dry", "multiplier"),
     typed("dry_base", "dry", "base"),
     typed("dry_allowed_length", "dry", "allowed_length"),
@@ -236,6 +237,10 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
     pub repeat_last_n: i32,
+    /// Token ids the penalties never penalise (they still count in the
+    /// window); empty = none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub penalty_exclude_tokens: Vec<u32>,
     pub top_n_sigma: f32,
     pub xtc_probability: f32,
     pub xtc_threshold: f32,
@@ -273,6 +278,7 @@ impl Default for SamplingParams {
             frequency_penalty: defaults::FREQUENCY_PENALTY as f32,
             presence_penalty: defaults::PRESENCE_PENALTY as f32,
             repeat_last_n: defaults::REPEAT_LAST_N,
+            penalty_exclude_tokens: Vec::new(),
             top_n_sigma: defaults::TOP_N_SIGMA as f32,
             xtc_probability: defaults::XTC_PROBABILITY as f32,
             xtc_threshold: defaults::XTC_THRESHOLD as f32,
@@ -339,18 +345,25 @@ impl SamplingParams {
                 StageSpec::new("logit_bias")
                     .with("bias", ParamValue::TokenMap(self.logit_bias.clone())),
             ),
-            "penalties" => plan(
-                self.penalties_active(),
-                self.repeat_penalty == 1.0
-                    && self.frequency_penalty == 0.0
-                    && self.presence_penalty == 0.0
-                    && self.repeat_last_n == SamplingParams::default().repeat_last_n,
-                StageSpec::new("penalties")
+            "penalties" => {
+                let mut spec = StageSpec::new("penalties")
                     .number("repeat_last_n", self.repeat_last_n as f64)
                     .number("repeat_penalty", n(self.repeat_penalty))
                     .number("frequency_penalty", n(self.frequency_penalty))
-                    .number("presence_penalty", n(self.presence_penalty)),
-            ),
+                    .number("presence_penalty", n(self.presence_penalty));
+                if !self.penalty_exclude_tokens.is_empty() {
+                    let ids = self.penalty_exclude_tokens.iter().map(u32::to_string);
+                    spec = spec.with("exclude_tokens", ParamValue::StringList(ids.collect()));
+                }
+                plan(
+                    self.penalties_active(),
+                    self.repeat_penalty == 1.0
+                        && self.frequency_penalty == 0.0
+                        && self.presence_penalty == 0.0
+                        && self.repeat_last_n == SamplingParams::default().repeat_last_n,
+                    spec,
+                )
+            }
             "dry" => {
                 let d = SamplingParams::default();
                 plan(

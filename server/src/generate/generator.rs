@@ -29,6 +29,9 @@ pub struct ValidGenerate {
     pub ignore_eos: bool,
     /// Each step's raw logits to return with its token, and how.
     pub return_logits: Option<crate::generate::returned_logits::ReturnLogits>,
+    /// `penalize_prompt` (default true): the prompt's tail is the
+    /// history of the penalties' and DRY's windows.
+    pub penalize_prompt: bool,
     /// `min_tokens`: stop strings are not looked for in the first this
     /// many tokens (the chain's `token_controls` stage masks the end
     /// tokens until then).

@@ -538,13 +538,16 @@ impl ModelHost {
     /// A fresh sequence of the request's chain. Every call into the chain's
     /// plugins runs on the sampling pool, under its watchdog. The penalty
     /// window starts with the prompt's tail (the stage keeps only its last
-    /// repeat_last_n ids), then takes the tokens of a resumed run as its
-    /// decode loop did.
+    /// repeat_last_n ids; none with `penalize_prompt = false`), then takes
+    /// the tokens of a resumed run as its decode loop did.
     fn open_sequence(&self, job: &GenerateJob, prompt: &[u32]) -> Result<Sequence, RequestError> {
         let req = &job.request;
         let request_id = job.request_id;
         let chain = req.chain.clone();
-        let window: Vec<u32> = step::in_vocab(prompt, self.model.n_vocab()).collect();
+        // `penalize_prompt = false`: the windows start empty, with the
+        // generation.
+        let history = if req.penalize_prompt { prompt } else { &[] };
+        let window: Vec<u32> = step::in_vocab(history, self.model.n_vocab()).collect();
         let (model, replay, end) = (Arc::clone(&self.model), req.resume.clone(), req.end_rule());
         job.steps.run_blocking(move || {
             let _serving = samplerd_sampling::activity::serving(request_id);

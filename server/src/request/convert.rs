@@ -287,6 +287,13 @@ pub fn typed_params(
         out.dry_sequence_breakers = p.dry_sequence_breakers.clone();
         set = true;
     }
+    if !p.penalty_exclude_tokens.is_empty() {
+        let mut ids = p.penalty_exclude_tokens.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        out.penalty_exclude_tokens = ids;
+        set = true;
+    }
     if !p.logit_bias.is_empty() {
         let mut bias: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&k, &v)| (k, v)).collect();
         bias.sort_by_key(|&(k, _)| k);

@@ -327,6 +327,7 @@ pub fn generate(
         max_tokens,
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
+        penalize_prompt: req.penalize_prompt.unwrap_or(true),
         min_tokens: controls.min_tokens,
         stop_token_ids: controls.stop_token_ids,
         resume,
@@ -549,6 +550,11 @@ pub fn sampling(
         "params.logit_bias",
         p.logit_bias.keys().copied(),
         p.logit_bias.len(),
+    )?;
+    map_limit.check(
+        "params.penalty_exclude_tokens",
+        p.penalty_exclude_tokens.iter().copied(),
+        p.penalty_exclude_tokens.len(),
     )?;
     for (i, stage) in p.chain.iter().enumerate() {
         for (k, v) in &stage.params {
