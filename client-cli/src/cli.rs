@@ -200,6 +200,13 @@ pub struct SamplingArgs {
     /// XTC threshold [default: 0.1].
     #[arg(long, value_name = "P")]
     pub xtc_threshold: Option<f32>,
+    /// adaptive-p target probability in [0, 1] (replaces the final draw);
+    /// negative disables [default: -1].
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub adaptive_target: Option<f32>,
+    /// adaptive-p decay, clamped to [0, 0.99] [default: 0.9].
+    #[arg(long, value_name = "X")]
+    pub adaptive_decay: Option<f32>,
     /// DRY multiplier; 0 disables [default: 0.0].
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub dry_multiplier: Option<f32>,

@@ -27,6 +27,8 @@ pub fn sampling_params(a: &SamplingArgs) -> SamplingParams {
         top_n_sigma: a.top_n_sigma,
         xtc_probability: a.xtc_probability,
         xtc_threshold: a.xtc_threshold,
+        adaptive_target: a.adaptive_target,
+        adaptive_decay: a.adaptive_decay,
         dry_multiplier: a.dry_multiplier,
         dry_base: a.dry_base,
         dry_allowed_length: a.dry_allowed_length,

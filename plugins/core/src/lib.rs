@@ -2,6 +2,7 @@
 //! library. Semantics follow llama.cpp's samplers; see `docs/SAMPLING.md`
 //! for each stage's parameters, complexity and the documented differences.
 
+pub mod adaptive_p;
 pub mod coupled;
 pub mod dist;
 pub mod dry;
@@ -39,5 +40,6 @@ samplerd_plugin_sdk::export_plugin!(
         mirostat::Mirostat,
         mirostat::MirostatV2,
         token_controls::TokenControls,
+        adaptive_p::AdaptiveP,
     ]
 );

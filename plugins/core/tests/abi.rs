@@ -99,6 +99,11 @@ fn descriptor_lists_the_contracted_stages_and_params() {
             &["min_tokens", "end_tokens", "bad_words"],
             SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY,
         ),
+        (
+            "adaptive_p",
+            &["target", "decay"],
+            SD_STAGE_DENSE_OK | SD_STAGE_SELECTS,
+        ),
     ];
     let got = stages();
     assert_eq!(got.len(), want.len());

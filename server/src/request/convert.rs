@@ -276,6 +276,8 @@ pub fn typed_params(
         top_n_sigma,
         xtc_probability,
         xtc_threshold,
+        adaptive_target,
+        adaptive_decay,
         dry_multiplier,
         dry_base,
         dry_allowed_length,
