@@ -350,6 +350,13 @@ pub struct GenerateArgs {
     /// tokens are penalised).
     #[arg(long)]
     pub no_penalize_prompt: bool,
+    /// Most tokens inside a thinking model's reasoning block before its
+    /// close is forced.
+    #[arg(long, value_name = "N")]
+    pub reasoning_budget: Option<u32>,
+    /// Text forced before the close when the reasoning budget is spent.
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    pub reasoning_budget_message: String,
     /// Return this many top candidates with each token (shown with --json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub n_probs: u32,

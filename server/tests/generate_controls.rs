@@ -304,3 +304,62 @@ async fn penalty_exclude_tokens_spares_them() {
     );
     s.stop().await;
 }
+
+/// A reasoning budget with plain-text markers from the configuration
+/// (SmolLM2 has no `<think>` token): "The" opens, "." closes. With a budget
+/// of 2 the answer's third token after "The" is the message, then ".";
+/// a budget the answer stays inside changes nothing; a resume replays the
+/// forcing.
+#[tokio::test]
+async fn reasoning_budget_forces_the_message_and_close() {
+    let host = require_model!();
+    let tok = host.model().tokenizer();
+    let mut config = test_config();
+    config.generate.reasoning_markers = vec!["The".into(), ".".into()];
+    let s = start_serving(config, Some(host.clone() as Arc<dyn Generator>)).await;
+    let plain = answer(&s).await;
+    assert_eq!(plain.texts[0], "The", "{plain:?}");
+    let mut req = greedy_chat(16);
+    req.reasoning_budget = Some(2);
+    req.reasoning_budget_message = " Enough".into();
+    let out = generate(&s, req.clone()).await.unwrap();
+    let mut want = plain.tokens[..3].to_vec();
+    want.extend(tok.encode(" Enough", false, false).unwrap());
+    want.extend(tok.encode(".", false, true).unwrap());
+    assert_eq!(out.tokens[..want.len()], want[..], "{:?}", out.text());
+    let k = want.len() - 1;
+    let mut r = req.clone();
+    r.resume = Some(v1::GenerateResume {
+        token_ids: out.tokens[..k].to_vec(),
+    });
+    assert_eq!(generate(&s, r).await.unwrap().tokens, out.tokens[k..]);
+    let mut roomy = greedy_chat(64);
+    roomy.reasoning_budget = Some(20);
+    assert_eq!(generate(&s, roomy).await.unwrap().tokens, plain.tokens);
+    s.stop().await;
+}
+
+/// Without markers (no `<think>` token, none configured) a budget is
+/// refused naming it; a message without a budget names the message.
+#[tokio::test]
+async fn reasoning_budget_needs_markers() {
+    let host = require_model!();
+    let s = server(host).await;
+    let mut req = greedy_chat(8);
+    req.reasoning_budget = Some(4);
+    let err = generate(&s, req).await.expect_err("no markers");
+    assert_status(
+        &err,
+        Code::InvalidArgument,
+        &["reasoning_budget", "no reasoning markers"],
+    );
+    let mut req = greedy_chat(8);
+    req.reasoning_budget_message = "stop".into();
+    let err = generate(&s, req).await.expect_err("no budget");
+    assert_status(
+        &err,
+        Code::InvalidArgument,
+        &["reasoning_budget_message", "without reasoning_budget"],
+    );
+    s.stop().await;
+}

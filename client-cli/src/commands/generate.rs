@@ -50,6 +50,8 @@ fn request(args: &GenerateArgs) -> GenerateRequest {
         stop_token_ids: args.stop_token_ids.clone(),
         bad_words: args.bad_words.clone(),
         penalize_prompt: args.no_penalize_prompt.then_some(false),
+        reasoning_budget: args.reasoning_budget,
+        reasoning_budget_message: args.reasoning_budget_message.clone(),
         n: args.choices,
         ..Default::default()
     }
@@ -220,6 +222,8 @@ mod tests {
             stop_token_ids: vec![],
             bad_words: vec![],
             no_penalize_prompt: false,
+            reasoning_budget: None,
+            reasoning_budget_message: String::new(),
             n_probs: 0,
             post_sampling_probs: false,
             json: false,

@@ -11,6 +11,7 @@ pub mod logit_bias;
 pub mod min_p;
 pub mod mirostat;
 pub mod penalties;
+pub mod reasoning_budget;
 pub mod temperature;
 pub mod token_controls;
 pub mod top_k;
@@ -41,5 +42,6 @@ samplerd_plugin_sdk::export_plugin!(
         mirostat::MirostatV2,
         token_controls::TokenControls,
         adaptive_p::AdaptiveP,
+        reasoning_budget::ReasoningBudget,
     ]
 );

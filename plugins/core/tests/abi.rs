@@ -104,6 +104,11 @@ fn descriptor_lists_the_contracted_stages_and_params() {
             &["target", "decay"],
             SD_STAGE_DENSE_OK | SD_STAGE_SELECTS,
         ),
+        (
+            "reasoning_budget",
+            &["open", "close", "budget", "message"],
+            SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY,
+        ),
     ];
     let got = stages();
     assert_eq!(got.len(), want.len());

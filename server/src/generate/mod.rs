@@ -51,6 +51,12 @@ pub struct GenerateConfig {
     pub max_bad_words: usize,
     /// Longest bad word, in bytes (it bounds the tokens masked per step).
     pub max_bad_word_bytes: usize,
+    /// A thinking model's reasoning markers, `[open, close]` (text, special
+    /// tokens parsed), for `reasoning_budget` when the vocabulary has no
+    /// `<think>` / `</think>` tokens. Empty: those tokens only.
+    pub reasoning_markers: Vec<String>,
+    /// Longest `reasoning_budget_message`, in bytes.
+    pub max_reasoning_message_bytes: usize,
     /// Generations running at once; more wait in the queue.
     pub max_concurrent_generations: usize,
     /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
@@ -95,6 +101,8 @@ impl Default for GenerateConfig {
             max_stop_token_ids: 64,
             max_bad_words: 128,
             max_bad_word_bytes: 256,
+            reasoning_markers: Vec::new(),
+            max_reasoning_message_bytes: 1024,
             max_concurrent_generations: 4,
             max_queued_generations: 64,
             max_prompt_tokens: 4096,

@@ -26,16 +26,18 @@ pub struct Controls {
     pub min_tokens: u32,
     /// `stop_token_ids`, inside the vocabulary.
     pub stop_token_ids: Vec<u32>,
-    /// The `token_controls` stage, when anything must be masked.
-    pub stage: Option<StageSpec>,
+    /// The stages that enforce them (`token_controls`, `reasoning_budget`),
+    /// empty when nothing must be masked.
+    pub stages: Vec<StageSpec>,
 }
 
 impl Controls {
     /// `chain` with the controls' stage first (unchanged without one).
     pub fn prepend_to(&self, chain: &ChainSpec) -> Option<ChainSpec> {
-        let stage = self.stage.clone()?;
-        let mut stages = Vec::with_capacity(chain.stages.len() + 1);
-        stages.push(stage);
+        if self.stages.is_empty() {
+            return None;
+        }
+        let mut stages = self.stages.clone();
         stages.extend(chain.stages.iter().cloned());
         Some(ChainSpec { stages })
     }
@@ -97,14 +99,96 @@ pub fn controls(
             ),
         );
     }
+    let mut stages = Vec::new();
+    if !params.is_empty() {
+        stages.push(StageSpec {
+            name: STAGE.to_string(),
+            params,
+        });
+    }
+    stages.extend(reasoning(cfg, req, vocab, tokenizer)?);
     Ok(Controls {
         min_tokens: req.min_tokens,
         stop_token_ids,
-        stage: (!params.is_empty()).then(|| StageSpec {
-            name: STAGE.to_string(),
-            params,
-        }),
+        stages,
     })
+}
+
+/// The `reasoning_budget` stage of `reasoning_budget` /
+/// `reasoning_budget_message`, with the model's markers: the vocabulary's
+/// `<think>` and `</think>` tokens, else `generate.reasoning_markers`.
+fn reasoning(
+    cfg: &GenerateConfig,
+    req: &v1::GenerateRequest,
+    vocab: Option<&Vocabulary>,
+    tokenizer: Option<&dyn TextCodec>,
+) -> Result<Option<StageSpec>, RequestError> {
+    let Some(budget) = req.reasoning_budget else {
+        if !req.reasoning_budget_message.is_empty() {
+            return Err(RequestError::invalid(
+                "reasoning_budget_message",
+                "is set without reasoning_budget: set the budget it is forced at",
+            ));
+        }
+        return Ok(None);
+    };
+    let message = &req.reasoning_budget_message;
+    if message.len() > cfg.max_reasoning_message_bytes {
+        return Err(RequestError::limit(
+            "reasoning_budget_message",
+            "generate.max_reasoning_message_bytes",
+            format!(
+                "is {} bytes, longer than the limit of {} (generate.max_reasoning_message_bytes)",
+                message.len(),
+                cfg.max_reasoning_message_bytes
+            ),
+        ));
+    }
+    let no_markers = || {
+        RequestError::invalid(
+            "reasoning_budget",
+            format!(
+                "is {budget}, but the model has no reasoning markers: its vocabulary has no \
+                 <think> / </think> tokens and generate.reasoning_markers is not set"
+            ),
+        )
+    };
+    let special = |text: &[u8]| {
+        vocab.and_then(|v| (0..v.len() as u32).find(|&t| v.token_bytes(t) == Some(text)))
+    };
+    let encode = |field: &str, text: &str, parse_special: bool| {
+        let tok = tokenizer.ok_or_else(no_markers)?;
+        tok.encode(text, false, parse_special).map_err(|e| {
+            RequestError::invalid(
+                field,
+                samplerd_sampling::echo::foreign(&e.to_string()).into_owned(),
+            )
+        })
+    };
+    let (open, close) = match (special(b"<think>"), special(b"</think>")) {
+        (Some(o), Some(c)) => (vec![o], vec![c]),
+        _ => match cfg.reasoning_markers.as_slice() {
+            [o, c] => (
+                encode("reasoning_budget", o, true)?,
+                encode("reasoning_budget", c, true)?,
+            ),
+            _ => return Err(no_markers()),
+        },
+    };
+    if open.is_empty() || close.is_empty() {
+        return Err(no_markers());
+    }
+    let message = encode("reasoning_budget_message", message, false)?;
+    let ids = |s: &[u32]| s.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    let mut params = std::collections::BTreeMap::new();
+    params.insert("open".to_string(), ParamValue::String(ids(&open)));
+    params.insert("close".to_string(), ParamValue::String(ids(&close)));
+    params.insert("budget".to_string(), ParamValue::Number(f64::from(budget)));
+    params.insert("message".to_string(), ParamValue::String(ids(&message)));
+    Ok(Some(StageSpec {
+        name: "reasoning_budget".to_string(),
+        params,
+    }))
 }
 
 fn stop_token_ids(
