@@ -182,6 +182,9 @@ pub struct SamplingArgs {
     /// Tokens of history the penalties look at; 0 disables, -1 = all [default: 64].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub repeat_last_n: Option<i32>,
+    /// A token id the penalties never penalise; repeatable.
+    #[arg(long = "penalty-exclude-token", value_name = "ID")]
+    pub penalty_exclude_tokens: Vec<u32>,
     /// Frequency penalty; 0 disables [default: 0.0].
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
@@ -197,6 +200,13 @@ pub struct SamplingArgs {
     /// XTC threshold [default: 0.1].
     #[arg(long, value_name = "P")]
     pub xtc_threshold: Option<f32>,
+    /// adaptive-p target probability in [0, 1] (replaces the final draw);
+    /// negative disables [default: -1].
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub adaptive_target: Option<f32>,
+    /// adaptive-p decay, clamped to [0, 0.99] [default: 0.9].
+    #[arg(long, value_name = "X")]
+    pub adaptive_decay: Option<f32>,
     /// DRY multiplier; 0 disables [default: 0.0].
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub dry_multiplier: Option<f32>,
@@ -326,6 +336,27 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Generate at least this many tokens before an end token or a stop
+    /// string may end the generation.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub min_tokens: u32,
+    /// A token id that ends the generation like end-of-sequence; repeatable.
+    #[arg(long = "stop-token-id", value_name = "ID")]
+    pub stop_token_ids: Vec<u32>,
+    /// A word the generation must not contain; repeatable.
+    #[arg(long = "bad-word", value_name = "TEXT")]
+    pub bad_words: Vec<String>,
+    /// Leave the prompt out of the penalties' window (only generated
+    /// tokens are penalised).
+    #[arg(long)]
+    pub no_penalize_prompt: bool,
+    /// Most tokens inside a thinking model's reasoning block before its
+    /// close is forced.
+    #[arg(long, value_name = "N")]
+    pub reasoning_budget: Option<u32>,
+    /// Text forced before the close when the reasoning budget is spent.
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    pub reasoning_budget_message: String,
     /// Return this many top candidates with each token (shown with --json).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub n_probs: u32,

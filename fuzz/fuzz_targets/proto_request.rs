@@ -115,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => return check_refusal(e),
         };
         let valid =
-            match samplerd::service::validate::generate(state, &req, None, prepared.prebuilt()) {
+            match samplerd::service::validate::generate(state, &req, None, None, prepared.prebuilt()) {
                 Ok(v) => v,
                 Err(e) => return check_refusal(e),
             };

@@ -318,6 +318,7 @@ async fn list_stages_reports_core_stages_and_default_chain() {
         "dist",
         "greedy",
         "penalties",
+        "token_controls",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }

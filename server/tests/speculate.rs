@@ -272,6 +272,21 @@ async fn speculation_stops_where_decoding_stops_and_keeps_every_chain() {
             assert_same_with_and_without(&s, &format!("max_tokens {max_tokens}"), &req, 16).await;
         assert_eq!(u.completion_tokens, max_tokens);
     }
+    // Token controls: a stop id from the middle of the copy (a draft never
+    // carries the run past it), then min_tokens and a bad word.
+    let stop_id = full.ids()[full.ids().len() / 2];
+    let stopped = v1::GenerateRequest {
+        stop_token_ids: vec![stop_id],
+        ..copy.clone()
+    };
+    let u = assert_same_with_and_without(&s, "stop_token_ids", &stopped, 8).await;
+    assert!(u.completion_tokens < full.tokens.len() as u32, "{u:?}");
+    let controlled = v1::GenerateRequest {
+        min_tokens: 4,
+        bad_words: vec!["Pacific".into(), "lens".into()],
+        ..copy.clone()
+    };
+    assert_same_with_and_without(&s, "min_tokens + bad_words", &controlled, 8).await;
     let penalised = v1::SamplingParams {
         seed: Some(5),
         repeat_penalty: Some(1.3),

@@ -2,6 +2,7 @@
 //! library. Semantics follow llama.cpp's samplers; see `docs/SAMPLING.md`
 //! for each stage's parameters, complexity and the documented differences.
 
+pub mod adaptive_p;
 pub mod coupled;
 pub mod dist;
 pub mod dry;
@@ -10,7 +11,9 @@ pub mod logit_bias;
 pub mod min_p;
 pub mod mirostat;
 pub mod penalties;
+pub mod reasoning_budget;
 pub mod temperature;
+pub mod token_controls;
 pub mod top_k;
 pub mod top_n_sigma;
 pub mod top_p;
@@ -37,5 +40,8 @@ samplerd_plugin_sdk::export_plugin!(
         coupled::Coupled,
         mirostat::Mirostat,
         mirostat::MirostatV2,
+        token_controls::TokenControls,
+        adaptive_p::AdaptiveP,
+        reasoning_budget::ReasoningBudget,
     ]
 );

@@ -3,6 +3,13 @@
 //! `count` occurrences, first the repeat rule (logit <= 0: × repeat,
 //! else ÷ repeat), then `logit -= count * frequency + (count > 0) * presence`.
 //!
+//! `exclude_tokens` are never penalised (they still take their place in
+//! the window): llama.cpp's former `penalize_nl = false`, which restored
+//! the newline's logit after the penalties (`llama_sampler_penalties_apply`,
+//! src/llama-sampling.cpp, before the option was removed), for any ids — what
+//! TGI/transformers users ask of a repetition penalty that must spare
+//! punctuation or a format's tokens.
+//!
 //! State: a fixed-capacity ring buffer of the window, per-token counts kept
 //! incrementally on `accept` (O(1)), and the list of distinct ids with their
 //! counts, so `apply` touches only the window's distinct ids in the dense
@@ -47,7 +54,13 @@ pub struct Penalties {
     repeat: f32,
     frequency: f32,
     presence: f32,
+    /// Ids spared, sorted.
+    exclude: Vec<u32>,
 }
+
+/// Most `exclude_tokens` (a vocabulary's worth of ids is the host's bound;
+/// this bounds a hand-written chain).
+pub const MAX_EXCLUDE_TOKENS: usize = 262_144;
 
 /// The penalty window of one sequence.
 #[derive(Clone, Default)]
@@ -132,6 +145,10 @@ impl Penalties {
         )
     }
 
+    fn spared(&self, id: u32) -> bool {
+        !self.exclude.is_empty() && self.exclude.binary_search(&id).is_ok()
+    }
+
     fn is_noop(&self) -> bool {
         self.window == 0 || (self.repeat == 1.0 && self.frequency == 0.0 && self.presence == 0.0)
     }
@@ -161,6 +178,12 @@ impl Stage for Penalties {
             c"subtracted once if the token occurs in the window",
             defaults::PRESENCE_PENALTY,
         ),
+        param_spec(
+            SD_PARAM_STRING_LIST,
+            c"exclude_tokens",
+            c"token ids (decimal strings) never penalised; they still count in the window",
+            0.0,
+        ),
     ];
     const FLAGS: u32 = SD_STAGE_DENSE_OK;
     type State = Window;
@@ -173,6 +196,26 @@ impl Stage for Penalties {
         })?;
         let frequency = util::non_negative(params, S, "frequency_penalty")?;
         let presence = util::non_negative(params, S, "presence_penalty")?;
+        let given = params.strings("exclude_tokens").unwrap_or_default();
+        if given.len() > MAX_EXCLUDE_TOKENS {
+            return Err(format!(
+                "{S}: exclude_tokens must be at most {MAX_EXCLUDE_TOKENS} ids, got {}",
+                given.len()
+            ));
+        }
+        let mut exclude = given
+            .iter()
+            .map(|s| {
+                s.trim().parse::<u32>().map_err(|_| {
+                    let shown: String = s.chars().take(24).collect();
+                    format!(
+                        "{S}: exclude_tokens holds {shown:?}, which is not a token id (a decimal u32)"
+                    )
+                })
+            })
+            .collect::<Result<Vec<u32>, String>>()?;
+        exclude.sort_unstable();
+        exclude.dedup();
         Ok(Penalties {
             window: if last_n < 0 {
                 MAX_PENALTY_WINDOW
@@ -182,6 +225,7 @@ impl Stage for Penalties {
             repeat: repeat as f32,
             frequency: frequency as f32,
             presence: presence as f32,
+            exclude,
         })
     }
 
@@ -211,6 +255,9 @@ impl Stage for Penalties {
             ViewKind::Dense => {
                 let dense = tokens.dense_mut();
                 for &(id, count) in &state.distinct {
+                    if self.spared(id) {
+                        continue;
+                    }
                     // ids outside the vocabulary are skipped, never a panic
                     if let Some(l) = dense.get_mut(id as usize) {
                         *l = self.penalise(*l, count);
@@ -220,7 +267,9 @@ impl Stage for Penalties {
             ViewKind::Candidates => {
                 let mut touched = false;
                 for c in tokens.candidates_mut() {
-                    if let Some(&pos) = state.index.get(&c.id) {
+                    if let Some(&pos) = state.index.get(&c.id)
+                        && !self.spared(c.id)
+                    {
                         c.logit = self.penalise(c.logit, state.distinct[pos as usize].1);
                         touched = true;
                     }
@@ -248,6 +297,7 @@ mod tests {
             repeat: 0.5,
             frequency: 0.0,
             presence: 0.0,
+            exclude: Vec::new(),
         };
         assert_eq!(p.penalise(3e38, 1), f32::MAX);
         let p = Penalties {

@@ -51,6 +51,7 @@ fn descriptor_lists_the_contracted_stages_and_params() {
                 "repeat_penalty",
                 "frequency_penalty",
                 "presence_penalty",
+                "exclude_tokens",
             ],
             SD_STAGE_DENSE_OK,
         ),
@@ -92,6 +93,21 @@ fn descriptor_lists_the_contracted_stages_and_params() {
             "mirostat_v2",
             &["tau", "eta"],
             SD_STAGE_DENSE_OK | SD_STAGE_SELECTS,
+        ),
+        (
+            "token_controls",
+            &["min_tokens", "end_tokens", "bad_words"],
+            SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY,
+        ),
+        (
+            "adaptive_p",
+            &["target", "decay"],
+            SD_STAGE_DENSE_OK | SD_STAGE_SELECTS,
+        ),
+        (
+            "reasoning_budget",
+            &["open", "close", "budget", "message"],
+            SD_STAGE_DENSE_OK | SD_STAGE_OUTPUT_ONLY,
         ),
     ];
     let got = stages();

@@ -39,6 +39,11 @@ pub const TOP_N_SIGMA: f64 = -1.0;
 pub const XTC_PROBABILITY: f64 = 0.0;
 /// `xtc`'s `threshold`.
 pub const XTC_THRESHOLD: f64 = 0.1;
+/// `adaptive_p`'s `target` (negative = off; llama.cpp's
+/// `common_params_sampling::adaptive_target`).
+pub const ADAPTIVE_TARGET: f64 = -1.0;
+/// `adaptive_p`'s `decay` (llama.cpp's `adaptive_decay`).
+pub const ADAPTIVE_DECAY: f64 = 0.9;
 /// `dry`'s `multiplier` (0 = off).
 pub const DRY_MULTIPLIER: f64 = 0.0;
 /// `dry`'s `base`.

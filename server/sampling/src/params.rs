@@ -40,6 +40,7 @@ pub const TYPED_FIELDS: &[TypedField] = &[
     typed("repeat_penalty", "penalties", "repeat_penalty"),
     typed("frequency_penalty", "penalties", "frequency_penalty"),
     typed("presence_penalty", "penalties", "presence_penalty"),
+    typed("penalty_exclude_tokens", "penalties", "exclude_tokens"),
     typed("dry_multiplier", "dry", "multiplier"),
     typed("dry_base", "dry", "base"),
     typed("dry_allowed_length", "dry", "allowed_length"),
@@ -53,6 +54,8 @@ pub const TYPED_FIELDS: &[TypedField] = &[
     typed("xtc_probability", "xtc", "probability"),
     typed("xtc_threshold", "xtc", "threshold"),
     typed("temperature", "temperature", "t"),
+    typed("adaptive_target", "adaptive_p", "target"),
+    typed("adaptive_decay", "adaptive_p", "decay"),
     typed("constraint.json_schema", "constraint", "json_schema"),
     typed("constraint.regex", "constraint", "regex"),
     typed("constraint.lark", "constraint", "lark"),
@@ -236,9 +239,18 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
     pub repeat_last_n: i32,
+    /// Token ids the penalties never penalise (they still count in the
+    /// window); empty = none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub penalty_exclude_tokens: Vec<u32>,
     pub top_n_sigma: f32,
     pub xtc_probability: f32,
     pub xtc_threshold: f32,
+    /// adaptive-p's target probability; >= 0 makes `adaptive_p` the draw
+    /// instead of `dist` (llama.cpp), negative = off.
+    pub adaptive_target: f32,
+    /// adaptive-p's decay (clamped to [0, 0.99] by the stage).
+    pub adaptive_decay: f32,
     /// DRY penalty scale; 0 = off.
     pub dry_multiplier: f32,
     pub dry_base: f32,
@@ -273,9 +285,12 @@ impl Default for SamplingParams {
             frequency_penalty: defaults::FREQUENCY_PENALTY as f32,
             presence_penalty: defaults::PRESENCE_PENALTY as f32,
             repeat_last_n: defaults::REPEAT_LAST_N,
+            penalty_exclude_tokens: Vec::new(),
             top_n_sigma: defaults::TOP_N_SIGMA as f32,
             xtc_probability: defaults::XTC_PROBABILITY as f32,
             xtc_threshold: defaults::XTC_THRESHOLD as f32,
+            adaptive_target: defaults::ADAPTIVE_TARGET as f32,
+            adaptive_decay: defaults::ADAPTIVE_DECAY as f32,
             dry_multiplier: defaults::DRY_MULTIPLIER as f32,
             dry_base: defaults::DRY_BASE as f32,
             dry_allowed_length: defaults::DRY_ALLOWED_LENGTH,
@@ -339,18 +354,25 @@ impl SamplingParams {
                 StageSpec::new("logit_bias")
                     .with("bias", ParamValue::TokenMap(self.logit_bias.clone())),
             ),
-            "penalties" => plan(
-                self.penalties_active(),
-                self.repeat_penalty == 1.0
-                    && self.frequency_penalty == 0.0
-                    && self.presence_penalty == 0.0
-                    && self.repeat_last_n == SamplingParams::default().repeat_last_n,
-                StageSpec::new("penalties")
+            "penalties" => {
+                let mut spec = StageSpec::new("penalties")
                     .number("repeat_last_n", self.repeat_last_n as f64)
                     .number("repeat_penalty", n(self.repeat_penalty))
                     .number("frequency_penalty", n(self.frequency_penalty))
-                    .number("presence_penalty", n(self.presence_penalty)),
-            ),
+                    .number("presence_penalty", n(self.presence_penalty));
+                if !self.penalty_exclude_tokens.is_empty() {
+                    let ids = self.penalty_exclude_tokens.iter().map(u32::to_string);
+                    spec = spec.with("exclude_tokens", ParamValue::StringList(ids.collect()));
+                }
+                plan(
+                    self.penalties_active(),
+                    self.repeat_penalty == 1.0
+                        && self.frequency_penalty == 0.0
+                        && self.presence_penalty == 0.0
+                        && self.repeat_last_n == SamplingParams::default().repeat_last_n,
+                    spec,
+                )
+            }
             "dry" => {
                 let d = SamplingParams::default();
                 plan(
@@ -462,7 +484,24 @@ impl SamplingParams {
                 Planned::Off => {}
             }
         }
-        stages.push(StageSpec::new(if greedy { "greedy" } else { "dist" }));
+        // The draw: adaptive-p replaces dist when its target is >= 0, as
+        // llama.cpp's `common_sampler_init` (common/sampling.cpp) appends it
+        // instead of `dist`; greedy (temperature 0) still wins. Values
+        // other than the defaults are built anyway, to be checked.
+        let adaptive = StageSpec::new("adaptive_p")
+            .number("target", self.adaptive_target as f64)
+            .number("decay", self.adaptive_decay as f64);
+        let adaptive_on = self.adaptive_target >= 0.0;
+        if adaptive_on && !greedy {
+            stages.push(adaptive);
+        } else {
+            if self.adaptive_target != defaults::ADAPTIVE_TARGET as f32
+                || self.adaptive_decay != defaults::ADAPTIVE_DECAY as f32
+            {
+                check_only.push(adaptive);
+            }
+            stages.push(StageSpec::new(if greedy { "greedy" } else { "dist" }));
+        }
         ChainPlan {
             spec: ChainSpec { stages },
             check_only,
@@ -476,6 +515,45 @@ mod tests {
 
     fn names(spec: &ChainSpec) -> Vec<&str> {
         spec.stages.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// adaptive-p is the draw when its target is >= 0 (llama.cpp's
+    /// `common_sampler_init`), not at temperature 0; an off value other
+    /// than the default is still checked by the stage.
+    #[test]
+    fn adaptive_target_replaces_dist() {
+        let on = SamplingParams {
+            adaptive_target: 0.4,
+            ..Default::default()
+        };
+        let spec = on.chain_spec();
+        assert_eq!(
+            names(&spec),
+            ["penalties", "top_k", "top_p", "temperature", "adaptive_p"]
+        );
+        assert_eq!(
+            spec.stages[4].params["target"],
+            ParamValue::Number(0.4f32 as f64)
+        );
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..on.clone()
+        };
+        assert_eq!(names(&greedy.chain_spec()), ["penalties", "greedy"]);
+        let nan = SamplingParams {
+            adaptive_target: f32::NAN,
+            ..Default::default()
+        };
+        let plan = nan.plan();
+        assert_eq!(names(&plan.spec).last(), Some(&"dist"));
+        assert!(plan.check_only.iter().any(|s| s.name == "adaptive_p"));
+        assert!(
+            !SamplingParams::default()
+                .plan()
+                .check_only
+                .iter()
+                .any(|s| s.name == "adaptive_p")
+        );
     }
 
     #[test]

@@ -29,6 +29,16 @@ pub struct ValidGenerate {
     pub ignore_eos: bool,
     /// Each step's raw logits to return with its token, and how.
     pub return_logits: Option<crate::generate::returned_logits::ReturnLogits>,
+    /// `penalize_prompt` (default true): the prompt's tail is the
+    /// history of the penalties' and DRY's windows.
+    pub penalize_prompt: bool,
+    /// `min_tokens`: stop strings are not looked for in the first this
+    /// many tokens (the chain's `token_controls` stage masks the end
+    /// tokens until then).
+    pub min_tokens: u32,
+    /// `stop_token_ids` (sorted, inside the vocabulary): they end the
+    /// generation like the end-of-generation token.
+    pub stop_token_ids: Vec<u32>,
     /// `resume.token_ids`: the tokens an interrupted run already sent (at
     /// most `max_tokens`, each inside the vocabulary; what else they must
     /// satisfy is checked as the model host replays them).
@@ -50,6 +60,34 @@ pub struct Speculation {
 pub enum DraftSource {
     PromptLookup,
     Model,
+}
+
+impl ValidGenerate {
+    /// What ends this generation at a sampled token (for the decode loop,
+    /// cheap to clone into each step).
+    pub fn end_rule(&self) -> EndRule {
+        EndRule {
+            ignore_eos: self.ignore_eos,
+            stop_token_ids: self.stop_token_ids.as_slice().into(),
+        }
+    }
+}
+
+/// Which sampled tokens end a generation without being sent.
+#[derive(Clone, Debug)]
+pub struct EndRule {
+    ignore_eos: bool,
+    stop_token_ids: Arc<[u32]>,
+}
+
+impl EndRule {
+    /// Whether `token` ends the generation: the model's end of generation
+    /// (`is_eog`) unless `ignore_eos`, or one of `stop_token_ids` — those
+    /// even with `ignore_eos`, as vLLM's `check_stop`
+    /// (vllm/v1/core/sched/utils.py) has it.
+    pub fn ends(&self, token: u32, is_eog: impl Fn(u32) -> bool) -> bool {
+        (!self.ignore_eos && is_eog(token)) || self.stop_token_ids.binary_search(&token).is_ok()
+    }
 }
 
 /// A Generate prompt: plain text, or chat messages for the model's

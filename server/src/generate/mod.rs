@@ -46,6 +46,18 @@ pub struct GenerateConfig {
     pub max_stop_strings: usize,
     /// Longest stop string, in bytes.
     pub max_stop_bytes: usize,
+    /// Most `stop_token_ids` per request.
+    pub max_stop_token_ids: usize,
+    /// Most `bad_words` per request (vLLM's bound: 128).
+    pub max_bad_words: usize,
+    /// Longest bad word, in bytes (it bounds the tokens masked per step).
+    pub max_bad_word_bytes: usize,
+    /// A thinking model's reasoning markers, `[open, close]` (text, special
+    /// tokens parsed), for `reasoning_budget` when the vocabulary has no
+    /// `<think>` / `</think>` tokens. Empty: those tokens only.
+    pub reasoning_markers: Vec<String>,
+    /// Longest `reasoning_budget_message`, in bytes.
+    pub max_reasoning_message_bytes: usize,
     /// Generations running at once; more wait in the queue.
     pub max_concurrent_generations: usize,
     /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
@@ -87,6 +99,11 @@ impl Default for GenerateConfig {
             max_tokens_cap: 4096,
             max_stop_strings: 16,
             max_stop_bytes: 256,
+            max_stop_token_ids: 64,
+            max_bad_words: 128,
+            max_bad_word_bytes: 256,
+            reasoning_markers: Vec::new(),
+            max_reasoning_message_bytes: 1024,
             max_concurrent_generations: 4,
             max_queued_generations: 64,
             max_prompt_tokens: 4096,
@@ -356,7 +373,7 @@ impl ModelHost {
         let tok = self.model.tokenizer();
         let resumed = &req.resume;
         let seq = self.open_sequence(job, &prompt)?;
-        let mut decoded = Decoded::new(&req.stop);
+        let mut decoded = Decoded::new(&req.stop, req.min_tokens);
         decoded.generated = resumed.len() as u32;
         let mut usage = v1::Usage {
             prompt_tokens: prompt.len() as u32,
@@ -415,7 +432,7 @@ impl ModelHost {
             choices.push(Choice {
                 seq: self.open_sequence(job, &prompt)?,
                 session,
-                decoded: Decoded::new(&req.stop),
+                decoded: Decoded::new(&req.stop, req.min_tokens),
             });
         }
         drop(engine);
@@ -550,21 +567,23 @@ impl ModelHost {
     /// A fresh sequence of the request's chain. Every call into the chain's
     /// plugins runs on the sampling pool, under its watchdog. The penalty
     /// window starts with the prompt's tail (the stage keeps only its last
-    /// repeat_last_n ids), then takes the tokens of a resumed run as its
-    /// decode loop did.
+    /// repeat_last_n ids; none with `penalize_prompt = false`), then takes
+    /// the tokens of a resumed run as its decode loop did.
     fn open_sequence(&self, job: &GenerateJob, prompt: &[u32]) -> Result<Sequence, RequestError> {
         let req = &job.request;
         let request_id = job.request_id;
         let chain = req.chain.clone();
-        let window: Vec<u32> = step::in_vocab(prompt, self.model.n_vocab()).collect();
-        let (model, replay, ignore_eos) =
-            (Arc::clone(&self.model), req.resume.clone(), req.ignore_eos);
+        // `penalize_prompt = false`: the windows start empty, with the
+        // generation.
+        let history = if req.penalize_prompt { prompt } else { &[] };
+        let window: Vec<u32> = step::in_vocab(history, self.model.n_vocab()).collect();
+        let (model, replay, end) = (Arc::clone(&self.model), req.resume.clone(), req.end_rule());
         job.steps.run_blocking(move || {
             let _serving = samplerd_sampling::activity::serving(request_id);
             let mut seq = chain.new_sequence().map_err(RequestError::Plugin)?;
             seq.accept_history(&window).map_err(RequestError::Plugin)?;
             resume::accept(&mut seq, &replay, |t| {
-                !ignore_eos && model.tokenizer().is_eog(t)
+                end.ends(t, |t| model.tokenizer().is_eog(t))
             })?;
             Ok::<_, RequestError>(seq)
         })?
@@ -621,7 +640,7 @@ impl ModelHost {
         let request_id = job.request_id;
         let tok = self.model.tokenizer();
         let mut buf = job.buffers.lease(self.model.n_vocab());
-        let (probs, ignore_eos) = (req.probs, req.ignore_eos);
+        let (probs, end) = (req.probs, req.end_rule());
         loop {
             if sink.is_closed() {
                 tracing::debug!(
@@ -636,7 +655,7 @@ impl ModelHost {
             // The step that Sample runs, over the model's logits; the token
             // is accepted unless it ends the generation.
             let at = u64::from(decoded.generated);
-            let model = Arc::clone(&self.model);
+            let (model, end) = (Arc::clone(&self.model), end.clone());
             let mut moved = (seq, buf, session);
             let (back, out) = job.steps.run_blocking(move || {
                 // For the crash report, should a plugin kill the process.
@@ -644,7 +663,7 @@ impl ModelHost {
                 let (seq, buf, session) = &mut moved;
                 let out =
                     sample_token(seq, buf, session.logits(), seed, at, probs).and_then(|out| {
-                        let ends = !ignore_eos && model.tokenizer().is_eog(out.token_id);
+                        let ends = end.ends(out.token_id, |t| model.tokenizer().is_eog(t));
                         if !ends {
                             seq.accept(out.token_id).map_err(RequestError::Plugin)?;
                         }
@@ -756,9 +775,9 @@ struct ChoiceStart {
 }
 
 impl Decoded {
-    fn new(stop: &[String]) -> Self {
+    fn new(stop: &[String], min_tokens: u32) -> Self {
         Decoded {
-            filter: StopFilter::new(stop),
+            filter: StopFilter::new(stop).after(min_tokens),
             utf8: Utf8Streamer::new(),
             generated: 0,
             sampling_ns: 0,

@@ -7,8 +7,9 @@
 //!
 //! - **the sampler's state**: the prompt's window as history, then each
 //!   token `accept`ed (penalty and DRY windows, the grammar) — a token the
-//!   chain refuses, or the end-of-generation token without `ignore_eos`,
-//!   was never sent by a real run;
+//!   chain refuses (a bad word, an end token before `min_tokens`), or one
+//!   that ends a run (the end-of-generation token without `ignore_eos`, a
+//!   stop token id), was never sent by a real run;
 //! - **the text state**: each token's bytes through the stop-string filter
 //!   and the UTF-8 streamer, their output dropped (the client has it), and
 //!   after each one the checks that end a generation — a generation that
@@ -32,20 +33,21 @@ use super::stop_filter::StopFilter;
 use crate::request::errors::RequestError;
 
 /// Feeds the resumed tokens to the sequence as the decode loop did (after
-/// the prompt's history): `is_eog` says which tokens would have ended the
+/// the prompt's history): `ends` says which tokens would have ended the
 /// generation instead of being accepted.
 pub(super) fn accept(
     seq: &mut Sequence,
     tokens: &[u32],
-    is_eog: impl Fn(u32) -> bool,
+    ends: impl Fn(u32) -> bool,
 ) -> Result<(), RequestError> {
     for (i, &t) in tokens.iter().enumerate() {
-        if is_eog(t) {
+        if ends(t) {
             return Err(RequestError::invalid(
                 format!("resume.token_ids[{i}]"),
                 format!(
-                    "token {t} is the model's end of generation, which ends a run without \
-                     being sent (unless ignore_eos): the generation had finished before it"
+                    "token {t} ends a run without being sent (the model's end of generation \
+                     unless ignore_eos, or one of stop_token_ids): the generation had finished \
+                     before it"
                 ),
             ));
         }

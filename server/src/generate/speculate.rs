@@ -7,9 +7,10 @@
 //!    latest earlier occurrence of the text's last 3 (then 2)
 //!    tokens, in the prompt and the tokens generated so far — prompt-lookup
 //!    decoding (Saxena 2023; llama.cpp's `common/ngram-cache.cpp` keeps
-//!    n-gram statistics for the same purpose). Drafts stop before an
-//!    end-of-generation token (unless `ignore_eos`), so no accepted draft
-//!    ends the run.
+//!    n-gram statistics for the same purpose). Drafts stop before a token
+//!    that ends the generation (the end-of-generation token unless
+//!    `ignore_eos`, a `stop_token_ids` entry), so no accepted draft ends
+//!    the run.
 //! 2. **Verify pass**: `[last, drafts…]` run as consecutive decode steps in
 //!    one forward pass, batched with the other generations' steps
 //!    (`batcher::SeqHandle::verify`, `samplerd_model::Model::decode_rows`):
@@ -180,7 +181,11 @@ impl ModelHost {
         let request_id = job.request_id;
         let tok = self.model.tokenizer();
         let mut buf = job.buffers.lease(self.model.n_vocab());
-        let (probs, ignore_eos) = (req.probs, req.ignore_eos);
+        let probs = req.probs;
+        // What ends the generation: the end-of-generation token (unless
+        // `ignore_eos`) and `stop_token_ids`. A draft that would end it is
+        // never proposed, so only a round's last token can.
+        let end = req.end_rule();
         let mut length = DraftLength::new(spec.max_draft_tokens);
         // The drafts whose rows the session's last pass holds (after the
         // row of the token before them); none after the prefill.
@@ -200,7 +205,7 @@ impl ModelHost {
             }
             let t0 = Instant::now();
             let first_step = u64::from(decoded.generated);
-            let model = Arc::clone(&self.model);
+            let (model, round_end) = (Arc::clone(&self.model), end.clone());
             let mut moved = (seq, buf, session, std::mem::take(&mut drafts));
             let (back, out) = job.steps.run_blocking(move || {
                 let _serving = samplerd_sampling::activity::serving(request_id);
@@ -224,7 +229,7 @@ impl ModelHost {
                 .map_err(verify_error)
                 .and_then(|v| {
                     let last = v.tokens.last().map_or(0, |t| t.token_id);
-                    let ends = !ignore_eos && model.tokenizer().is_eog(last);
+                    let ends = round_end.ends(last, |t| model.tokenizer().is_eog(t));
                     if !ends {
                         seq.accept(last).map_err(RequestError::Plugin)?;
                     }
@@ -315,7 +320,7 @@ impl ModelHost {
             drafts = prompt_lookup(&history, k)
                 .iter()
                 .copied()
-                .take_while(|&t| ignore_eos || !tok.is_eog(t))
+                .take_while(|&t| !end.ends(t, |t| tok.is_eog(t)))
                 .collect();
             let mut tokens = Vec::with_capacity(drafts.len() + 1);
             tokens.push(last);

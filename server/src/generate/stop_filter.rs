@@ -4,7 +4,11 @@
 //! any tail that could still begin a stop string, so streamed text never
 //! contains any part of one, and flushes it when the match fails.
 //! Bytes, not `str`: a stop string may complete in the middle of a UTF-8
-//! character split across tokens.
+//! character split across tokens. With [`StopFilter::after`] (`min_tokens`)
+//! the first tokens' bytes are not looked at for a stop, as vLLM's
+//! detokenizer has it (`IncrementalDetokenizer.update`,
+//! vllm/v1/engine/detokenizer.py): a stop string must end in the bytes of
+//! a later token, and may begin in the earlier ones.
 
 #![forbid(unsafe_code)]
 
@@ -33,6 +37,11 @@ pub struct StopStep {
 pub struct StopFilter {
     stops: Vec<Vec<u8>>,
     pending: Vec<u8>,
+    /// Tokens still to come whose bytes end no stop string.
+    unchecked: u32,
+    /// How many bytes at the start of `pending` were looked at already: a
+    /// match must end after them.
+    seen: usize,
 }
 
 impl StopFilter {
@@ -49,7 +58,16 @@ impl StopFilter {
                 .filter(|s| !s.is_empty())
                 .collect(),
             pending: Vec::new(),
+            unchecked: 0,
+            seen: 0,
         }
+    }
+
+    /// Stop strings end the generation only from token `min_tokens + 1`
+    /// on (each [`push`](Self::push) is one token).
+    pub fn after(mut self, min_tokens: u32) -> Self {
+        self.unchecked = min_tokens;
+        self
     }
 
     /// Bytes held back so far.
@@ -60,13 +78,18 @@ impl StopFilter {
     /// Feeds the bytes of the next token.
     pub fn push(&mut self, bytes: &[u8]) -> StopStep {
         self.pending.extend_from_slice(bytes);
-        // A complete stop string anywhere in the held-back tail: the earliest
+        // A complete stop string ending in the new bytes: the earliest
         // start wins (everything before it was not a stop match earlier).
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| find(&self.pending, s))
-            .min();
+        let hit = if self.unchecked > 0 {
+            self.unchecked -= 1;
+            None
+        } else {
+            let seen = self.seen;
+            self.stops
+                .iter()
+                .filter_map(|s| find_ending_after(&self.pending, s, seen))
+                .min()
+        };
         if let Some(start) = hit {
             let emit = self.pending[..start].to_vec();
             self.pending.clear();
@@ -84,6 +107,7 @@ impl StopFilter {
             .unwrap_or(0);
         let cut = self.pending.len() - hold;
         let emit: Vec<u8> = self.pending.drain(..cut).collect();
+        self.seen = self.pending.len();
         StopStep {
             emit,
             stopped: false,
@@ -96,11 +120,17 @@ impl StopFilter {
     }
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+/// The first start of `needle` in `hay` whose match ends after byte
+/// `seen` (the bytes before were looked at already).
+fn find_ending_after(hay: &[u8], needle: &[u8], seen: usize) -> Option<usize> {
     if needle.len() > hay.len() {
         return None;
     }
-    hay.windows(needle.len()).position(|w| w == needle)
+    let from = (seen + 1).saturating_sub(needle.len());
+    hay[from..]
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
 }
 
 /// Length of the longest suffix of `buf` that is a proper prefix of `stop`.
@@ -154,7 +184,11 @@ mod tests {
     }
 
     fn run(stops: &[&str], tokens: &[&[u8]]) -> (Vec<u8>, bool) {
-        let mut f = StopFilter::new(stops.iter().map(|s| s.as_bytes()));
+        run_after(0, stops, tokens)
+    }
+
+    fn run_after(min_tokens: u32, stops: &[&str], tokens: &[&[u8]]) -> (Vec<u8>, bool) {
+        let mut f = StopFilter::new(stops.iter().map(|s| s.as_bytes())).after(min_tokens);
         let mut out = Vec::new();
         for t in tokens {
             let step = f.push(t);
@@ -207,5 +241,55 @@ mod tests {
     fn filter_without_stops_passes_everything() {
         assert_eq!(run(&[], &[b"a", b"b"]), (b"ab".to_vec(), false));
         assert_eq!(run(&[""], &[b"a", b"b"]), (b"ab".to_vec(), false));
+    }
+
+    /// vLLM's own case (tests/detokenizer/test_min_tokens.py): with
+    /// min_tokens = 5 the "e" of the first five tokens does not stop, the
+    /// one of the eighth does.
+    #[test]
+    fn min_tokens_skips_the_first_tokens_as_vllm_does() {
+        let toks: &[&[u8]] = &[
+            b" is",
+            b" Lee",
+            b",",
+            b" and",
+            b" I",
+            b"'m",
+            b" a",
+            b" student",
+            b" in",
+        ];
+        assert_eq!(run_after(0, &["e"], toks), (b" is L".to_vec(), true));
+        assert_eq!(
+            run_after(5, &["e"], toks),
+            (b" is Lee, and I'm a stud".to_vec(), true)
+        );
+    }
+
+    /// A stop string may begin in the unchecked tokens and end after them
+    /// (vLLM looks back a stop string's length before the new text), but
+    /// one that ends inside them never stops — nor later.
+    #[test]
+    fn min_tokens_boundary_straddle_and_inside() {
+        assert_eq!(run_after(1, &["ab"], &[b"a", b"b"]), (Vec::new(), true));
+        assert_eq!(
+            run_after(1, &["ab"], &[b"ab", b"c"]),
+            (b"abc".to_vec(), false)
+        );
+        // "ab" ends inside token 1 and is held (it begins "abc"): token 2
+        // must not stop on it, but "abc" completed by token 2 does.
+        assert_eq!(
+            run_after(1, &["ab", "abc"], &[b"ab", b"x"]),
+            (b"abx".to_vec(), false)
+        );
+        assert_eq!(
+            run_after(1, &["ab", "abc"], &[b"ab", b"c"]),
+            (Vec::new(), true)
+        );
+        // An empty token after the boundary does not revive the old match.
+        assert_eq!(
+            run_after(1, &["ab", "abc"], &[b"ab", b"", b"x"]),
+            (b"abx".to_vec(), false)
+        );
     }
 }

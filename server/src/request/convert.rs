@@ -276,6 +276,8 @@ pub fn typed_params(
         top_n_sigma,
         xtc_probability,
         xtc_threshold,
+        adaptive_target,
+        adaptive_decay,
         dry_multiplier,
         dry_base,
         dry_allowed_length,
@@ -285,6 +287,13 @@ pub fn typed_params(
     // (`[""]` asks for none).
     if !p.dry_sequence_breakers.is_empty() {
         out.dry_sequence_breakers = p.dry_sequence_breakers.clone();
+        set = true;
+    }
+    if !p.penalty_exclude_tokens.is_empty() {
+        let mut ids = p.penalty_exclude_tokens.clone();
+        ids.sort_unstable();
+        ids.dedup();
+        out.penalty_exclude_tokens = ids;
         set = true;
     }
     if !p.logit_bias.is_empty() {

@@ -40,6 +40,7 @@ pub async fn handle(
         return Err(status(Reason::ModelLoading, "the model is still loading"));
     }
     let vocab = generator.vocabulary();
+    let tokenizer = generator.tokenizer();
     let checker = Arc::clone(&state);
     let request_id = state.request_id();
     // The constraint compiles off the sampling threads; held (with its
@@ -55,7 +56,7 @@ pub async fn handle(
         .run(move || {
             // For the crash report, should a plugin kill the process.
             let _serving = samplerd_sampling::activity::serving(request_id);
-            validate::generate(&checker, &req, vocab, held.prebuilt())
+            validate::generate(&checker, &req, vocab, tokenizer, held.prebuilt())
         })
         .await??;
     let permit = state.stream_permit()?;

@@ -18,9 +18,12 @@
 //!   (text, or chat messages with known roles) under
 //!   `generate.max_prompt_bytes`, `max_tokens` under
 //!   `generate.max_tokens_cap`, the stop strings under their limits,
-//!   `resume.token_ids` (at most `max_tokens`, inside the vocabulary),
-//!   `speculation` (a known source, `max_draft_tokens` under
-//!   `limits.max_draft_tokens`), and the sampling side as above. What needs the model (the chat template, the
+//!   `resume.token_ids` (at most `max_tokens`, inside the vocabulary), the
+//!   token controls ([`controls`]: `min_tokens`, `stop_token_ids`,
+//!   `bad_words`, enforced by a `token_controls` stage put first in the
+//!   chain), `speculation` (a known source, `max_draft_tokens` under
+//!   `limits.max_draft_tokens`), `n` and `return_logits`, and the sampling
+//!   side as above. What needs the model (the chat template, the
 //!   token count against `generate.max_prompt_tokens` and the context) is
 //!   the model host's, after admission.
 //!
@@ -49,6 +52,7 @@ use crate::service::state::AppState;
 use batch::RowLogits;
 
 pub mod batch;
+pub mod controls;
 pub mod sparse;
 pub mod verify;
 
@@ -234,6 +238,7 @@ pub fn generate(
     state: &AppState,
     req: &v1::GenerateRequest,
     vocab: Option<Arc<Vocabulary>>,
+    tokenizer: Option<Arc<dyn samplerd_model::TextCodec>>,
     prebuilt: &Prebuilt,
 ) -> Result<ValidGenerate, RequestError> {
     let cfg = &state.generate;
@@ -306,7 +311,15 @@ pub fn generate(
     let choices = choices(state, req)?;
     let return_logits = return_logits(req, n_vocab)?;
     let speculation = speculation(state, req.speculation.as_ref())?;
-    let (chain, seed) = sampling(state, req.params.as_ref(), vocab, n_vocab, prebuilt)?;
+    let controls =
+        controls::controls(cfg, req, max_tokens, vocab.as_deref(), tokenizer.as_deref())?;
+    let (mut chain, seed) = sampling(state, req.params.as_ref(), vocab.clone(), n_vocab, prebuilt)?;
+    if let Some(spec) = controls.prepend_to(chain.spec()) {
+        chain = state
+            .registry
+            .build_chain_with(&spec, vocab, prebuilt)
+            .map_err(|e| RequestError::from_chain(e, true))?;
+    }
     Ok(ValidGenerate {
         choices,
         return_logits,
@@ -317,6 +330,9 @@ pub fn generate(
         max_tokens,
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
+        penalize_prompt: req.penalize_prompt.unwrap_or(true),
+        min_tokens: controls.min_tokens,
+        stop_token_ids: controls.stop_token_ids,
         resume,
         speculation,
     })
@@ -575,6 +591,11 @@ pub fn sampling(
         "params.logit_bias",
         p.logit_bias.keys().copied(),
         p.logit_bias.len(),
+    )?;
+    map_limit.check(
+        "params.penalty_exclude_tokens",
+        p.penalty_exclude_tokens.iter().copied(),
+        p.penalty_exclude_tokens.len(),
     )?;
     for (i, stage) in p.chain.iter().enumerate() {
         for (k, v) in &stage.params {
