@@ -70,7 +70,7 @@ fn typed_defaults_are_the_stages_declared_defaults() {
         );
         compared += 1;
     }
-    assert_eq!(compared, 15, "every numeric typed field but min_p");
+    assert_eq!(compared, 17, "every numeric typed field but min_p");
     assert_eq!(
         described_breakers(&reg),
         SamplingParams::default().dry_sequence_breakers
