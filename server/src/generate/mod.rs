@@ -678,23 +678,8 @@ impl ModelHost {
                 return Ok(Some((v1::FinishReason::StopToken, session)));
             }
             let token = out.token_id;
-            decoded.generated += 1;
-            metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
-            let step = decoded.filter.push(tok.token_bytes(token));
-            let text = decoded.utf8.push(&step.emit);
-            let mut message = v1::Token {
-                token_id: token,
-                text,
-                logprob: out.logprob,
-                probs: crate::request::convert::token_probabilities(&out.probs),
-                probability: out.probability,
-                choice,
-                ..Default::default()
-            };
-            if let Some(r) = req.return_logits {
-                r.attach(session.logits(), &mut message);
-            }
-            let event = v1::generate_response::Event::Token(message);
+            let (event, stopped) =
+                decoded.emit(tok, &out, choice, req.return_logits, session.logits());
             if sink
                 .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
                 .is_err()
@@ -707,7 +692,7 @@ impl ModelHost {
                 return Ok(None);
             }
             if let Some(reason) = resume::ends_after(
-                step.stopped,
+                stopped,
                 decoded.generated,
                 req.max_tokens,
                 session.position(),
@@ -782,6 +767,36 @@ impl Decoded {
             generated: 0,
             sampling_ns: 0,
         }
+    }
+
+    /// One sampled token, counted and through the text gates: its `Token`
+    /// event (with `row`, the logits it was sampled from, when the request
+    /// returns them) and whether a stop string ended in it.
+    fn emit(
+        &mut self,
+        tok: &samplerd_model::Tokenizer,
+        out: &step::StepOutput,
+        choice: u32,
+        return_logits: Option<returned_logits::ReturnLogits>,
+        row: &[f32],
+    ) -> (v1::generate_response::Event, bool) {
+        self.generated += 1;
+        metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
+        let step = self.filter.push(tok.token_bytes(out.token_id));
+        let text = self.utf8.push(&step.emit);
+        let mut message = v1::Token {
+            token_id: out.token_id,
+            text,
+            logprob: out.logprob,
+            probs: crate::request::convert::token_probabilities(&out.probs),
+            probability: out.probability,
+            choice,
+            ..Default::default()
+        };
+        if let Some(r) = return_logits {
+            r.attach(row, &mut message);
+        }
+        (v1::generate_response::Event::Token(message), step.stopped)
     }
 }
 

@@ -49,7 +49,7 @@ use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
-use super::{Decoded, GENERATED_TOKENS_METRIC, ModelHost, resume};
+use super::{Decoded, ModelHost, resume};
 use crate::request::errors::{InvalidKind, RequestError};
 use crate::status::Reason;
 
@@ -257,30 +257,14 @@ impl ModelHost {
                     session.truncate(position);
                     return Ok(Some((v1::FinishReason::StopToken, session)));
                 }
-                let token = out.token_id;
-                decoded.generated += 1;
-                metrics::counter!(GENERATED_TOKENS_METRIC).increment(1);
                 if j < accepted {
                     // Counted once committed: drafts after a stop are not.
                     usage.accepted_draft_tokens += 1;
                     metrics::counter!(ACCEPTED_DRAFT_TOKENS_METRIC).increment(1);
                 }
-                let step = decoded.filter.push(tok.token_bytes(token));
-                let text = decoded.utf8.push(&step.emit);
-                let mut message = v1::Token {
-                    token_id: token,
-                    text,
-                    logprob: out.logprob,
-                    probs: crate::request::convert::token_probabilities(&out.probs),
-                    probability: out.probability,
-                    choice,
-                    ..Default::default()
-                };
-                if let (Some(r), Some(row)) = (req.return_logits, session.logits_rows().nth(j)) {
-                    // The row this token was sampled from: its step's.
-                    r.attach(row, &mut message);
-                }
-                let event = v1::generate_response::Event::Token(message);
+                // The row this token was sampled from: its step's.
+                let row = session.logits_rows().nth(j).unwrap_or_default();
+                let (event, stopped) = decoded.emit(tok, out, choice, req.return_logits, row);
                 if sink
                     .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
                     .is_err()
@@ -294,7 +278,7 @@ impl ModelHost {
                     return Ok(None);
                 }
                 if let Some(reason) = resume::ends_after(
-                    step.stopped,
+                    stopped,
                     decoded.generated,
                     req.max_tokens,
                     position,
