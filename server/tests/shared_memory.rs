@@ -529,3 +529,173 @@ async fn with_auth_a_unix_client_needs_a_token_and_tokens_own_their_regions() {
     );
     server.stop().await.unwrap();
 }
+
+/// All of a SampleStream's responses (bounded wait).
+async fn stream_all(
+    c: &mut SamplerClient<Channel>,
+    msgs: Vec<v1::SampleStreamRequest>,
+) -> Result<Vec<v1::SampleResponse>, tonic::Status> {
+    let wait = Duration::from_secs(20);
+    let mut st = tokio::time::timeout(wait, c.sample_stream(tokio_stream::iter(msgs)))
+        .await
+        .expect("opens in time")?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(r) = tokio::time::timeout(wait, st.message())
+        .await
+        .expect("answers in time")?
+    {
+        out.push(r);
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn verify_reads_shared_rows_as_inline_rows() {
+    let dir = ShmDir::new("verify");
+    let server = spawn(config(&dir), None).await.unwrap();
+    let mut uds = client(&unix_channel(&socket_path(&dir)).await);
+    let mut tcp = client(&tcp_channel(&server).await);
+    let rows: Vec<Vec<f32>> = (0..5).map(|i| logits(VOCAB, 300 + i)).collect();
+    for dtype in [LogitsDtype::F32le, LogitsDtype::Bf16le] {
+        let bytes = encode(&rows, dtype);
+        let width = bytes.len() / (rows.len() * VOCAB);
+        let region = format!("v-{}", dtype.as_str_name());
+        let file = dir.file(&region, &bytes);
+        uds.register_shared_memory(register(&region, &file, bytes.len() as u64))
+            .await
+            .unwrap();
+        let at = |i: usize| shared(&region, (i * VOCAB * width) as u64, VOCAB, dtype);
+        // The values the shared rows stand for, as inline f32.
+        let widened = |i: usize| -> Vec<f32> {
+            match dtype {
+                LogitsDtype::Bf16le => rows[i]
+                    .iter()
+                    .map(|&x| bf16::from_f32(x).to_f32())
+                    .collect(),
+                _ => rows[i].clone(),
+            }
+        };
+        let first = v1::SampleStreamRequest {
+            logits_f32le: to_bytes(&widened(0)).into(),
+            params: Some(params()),
+            n_probs: 2,
+            ..Default::default()
+        };
+        // The reference: one message per row, inline.
+        let mut msgs = vec![first.clone()];
+        msgs.extend((1..5).map(|i| v1::SampleStreamRequest {
+            logits_f32le: to_bytes(&widened(i)).into(),
+            n_probs: 2,
+            ..Default::default()
+        }));
+        let reference = stream_all(&mut uds, msgs).await.unwrap();
+        // Rows 1-4 verified with three right drafts (all accepted + the
+        // bonus), once with the rows inline and once in shared memory.
+        let drafts: Vec<u32> = reference[1..4].iter().map(|r| r.token_id).collect();
+        let verify = |shared_rows: bool| v1::SampleStreamRequest {
+            verify: Some(v1::Verify {
+                draft_tokens: drafts.clone(),
+                target_rows: (1..5)
+                    .map(|i| v1::VerifyRow {
+                        logits: if shared_rows {
+                            vec![]
+                        } else {
+                            to_bytes(&widened(i))
+                        }
+                        .into(),
+                        shared: shared_rows.then(|| at(i)),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            n_probs: 2,
+            ..Default::default()
+        };
+        let inline = stream_all(&mut uds, vec![first.clone(), verify(false)])
+            .await
+            .unwrap();
+        let from_shm = stream_all(&mut uds, vec![first.clone(), verify(true)])
+            .await
+            .unwrap();
+        assert_eq!(inline, from_shm, "{dtype:?}");
+        let v = from_shm[1].verify.as_ref().unwrap();
+        assert_eq!(v.accepted, 3, "{dtype:?}");
+        assert_eq!(v.tokens, reference[1..5], "{dtype:?}");
+
+        // The same through a SampleBatchStream row.
+        let batch = |verify: Option<v1::Verify>, i: usize| v1::SampleBatchStreamRequest {
+            rows: vec![v1::BatchStreamRow {
+                sequence_id: 9,
+                logits: if verify.is_some() {
+                    vec![]
+                } else {
+                    to_bytes(&widened(i))
+                }
+                .into(),
+                verify,
+                ..Default::default()
+            }],
+            params: Some(params()),
+            n_probs: 2,
+            ..Default::default()
+        };
+        let msgs = vec![batch(None, 0), batch(verify(true).verify, 0)];
+        let mut st = uds
+            .sample_batch_stream(tokio_stream::iter(msgs))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(r) = st.message().await.unwrap() {
+            out.push(r);
+        }
+        let v = out[1].rows[0].verify.as_ref().expect("a verify answer");
+        assert_eq!(v.tokens, reference[1..5], "SampleBatchStream {dtype:?}");
+
+        // Another identity cannot read the region through a Verify either.
+        let e = stream_all(&mut tcp, vec![first.clone(), verify(true)])
+            .await
+            .unwrap_err();
+        assert_status(
+            &e,
+            Code::PermissionDenied,
+            &["verify.target_rows[0].shared.region", "another identity"],
+        );
+        // A row with both forms, and a row with none, are refused naming it.
+        let mut both = verify(true);
+        both.verify.as_mut().unwrap().target_rows[2].logits = to_bytes(&widened(3)).into();
+        let e = stream_all(&mut uds, vec![first.clone(), both])
+            .await
+            .unwrap_err();
+        assert_status(
+            &e,
+            Code::InvalidArgument,
+            &["verify.target_rows[2].shared", "got `shared` and `logits`"],
+        );
+        let mut none = verify(true);
+        none.verify.as_mut().unwrap().target_rows[1].shared = None;
+        let e = stream_all(&mut uds, vec![first.clone(), none])
+            .await
+            .unwrap_err();
+        assert_status(
+            &e,
+            Code::InvalidArgument,
+            &["verify.target_rows[1]", "got none"],
+        );
+        // A shared row of the wrong length names its count.
+        let mut short = verify(true);
+        short.verify.as_mut().unwrap().target_rows[3].shared =
+            Some(shared(&region, 0, VOCAB - 1, dtype));
+        let e = stream_all(&mut uds, vec![first.clone(), short])
+            .await
+            .unwrap_err();
+        assert_status(
+            &e,
+            Code::InvalidArgument,
+            &["verify.target_rows[3].shared.count", "999 logits"],
+        );
+    }
+    server.stop().await.unwrap();
+}

@@ -23,6 +23,7 @@ fn row(t: u64) -> Vec<f32> {
 fn verify_row(t: u64) -> v1::VerifyRow {
     v1::VerifyRow {
         logits: to_bytes(&row(t)).into(),
+        ..Default::default()
     }
 }
 
@@ -336,6 +337,7 @@ async fn bad_verify_is_invalid_argument_naming_the_field() {
                     verify_row(1),
                     v1::VerifyRow {
                         logits: to_bytes(&[0.0; 4]).into(),
+                        ..Default::default()
                     },
                     verify_row(3),
                 ],
@@ -353,6 +355,7 @@ async fn bad_verify_is_invalid_argument_naming_the_field() {
                     verify_row(1),
                     v1::VerifyRow {
                         logits: vec![0u8; 7].into(),
+                        ..Default::default()
                     },
                     verify_row(3),
                 ],
@@ -365,6 +368,7 @@ async fn bad_verify_is_invalid_argument_naming_the_field() {
                 target_rows: vec![
                     v1::VerifyRow {
                         logits: to_bytes(&nan).into(),
+                        ..Default::default()
                     },
                     verify_row(2),
                     verify_row(3),
@@ -543,6 +547,7 @@ async fn constrained_stream_verify_equals_one_message_per_row() {
                 target_rows: (from..=from + k)
                     .map(|t| v1::VerifyRow {
                         logits: to_bytes(&row(t)).into(),
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()
@@ -560,5 +565,105 @@ async fn constrained_stream_verify_equals_one_message_per_row() {
         ])
         .await;
     assert_eq!(flatten(got), reference);
+    s.stop().await;
+}
+
+/// Row `t`'s top `m` entries and the log-sum-exp of the rest (f64), for a
+/// sequence of `VOCAB` logits.
+fn sparse_row(t: u64, m: usize) -> v1::SparseLogits {
+    let r = row(t);
+    let mut order: Vec<usize> = (0..r.len()).collect();
+    order.sort_by(|&a, &b| r[b].total_cmp(&r[a]).then(a.cmp(&b)));
+    let (sent, rest) = order.split_at(m);
+    let max = rest
+        .iter()
+        .map(|&i| r[i] as f64)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = rest.iter().map(|&i| (r[i] as f64 - max).exp()).sum();
+    v1::SparseLogits {
+        ids: sent.iter().map(|&i| i as u32).collect(),
+        values: sent.iter().map(|&i| r[i]).collect(),
+        rest_logsumexp: max + sum.ln(),
+        vocab_size: VOCAB as u32,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_over_sparse_rows_answers_as_over_dense_rows() {
+    let s = start().await;
+    for (mode, params) in [
+        (v1::VerifyMode::Exact, params()),
+        (v1::VerifyMode::Coupled, coupled_params()),
+    ] {
+        let reference = one_by_one(&s, params.clone(), 10).await;
+        let sparse = |mut v: v1::Verify, from: u64| {
+            for (j, r) in v.target_rows.iter_mut().enumerate() {
+                *r = v1::VerifyRow {
+                    sparse: Some(sparse_row(from + j as u64, 200)),
+                    ..Default::default()
+                };
+            }
+            v
+        };
+        // Two right drafts then a wrong one; then four right ones.
+        let dense = [
+            verify_msg(mode, drafts(&reference, 1, &[true, true, false]), 1),
+            verify_msg(mode, drafts(&reference, 4, &[true; 4]), 4),
+        ];
+        let run = |vs: Vec<v1::Verify>| {
+            let mut msgs = vec![first(params.clone())];
+            msgs.extend(vs.into_iter().map(verifying));
+            s.stream_all(msgs)
+        };
+        let want = run(dense.to_vec()).await;
+        let got = run(vec![
+            sparse(dense[0].clone(), 1),
+            sparse(dense[1].clone(), 4),
+        ])
+        .await;
+        assert_eq!(got.len(), want.len());
+        let (got, want) = (flatten(got), flatten(want));
+        assert_eq!(got.len(), 1 + 3 + 5, "{mode:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!((g.token_id, g.step), (w.token_id, w.step), "{mode:?}");
+            assert_eq!(g.probability.to_bits(), w.probability.to_bits(), "{mode:?}");
+            // The raw log-softmax: the sparse rows' f64 sum against the
+            // dense row's f32 one.
+            assert!((g.logprob - w.logprob).abs() < 1e-4, "{g:?} vs {w:?}");
+            let ids =
+                |r: &v1::SampleResponse| r.probs.iter().map(|p| p.token_id).collect::<Vec<_>>();
+            assert_eq!(ids(g), ids(w), "{mode:?}");
+        }
+        let ids = |v: &[v1::SampleResponse]| v.iter().map(|r| r.token_id).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&reference[..got.len()]), "{mode:?}");
+    }
+
+    // A sparse row too short to prove its step (top_k = 50 of 10 sent)
+    // names the row; a sparse row of another vocabulary names its size.
+    let mut short = verify_msg(v1::VerifyMode::Exact, vec![1, 2], 1);
+    short.target_rows[0] = v1::VerifyRow {
+        sparse: Some(sparse_row(1, 10)),
+        ..Default::default()
+    };
+    let e = stream_error(&s, vec![first(params()), verifying(short)]).await;
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("verify.target_rows[0].sparse"),
+        "{e:?}"
+    );
+    let mut other = verify_msg(v1::VerifyMode::Exact, vec![1], 1);
+    let mut wrong = sparse_row(1, 200);
+    wrong.vocab_size = VOCAB as u32 + 1;
+    other.target_rows[0] = v1::VerifyRow {
+        sparse: Some(wrong),
+        ..Default::default()
+    };
+    let e = stream_error(&s, vec![first(params()), verifying(other)]).await;
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message()
+            .contains("verify.target_rows[0].sparse.vocab_size"),
+        "{e:?}"
+    );
     s.stop().await;
 }

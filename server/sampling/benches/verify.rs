@@ -9,7 +9,11 @@
 //!   - `coupled_k4_all`: COUPLED (default chain ending in `coupled`), all
 //!     accepted;
 //!   - `rejection_k4_all`: REJECTION, drafter rows = target rows (p = q:
-//!     all accepted; 4 drafter rows through the chain too).
+//!     all accepted; 4 drafter rows through the chain too);
+//!   - `sparse_step`, `sparse_exact_k4_all`, `sparse_rejection_k4_all`:
+//!     the same over sparse rows — each row's top 256 entries and the
+//!     log-sum-exp of the rest, what an engine sends instead of the dense
+//!     row (`crate::sparse`): the rows a verification over the wire reads.
 //!
 //! Each timing starts from a copy of the same sequence (the copy is not
 //! timed). Reports the median and the 10th–90th percentiles per variant,
@@ -21,6 +25,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use samplerd_sampling::bench::random_logits;
+use samplerd_sampling::input::StepLogits;
+use samplerd_sampling::sparse::SparseRow;
 use samplerd_sampling::step::{self, Logits, NoDeferral, ProbsRequest};
 use samplerd_sampling::verify::{self, Draft, Mode};
 use samplerd_sampling::{
@@ -30,6 +36,8 @@ use samplerd_sampling::{
 const VOCAB: usize = 151_936;
 const K: usize = 4;
 const ROUNDS: usize = 60;
+/// Entries a sparse row sends (the default chain's top_k = 40 cuts there).
+const SPARSE_TOP: usize = 256;
 
 fn core_plugin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -58,28 +66,58 @@ fn sequence(reg: &StageRegistry, spec: &ChainSpec) -> Sequence {
 }
 
 /// The one-by-one tokens of the rows (the drafts every variant accepts).
-fn tokens(seq: &Sequence, rows: &[Logits<'_>], seed: u64) -> Vec<u32> {
+fn tokens(seq: &Sequence, rows: &[StepLogits<'_>], seed: u64) -> Vec<u32> {
     let mut seq = seq.try_clone().unwrap();
     let mut buf = TokenBuffer::new();
     rows.iter()
         .enumerate()
         .map(|(j, &l)| {
-            let lse = step::load::<NoDeferral>(&mut buf, l, None).unwrap();
-            let t = step::run(
-                &mut seq,
-                &mut buf,
-                l,
-                lse,
-                seed,
-                j as u64,
-                ProbsRequest::default(),
-            )
-            .unwrap()
-            .token_id;
+            let t = one_step(&mut seq, &mut buf, l, seed, j as u64);
             seq.accept(t).unwrap();
             t
         })
         .collect()
+}
+
+/// One step over `row` (dense: load + step; sparse: the sparse step).
+fn one_step(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    row: StepLogits<'_>,
+    seed: u64,
+    step: u64,
+) -> u32 {
+    let p = ProbsRequest::default();
+    match row {
+        StepLogits::Dense(l) => {
+            let lse = step::load::<NoDeferral>(buf, l, None).unwrap();
+            step::run(seq, buf, l, lse, seed, step, p).unwrap().token_id
+        }
+        StepLogits::Sparse(r) => {
+            samplerd_sampling::sparse::run(seq, buf, r, seed, step, p)
+                .unwrap()
+                .token_id
+        }
+    }
+}
+
+/// A row's top `m` entries and the log-sum-exp of the rest (f64).
+fn sparsify(row: &[f32], m: usize) -> (Vec<u32>, Vec<f32>, f64) {
+    let mut order: Vec<u32> = (0..row.len() as u32).collect();
+    order.select_nth_unstable_by(m, |&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+    let (sent, rest) = order.split_at(m);
+    let mut ids = sent.to_vec();
+    ids.sort_unstable();
+    let values = ids.iter().map(|&i| row[i as usize]).collect();
+    let max = rest
+        .iter()
+        .map(|&i| row[i as usize] as f64)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = rest
+        .iter()
+        .map(|&i| (row[i as usize] as f64 - max).exp())
+        .sum();
+    (ids, values, max + sum.ln())
 }
 
 struct Variant<'a> {
@@ -87,7 +125,8 @@ struct Variant<'a> {
     seq: Sequence,
     mode: Option<Mode>,
     drafts: Vec<u32>,
-    drafter: &'a [Logits<'a>],
+    rows: &'a [StepLogits<'a>],
+    drafter: &'a [StepLogits<'a>],
     us: Vec<f64>,
 }
 
@@ -102,7 +141,17 @@ fn main() {
     let data: Vec<Vec<f32>> = (0..=K as u64)
         .map(|j| random_logits(VOCAB, 3.0, 100 + j))
         .collect();
-    let rows: Vec<Logits<'_>> = data.iter().map(|r| Logits::Floats(r)).collect();
+    let rows: Vec<StepLogits<'_>> = data
+        .iter()
+        .map(|r| StepLogits::Dense(Logits::Floats(r)))
+        .collect();
+    let parts: Vec<_> = data.iter().map(|r| sparsify(r, SPARSE_TOP)).collect();
+    let sparse: Vec<StepLogits<'_>> = parts
+        .iter()
+        .map(|(ids, values, rest)| {
+            StepLogits::Sparse(SparseRow::new(ids, values, *rest, VOCAB).unwrap())
+        })
+        .collect();
     let default = SamplingParams::default().chain_spec();
     let mut coupled = default.clone();
     coupled.stages.pop();
@@ -112,23 +161,34 @@ fn main() {
     let all = tokens(&base, &rows, seed);
     let all_coupled = tokens(&base_coupled, &rows, seed);
     let none: Vec<u32> = all[..K].iter().map(|&t| (t + 1) % VOCAB as u32).collect();
-    let v = |name, seq: &Sequence, mode, drafts: &[u32], drafter| Variant {
+    // The sparse rows answer as the dense ones: the same drafts hold.
+    assert_eq!(tokens(&base, &sparse, seed), all);
+    let v = |name, seq: &Sequence, mode, drafts: &[u32], rows, drafter| Variant {
         name,
         seq: seq.try_clone().unwrap(),
         mode,
         drafts: drafts.to_vec(),
+        rows,
         drafter,
         us: Vec::with_capacity(ROUNDS),
     };
     let mut variants = [
-        v("step", &base, None, &[], &[]),
-        v("exact_k4_all", &base, Some(Mode::Exact), &all[..K], &[]),
-        v("exact_k4_none", &base, Some(Mode::Exact), &none, &[]),
+        v("step", &base, None, &[], &rows, &[]),
+        v(
+            "exact_k4_all",
+            &base,
+            Some(Mode::Exact),
+            &all[..K],
+            &rows,
+            &[],
+        ),
+        v("exact_k4_none", &base, Some(Mode::Exact), &none, &rows, &[]),
         v(
             "coupled_k4_all",
             &base_coupled,
             Some(Mode::Coupled),
             &all_coupled[..K],
+            &rows,
             &[],
         ),
         v(
@@ -136,7 +196,25 @@ fn main() {
             &base,
             Some(Mode::Rejection),
             &all[..K],
+            &rows,
             &rows[..K],
+        ),
+        v("sparse_step", &base, None, &[], &sparse, &[]),
+        v(
+            "sparse_exact_k4_all",
+            &base,
+            Some(Mode::Exact),
+            &all[..K],
+            &sparse,
+            &[],
+        ),
+        v(
+            "sparse_rejection_k4_all",
+            &base,
+            Some(Mode::Rejection),
+            &all[..K],
+            &sparse,
+            &sparse[..K],
         ),
     ];
     let (mut buf, mut scratch) = (TokenBuffer::new(), TokenBuffer::new());
@@ -147,19 +225,7 @@ fn main() {
             let t0 = Instant::now();
             match var.mode {
                 None => {
-                    let lse = step::load::<NoDeferral>(&mut buf, rows[0], None).unwrap();
-                    black_box(
-                        step::run(
-                            &mut seq,
-                            &mut buf,
-                            rows[0],
-                            lse,
-                            seed,
-                            0,
-                            ProbsRequest::default(),
-                        )
-                        .unwrap(),
-                    );
+                    black_box(one_step(&mut seq, &mut buf, var.rows[0], seed, 0));
                 }
                 Some(mode) => {
                     let out = verify::verify(
@@ -169,7 +235,7 @@ fn main() {
                         mode,
                         Draft {
                             tokens: &var.drafts,
-                            target: &rows,
+                            target: var.rows,
                             drafter: var.drafter,
                         },
                         seed,
@@ -186,26 +252,36 @@ fn main() {
             }
         }
     }
-    let step_median = {
-        let mut s = variants[0].us.clone();
+    let median_of = |name: &str| {
+        let mut s = variants.iter().find(|v| v.name == name).unwrap().us.clone();
         s.sort_by(f64::total_cmp);
         percentile(&s, 0.5)
     };
-    println!("verify at {VOCAB} logits, default chain, K = {K}, {ROUNDS} alternated rounds");
+    // Each variant against the step over the same kind of row.
+    let (dense_step, sparse_step) = (median_of("step"), median_of("sparse_step"));
     println!(
-        "{:<18} {:>10} {:>10} {:>10} {:>8}",
+        "verify at {VOCAB} logits, default chain, K = {K}, {ROUNDS} alternated rounds \
+         (sparse rows: top {SPARSE_TOP} + the rest's log-sum-exp)"
+    );
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>8}",
         "variant", "p50 µs", "p10 µs", "p90 µs", "×step"
     );
     for var in &mut variants {
         var.us.sort_by(f64::total_cmp);
         let p50 = percentile(&var.us, 0.5);
+        let step = if var.name.starts_with("sparse_") {
+            sparse_step
+        } else {
+            dense_step
+        };
         println!(
-            "{:<18} {:>10.1} {:>10.1} {:>10.1} {:>8.2}",
+            "{:<24} {:>10.1} {:>10.1} {:>10.1} {:>8.2}",
             var.name,
             p50,
             percentile(&var.us, 0.1),
             percentile(&var.us, 0.9),
-            p50 / step_median
+            p50 / step
         );
     }
 }

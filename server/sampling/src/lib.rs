@@ -18,6 +18,7 @@ pub mod device_prefix;
 pub mod echo;
 pub mod error;
 mod ffi;
+pub mod input;
 pub mod library;
 pub mod logits;
 pub mod params;

@@ -9,7 +9,10 @@
 //! accepted exactly those `n` tokens, as `n` one-by-one steps would have.
 //! The `n + 1`-th token (the correction, or the bonus token after K
 //! accepted drafts) is reported and, like [`crate::step::run`]'s token,
-//! left for the caller to `accept`.
+//! left for the caller to `accept`. A row may be dense or sparse
+//! ([`StepLogits`]): a sparse position answers exactly what its dense row
+//! would (`crate::sparse`), so verifying over sparse rows reads the top of
+//! each row instead of the whole vocabulary.
 //!
 //! The rules ([`Mode`]):
 //! - EXACT (sample-and-match, llama.cpp's
@@ -40,10 +43,12 @@
 
 use crate::buffer::TokenBuffer;
 use crate::error::{LogitsError, SampleError};
+use crate::input::StepLogits;
 use crate::logits;
 use crate::rng::StepRng;
 use crate::sequence::Sequence;
-use crate::step::{self, Logits, NoDeferral, ProbsRequest, StepOutput};
+use crate::sparse;
+use crate::step::{self, NoDeferral, ProbsRequest, StepOutput};
 
 /// The rule that accepts or rejects a draft token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,9 +85,9 @@ pub struct Draft<'a> {
     pub tokens: &'a [u32],
     /// K + 1 target rows: row `j` is the target's logits after the
     /// sequence and drafts `0..j`.
-    pub target: &'a [Logits<'a>],
+    pub target: &'a [StepLogits<'a>],
     /// REJECTION only: the drafter's K rows (row `j` produced draft `j`).
-    pub drafter: &'a [Logits<'a>],
+    pub drafter: &'a [StepLogits<'a>],
 }
 
 /// The outcome: `accepted` drafts, then `tokens` (`accepted + 1`
@@ -193,25 +198,30 @@ pub fn verify(
     for (j, &logits) in draft.target.iter().enumerate() {
         let step = first_step + j as u64;
         let row = Row::Target(j);
-        let lse = step::load::<NoDeferral>(buf, logits, None)
-            .map_err(|source| VerifyError::Logits { row, source })?;
         let proposed = draft.tokens.get(j).copied();
         let out = match (proposed, drafter_seq.as_mut()) {
             (Some(x), Some(dseq)) => {
                 // q: the drafter row through the same chain, same step.
                 let drow = Row::Drafter(j);
-                step::load::<NoDeferral>(scratch, draft.drafter[j], None)
-                    .map_err(|source| VerifyError::Logits { row: drow, source })?;
-                dseq.sample(scratch, seed, step)
-                    .map_err(|source| VerifyError::Sample { row: drow, source })?;
+                run_row(
+                    dseq,
+                    scratch,
+                    draft.drafter[j],
+                    seed,
+                    step,
+                    ProbsRequest::default(),
+                    drow,
+                    |_, chosen| Ok(chosen),
+                )?;
                 let q = probabilities(scratch);
-                step::run_choosing(seq, buf, logits, lse, seed, step, probs, |buf, _| {
+                run_row(seq, buf, logits, seed, step, probs, row, |buf, _| {
                     Ok(rejection_rule(&probabilities(buf), &q, x, seed, step))
                 })
             }
-            _ => step::run(seq, buf, logits, lse, seed, step, probs),
-        }
-        .map_err(|source| VerifyError::Sample { row, source })?;
+            _ => run_row(seq, buf, logits, seed, step, probs, row, |_, chosen| {
+                Ok(chosen)
+            }),
+        }?;
         let token = out.token_id;
         tokens.push(out);
         if proposed != Some(token) {
@@ -230,6 +240,32 @@ pub fn verify(
         accepted: tokens.len() - 1,
         tokens,
     })
+}
+
+/// One step of `seq` over `logits` (loaded into `buf`), `choose` picking
+/// the reported token from the chain's result: [`step::run_choosing`] for
+/// a dense row, [`sparse::run_choosing`] for a sparse one. Errors name
+/// `row`.
+#[allow(clippy::too_many_arguments)]
+fn run_row(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    logits: StepLogits<'_>,
+    seed: u64,
+    step: u64,
+    probs: ProbsRequest,
+    row: Row,
+    choose: impl FnOnce(&TokenBuffer, u32) -> Result<u32, SampleError>,
+) -> Result<StepOutput, VerifyError> {
+    match logits {
+        StepLogits::Dense(logits) => {
+            let lse = step::load::<NoDeferral>(buf, logits, None)
+                .map_err(|source| VerifyError::Logits { row, source })?;
+            step::run_choosing(seq, buf, logits, lse, seed, step, probs, choose)
+        }
+        StepLogits::Sparse(r) => sparse::run_choosing(seq, buf, r, seed, step, probs, choose),
+    }
+    .map_err(|source| VerifyError::Sample { row, source })
 }
 
 /// The post-chain distribution of `buf` as (id, probability) in

@@ -2,7 +2,8 @@
 //! EXACT equals one-by-one sampling for random chains (penalties, DRY with
 //! a vocabulary, a third-party C plugin, xtc, mirostat, every terminal),
 //! REJECTION and COUPLED follow the target's distribution (χ² over 10⁵
-//! draws, fixed seeds), and COUPLED's tokens do not depend on the drafts.
+//! draws, fixed seeds), COUPLED's tokens do not depend on the drafts, and
+//! every mode answers sparse rows as it answers their dense rows.
 
 mod common;
 
@@ -10,6 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use common::*;
 use proptest::prelude::*;
+use samplerd_sampling::input::StepLogits;
+use samplerd_sampling::sparse::{SparseRow, oracle};
 use samplerd_sampling::step::{self, Logits, NoDeferral, ProbsRequest, StepOutput};
 use samplerd_sampling::verify::{self, Draft, Mode, Verified, VerifyError};
 use samplerd_sampling::vocab::token_attr;
@@ -90,8 +93,10 @@ fn terminal(i: u8) -> StageSpec {
     }
 }
 
-fn floats(rows: &[Vec<f32>]) -> Vec<Logits<'_>> {
-    rows.iter().map(|r| Logits::Floats(r)).collect()
+fn floats(rows: &[Vec<f32>]) -> Vec<StepLogits<'_>> {
+    rows.iter()
+        .map(|r| StepLogits::Dense(Logits::Floats(r)))
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -573,4 +578,125 @@ fn modes_refuse_chains_that_do_not_end_as_they_need() {
             .contains("2 draft tokens need 3 target rows, got 2"),
         "{e}"
     );
+}
+
+/// A dense row's top `m` entries (ids ascending) and the log-sum-exp of
+/// the rest, in f64: the sparse row an engine would send.
+fn sparsify(row: &[f32], m: usize) -> (Vec<u32>, Vec<f32>, f64) {
+    let mut order: Vec<u32> = (0..row.len() as u32).collect();
+    order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+    let (sent, rest) = order.split_at(m.min(row.len()));
+    let mut ids = sent.to_vec();
+    ids.sort_unstable();
+    let values = ids.iter().map(|&i| row[i as usize]).collect();
+    let rest_lse = if rest.is_empty() {
+        f64::NEG_INFINITY
+    } else {
+        let max = rest
+            .iter()
+            .map(|&i| row[i as usize] as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        max + rest
+            .iter()
+            .map(|&i| (row[i as usize] as f64 - max).exp())
+            .sum::<f64>()
+            .ln()
+    };
+    (ids, values, rest_lse)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(120))]
+
+    /// Each mode over sparse rows (the top of each row and the log-sum-exp
+    /// of the rest) answers what it answers over the dense rows: the same
+    /// accepted count, tokens and post-chain probabilities bit for bit, the
+    /// raw logprob within the sparse rows' rounding — with the drafts
+    /// accepted anywhere from none to all, for a chain that cuts the row
+    /// to the sent entries (top_k at most the entries sent).
+    #[test]
+    fn sparse_rows_verify_as_their_dense_rows(
+        rows in prop::collection::vec(row_strategy(), 2..6),
+        drafter in prop::collection::vec(row_strategy(), 5),
+        k_top in 1usize..8,
+        extra in 0usize..8,
+        top_p in 0.5f64..1.0,
+        temp in 0.3f64..2.0,
+        mode in 0u8..3,
+        guesses in prop::collection::vec((0u32..N_VOCAB as u32, any::<bool>()), 5),
+        seed in any::<u64>(),
+    ) {
+        let mode = [Mode::Exact, Mode::Rejection, Mode::Coupled][mode as usize];
+        let terminal = if mode == Mode::Coupled { "coupled" } else { "dist" };
+        let stages = vec![
+            StageSpec::new("top_k").number("k", k_top as f64),
+            StageSpec::new("top_p").number("p", top_p),
+            StageSpec::new("temperature").number("t", temp),
+            StageSpec::new(terminal),
+        ];
+        let k = rows.len() - 1;
+        let probs = ProbsRequest { n: 1, post_sampling: true };
+        // Drafts that follow the one-by-one tokens where `guesses` says so.
+        let mut probe = chain(stages.clone());
+        let mut drafts = Vec::new();
+        for (j, row) in rows.iter().take(k).enumerate() {
+            let t = one_step(&mut probe, row, seed, j as u64, probs).token_id;
+            let (guess, follow) = guesses[j];
+            let d = if follow { t } else { guess };
+            drafts.push(d);
+            probe.accept(d).unwrap();
+        }
+        let drafter = if mode == Mode::Rejection { &drafter[..k] } else { &[][..] };
+        let dense = verify_rows(&mut chain(stages.clone()), mode, &drafts, &rows, drafter, seed, 0, probs)
+            .unwrap();
+
+        // Few entries may not prove the cut (the rest's mass can hide a
+        // better token): such a row is refused, which is the sparse rows'
+        // promise too; those cases are discarded (proptest fails the test
+        // should it have to discard most of them).
+        let sent = k_top + 6 + extra;
+        let parts: Vec<_> = rows.iter().chain(drafter).map(|r| sparsify(r, sent)).collect();
+        let sparse: Vec<StepLogits<'_>> = parts
+            .iter()
+            .map(|(ids, values, rest)| {
+                StepLogits::Sparse(SparseRow::new(ids, values, *rest, N_VOCAB).unwrap())
+            })
+            .collect();
+        let (target, drafter_rows) = sparse.split_at(rows.len());
+        let (mut buf, mut scratch) = (TokenBuffer::new(), TokenBuffer::new());
+        let got = verify::verify(
+            &mut chain(stages),
+            &mut buf,
+            &mut scratch,
+            mode,
+            Draft { tokens: &drafts, target, drafter: drafter_rows },
+            seed,
+            0,
+            probs,
+        );
+        let got = match got {
+            Err(VerifyError::Sample { source: samplerd_sampling::SampleError::Sparse(_), .. }) => {
+                prop_assume!(false);
+                unreachable!()
+            }
+            other => other.unwrap(),
+        };
+        prop_assert_eq!(got.accepted, dense.accepted);
+        prop_assert_eq!(got.tokens.len(), dense.tokens.len());
+        for (j, (g, d)) in got.tokens.iter().zip(&dense.tokens).enumerate() {
+            prop_assert_eq!(g.token_id, d.token_id);
+            prop_assert_eq!(g.probability.to_bits(), d.probability.to_bits());
+            // The dense row's log-sum-exp: the token's logit minus its logprob.
+            let lse = rows[j][d.token_id as usize] - d.logprob;
+            let tol = oracle::logprob_tolerance(lse);
+            let agree = |a: f32, b: f32| oracle::logprobs_agree(a, b, tol);
+            prop_assert!(agree(d.logprob, g.logprob), "logprob {} vs dense {}", g.logprob, d.logprob);
+            prop_assert_eq!(g.probs.len(), d.probs.len());
+            for (gc, dc) in g.probs.iter().zip(&d.probs) {
+                prop_assert_eq!(gc.token_id, dc.token_id);
+                prop_assert_eq!(gc.probability.to_bits(), dc.probability.to_bits());
+                prop_assert!(agree(dc.logprob, gc.logprob));
+            }
+        }
+    }
 }

@@ -44,6 +44,7 @@ use std::time::Instant;
 
 use samplerd_api::v1;
 use samplerd_model::Session;
+use samplerd_sampling::input::StepLogits;
 use samplerd_sampling::step::Logits;
 use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
@@ -210,7 +211,10 @@ impl ModelHost {
             let (back, out) = job.steps.run_blocking(move || {
                 let _serving = samplerd_sampling::activity::serving(request_id);
                 let (seq, buf, session, drafts) = &mut moved;
-                let rows: Vec<Logits<'_>> = session.logits_rows().map(Logits::Floats).collect();
+                let rows: Vec<StepLogits<'_>> = session
+                    .logits_rows()
+                    .map(|r| StepLogits::Dense(Logits::Floats(r)))
+                    .collect();
                 let draft = Draft {
                     tokens: drafts,
                     target: &rows,

@@ -24,13 +24,7 @@ pub const FIELD_LOGITS_F32LE: &str = "logits_f32le";
 pub const FIELD_SPARSE: &str = "sparse";
 pub const FIELD_SHARED: &str = "shared";
 
-/// One step's logits as the sampling core takes them: a whole row, or a
-/// sparse one (the top of the row and the log-sum-exp of the rest).
-#[derive(Clone, Copy, Debug)]
-pub enum StepLogits<'a> {
-    Dense(Logits<'a>),
-    Sparse(SparseRow<'a>),
-}
+pub use samplerd_sampling::input::StepLogits;
 
 /// The logits of one step, in whichever encoding the request used, plus
 /// the request field they came from.

@@ -176,6 +176,15 @@ impl RequestError {
                 field: format!("{path}.{field}"),
                 source,
             },
+            RequestError::Refused {
+                field,
+                message,
+                reason,
+            } => RequestError::Refused {
+                field: format!("{path}.{field}"),
+                message,
+                reason,
+            },
             other => other,
         }
     }

@@ -23,6 +23,7 @@ use tracing::Instrument;
 
 use super::constraint::Prepared;
 use super::sample::{run_step, run_verify};
+use super::shared_memory::verify_rows::VerifyShared;
 use super::state::{AppState, BoxStream};
 use super::validate::batch::{self as valid, Dtype, RowLogits};
 use super::validate::verify;
@@ -74,7 +75,7 @@ fn row_blocking(
     let r = &msg.rows[i];
     let open = match (r.verify.as_ref(), open) {
         (Some(v), Some(mut s)) => {
-            let result = verify_row(state, msg, i, v, &mut s);
+            let result = verify_row(state, msg, i, v, &mut s, caller);
             return (Some(s), result.map_err(|e| e.in_row(i)));
         }
         (_, open) => open,
@@ -149,11 +150,16 @@ fn verify_row(
     i: usize,
     v: &v1::Verify,
     s: &mut SeqState,
+    caller: &Caller,
 ) -> Result<v1::SampleResponse, RequestError> {
-    let valid = verify::batch_row(state, msg, i, v, s.n_vocab, &s.seq)?;
+    let l = &state.limits;
+    let shared = VerifyShared::resolve(&state.shared, v, caller, l.max_draft_tokens, l.max_vocab)?;
+    let valid = verify::batch_row(state, msg, i, v, s.n_vocab, &s.seq, shared.logits())?;
     let mut buf = state.pool.take();
     let result = run_verify(&mut s.seq, &mut buf, &state.pool, &valid, s.seed, s.step);
     state.pool.put(buf);
+    // Before the tokens are accepted, as for a step's shared row.
+    shared.check_read(&state.shared)?;
     let resp = result?;
     s.seq
         .accept(resp.token_id)

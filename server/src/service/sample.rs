@@ -119,6 +119,14 @@ pub fn run_verify(
             field: format!("verify.{row}.logits"),
             source,
         },
+        // A sparse row that cannot prove its step: the refusal names the row.
+        verify::VerifyError::Sample {
+            row,
+            source: samplerd_sampling::SampleError::Sparse(mut r),
+        } => {
+            r.message = format!("verify.{row}.sparse: {}", r.message);
+            RequestError::Sparse(r)
+        }
         verify::VerifyError::Sample { source, .. } => RequestError::from_sample(source, "verify"),
         e @ verify::VerifyError::Terminal { .. } => RequestError::invalid("params", e.to_string()),
         e @ verify::VerifyError::Shape(_) => RequestError::invalid("verify", e.to_string()),

@@ -30,6 +30,7 @@ use super::validate;
 use crate::request::convert::{FIELD_LOGITS, FIELD_LOGITS_F32LE, FIELD_SPARSE};
 use crate::request::errors::RequestError;
 use crate::service::shared_memory::SharedRow;
+use crate::service::shared_memory::verify_rows::VerifyShared;
 use crate::transport::identity::Caller;
 use crate::transport::one_frame::PredecodedStream;
 use crate::transport::status_fixup::completed;
@@ -110,8 +111,19 @@ impl Session {
         if let (Some(v), Some(seq), Some(buf)) =
             (msg.verify.as_ref(), self.seq.as_mut(), self.buf.as_mut())
         {
-            let valid = validate::stream_verify(&self.state, msg, v, self.n_vocab, seq)?;
-            let resp = run_verify(seq, buf, &self.state.pool, &valid, self.seed, self.step)?;
+            let shared = VerifyShared::resolve(
+                &self.state.shared,
+                v,
+                &self.caller,
+                self.state.limits.max_draft_tokens,
+                self.state.limits.max_vocab,
+            )?;
+            let valid =
+                validate::stream_verify(&self.state, msg, v, self.n_vocab, seq, shared.logits())?;
+            let resp = run_verify(seq, buf, &self.state.pool, &valid, self.seed, self.step);
+            // Before the tokens are accepted, as for a step's shared row.
+            shared.check_read(&self.state.shared)?;
+            let resp = resp?;
             seq.accept(resp.token_id)
                 .map_err(|e| RequestError::from_sample(e, "verify"))?;
             let n = resp.verify.as_ref().map_or(1, |v| v.tokens.len()) as u64;

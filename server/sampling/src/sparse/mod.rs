@@ -53,6 +53,22 @@ pub fn run(
     step: u64,
     probs: ProbsRequest,
 ) -> Result<StepOutput, SampleError> {
+    run_choosing(seq, buf, row, seed, step, probs, |_, chosen| Ok(chosen))
+}
+
+/// [`run`], with `choose` deciding the token reported from the buffer as
+/// the chain left it (exactly the dense row's survivors once the proof
+/// held) and the token the chain chose — `crate::step::run_choosing` for a
+/// sparse row, for speculative verification's REJECTION rule.
+pub fn run_choosing(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    row: SparseRow<'_>,
+    seed: u64,
+    step: u64,
+    probs: ProbsRequest,
+    choose: impl FnOnce(&TokenBuffer, u32) -> Result<u32, SampleError>,
+) -> Result<StepOutput, SampleError> {
     let by_id = fill::by_id(row);
     let raw_top = if probs.n > 0 && !probs.post_sampling {
         Some(raw_top(row, &by_id, probs.n)?)
@@ -64,7 +80,8 @@ pub fn run(
         Layout::Candidates => fill::candidates(buf, row, &by_id)?,
         Layout::Dense => fill::dense(buf, row, &by_id)?,
     }
-    let token_id = seq.sample_gated(buf, seed, step, &mut proof)?.token_id;
+    let chosen = seq.sample_gated(buf, seed, step, &mut proof)?.token_id;
+    let token_id = choose(buf, chosen)?;
     let raw = |id: u32| {
         by_id
             .binary_search_by_key(&id, |c| c.id)

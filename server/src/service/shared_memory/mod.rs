@@ -17,6 +17,7 @@
 
 pub mod mapping;
 pub mod open;
+pub mod verify_rows;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

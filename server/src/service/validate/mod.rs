@@ -218,6 +218,7 @@ pub fn stream_verify<'a>(
     v: &'a v1::Verify,
     n_vocab: usize,
     seq: &Sequence,
+    shared: verify::SharedRows<'a>,
 ) -> Result<verify::ValidVerify<'a>, RequestError> {
     verify::no_step_logits(&[
         (!msg.logits.is_empty(), "logits"),
@@ -228,7 +229,7 @@ pub fn stream_verify<'a>(
         (!msg.constraint_tokens.is_empty(), "constraint_tokens"),
     ])?;
     let probs = probs(state, msg.n_probs, msg.post_sampling_probs)?;
-    verify::verify(state, v, batch::Dtype::F32le, n_vocab, seq, probs)
+    verify::verify(state, v, batch::Dtype::F32le, n_vocab, seq, probs, shared)
 }
 
 /// A `Generate` request, the chain built with the model's vocabulary (for

@@ -2,15 +2,18 @@
 //! a `SampleStream` message or a `SampleBatchStream` row → [`ValidVerify`]:
 //! a known mode; at most `limits.max_draft_tokens` drafts, each inside the
 //! sequence's vocabulary; K + 1 target rows and — under REJECTION only — K
-//! drafter rows, each decoded in the stream's encoding and of the
-//! sequence's length; a chain whose terminal stage the mode needs
-//! (`params`); and the message's own logits left empty. Errors name the
-//! field under `verify.` (a batch row's under `rows[i].`).
+//! drafter rows, each exactly one of inline logits (the stream's
+//! encoding), a sparse row or a shared-memory row (resolved by the caller,
+//! `shared_memory::verify_rows`), of the sequence's length; a chain whose
+//! terminal stage the mode needs (`params`); and the message's own logits
+//! left empty. Errors name the field under `verify.` (a batch row's under
+//! `rows[i].`).
 
 #![forbid(unsafe_code)]
 
 use samplerd_api::v1;
 use samplerd_sampling::Sequence;
+use samplerd_sampling::input::StepLogits;
 use samplerd_sampling::step::{Logits, ProbsRequest};
 use samplerd_sampling::verify::{Mode, check_chain};
 
@@ -29,7 +32,7 @@ pub struct ValidVerify<'a> {
 
 impl ValidVerify<'_> {
     /// The rows as the sampling core takes them.
-    pub fn rows(&self) -> (Vec<Logits<'_>>, Vec<Logits<'_>>) {
+    pub fn rows(&self) -> (Vec<StepLogits<'_>>, Vec<StepLogits<'_>>) {
         (
             self.target.iter().map(row_logits).collect(),
             self.drafter.iter().map(row_logits).collect(),
@@ -37,15 +40,18 @@ impl ValidVerify<'_> {
     }
 }
 
-fn row_logits<'b>(r: &'b RowLogits<'_>) -> Logits<'b> {
+fn row_logits<'b>(r: &'b RowLogits<'_>) -> StepLogits<'b> {
     match r {
-        RowLogits::F32le(b) => Logits::F32le(b),
-        RowLogits::Widened(f) => Logits::Floats(f),
+        RowLogits::F32le(b) => StepLogits::Dense(Logits::F32le(b)),
+        RowLogits::Widened(f) => StepLogits::Dense(Logits::Floats(f)),
+        RowLogits::Sparse(r) => StepLogits::Sparse(*r),
         RowLogits::Shared(inner) => row_logits(inner),
-        // `decode` is called without a sparse row.
-        RowLogits::Sparse(_) => unreachable!("verify rows are never sparse"),
     }
 }
+
+/// A Verify's shared rows as resolved by the caller, by position: target,
+/// drafter (`None`: not shared; empty: none resolved).
+pub type SharedRows<'a> = (Vec<Option<RowLogits<'a>>>, Vec<Option<RowLogits<'a>>>);
 
 /// The mode of `verify.mode` (unset: EXACT).
 fn mode(value: i32) -> Result<Mode, RequestError> {
@@ -77,7 +83,8 @@ pub fn no_step_logits(set: &[(bool, &str)]) -> Result<(), RequestError> {
 }
 
 /// Checks `v` for a sequence of `n_vocab` logits running `seq`'s chain,
-/// its rows in `dtype` (f32 in a SampleStream).
+/// its inline rows in `dtype` (f32 in a SampleStream), its shared rows
+/// `shared`.
 pub fn verify<'a>(
     state: &AppState,
     v: &'a v1::Verify,
@@ -85,6 +92,7 @@ pub fn verify<'a>(
     n_vocab: usize,
     seq: &Sequence,
     probs: ProbsRequest,
+    shared: SharedRows<'a>,
 ) -> Result<ValidVerify<'a>, RequestError> {
     let mode = mode(v.mode)?;
     let k = v.draft_tokens.len();
@@ -145,16 +153,39 @@ pub fn verify<'a>(
             ),
         )
     })?;
-    let decode = |rows: &'a [v1::VerifyRow], name: &str| {
+    let decode = |rows: &'a [v1::VerifyRow], shared: Vec<Option<RowLogits<'a>>>, name: &str| {
+        let mut shared = shared.into_iter();
         rows.iter()
             .enumerate()
             .map(|(j, r)| {
                 let path = format!("verify.{name}[{j}]");
-                let row = RowLogits::decode(dtype, &r.logits, None, state.limits.max_vocab)
-                    .map_err(|e| e.under(&path))?;
+                let (row, field) = match shared.next().flatten() {
+                    Some(row) => (row, "shared.count"),
+                    None if r.logits.is_empty() && r.sparse.is_none() => {
+                        return Err(RequestError::invalid(
+                            path,
+                            "set exactly one of `logits`, `sparse` and `shared`, got none",
+                        ));
+                    }
+                    None => {
+                        let row = RowLogits::decode(
+                            dtype,
+                            &r.logits,
+                            r.sparse.as_ref(),
+                            state.limits.max_vocab,
+                        )
+                        .map_err(|e| e.under(&path))?;
+                        let field = if r.sparse.is_some() {
+                            "sparse.vocab_size"
+                        } else {
+                            "logits"
+                        };
+                        (row, field)
+                    }
+                };
                 if row.len() != n_vocab {
                     return Err(RequestError::invalid(
-                        format!("{path}.logits"),
+                        format!("{path}.{field}"),
                         format!(
                             "has {} logits, the sequence's vocabulary has {n_vocab}",
                             row.len()
@@ -165,11 +196,12 @@ pub fn verify<'a>(
             })
             .collect::<Result<Vec<_>, _>>()
     };
+    let (shared_target, shared_drafter) = shared;
     Ok(ValidVerify {
         mode,
         drafts: &v.draft_tokens,
-        target: decode(&v.target_rows, "target_rows")?,
-        drafter: decode(&v.drafter_rows, "drafter_rows")?,
+        target: decode(&v.target_rows, shared_target, "target_rows")?,
+        drafter: decode(&v.drafter_rows, shared_drafter, "drafter_rows")?,
         probs,
     })
 }
@@ -184,6 +216,7 @@ pub fn batch_row<'a>(
     v: &'a v1::Verify,
     n_vocab: usize,
     seq: &Sequence,
+    shared: SharedRows<'a>,
 ) -> Result<ValidVerify<'a>, RequestError> {
     let r = &msg.rows[i];
     let dtype = Dtype::from_proto(msg.dtype)?;
@@ -193,5 +226,5 @@ pub fn batch_row<'a>(
         (r.shared.is_some(), "shared"),
     ])?;
     let probs = super::probs(state, msg.n_probs, msg.post_sampling_probs)?;
-    verify(state, v, dtype, n_vocab, seq, probs)
+    verify(state, v, dtype, n_vocab, seq, probs, shared)
 }
