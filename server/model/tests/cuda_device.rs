@@ -1,7 +1,7 @@
 //! The CUDA backend end to end on whatever `libcuda` cudarc loads: the
 //! emulated driver (`src/cuda/emu`, scripts/ci/cuda-emulated.sh puts it on
 //! the library path) in CI, the real one on a GPU (scripts/gpu-check.sh).
-//! Tiny models (2 layers, width 256, a byte vocabulary) in every weight
+//! Tiny models (`support/tiny_formats.rs`) in every weight
 //! format the device keeps natively: the logits of a prefill and of each
 //! decode step (the captured CUDA graph replayed), and of steps of several
 //! sequences at once, must equal the CPU backend's bit for bit; dropping the
@@ -13,24 +13,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use candle_core::quantized::gguf_file::{self, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::quantized::GgmlDType;
 use samplerd_model::cuda::{CudaBackend, CudaOptions};
 use samplerd_model::{Backend, DeviceRequest, Model, ModelOptions, Placement};
 
-#[allow(dead_code)]
-#[path = "../src/test_rng.rs"]
-mod test_rng;
-use test_rng::Lcg;
-
-const D: usize = 256;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const FF: usize = 256;
-const LAYERS: usize = 2;
-const N_VOCAB: usize = 300;
-const CTX: usize = 64;
+#[path = "support/tiny_formats.rs"]
+mod tiny_formats;
+use tiny_formats::{CTX, FORMATS, N_VOCAB, write_model};
 
 /// The tests take turns on the device: the allocation count is
 /// process-wide, and the emulated driver runs one launch at a time anyway.
@@ -50,107 +39,6 @@ fn device() -> Option<(Placement, MutexGuard<'static, ()>)> {
         }
     }
 }
-
-fn matrix(rng: &mut Lcg, rows: usize, cols: usize, scale: f32, dtype: GgmlDType) -> QTensor {
-    let v: Vec<f32> = (0..rows * cols).map(|_| rng.f() * scale).collect();
-    let t = Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap();
-    QTensor::quantize(&t, dtype).unwrap()
-}
-
-fn vector(rng: &mut Lcg, n: usize, base: f32, scale: f32) -> QTensor {
-    let v: Vec<f32> = (0..n).map(|_| base + rng.f() * scale).collect();
-    QTensor::quantize(
-        &Tensor::from_vec(v, n, &Device::Cpu).unwrap(),
-        GgmlDType::F32,
-    )
-    .unwrap()
-}
-
-/// A tiny model with every matrix (the embedding and output too) in `dtype`;
-/// qwen2 gets q/k/v biases and NeoX RoPE.
-fn write_model(path: &Path, arch: &str, dtype: GgmlDType) {
-    let mut rng = Lcg(7);
-    let mut tensors: Vec<(String, QTensor)> = vec![(
-        "token_embd.weight".into(),
-        matrix(&mut rng, N_VOCAB, D, 1.0, dtype),
-    )];
-    let dkv = KV_HEADS * D / HEADS;
-    for l in 0..LAYERS {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        tensors.push((n("attn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
-        for (name, rows, cols, scale) in [
-            ("attn_q.weight", D, D, 0.3),
-            ("attn_k.weight", dkv, D, 0.3),
-            ("attn_v.weight", dkv, D, 0.3),
-            ("attn_output.weight", D, D, 0.2),
-        ] {
-            tensors.push((n(name), matrix(&mut rng, rows, cols, scale, dtype)));
-        }
-        tensors.push((n("ffn_norm.weight"), vector(&mut rng, D, 1.0, 0.1)));
-        for (name, rows, cols, scale) in [
-            ("ffn_gate.weight", FF, D, 0.3),
-            ("ffn_up.weight", FF, D, 0.3),
-            ("ffn_down.weight", D, FF, 0.2),
-        ] {
-            tensors.push((n(name), matrix(&mut rng, rows, cols, scale, dtype)));
-        }
-        if arch == "qwen2" {
-            tensors.push((n("attn_q.bias"), vector(&mut rng, D, 0.0, 0.1)));
-            tensors.push((n("attn_k.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
-            tensors.push((n("attn_v.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
-        }
-    }
-    tensors.push(("output_norm.weight".into(), vector(&mut rng, D, 1.0, 0.1)));
-    tensors.push((
-        "output.weight".into(),
-        matrix(&mut rng, N_VOCAB, D, 0.5, dtype),
-    ));
-    let toks: Vec<Value> = (0..N_VOCAB)
-        .map(|i| Value::String(format!("<t{i}>")))
-        .collect();
-    let u = |v: usize| Value::U32(v as u32);
-    let meta: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String(arch.into())),
-        (format!("{arch}.context_length"), u(256)),
-        (format!("{arch}.embedding_length"), u(D)),
-        (format!("{arch}.block_count"), u(LAYERS)),
-        (format!("{arch}.feed_forward_length"), u(FF)),
-        (format!("{arch}.attention.head_count"), u(HEADS)),
-        (format!("{arch}.attention.head_count_kv"), u(KV_HEADS)),
-        (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
-        (
-            format!("{arch}.attention.layer_norm_rms_epsilon"),
-            Value::F32(1e-5),
-        ),
-        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(toks)),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(vec![Value::I32(1); N_VOCAB]),
-        ),
-        ("tokenizer.ggml.merges".into(), Value::Array(vec![])),
-        ("tokenizer.ggml.bos_token_id".into(), u(1)),
-        ("tokenizer.ggml.eos_token_id".into(), u(2)),
-    ];
-    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut f = std::fs::File::create(path).unwrap();
-    gguf_file::write(&mut f, &meta_refs, &tensor_refs).unwrap();
-}
-
-/// Every weight format the device keeps natively (the CPU loader keeps
-/// each as it is).
-const FORMATS: [GgmlDType; 9] = [
-    GgmlDType::Q8_0,
-    GgmlDType::Q4_1,
-    GgmlDType::Q5_0,
-    GgmlDType::Q5_1,
-    GgmlDType::Q4K,
-    GgmlDType::Q5K,
-    GgmlDType::Q6K,
-    GgmlDType::F16,
-    GgmlDType::BF16,
-];
 
 fn opts() -> ModelOptions {
     ModelOptions {
@@ -184,7 +72,7 @@ fn argmax(v: &[f32]) -> u32 {
 /// (one token: the captured graph from the second on): every step's logits
 /// bit-identical on both backends.
 fn assert_same_run(cpu: &Model, gpu: &Model, what: &str) {
-    let prompt = [1u32, 40, 77, 123, 250, 299];
+    let prompt = [1u32, 40, 77, 123, 250, 260];
     let mut c = cpu.new_session().unwrap();
     let mut g = gpu.new_session().unwrap();
     let mut want = c.prefill(&prompt).unwrap().to_vec();

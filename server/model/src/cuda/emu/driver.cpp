@@ -26,8 +26,9 @@
 // a time (a process-wide lock): __shared__ variables are statics.
 //
 // Beyond the driver API it exports samplerd_emu_live_allocations() and
-// samplerd_emu_live_bytes() for tests, and samplerd_emu_last_error(), the
-// last refusal's message.
+// samplerd_emu_live_bytes() for tests, samplerd_emu_last_error() (the last
+// refusal's message) and samplerd_emu_set_memory() (the device's size; also
+// SAMPLERD_CUDA_EMU_MEMORY, in bytes, default 1 GiB).
 #define SAMPLERD_EMU_FIBERS 1
 #include "../emulation/prelude.h"
 #include "fibers.h"
@@ -804,6 +805,14 @@ API const char* samplerd_emu_last_error() {
     static thread_local std::string copy;
     copy = g_last;
     return copy.c_str();
+}
+// Sets the device's memory size (tests of running out of device memory);
+// returns the previous size.
+API uint64_t samplerd_emu_set_memory(uint64_t bytes) {
+    Lock l(st().mu);
+    const uint64_t old = st().total_bytes;
+    st().total_bytes = bytes;
+    return old;
 }
 API uint64_t samplerd_emu_live_bytes() {
     Lock l(st().mu);
