@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # GPU verification of the CUDA model host, in one script:
 #   1. device facts (nvidia-smi, the driver / NVRTC libraries found);
+#   1b. the emulated CUDA suite's cases (scripts/ci/cuda-emulated.sh) on the
+#      real driver, first, so GPU minutes go to what only a GPU can show:
+#      tiny models in every weight format bit-identical to the CPU, graphs,
+#      batching, the server's Generate equal to the CPU server's, a
+#      cancelled stream's memory, check-config (the emulator-only checks
+#      skip with a notice);
 #   2. the CUDA unit tests with SAMPLERD_EXPECT_GPU=1 (auto/cuda pick the GPU);
 #   3. the GPU tests (server/tests/cuda_gpu.rs): GPU vs CPU logits (relative
 #      error <= 1e-2 at every position), greedy tokens identical to the CPU
@@ -73,6 +79,8 @@ prepare() {
   exes=$( {
     built_executables test --release -p samplerd-model --features cuda --lib --no-run
     built_executables test --release -p samplerd --features cuda --test cuda_gpu --no-run
+    built_executables test --release -p samplerd-model --features cuda --test cuda_device --no-run
+    built_executables test --release -p samplerd --features cuda --test cuda_generate --no-run
     built_executables bench -p samplerd --features cuda --bench cuda_decode --no-run
   } ) || exit 1
   [ -n "$exes" ] || { echo "gpu-check: no executables were built" >&2; exit 1; }
@@ -81,6 +89,8 @@ prepare() {
     case "$e" in
       */samplerd_model-*) name=model_unit ;;
       */cuda_gpu-*) name=cuda_gpu ;;
+      */cuda_device-*) name=cuda_device ;;
+      */cuda_generate-*) name=cuda_generate ;;
       */cuda_decode-*) name=cuda_decode ;;
       *) continue ;;
     esac
@@ -169,6 +179,11 @@ run_checks() {
   local log="$SCRATCH/gpu-check.log"
   : >"$log"
 
+  step "the emulated suite's cases on the GPU (tiny models, every format; the server)"
+  if SAMPLERD_EXPECT_CUDA=1 timeout "${GPU_CHECK_EMULATED_TIMEOUT:-240}" sh -c \
+      '"$1/cuda_device" --test-threads=1 && "$1/cuda_generate" --test-threads=1' _ "$bin_dir" 2>&1 | tee -a "$log"; then
+    record emulated PASS; else record emulated FAIL; fi
+
   step "CUDA unit tests (device selection)"
   if timeout "${GPU_CHECK_UNIT_TIMEOUT:-300}" "$bin_dir/model_unit" cuda:: 2>&1 | tee -a "$log"; then
     record unit PASS; else record unit FAIL; fi
@@ -206,6 +221,7 @@ run_checks() {
   step "summary"
   {
     echo "GPU check $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+    printf '%-28s %s\n' "emulated suite's cases" "${RESULT[emulated]:-?}"
     printf '%-28s %s\n' "CUDA unit tests" "${RESULT[unit]:-?}"
     printf '%-28s %s\n' "GPU tests (3 + placement)" "${RESULT[gpu_tests]:-?}"
     printf '%-28s %s\n' "compute-sanitizer memcheck" "${RESULT[memcheck]:-?}"
@@ -214,7 +230,7 @@ run_checks() {
     grep -h '^GPU-CHECK' "$log" | sed 's/^GPU-CHECK /  /'
     grep -hE '^(mode|[18] stream)' "$log"
   } | tee "${OUT:-$SCRATCH}/gpu-check.txt"
-  [ "${RESULT[unit]:-}" = PASS ] && [ "${RESULT[gpu_tests]:-}" = PASS ] && [ "${RESULT[bench]:-}" = DONE ]
+  [ "${RESULT[emulated]:-}" = PASS ] && [ "${RESULT[unit]:-}" = PASS ] && [ "${RESULT[gpu_tests]:-}" = PASS ] && [ "${RESULT[bench]:-}" = DONE ]
 }
 
 case "$mode" in

@@ -37,6 +37,7 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 step "dependency audit (cargo deny: licenses, bans, sources)"; scripts/ci/audit.sh
 step "proto checks (buf lint, format, breaking)"; scripts/ci/proto.sh
 step "CUDA feature (builds and lints without a toolkit)"; scripts/ci/cuda-build.sh
+step "CUDA host on the emulated driver (scripts/ci/cuda-emulated.sh)"; scripts/ci/cuda-emulated.sh
 
 # Where the scripts find the binaries and the model (also enables the
 # real-model tests of `cargo test`).

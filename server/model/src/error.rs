@@ -54,4 +54,8 @@ pub enum ModelError {
     EmptyInput,
     #[error("backend: {0}")]
     Backend(String),
+    /// The device has too little free memory for an allocation (a
+    /// sequence's KV cache or scratch): retryable once others finish.
+    #[error("device memory: {0}")]
+    DeviceMemory(String),
 }

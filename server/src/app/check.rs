@@ -77,6 +77,16 @@ pub fn check_config(
                 samplerd_model::Numerics::Native => "the llama.cpp build native to this CPU",
             }
         );
+        // Where `serve` would put the model (it refuses to start when this
+        // fails, so check-config does too).
+        let device = loaded.config.model.device;
+        let resolved = samplerd_model::cuda::resolve(device)
+            .map_err(|e| loaded.invalid("model.device", device, e.to_string()))?;
+        let _ = writeln!(
+            out,
+            "\n# model device (model.device)\n#   {}: {}",
+            resolved.placement, resolved.reason
+        );
     }
     Ok(Checked {
         report: out,

@@ -427,7 +427,7 @@ impl ModelHost {
             let session = match choices[0].session.fork() {
                 Ok(Some(fork)) => fork,
                 Ok(None) => self.prefill(&prompt, &[], &forward)?.0,
-                Err(e) => return Err(RequestError::Internal(e.to_string())),
+                Err(e) => return Err(model_failure(e)),
             };
             choices.push(Choice {
                 seq: self.open_sequence(job, &prompt)?,
@@ -602,12 +602,7 @@ impl ModelHost {
     ) -> Result<(Session, usize), RequestError> {
         let (session, cached) = match self.prompt_cache.take(prompt, resumed) {
             Some(found) => found,
-            None => (
-                self.model
-                    .new_session()
-                    .map_err(|e| RequestError::Internal(e.to_string()))?,
-                0,
-            ),
+            None => (self.model.new_session().map_err(model_failure)?, 0),
         };
         let mut session = if cached < prompt.len() {
             forward(session, prompt[cached..].to_vec())?
@@ -863,6 +858,20 @@ fn prompt_tokens(
         ));
     }
     Ok(tokens)
+}
+
+/// A model error during a generation: INTERNAL, except the device running
+/// out of memory for the sequence (RESOURCE_EXHAUSTED: retryable once other
+/// generations end).
+fn model_failure(e: samplerd_model::ModelError) -> RequestError {
+    match e {
+        samplerd_model::ModelError::DeviceMemory(_) => RequestError::exhausted(
+            Reason::BudgetExceeded,
+            "model.device",
+            format!("{e}; try again later"),
+        ),
+        e => RequestError::Internal(e.to_string()),
+    }
 }
 
 /// One decode step's sampling: [`samplerd_sampling::step`] over the model's

@@ -18,6 +18,12 @@
 //! the CPU kernels' lane orders in whichever order the step's size picks
 //! (the K-quants' tiled one for 8+ tokens, tinyBLAS's for F16 / BF16 in
 //! steps of 2+), ggml's expf, f16 KV cache, the same RoPE table.
+//!
+//! `emu/` (C++, not a Rust module) is an emulated CUDA driver and NVRTC for
+//! running this backend end to end without a GPU: the driver API on host
+//! memory with a device's checks, the kernels compiled into it as C++
+//! (scripts/ci/cuda-emulated.sh; docs/ARCHITECTURE.md, "The emulated CUDA
+//! driver").
 
 #[cfg(feature = "cuda")]
 pub mod backend;

@@ -119,9 +119,14 @@ pub(super) fn alloc<T: DeviceRepr + ValidAsZeroBits>(
     n: usize,
     what: &str,
 ) -> Result<CudaSlice<T>, ModelError> {
-    stream
-        .alloc_zeros::<T>(n.max(1))
-        .map_err(|e| err(&format!("allocating {what} ({n} elements)"), e))
+    stream.alloc_zeros::<T>(n.max(1)).map_err(|e| {
+        let what = format!("allocating {what} ({n} elements)");
+        if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            ModelError::DeviceMemory(format!("cuda: {what}: {e}"))
+        } else {
+            err(&what, e)
+        }
+    })
 }
 
 /// The device address of a buffer (event tracking is off: no sync guard).

@@ -5,6 +5,10 @@
 // __syncwarp are barriers, shuffles / ballots exchange values through a
 // per-thread slot between two warp barriers; __shared__ variables become
 // statics (one block at a time).
+// The emulated CUDA driver (cuda/emu/driver.cpp) defines
+// SAMPLERD_EMU_FIBERS and runs a block's threads as coroutines on one OS
+// thread instead (thousands of launches per token make a std::thread per
+// CUDA thread too slow); it then supplies the two barriers itself.
 // IEEE arithmetic: build with -ffp-contract=off and without -ffast-math so
 // `a * b + c` stays two roundings, as --fmad=false makes it on the GPU.
 #include <algorithm>
@@ -31,6 +35,7 @@ struct Dim3 { int x, y, z; };
 thread_local Dim3 threadIdx, blockIdx, blockDim, gridDim;
 thread_local int emu_tid;
 
+#ifndef SAMPLERD_EMU_FIBERS
 // A reusable barrier whose participants can leave (threads that return).
 struct EmuBarrier {
     std::mutex m;
@@ -61,10 +66,17 @@ struct EmuBarrier {
 };
 static EmuBarrier* emu_block_barrier;
 static std::vector<std::unique_ptr<EmuBarrier>> emu_warp_barriers;
-static uint64_t emu_slots[1024];
 
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 inline void __syncwarp() { emu_warp_barriers[emu_tid / 32]->arrive_and_wait(); }
+
+#else
+void emu_fiber_sync_block();
+void emu_fiber_sync_warp();
+inline void __syncthreads() { emu_fiber_sync_block(); }
+inline void __syncwarp() { emu_fiber_sync_warp(); }
+#endif
+static uint64_t emu_slots[1024];
 
 // Every lane publishes `v`, then reads lane `src`'s.
 template <class T> inline T emu_exchange(T v, int src) {
@@ -130,6 +142,7 @@ inline double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); r
 inline unsigned short f2h(float f) { _Float16 h = (_Float16)f; unsigned short u; memcpy(&u, &h, 2); return u; }
 inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 
+#ifndef SAMPLERD_EMU_FIBERS
 // Runs `kernel` over a (gx, gy) grid of `threads`-thread blocks.
 template <class F> void emu_launch(int gx, int gy, int threads, F kernel) {
     for (int by = 0; by < gy; ++by)
@@ -153,3 +166,4 @@ template <class F> void emu_launch(int gx, int gy, int threads, F kernel) {
             for (auto& th : ts) th.join();
         }
 }
+#endif

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 
 use super::format::DevFormat;
@@ -196,7 +196,37 @@ pub fn per_warp(n: usize) -> LaunchConfig {
     )
 }
 
+/// The kernel parameters packed as the C struct of the kernel's signature
+/// (each at its natural alignment, the total rounded up to the largest):
+/// the layout `cuLaunchKernel` takes through `CU_LAUNCH_PARAM_BUFFER_POINTER`.
+pub fn pack_params(args: &[Arg]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(args.len() * 8);
+    let mut align = 1;
+    for a in args {
+        let (bytes, n): ([u8; 8], usize) = match *a {
+            Arg::Ptr(v) => (v.to_ne_bytes(), 8),
+            Arg::I32(v) => (u64::from(v as u32).to_ne_bytes(), 4),
+            Arg::F32(v) => (u64::from(v.to_bits()).to_ne_bytes(), 4),
+        };
+        align = align.max(n);
+        buf.resize(buf.len().next_multiple_of(n), 0);
+        let at = if cfg!(target_endian = "little") {
+            0
+        } else {
+            8 - n
+        };
+        buf.extend_from_slice(&bytes[at..at + n]);
+    }
+    buf.resize(buf.len().next_multiple_of(align), 0);
+    buf
+}
+
 /// Launches `f` on `stream` with `args`.
+///
+/// The arguments go to the driver as one packed buffer with its size
+/// (`extra`, not `kernelParams`), so the driver can refuse a buffer that
+/// does not match the kernel's parameter list; the emulated driver
+/// (`cuda/emu`) does, naming the kernel and both sizes.
 ///
 /// # Safety
 /// `args` must match the kernel's parameter list in number, order and type,
@@ -208,24 +238,66 @@ pub unsafe fn launch(
     config: LaunchConfig,
     args: &[Arg],
 ) -> Result<(), String> {
-    let mut b = stream.launch_builder(f);
-    for a in args {
-        match a {
-            Arg::Ptr(v) => b.arg(v),
-            Arg::I32(v) => b.arg(v),
-            Arg::F32(v) => b.arg(v),
-        };
-    }
+    use cudarc::driver::sys;
+    use std::ffi::c_void;
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| format!("kernel launch: {e}"))?;
+    let mut buf = pack_params(args);
+    let mut size = buf.len();
+    let mut extra = [
+        sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+        buf.as_mut_ptr().cast::<c_void>(),
+        sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+        (&raw mut size).cast::<c_void>(),
+        sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+    ];
+    let (g, b) = (config.grid_dim, config.block_dim);
     // SAFETY: the caller guarantees the argument list matches the kernel and
-    // the pointers' extents; `args` outlives the launch call.
-    unsafe { b.launch(config) }
-        .map(|_| ())
-        .map_err(|e| format!("kernel launch: {e}"))
+    // the pointers' extents; `buf`, `size` and `extra` outlive the call (the
+    // driver copies the parameters when the launch is enqueued or captured).
+    unsafe {
+        sys::cuLaunchKernel(
+            f.cu_function(),
+            g.0,
+            g.1,
+            g.2,
+            b.0,
+            b.1,
+            b.2,
+            config.shared_mem_bytes,
+            stream.cu_stream(),
+            std::ptr::null_mut(),
+            extra.as_mut_ptr(),
+        )
+    }
+    .result()
+    .map_err(|e| format!("kernel launch: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The parameter buffer is the C struct of the signature: each value at
+    /// its natural alignment, the size rounded up to the largest.
+    #[test]
+    fn parameters_pack_as_a_c_struct() {
+        let b = pack_params(&[Arg::Ptr(0x1122), Arg::I32(-2), Arg::F32(1.5), Arg::Ptr(7)]);
+        assert_eq!(b.len(), 24);
+        assert_eq!(b[..8], 0x1122u64.to_ne_bytes());
+        assert_eq!(b[8..12], (-2i32).to_ne_bytes());
+        assert_eq!(b[12..16], 1.5f32.to_ne_bytes());
+        assert_eq!(b[16..], 7u64.to_ne_bytes());
+        // An int before a pointer is padded to the pointer's alignment, and
+        // a trailing int to the struct's.
+        let b = pack_params(&[Arg::I32(1), Arg::Ptr(2), Arg::I32(3)]);
+        assert_eq!(b.len(), 24);
+        assert_eq!(b[8..16], 2u64.to_ne_bytes());
+        assert_eq!(b[16..20], 3i32.to_ne_bytes());
+        assert!(pack_params(&[]).is_empty());
+    }
 
     /// NVRTC needs no GPU: where its library is present (e.g. the
     /// `nvidia-cuda-nvrtc-cu12` wheel on LD_LIBRARY_PATH), the source must
@@ -237,6 +309,12 @@ mod tests {
             return;
         }
         let ptx = ptx_for((9, 0)).expect("the kernels compile");
+        if ptx.starts_with("// samplerd emulated NVRTC") {
+            // The emulated NVRTC (cuda/emu) compiles nothing; the real
+            // compile is checked where the real NVRTC is on the path.
+            eprintln!("NOTICE: the emulated NVRTC; skipping the kernel compile check");
+            return;
+        }
         let per_format = DevFormat::ALL
             .iter()
             .flat_map(|f| ["embed", "mmw", "mm"].map(|k| format!("{k}_{}", f.suffix())));

@@ -1,0 +1,295 @@
+//! Generate served from the CUDA backend (`model.device = "cuda"`) against
+//! the same server on the CPU: every weight format's tiny model
+//! (server/model/tests/support/tiny_formats.rs), greedy and seeded, several
+//! prompts, must stream the same messages byte for byte; so must 8
+//! concurrent streams; a cancelled stream gives its device memory back; a
+//! generation whose KV cache does not fit the device's free memory is
+//! RESOURCE_EXHAUSTED, and the server keeps serving. Runs on whatever
+//! `libcuda` cudarc loads: the emulated driver in CI
+//! (scripts/ci/cuda-emulated.sh), a GPU in scripts/gpu-check.sh. Without a
+//! device it skips with a notice, unless `SAMPLERD_EXPECT_CUDA=1`.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::GgmlDType;
+use common::*;
+use samplerd::generate::generator::Generator;
+use samplerd::generate::{GenerateConfig, ModelHost};
+use samplerd_api::v1;
+use samplerd_api::v1::generate_response::Event;
+use samplerd_model::{DeviceRequest, Numerics, Placement};
+use tokio::sync::{Mutex, MutexGuard};
+
+#[path = "../model/tests/support/tiny_formats.rs"]
+mod tiny_formats;
+use tiny_formats::{CTX, FORMATS, write_model};
+
+/// The tests take turns: the device's allocation count is process-wide.
+static EXCLUSIVE: Mutex<()> = Mutex::const_new(());
+
+/// The device, held until the guard drops (async tests).
+async fn device() -> Option<(Placement, MutexGuard<'static, ()>)> {
+    let turn = EXCLUSIVE.lock().await;
+    placement().map(|p| (p, turn))
+}
+
+/// The device, or None (skip) — a panic when a script expects one.
+fn placement() -> Option<Placement> {
+    let expect = std::env::var("SAMPLERD_EXPECT_CUDA").as_deref() == Ok("1");
+    match samplerd_model::cuda::resolve(DeviceRequest::Cuda) {
+        Ok(r) => Some(r.placement),
+        Err(e) => {
+            assert!(!expect, "SAMPLERD_EXPECT_CUDA=1 but: {e}");
+            eprintln!("NOTICE: no CUDA device ({e}); skipping");
+            None
+        }
+    }
+}
+
+fn gen_config() -> GenerateConfig {
+    GenerateConfig {
+        n_threads: 1,
+        n_ctx: CTX,
+        // Sessions kept for later prompts would hold device memory.
+        prompt_cache_entries: 0,
+        max_concurrent_generations: 8,
+        ..GenerateConfig::default()
+    }
+}
+
+async fn server(path: &std::path::Path, placement: &Placement) -> (TestServer, Arc<ModelHost>) {
+    let host = Arc::new(
+        ModelHost::load_on(path, gen_config(), placement, Numerics::default())
+            .expect("model loads"),
+    );
+    let s = start_serving(test_config(), Some(Arc::clone(&host) as Arc<dyn Generator>)).await;
+    (s, host)
+}
+
+fn request(prompt: &str, max_tokens: u32, seed: Option<u64>) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        prompt: prompt.into(),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        params: Some(match seed {
+            None => v1::SamplingParams {
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            Some(seed) => v1::SamplingParams {
+                seed: Some(seed),
+                temperature: Some(1.5),
+                ..Default::default()
+            },
+        }),
+        ..Default::default()
+    }
+}
+
+/// The whole stream, with the run's timings left out.
+async fn run(s: &TestServer, req: v1::GenerateRequest) -> Output {
+    let mut out = generate(s, req).await.expect("Generate succeeds");
+    if let Some(f) = &mut out.finished {
+        without_run_details(f);
+    }
+    out
+}
+
+const PROMPTS: [&str; 3] = ["the cat", "Hello, world! ", "0123 héllo"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_format_streams_what_the_cpu_streams() {
+    let Some((placement, _turn)) = device().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in FORMATS {
+        let p = dir.path().join(format!("tiny-{dtype:?}.gguf"));
+        write_model(&p, "llama", dtype);
+        let (cpu, _) = server(&p, &Placement::Cpu).await;
+        let (gpu, host) = server(&p, &placement).await;
+        assert!(host.model().backend_name().starts_with("cuda:"));
+        // Greedy and seeded across the prompts (the emulated device is
+        // slow: each format's model gets three requests).
+        for (i, prompt) in PROMPTS.iter().enumerate() {
+            let seed = (i % 2 == 1).then_some(11 + i as u64);
+            let want = run(&cpu, request(prompt, 6, seed)).await;
+            let got = run(&gpu, request(prompt, 6, seed)).await;
+            assert_eq!(got.tokens.len(), 6);
+            assert_eq!(got, want, "{dtype:?} {prompt:?} seed {seed:?}");
+        }
+        cpu.stop().await;
+        gpu.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_concurrent_streams_match_the_cpu() {
+    let Some((placement, _turn)) = device().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    write_model(&p, "llama", GgmlDType::Q4K);
+    let (cpu, _) = server(&p, &Placement::Cpu).await;
+    let (gpu, host) = server(&p, &placement).await;
+    let reqs: Vec<_> = (0..8u64)
+        .map(|i| request(PROMPTS[i as usize % 3], 8, (i > 0).then_some(100 + i)))
+        .collect();
+    let mut want = Vec::new();
+    for r in &reqs {
+        want.push(run(&cpu, r.clone()).await);
+    }
+    let got = futures::future::join_all(reqs.iter().map(|r| run(&gpu, r.clone()))).await;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "stream {i}");
+    }
+    assert!(
+        host.largest_decode_batch() > 1,
+        "the streams were never batched"
+    );
+    cpu.stop().await;
+    gpu.stop().await;
+}
+
+/// The emulated driver's test symbols (None on a real driver). cudarc
+/// loaded the library under this name; dlopen returns that same handle.
+fn emu_symbol<T: Copy>(name: &std::ffi::CStr) -> Option<T> {
+    // SAFETY: dlopen / dlsym of the already loaded driver library; the
+    // caller names a symbol the emulator defines with type T (a fn pointer).
+    unsafe {
+        let h = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW);
+        if h.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(h, name.as_ptr());
+        (!f.is_null()).then(|| std::mem::transmute_copy::<*mut libc::c_void, T>(&f))
+    }
+}
+
+fn live_allocations() -> Option<u64> {
+    let f: unsafe extern "C" fn() -> u64 = emu_symbol(c"samplerd_emu_live_allocations")?;
+    // SAFETY: the emulator's `uint64_t samplerd_emu_live_allocations(void)`.
+    Some(unsafe { f() })
+}
+
+/// Waits (bounded) until `f` holds.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_stream_gives_its_device_memory_back() {
+    let Some((placement, _turn)) = device().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    write_model(&p, "llama", GgmlDType::Q8_0);
+    let (gpu, _host) = server(&p, &placement).await;
+    let Some(idle) = live_allocations() else {
+        eprintln!("NOTICE: a real driver: no allocation count to check");
+        return;
+    };
+    let mut client = gpu.client.clone();
+    let mut stream = client
+        .generate(request("the cat", 50, Some(3)))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(first.event, Some(Event::Token(_))));
+    assert!(
+        live_allocations().unwrap() > idle,
+        "the sequence is on the device"
+    );
+    drop(stream);
+    eventually("the cancelled sequence is freed", || {
+        live_allocations().unwrap() == idle
+    })
+    .await;
+    gpu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_cache_the_device_cannot_hold_is_resource_exhausted() {
+    let Some((placement, _turn)) = device().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    write_model(&p, "llama", GgmlDType::Q8_0);
+    let (gpu, _host) = server(&p, &placement).await;
+    let (Some(set), Some(live)) = (
+        emu_symbol::<unsafe extern "C" fn(u64) -> u64>(c"samplerd_emu_set_memory"),
+        emu_symbol::<unsafe extern "C" fn() -> u64>(c"samplerd_emu_live_bytes"),
+    ) else {
+        eprintln!("NOTICE: a real driver: its memory size is what it is");
+        return;
+    };
+    // SAFETY: the emulator's setters / getters (u64 in, u64 out); only this
+    // test, holding the device alone, changes the size.
+    let full = unsafe { set(live() + 4096) };
+    let err = generate(&gpu, request("the cat", 4, None))
+        .await
+        .expect_err("a sequence fit in 4 KiB of device memory");
+    // SAFETY: as above.
+    unsafe { set(full) };
+    assert_status(&err, tonic::Code::ResourceExhausted, &["device memory"]);
+    assert_reason(&err, Reason::BudgetExceeded);
+    gpu.assert_serving().await;
+    // With the memory back, the same request runs.
+    assert_eq!(run(&gpu, request("the cat", 4, None)).await.tokens.len(), 4);
+    gpu.stop().await;
+}
+
+/// `samplerd check-config` names the device `model.device` resolves to.
+#[test]
+fn check_config_reports_the_device() {
+    let _turn = EXCLUSIVE.blocking_lock();
+    let Some(placement) = placement() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    write_model(&p, "llama", GgmlDType::Q8_0);
+    let plugins = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        core_plugin(),
+        plugins.path().join("libsamplerd_core_stages.so"),
+    )
+    .unwrap();
+    // The binary cargo built, or SAMPLERD_BIN where the tests run from a
+    // bundle (scripts/gpu-check.sh prepare).
+    let bin = std::env::var_os("SAMPLERD_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_samplerd").into());
+    if !bin.is_file() {
+        eprintln!("NOTICE: no samplerd binary at {}; skipping", bin.display());
+        return;
+    }
+    let out = std::process::Command::new(&bin)
+        .env("SAMPLERD_MODEL__DEVICE", "cuda")
+        .args(["check-config", "--plugin-dir"])
+        .arg(plugins.path())
+        .arg("--model")
+        .arg(&p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("# model device (model.device)"), "{text}");
+    assert!(text.contains(&placement.to_string()), "{text}");
+}
