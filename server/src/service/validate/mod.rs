@@ -335,7 +335,26 @@ pub fn generate(
         stop_token_ids: controls.stop_token_ids,
         resume,
         speculation,
+        prompt_logprobs: prompt_logprobs(cfg, req)?,
     })
+}
+
+/// `prompt_logprobs`: at most `generate.max_prompt_logprobs`.
+fn prompt_logprobs(
+    cfg: &GenerateConfig,
+    req: &v1::GenerateRequest,
+) -> Result<Option<u32>, RequestError> {
+    match req.prompt_logprobs {
+        Some(n) if n > cfg.max_prompt_logprobs => Err(RequestError::limit(
+            "prompt_logprobs",
+            "generate.max_prompt_logprobs",
+            format!(
+                "{n} exceeds the limit of {} (generate.max_prompt_logprobs)",
+                cfg.max_prompt_logprobs
+            ),
+        )),
+        n => Ok(n),
+    }
 }
 
 /// `return_logits`: a listed `dtype`; `top_n` at most the vocabulary.
