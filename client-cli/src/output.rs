@@ -150,7 +150,8 @@ pub fn sample_response_json(r: &v1::SampleResponse) -> Value {
     })
 }
 
-/// JSON of a `GenerateResponse` (`{"token": …}` or `{"finished": …}`).
+/// JSON of a `GenerateResponse` (`{"token": …}`, `{"finished": …}` or
+/// `{"prompt_logprobs": […]}`).
 pub fn generate_response_json(r: &v1::GenerateResponse) -> Value {
     use v1::generate_response::Event;
     match &r.event {
@@ -180,6 +181,12 @@ pub fn generate_response_json(r: &v1::GenerateResponse) -> Value {
                 "numerics": t.numerics,
             })),
         }}),
+        Some(Event::PromptLogprobs(p)) => json!({"prompt_logprobs": p.tokens.iter().map(|t| json!({
+            "token_id": t.token_id,
+            "logprob": t.logprob,
+            "rank": t.rank,
+            "top": t.top.iter().map(prob_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>()}),
         None => json!({}),
     }
 }

@@ -77,6 +77,7 @@ fn constraint(c: &ConstraintArgs, whitespace: Option<JsonWhitespaceArg>) -> Opti
     Some(Constraint {
         kind: Some(kind),
         json_whitespace: json_whitespace as i32,
+        ..Default::default()
     })
 }
 

@@ -60,6 +60,7 @@ ALLOWED = (
     # other projects' files, cited for where a behaviour comes from
     "src/llama-*.cpp", "common/common.h",   # llama.cpp
     "google/rpc/*.proto",                   # googleapis (the rich error details)
+    "vllm/v1/*",                            # vLLM
     "task/coop/mod.rs", "scheduler/multi_thread/worker.rs",  # tokio
     # the reader's own files in examples
     "my_stage.c", "story.schema.json", "tokenizer.json",

@@ -63,6 +63,7 @@ fn comparable(out: &Output) -> Output {
         logprob_bits: out.logprob_bits.clone(),
         texts: out.texts.clone(),
         finished: Some(f),
+        prompt_logprobs: None,
     }
 }
 

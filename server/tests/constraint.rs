@@ -503,6 +503,7 @@ async fn bad_constraints_are_refused_naming_the_field() {
         constraint: Some(v1::Constraint {
             kind: Some(kind),
             json_whitespace: value,
+            ..Default::default()
         }),
         ..constrained(Kind::JsonObject(true), 1)
     };

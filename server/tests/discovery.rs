@@ -347,6 +347,10 @@ async fn server_info_reports_the_running_configuration() {
         c.limits.max_message_bytes = 12 << 20;
         c.generate.max_tokens_cap = 777;
         c.generate.max_prompt_bytes = 4321;
+        c.generate.max_bad_words = 11;
+        c.generate.max_prompt_logprobs = 7;
+        c.limits.max_constraint_triggers = 5;
+        c.limits.max_constraint_trigger_bytes = 66;
     })
     .await;
     let mut c = s.client.clone();
@@ -382,10 +386,20 @@ async fn server_info_reports_the_running_configuration() {
     assert_eq!(l.max_message_bytes, 12 << 20);
     assert_eq!(l.max_tokens, 777);
     assert_eq!(l.max_prompt_bytes, 4321);
+    assert_eq!(l.max_bad_words, 11);
+    assert_eq!(l.max_prompt_logprobs, 7);
+    assert_eq!(l.max_constraint_triggers, 5);
+    assert_eq!(l.max_constraint_trigger_bytes, 66);
     let d = samplerd::app::config::Config::default();
     assert_eq!(l.max_vocab as usize, d.limits.max_vocab);
     assert_eq!(l.max_window_tokens as usize, d.limits.max_window_tokens);
     assert_eq!(l.max_prompt_tokens as usize, d.generate.max_prompt_tokens);
+    assert_eq!(l.max_stop_token_ids as usize, d.generate.max_stop_token_ids);
+    assert_eq!(l.max_bad_word_bytes as usize, d.generate.max_bad_word_bytes);
+    assert_eq!(
+        l.max_reasoning_message_bytes as usize,
+        d.generate.max_reasoning_message_bytes
+    );
     assert_eq!(info.request_id_header, REQUEST_ID_HEADER);
     s.stop().await;
 }

@@ -802,7 +802,7 @@ async fn sigterm_under_load_lets_in_flight_streams_complete() {
                     match m.event {
                         Some(Event::Token(_)) => tokens += 1,
                         Some(Event::Finished(f)) => finished = Some(f),
-                        None => {}
+                        Some(Event::PromptLogprobs(_)) | None => {}
                     }
                 }
                 Ok::<_, tonic::Status>((tokens, finished))

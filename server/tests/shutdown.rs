@@ -216,6 +216,7 @@ async fn generate_in_flight_at_sigterm_completes_intact() {
         match ev.event {
             Some(v1::generate_response::Event::Token(_)) => tokens += 1,
             Some(v1::generate_response::Event::Finished(f)) => break f,
+            Some(v1::generate_response::Event::PromptLogprobs(_)) => panic!("not asked for"),
             None => panic!("empty event"),
         }
     };

@@ -97,6 +97,7 @@ async fn stream(s: &TestServer, req: v1::GenerateRequest) -> Result<Stream, toni
             match msg.event.expect("event set") {
                 Event::Token(t) => out.tokens.push(t),
                 Event::Finished(f) => out.finished = Some(f),
+                Event::PromptLogprobs(_) => panic!("not asked for"),
             }
         }
         Ok(out)

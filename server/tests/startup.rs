@@ -236,3 +236,23 @@ fn an_expired_certificate_is_served_with_a_warning_naming_file_and_date() {
         lines[0]
     );
 }
+
+#[test]
+fn reasoning_markers_of_other_than_two_strings_are_refused_naming_the_key() {
+    for command in ["serve", "check-config"] {
+        let run = run_to_exit(
+            command,
+            "[generate]\nreasoning_markers = [\"<think>\"]\n",
+            &[],
+            EXIT_BOUND,
+        );
+        assert_one_line_failure(
+            &run,
+            &[
+                "generate.reasoning_markers",
+                "[\"<think>\"]",
+                "exactly two strings [open, close]; got 1",
+            ],
+        );
+    }
+}

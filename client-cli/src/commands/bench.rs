@@ -198,7 +198,7 @@ async fn generate_once(
                     tokens = u64::from(u.completion_tokens);
                 }
             }
-            None => {}
+            Some(Event::PromptLogprobs(_)) | None => {}
         }
     }
     Ok(tokens)

@@ -155,7 +155,8 @@ pub async fn run(conn: &ConnArgs, args: GenerateArgs) -> anyhow::Result<ExitCode
                 }
                 finished = Some(f);
             }
-            None => {}
+            // samplerctl does not ask for them; `--json` prints any.
+            Some(Event::PromptLogprobs(_)) | None => {}
         }
     }
     let elapsed = started.elapsed().as_secs_f64();

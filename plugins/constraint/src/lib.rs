@@ -11,6 +11,7 @@
 pub mod ahead;
 pub mod gbnf;
 pub mod grammar;
+pub mod lazy;
 pub mod mask;
 pub mod stage;
 pub mod tokenv;

@@ -8,8 +8,9 @@ use llguidance::Matcher;
 use llguidance::api::{ParserLimits, StopReason};
 use samplerd_plugin_sdk::prelude::*;
 
-use crate::ahead::{SeqState, grammar_failed};
+use crate::ahead::grammar_failed;
 use crate::grammar::{self, GrammarError};
+use crate::lazy::{LazyState, Triggers};
 use crate::tokenv::{self, TokenEnv};
 
 /// Default of `max_fuel`: llguidance's own default lexer budget for
@@ -36,6 +37,8 @@ pub struct Constraint {
     /// Compute the next mask ahead when the sequence's masks lately cost
     /// this much.
     ahead_min: Duration,
+    /// `Some`: a lazy constraint, free text until one of these.
+    triggers: Option<Triggers>,
 }
 
 fn ahead_min(params: &Params<'_>) -> Result<Duration, String> {
@@ -87,7 +90,7 @@ fn one_line(param: &str, msg: &str) -> String {
 
 /// The bytes of token `id` for an error message: its text escaped, or its
 /// name for a special token.
-fn describe(vocab_bytes: &[u8]) -> String {
+pub(crate) fn describe(vocab_bytes: &[u8]) -> String {
     match std::str::from_utf8(vocab_bytes) {
         Ok(s) => format!("{:?}", s),
         Err(_) => format!("\"{}\"", vocab_bytes.escape_ascii()),
@@ -158,6 +161,20 @@ impl Stage for Constraint {
               sequence's masks have lately cost at least this many microseconds (0: always)",
             DEFAULT_AHEAD_MIN_US,
         ),
+        param_spec(
+            SD_PARAM_STRING_LIST,
+            c"trigger_strings",
+            c"lazy: free text until one of these strings appears, then the grammar holds from \
+              right after it (the rest of the token that completes it included)",
+            0.0,
+        ),
+        param_spec(
+            SD_PARAM_STRING_LIST,
+            c"trigger_tokens",
+            c"lazy: free text until one of these token ids (decimal strings) is accepted, then \
+              the grammar holds from the next token",
+            0.0,
+        ),
     ];
     // Output-only: the host never replays a prompt or previous_tokens into
     // the grammar, whose state starts where the output starts. Sparse
@@ -168,7 +185,7 @@ impl Stage for Constraint {
         | SD_STAGE_NEEDS_VOCAB
         | SD_STAGE_OUTPUT_ONLY
         | SD_STAGE_SPARSE_LOWERS_ONLY;
-    type State = SeqState;
+    type State = LazyState;
 
     fn new(params: &Params<'_>, vocab: Option<&Vocab<'_>>) -> Result<Self, String> {
         let Some(vocab) = vocab else {
@@ -182,6 +199,12 @@ impl Stage for Constraint {
             grammar::from_params(params).map_err(|e: GrammarError| format!("constraint: {e}"))?;
         let param = source.param;
         let env = tokenv::token_env(vocab).map_err(|e| format!("constraint: {e}"))?;
+        let triggers = Triggers::new(
+            &params.strings("trigger_strings").unwrap_or_default(),
+            &params.strings("trigger_tokens").unwrap_or_default(),
+            env.n_vocab,
+        )
+        .map_err(|e| format!("constraint: {e}"))?;
         let limits = ParserLimits {
             initial_lexer_fuel: fuel,
             // Errors go back to the client as one line; llguidance's
@@ -223,21 +246,30 @@ impl Stage for Constraint {
             env,
             start: Mutex::new(matcher),
             ahead_min,
+            triggers,
         })
     }
 
-    fn new_state(&self) -> SeqState {
-        SeqState::new(self.start.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    fn new_state(&self) -> LazyState {
+        LazyState::new(
+            self.start.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            self.triggers.as_ref(),
+        )
     }
 
-    fn try_accept(&self, st: &mut SeqState, token: u32) -> Result<(), String> {
+    fn try_accept(&self, st: &mut LazyState, token: u32) -> Result<(), String> {
         if token as usize >= self.env.n_vocab {
             return Err(input_error(format!(
                 "constraint: token {token} is outside the vocabulary of {} tokens",
                 self.env.n_vocab
             )));
         }
-        st.advance(&self.env, self.ahead_min, |m| {
+        if let Some(triggers) = &self.triggers
+            && st.take_waiting(&self.env, self.ahead_min, triggers, token)?
+        {
+            return Ok(());
+        }
+        st.grammar.advance(&self.env, self.ahead_min, |m| {
             if m.is_stopped() {
                 // Done (or failed): only stopping is allowed.
                 if self.is_eog(token) && m.stop_reason().is_ok() {
@@ -262,11 +294,15 @@ impl Stage for Constraint {
 
     fn apply(
         &self,
-        st: &mut SeqState,
+        st: &mut LazyState,
         tokens: &mut Tokens<'_>,
         _: &mut HostRng<'_>,
     ) -> Result<(), String> {
-        let allowed = st.mask(&self.env)?;
+        if !st.active() {
+            // Waiting for a trigger: free text, untouched.
+            return Ok(());
+        }
+        let allowed = st.grammar.mask(&self.env)?;
         crate::mask::apply(&allowed, tokens);
         Ok(())
     }

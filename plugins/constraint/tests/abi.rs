@@ -63,6 +63,8 @@ fn descriptor_names_the_stage_its_flags_and_params() {
         ("json_whitespace", SD_PARAM_STRING),
         ("max_fuel", SD_PARAM_NUMBER),
         ("ahead_min_us", SD_PARAM_NUMBER),
+        ("trigger_strings", SD_PARAM_STRING_LIST),
+        ("trigger_tokens", SD_PARAM_STRING_LIST),
     ];
     assert_eq!(params, want.map(|(n, k)| (n.to_string(), k)));
     assert_eq!(spec[7].default_number, 1_000_000.0);

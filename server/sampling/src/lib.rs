@@ -38,7 +38,7 @@ pub use buffer::TokenBuffer;
 pub use builder::Prebuilt;
 pub use chain::{BuiltStage, Chain};
 pub use error::{ChainError, LoadError, LogitsError, SampleError, SparseRefusal};
-pub use params::{Constraint, DEFAULT_ORDER, JsonWhitespace, SamplingParams};
+pub use params::{Constraint, ConstraintTriggers, DEFAULT_ORDER, JsonWhitespace, SamplingParams};
 pub use registry::StageRegistry;
 pub use rng::StepRng;
 /// The longest window a built-in windowed stage keeps (defined in the

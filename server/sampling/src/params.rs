@@ -67,6 +67,12 @@ pub const TYPED_FIELDS: &[TypedField] = &[
         "constraint",
         "json_whitespace",
     ),
+    typed(
+        "constraint.trigger_strings",
+        "constraint",
+        "trigger_strings",
+    ),
+    typed("constraint.trigger_tokens", "constraint", "trigger_tokens"),
 ];
 
 /// What a request's output must match: the grammar of the `constraint`
@@ -100,6 +106,31 @@ impl JsonWhitespace {
             JsonWhitespace::Compact => "compact",
             JsonWhitespace::Free => "free",
         }
+    }
+}
+
+/// A lazy constraint's triggers (the stage's `trigger_strings` and
+/// `trigger_tokens`): free text until one appears. Empty: not lazy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConstraintTriggers {
+    pub strings: Vec<String>,
+    pub tokens: Vec<u32>,
+}
+
+impl ConstraintTriggers {
+    /// `spec` with the trigger parameters (unchanged when there are none).
+    pub fn add_to(&self, mut spec: StageSpec) -> StageSpec {
+        if !self.strings.is_empty() {
+            spec = spec.with(
+                "trigger_strings",
+                ParamValue::StringList(self.strings.clone()),
+            );
+        }
+        if !self.tokens.is_empty() {
+            let ids = self.tokens.iter().map(u32::to_string).collect();
+            spec = spec.with("trigger_tokens", ParamValue::StringList(ids));
+        }
+        spec
     }
 }
 
@@ -164,7 +195,7 @@ pub fn name_typed_field(err: ChainError) -> ChainError {
         .and_then(|m| m.strip_prefix(": "))
         .unwrap_or(message);
     let word = rest
-        .split([' ', ':', ','])
+        .split([' ', ':', ',', '['])
         .next()
         .unwrap_or("")
         .trim_matches('`');
@@ -271,6 +302,9 @@ pub struct SamplingParams {
     /// order: every later stage sees only tokens the grammar allows.
     #[serde(skip)]
     pub constraint: Option<Constraint>,
+    /// What makes the constraint lazy (requests only, like it).
+    #[serde(skip)]
+    pub constraint_triggers: ConstraintTriggers,
 }
 
 impl Default for SamplingParams {
@@ -302,6 +336,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             order: Vec::new(),
             constraint: None,
+            constraint_triggers: ConstraintTriggers::default(),
         }
     }
 }
@@ -434,13 +469,17 @@ impl SamplingParams {
             }
             // Named in `samplers`: where the order puts it (without a
             // constraint the stage refuses to build, naming what is missing).
-            CONSTRAINT_STAGE => Planned::Run(
-                self.constraint
-                    .as_ref()
-                    .map_or_else(|| StageSpec::new(CONSTRAINT_STAGE), Constraint::stage),
-            ),
+            CONSTRAINT_STAGE => Planned::Run(self.constraint.as_ref().map_or_else(
+                || StageSpec::new(CONSTRAINT_STAGE),
+                |c| self.constraint_stage(c),
+            )),
             other => Planned::Run(StageSpec::new(other)),
         }
+    }
+
+    /// The `constraint` stage of `c` with this request's triggers.
+    fn constraint_stage(&self, c: &Constraint) -> StageSpec {
+        self.constraint_triggers.add_to(c.stage())
     }
 
     /// The chain for these parameters (see [`Self::plan`]).
@@ -469,7 +508,7 @@ impl SamplingParams {
         if let Some(c) = &self.constraint
             && !order.contains(&CONSTRAINT_STAGE)
         {
-            stages.push(c.stage());
+            stages.push(self.constraint_stage(c));
         }
         for name in order {
             // the stages that move logits rather than cut the list change

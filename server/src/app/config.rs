@@ -404,6 +404,19 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         }
     }
     validate_constraint_limits(loaded)?;
+    let markers = &c.generate.reasoning_markers;
+    if !matches!(markers.len(), 0 | 2) {
+        let shown: String = format!("{markers:?}").chars().take(200).collect();
+        return Err(loaded.invalid(
+            "generate.reasoning_markers",
+            shown,
+            format!(
+                "must be empty (the vocabulary's <think> and </think> tokens) or exactly two \
+                 strings [open, close]; got {}",
+                markers.len()
+            ),
+        ));
+    }
     if c.shutdown.grace_period_secs > crate::app::shutdown::MAX_GRACE_PERIOD_SECS {
         return Err(loaded.invalid(
             "shutdown.grace_period_secs",

@@ -45,6 +45,9 @@ pub struct ValidGenerate {
     pub resume: Vec<u32>,
     /// `speculation` (None: off).
     pub speculation: Option<Speculation>,
+    /// `prompt_logprobs`: top tokens per prompt position, at most
+    /// `generate.max_prompt_logprobs` (None: off).
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// A validated `speculation`: where drafts come from and the most per pass.

@@ -11,6 +11,7 @@
 mod batcher;
 pub mod generator;
 pub mod prompt_cache;
+pub mod prompt_logprobs;
 mod resume;
 pub mod returned_logits;
 pub mod speculate;
@@ -58,6 +59,10 @@ pub struct GenerateConfig {
     pub reasoning_markers: Vec<String>,
     /// Longest `reasoning_budget_message`, in bytes.
     pub max_reasoning_message_bytes: usize,
+    /// `generate.max_prompt_logprobs`: the most top tokens a request's
+    /// `prompt_logprobs` may ask for per prompt position (vLLM's
+    /// `max_logprobs` default).
+    pub max_prompt_logprobs: u32,
     /// Generations running at once; more wait in the queue.
     pub max_concurrent_generations: usize,
     /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
@@ -104,6 +109,7 @@ impl Default for GenerateConfig {
             max_bad_word_bytes: 256,
             reasoning_markers: Vec::new(),
             max_reasoning_message_bytes: 1024,
+            max_prompt_logprobs: 20,
             max_concurrent_generations: 4,
             max_queued_generations: 64,
             max_prompt_tokens: 4096,
@@ -373,6 +379,19 @@ impl ModelHost {
         let tok = self.model.tokenizer();
         let resumed = &req.resume;
         let seq = self.open_sequence(job, &prompt)?;
+        if let Some(n) = req.prompt_logprobs {
+            // Before any Token, once for every choice (the prompt is theirs
+            // in common); a resumed run gets them again.
+            let logprobs = prompt_logprobs::compute(&self.model, &prompt, n)
+                .map_err(|e| RequestError::Internal(e.to_string()))?;
+            let event = v1::generate_response::Event::PromptLogprobs(logprobs);
+            if sink
+                .blocking_send(Ok(v1::GenerateResponse { event: Some(event) }))
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
         let mut decoded = Decoded::new(&req.stop, req.min_tokens);
         decoded.generated = resumed.len() as u32;
         let mut usage = v1::Usage {

@@ -12,8 +12,8 @@ use samplerd_sampling::echo::quote;
 use samplerd_sampling::sparse::SparseRow;
 use samplerd_sampling::step::Logits;
 use samplerd_sampling::{
-    ChainSpec, Constraint, JsonWhitespace, ParamKind, ParamValue, SamplingParams, StageInfo,
-    StageSpec,
+    ChainSpec, Constraint, ConstraintTriggers, JsonWhitespace, ParamKind, ParamValue,
+    SamplingParams, StageInfo, StageSpec,
 };
 
 use crate::request::errors::{InvalidKind, RequestError};
@@ -302,6 +302,9 @@ pub fn typed_params(
     }
     if let Some(c) = constraint {
         out.constraint = Some(c);
+        if let Some(pc) = &p.constraint {
+            out.constraint_triggers = constraint_triggers(pc);
+        }
         set = true;
     }
     set.then_some(out)
@@ -327,6 +330,14 @@ pub fn constraint_from_proto(c: &v1::Constraint) -> Option<Constraint> {
         Kind::JsonObject(false) => return None,
         Kind::Choice(l) => Constraint::Choice(l.values.clone()),
     })
+}
+
+/// `params.constraint`'s triggers → the core's (empty: not lazy).
+pub fn constraint_triggers(c: &v1::Constraint) -> ConstraintTriggers {
+    ConstraintTriggers {
+        strings: c.trigger_strings.clone(),
+        tokens: c.trigger_tokens.clone(),
+    }
 }
 
 /// `params.constraint.json_whitespace` → the core's (`None`: a value the

@@ -84,6 +84,13 @@ pub fn get(state: &AppState) -> v1::GetServerInfoResponse {
             max_stop_strings: u32_of(g.max_stop_strings),
             max_stop_bytes: u32_of(g.max_stop_bytes),
             max_choices: u32_of(l.max_choices),
+            max_stop_token_ids: u32_of(g.max_stop_token_ids),
+            max_bad_words: u32_of(g.max_bad_words),
+            max_bad_word_bytes: u32_of(g.max_bad_word_bytes),
+            max_reasoning_message_bytes: u32_of(g.max_reasoning_message_bytes),
+            max_constraint_triggers: u32_of(l.max_constraint_triggers),
+            max_constraint_trigger_bytes: u32_of(l.max_constraint_trigger_bytes),
+            max_prompt_logprobs: g.max_prompt_logprobs,
         }),
         request_id_header: REQUEST_ID_HEADER.to_string(),
     }

@@ -66,6 +66,13 @@ pub struct LimitsConfig {
     /// terminals, distinct JSON Schema `$ref` targets), checked before it
     /// compiles.
     pub max_constraint_rules: usize,
+    /// Most triggers of a lazy constraint (`params.constraint`'s
+    /// `trigger_strings` and `trigger_tokens` together): each output token
+    /// is searched for every string while the constraint waits.
+    pub max_constraint_triggers: usize,
+    /// Longest trigger string of a lazy constraint, in bytes; each
+    /// sequence keeps this many bytes of output while it waits.
+    pub max_constraint_trigger_bytes: usize,
     /// Constraint compiles running at once, each on a thread of its own
     /// (never a sampling thread).
     pub constraint_compile_threads: usize,
@@ -222,6 +229,10 @@ impl Default for LimitsConfig {
             // docs/RELIABILITY.md, "Constraint compilation", for the figures.
             max_constraint_depth: 512,
             max_constraint_rules: 4096,
+            // llama.cpp's chat templates trigger on markers of a few to ~20
+            // bytes (`<tool_call>`, "```json", `</think>`).
+            max_constraint_triggers: 16,
+            max_constraint_trigger_bytes: 128,
             constraint_compile_threads: 1,
             constraint_compile_queue: 8,
             max_constraint_compile_ms: 5_000,

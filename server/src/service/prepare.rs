@@ -59,11 +59,17 @@ impl AppState {
         // vocabulary would otherwise learn of them only on its next try.
         if let Some(c) = p.and_then(|p| p.constraint.as_ref()) {
             validate::check_json_whitespace(c)?;
+            validate::check_triggers(c, &self.limits, None)?;
         }
-        match vocab {
-            Some(v) => Ok(Some(v)),
-            None => self.named_vocabulary(p),
+        let vocab = match vocab {
+            Some(v) => Some(v),
+            None => self.named_vocabulary(p)?,
+        };
+        // Trigger tokens against the vocabulary, once it is known.
+        if let Some(c) = p.and_then(|p| p.constraint.as_ref()) {
+            validate::check_triggers(c, &self.limits, vocab.map(|v| v.len()))?;
         }
+        Ok(vocab)
     }
 
     /// The vocabulary a constraint compiles against when the caller has

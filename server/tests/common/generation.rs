@@ -15,6 +15,8 @@ pub struct Output {
     pub logprob_bits: Vec<u32>,
     pub texts: Vec<String>,
     pub finished: Option<v1::Finished>,
+    /// The `PromptLogprobs` event, which must come before any token.
+    pub prompt_logprobs: Option<v1::PromptLogprobs>,
 }
 
 impl Output {
@@ -49,6 +51,13 @@ pub async fn generate(s: &TestServer, req: v1::GenerateRequest) -> Result<Output
                 Event::Finished(f) => {
                     assert!(out.finished.is_none(), "two Finished messages");
                     out.finished = Some(f);
+                }
+                Event::PromptLogprobs(p) => {
+                    assert!(
+                        out.tokens.is_empty() && out.prompt_logprobs.is_none(),
+                        "PromptLogprobs once, before the first token"
+                    );
+                    out.prompt_logprobs = Some(p);
                 }
             }
         }
@@ -93,6 +102,14 @@ pub async fn generate_choices(
                     out.tokens.push(t.token_id);
                     out.logprob_bits.push(t.logprob.to_bits());
                     out.texts.push(t.text);
+                }
+                Event::PromptLogprobs(p) => {
+                    assert!(
+                        outs.iter()
+                            .all(|o| o.tokens.is_empty() && o.prompt_logprobs.is_none()),
+                        "PromptLogprobs once, before any choice's first token"
+                    );
+                    outs[0].prompt_logprobs = Some(p);
                 }
                 Event::Finished(f) => {
                     let out = &mut outs[f.choice as usize];

@@ -336,7 +336,26 @@ pub fn generate(
         stop_token_ids: controls.stop_token_ids,
         resume,
         speculation,
+        prompt_logprobs: prompt_logprobs(cfg, req)?,
     })
+}
+
+/// `prompt_logprobs`: at most `generate.max_prompt_logprobs`.
+fn prompt_logprobs(
+    cfg: &GenerateConfig,
+    req: &v1::GenerateRequest,
+) -> Result<Option<u32>, RequestError> {
+    match req.prompt_logprobs {
+        Some(n) if n > cfg.max_prompt_logprobs => Err(RequestError::limit(
+            "prompt_logprobs",
+            "generate.max_prompt_logprobs",
+            format!(
+                "{n} exceeds the limit of {} (generate.max_prompt_logprobs)",
+                cfg.max_prompt_logprobs
+            ),
+        )),
+        n => Ok(n),
+    }
 }
 
 /// `return_logits`: a listed `dtype`; `top_n` at most the vocabulary.
@@ -548,6 +567,7 @@ pub fn sampling(
     }
     if let Some(c) = &p.constraint {
         check_json_whitespace(c)?;
+        check_triggers(c, &state.limits, n_vocab)?;
     }
     for (field, n) in [
         ("params.chain", p.chain.len()),
@@ -857,6 +877,78 @@ fn probs(
         n: n_probs as usize,
         post_sampling,
     })
+}
+
+/// `params.constraint`'s triggers: on a constraint, within
+/// `limits.max_constraint_triggers` and `limits.max_constraint_trigger_bytes`,
+/// no empty string, every token inside the vocabulary when it is known.
+pub(crate) fn check_triggers(
+    c: &v1::Constraint,
+    limits: &crate::service::limits::LimitsConfig,
+    n_vocab: Option<usize>,
+) -> Result<(), RequestError> {
+    let (strings, tokens) = (&c.trigger_strings, &c.trigger_tokens);
+    if strings.is_empty() && tokens.is_empty() {
+        return Ok(());
+    }
+    if !convert::constraint_is_set(c) {
+        let field = if strings.is_empty() {
+            "params.constraint.trigger_tokens"
+        } else {
+            "params.constraint.trigger_strings"
+        };
+        return Err(RequestError::invalid(
+            field,
+            "is set without a constraint kind: a trigger starts a constraint, so set one of \
+             json_schema, regex, lark, gbnf, json_object or choice",
+        ));
+    }
+    let n = strings.len() + tokens.len();
+    if n > limits.max_constraint_triggers {
+        return Err(RequestError::limit(
+            if strings.is_empty() {
+                "params.constraint.trigger_tokens"
+            } else {
+                "params.constraint.trigger_strings"
+            },
+            "limits.max_constraint_triggers",
+            format!(
+                "{n} triggers (trigger_strings and trigger_tokens together) exceed the limit of \
+                 {} (limits.max_constraint_triggers)",
+                limits.max_constraint_triggers
+            ),
+        ));
+    }
+    for (i, s) in strings.iter().enumerate() {
+        let field = format!("params.constraint.trigger_strings[{i}]");
+        if s.is_empty() {
+            return Err(RequestError::invalid(
+                field,
+                "is empty: an empty trigger would be there before any output; leave it out",
+            ));
+        }
+        if s.len() > limits.max_constraint_trigger_bytes {
+            return Err(RequestError::limit(
+                field,
+                "limits.max_constraint_trigger_bytes",
+                format!(
+                    "{} ({} bytes) is longer than the limit of {} (limits.max_constraint_trigger_bytes)",
+                    quote(s),
+                    s.len(),
+                    limits.max_constraint_trigger_bytes
+                ),
+            ));
+        }
+    }
+    if let Some(n) = n_vocab
+        && let Some((i, id)) = tokens.iter().enumerate().find(|&(_, &id)| id as usize >= n)
+    {
+        return Err(RequestError::invalid(
+            format!("params.constraint.trigger_tokens[{i}]"),
+            format!("token id {id} is outside the vocabulary of {n} tokens"),
+        ));
+    }
+    Ok(())
 }
 
 /// `params.constraint.json_whitespace`: a listed value, on a JSON kind.
