@@ -1,8 +1,9 @@
-//! Tiny models for the CUDA tests (here and the server's): 2 layers of
-//! width 256 (whole K-quant super-blocks), a byte-level vocabulary (any
-//! text tokenizes), every matrix — the embedding and output too — in one
-//! weight format. Shared by path, so it has no dependency on the tests'
-//! helpers.
+//! Tiny models for the CUDA tests (here and the server's) and the thinking
+//! tests: 2 layers of width 256 (whole K-quant super-blocks), a byte-level
+//! vocabulary (any text tokenizes), every matrix — the embedding and output
+//! too — in one weight format; [`write_thinking_model`] is a Qwen3-style
+//! one whose vocabulary has `<think>` and `</think>` as special tokens.
+//! Shared by path, so it has no dependency on the tests' helpers.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -94,10 +95,29 @@ fn vector(rng: &mut Rng, n: usize, base: f32, scale: f32) -> QTensor {
 /// A tiny model with every matrix (the embedding and output too) in `dtype`;
 /// qwen2 gets q/k/v biases and NeoX RoPE.
 pub fn write_model(path: &Path, arch: &str, dtype: GgmlDType) {
+    write(path, arch, dtype, &[]);
+}
+
+/// The ids of `<think>` and `</think>` in [`write_thinking_model`]'s
+/// vocabulary (after the base vocabulary).
+pub const THINK: u32 = N_VOCAB as u32;
+pub const END_THINK: u32 = N_VOCAB as u32 + 1;
+
+/// A Qwen3-style tiny model (qwen3: per-head q/k RMSNorm) whose
+/// vocabulary ends with the control tokens `<think>` and `</think>`, as
+/// Qwen3's does: what a server finds reasoning markers in without
+/// configuration.
+pub fn write_thinking_model(path: &Path) {
+    write(path, "qwen3", GgmlDType::Q8_0, &["<think>", "</think>"]);
+}
+
+/// The model, `specials` appended to the vocabulary as control tokens.
+fn write(path: &Path, arch: &str, dtype: GgmlDType, specials: &[&str]) {
+    let n_vocab = N_VOCAB + specials.len();
     let mut rng = Rng(7);
     let mut tensors: Vec<(String, QTensor)> = vec![(
         "token_embd.weight".into(),
-        matrix(&mut rng, N_VOCAB, D, 1.0, dtype),
+        matrix(&mut rng, n_vocab, D, 1.0, dtype),
     )];
     let dkv = KV_HEADS * D / HEADS;
     for l in 0..LAYERS {
@@ -124,16 +144,24 @@ pub fn write_model(path: &Path, arch: &str, dtype: GgmlDType) {
             tensors.push((n("attn_k.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
             tensors.push((n("attn_v.bias"), vector(&mut rng, dkv, 0.0, 0.1)));
         }
+        if arch == "qwen3" {
+            let hd = D / HEADS;
+            tensors.push((n("attn_q_norm.weight"), vector(&mut rng, hd, 1.0, 0.1)));
+            tensors.push((n("attn_k_norm.weight"), vector(&mut rng, hd, 1.0, 0.1)));
+        }
     }
     tensors.push(("output_norm.weight".into(), vector(&mut rng, D, 1.0, 0.1)));
     tensors.push((
         "output.weight".into(),
-        matrix(&mut rng, N_VOCAB, D, 0.5, dtype),
+        matrix(&mut rng, n_vocab, D, 0.5, dtype),
     ));
-    let toks: Vec<Value> = vocab().into_iter().map(Value::String).collect();
-    assert_eq!(toks.len(), N_VOCAB);
+    let mut words = vocab();
+    words.extend(specials.iter().map(|s| s.to_string()));
+    let toks: Vec<Value> = words.into_iter().map(Value::String).collect();
+    assert_eq!(toks.len(), n_vocab);
     let mut types = vec![Value::I32(3); 3];
     types.extend((3..N_VOCAB).map(|_| Value::I32(1)));
+    types.extend(specials.iter().map(|_| Value::I32(3)));
     let u = |v: usize| Value::U32(v as u32);
     let meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
