@@ -19,7 +19,6 @@ use samplerd_api::v1;
 use tonic::Code;
 
 #[path = "../model/tests/support/tiny_formats.rs"]
-#[allow(dead_code)]
 mod tiny_formats;
 
 use tiny_formats::{END_THINK, THINK};
