@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod chat_tokens;
+pub mod fast_split;
 pub mod pre_tokenizer;
 mod spm;
 pub mod streamer;

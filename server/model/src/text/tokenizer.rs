@@ -25,14 +25,15 @@
 
 #![forbid(unsafe_code)]
 
+use super::fast_split::FastSplit;
 use super::pre_tokenizer::PreTokenizer;
 use super::spm::{Special, SpmEncoder};
 use super::vocab::{TokenInfo, attr, token_infos, token_type};
 use crate::error::ModelError;
 use crate::gguf::GgufFile;
 use candle_core::quantized::gguf_file::Value;
-use tokenizers::AddedToken;
 use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::{AddedToken, Model as _};
 
 /// Strings llama.cpp treats as end-of-generation when they are tokens.
 const EOG_TEXTS: &[&str] = &[
@@ -61,6 +62,37 @@ struct BpeEncoder {
     with_special: tokenizers::Tokenizer,
     /// Only user-defined tokens are added (special parsing off).
     plain: tokenizers::Tokenizer,
+    /// The texts of `with_special`'s and `plain`'s added tokens.
+    special_texts: Vec<String>,
+    plain_texts: Vec<String>,
+    /// The family's pieces without `tokenizers`' pre-tokenizer, where the
+    /// family has such a splitter ([`FastSplit`]): used for a text that
+    /// holds no added token, where the two pipelines agree.
+    fast: Option<FastSplit>,
+}
+
+impl BpeEncoder {
+    /// `text`'s ids with special parsing on or off, appended to `ids`.
+    fn encode(&self, text: &str, parse_special: bool, ids: &mut Vec<u32>) -> Result<(), String> {
+        let (tk, added) = if parse_special {
+            (&self.with_special, &self.special_texts)
+        } else {
+            (&self.plain, &self.plain_texts)
+        };
+        if let Some(fast) = &self.fast
+            && !added.iter().any(|a| text.contains(a.as_str()))
+        {
+            let model = tk.get_model();
+            return fast.for_each(text, |piece| {
+                let tokens = model.tokenize(piece).map_err(|e| e.to_string())?;
+                ids.extend(tokens.iter().map(|t| t.id));
+                Ok(())
+            });
+        }
+        let enc = tk.encode_fast(text, false).map_err(|e| e.to_string())?;
+        ids.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
 }
 
 /// The model's tokenizer (see the module docs).
@@ -150,6 +182,11 @@ fn bpe_encoder(
             .collect()
     };
     let user = added(token_type::USER_DEFINED);
+    let control = added(token_type::CONTROL);
+    let contents = |t: &[AddedToken]| t.iter().map(|a| a.content.clone()).collect::<Vec<_>>();
+    let plain_texts = contents(&user);
+    let mut special_texts = plain_texts.clone();
+    special_texts.extend(contents(&control));
     let add = |tk: &mut tokenizers::Tokenizer, tokens: Vec<AddedToken>| {
         tk.add_special_tokens(tokens)
             .map(|_| ())
@@ -157,10 +194,13 @@ fn bpe_encoder(
     };
     add(&mut plain, user.clone())?;
     add(&mut with_special, user)?;
-    add(&mut with_special, added(token_type::CONTROL))?;
+    add(&mut with_special, control)?;
     Ok(Encoder::Bpe(Box::new(BpeEncoder {
         with_special,
         plain,
+        special_texts,
+        plain_texts,
+        fast: FastSplit::for_family(*family),
     })))
 }
 
@@ -395,15 +435,9 @@ impl Tokenizer {
         match &self.encoder {
             Encoder::Bpe(bpe) => {
                 for &(text, parse_special) in parts {
-                    let tk = if parse_special {
-                        &bpe.with_special
-                    } else {
-                        &bpe.plain
-                    };
-                    let enc = tk.encode_fast(text, false).map_err(|e| {
+                    bpe.encode(text, parse_special, &mut ids).map_err(|e| {
                         ModelError::Tokenizer(format!("encoding {} bytes: {e}", text.len()))
                     })?;
-                    ids.extend_from_slice(enc.get_ids());
                 }
             }
             Encoder::Spm(spm) => {
