@@ -444,10 +444,12 @@ async fn a_stuck_stage_in_generate_frees_its_generation_slot() {
     })
     .await;
 
-    // Tokenizing runs on the pool under the same budget, and names itself:
-    // 6 MB of prompt take seconds to tokenize (~0.5 s per MB on 2 cores).
+    // Tokenizing runs on the pool under the same budget, and names itself.
+    // A prompt holding a special token's text goes through `tokenizers`'
+    // whole pipeline (plain text takes the fast splitter, ~0.03 s per MB):
+    // 6 MB of it take seconds (~0.5 s per MB on 2 cores).
     let huge = v1::GenerateRequest {
-        prompt: "word ".repeat(1_200_000),
+        prompt: format!("{}<|im_end|>", "word ".repeat(1_200_000)),
         ..request(greedy())
     };
     let e = match tokio::time::timeout(WAIT, client.generate(huge)).await {
