@@ -29,6 +29,7 @@
 use regex::Regex;
 
 use super::pre_tokenizer::PreTokenizer;
+use super::vocab::bytes_to_unicode;
 
 /// GPT-2's pattern with `\s+(?!\S)|\s+` as `\s+` (see the module docs).
 const GPT2_NO_LOOKAHEAD: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
@@ -55,7 +56,7 @@ impl FastSplit {
         Some(FastSplit {
             gpt2: Regex::new(GPT2_NO_LOOKAHEAD).ok()?,
             digits,
-            bytes: byte_chars(),
+            bytes: bytes_to_unicode(),
         })
     }
 
@@ -111,8 +112,7 @@ impl FastSplit {
             let run = m.as_str();
             if run.chars().all(char::is_whitespace) && end < s.len() {
                 let next = s[end..].chars().next().unwrap_or(' ');
-                let mut chars = run.char_indices();
-                let last = chars.next_back().map_or(0, |(i, _)| i);
+                let last = run.char_indices().next_back().map_or(0, |(i, _)| i);
                 if !next.is_whitespace() && last > 0 {
                     end = m.start() + last;
                 }
@@ -122,25 +122,6 @@ impl FastSplit {
         }
         Ok(())
     }
-}
-
-/// GPT-2's byte-to-character map: the bytes that print as themselves,
-/// the rest from U+0100 on in byte order.
-fn byte_chars() -> [char; 256] {
-    let mut out = ['\0'; 256];
-    let mut n = 0u32;
-    for (b, slot) in out.iter_mut().enumerate() {
-        let b = b as u32;
-        let keep =
-            (33..=126).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-        *slot = if keep {
-            char::from_u32(b).unwrap_or('\0')
-        } else {
-            n += 1;
-            char::from_u32(255 + n).unwrap_or('\0')
-        };
-    }
-    out
 }
 
 #[cfg(test)]

@@ -92,7 +92,9 @@ pub(crate) fn token_infos(
         .collect()
 }
 
-fn bytes_to_unicode() -> [char; 256] {
+/// GPT-2's byte-to-character map: the bytes that print as themselves,
+/// the rest from U+0100 on in byte order.
+pub(crate) fn bytes_to_unicode() -> [char; 256] {
     let mut map = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
