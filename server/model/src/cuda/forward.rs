@@ -59,6 +59,22 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Enqueues one decode step for every state (`tokens[i]` on
+    /// `states[i]`, inputs already checked); afterwards each state's device
+    /// logits buffer holds its row, ready for [`Self::copy_logits`] or
+    /// [`Self::sample_prefix`]. Today each step runs on its sequence's own
+    /// stream, so the sequences' kernels overlap on the device.
+    pub fn enqueue_decode_batch(
+        &self,
+        states: &mut [&mut CudaState],
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        for (st, &tok) in states.iter_mut().zip(tokens) {
+            self.forward_device(st, &[tok])?;
+        }
+        Ok(())
+    }
+
     /// Sizes the scratch for `tokens` and uploads them and the position.
     fn stage_input(&self, st: &mut CudaState, tokens: &[u32]) -> Result<(), ModelError> {
         let n = tokens.len();
@@ -199,9 +215,11 @@ impl Backend for CudaBackend {
             self.check_input(downcast(st)?, std::slice::from_ref(tok))?;
             check_logits(l.len(), self.config.n_vocab)?;
         }
-        for (st, &tok) in states.iter_mut().zip(tokens) {
-            self.forward_device(downcast(&mut **st)?, &[tok])?;
-        }
+        let mut cuda = states
+            .iter_mut()
+            .map(|st| downcast(&mut **st))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.enqueue_decode_batch(&mut cuda, tokens)?;
         for (st, l) in states.iter_mut().zip(logits.iter_mut()) {
             self.copy_logits(downcast(&mut **st)?, l)?;
         }
