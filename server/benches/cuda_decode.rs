@@ -1,6 +1,7 @@
 //! Decode throughput of the CUDA backend with the default sampler chain
 //! split between device and host (scripts/gpu-check.sh runs it): tokens/s
-//! for 1 and 8 concurrent streams, time per step split into forward /
+//! for 1 and 8 concurrent streams (8: one batched decode pass per step,
+//! as Generate's engine runs them), time per step split into forward /
 //! device sampling / device→host copy / host remainder, and bytes copied to
 //! the host per token; plus the same loop copying the whole logits to the
 //! host and running the whole chain there, for comparison. Medians of
@@ -75,9 +76,12 @@ fn round(
     let t0 = Instant::now();
     for _ in 0..steps {
         let tf = Instant::now();
-        for s in streams.iter_mut() {
-            gpu.forward_device(&mut s.st, &[s.next]).expect("forward");
-        }
+        // Every stream's next token in one step: one batched pass for 8
+        // streams (the engine's path), the captured graph for one.
+        let tokens: Vec<u32> = streams.iter().map(|s| s.next).collect();
+        let mut states: Vec<&mut CudaState> = streams.iter_mut().map(|s| &mut s.st).collect();
+        gpu.enqueue_decode_batch(&mut states, &tokens)
+            .expect("forward");
         for s in streams.iter() {
             gpu.synchronize(&s.st).expect("sync");
         }

@@ -2,7 +2,7 @@
 //! the same server on the CPU: every weight format's tiny model
 //! (server/model/tests/support/tiny_formats.rs), greedy and seeded, several
 //! prompts, must stream the same messages byte for byte; so must 8
-//! concurrent streams; a cancelled stream gives its device memory back; a
+//! concurrent streams (run as batched device passes); a cancelled stream gives its device memory back; a
 //! generation whose KV cache does not fit the device's free memory is
 //! RESOURCE_EXHAUSTED, and the server keeps serving. Runs on whatever
 //! `libcuda` cudarc loads: the emulated driver in CI
@@ -144,6 +144,7 @@ async fn eight_concurrent_streams_match_the_cpu() {
     for r in &reqs {
         want.push(run(&cpu, r.clone()).await);
     }
+    let batched_before = emu_launches(c"attention_batch");
     let got = futures::future::join_all(reqs.iter().map(|r| run(&gpu, r.clone()))).await;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "stream {i}");
@@ -152,6 +153,11 @@ async fn eight_concurrent_streams_match_the_cpu() {
         host.largest_decode_batch() > 1,
         "the streams were never batched"
     );
+    // The engine's batches ran as batched device passes (the emulated
+    // driver counts launches; a real one cannot say).
+    if let (Some(before), Some(after)) = (batched_before, emu_launches(c"attention_batch")) {
+        assert!(after > before, "no batched decode pass ran on the device");
+    }
     cpu.stop().await;
     gpu.stop().await;
 }
@@ -169,6 +175,15 @@ fn emu_symbol<T: Copy>(name: &std::ffi::CStr) -> Option<T> {
         let f = libc::dlsym(h, name.as_ptr());
         (!f.is_null()).then(|| std::mem::transmute_copy::<*mut libc::c_void, T>(&f))
     }
+}
+
+/// How often kernel `name` has run (the emulated driver; None on a real one).
+fn emu_launches(name: &std::ffi::CStr) -> Option<u64> {
+    let f: unsafe extern "C" fn(*const std::ffi::c_char) -> u64 =
+        emu_symbol(c"samplerd_emu_launches")?;
+    // SAFETY: the emulator's `uint64_t samplerd_emu_launches(const char*)`,
+    // given a NUL-terminated name.
+    Some(unsafe { f(name.as_ptr()) })
 }
 
 fn live_allocations() -> Option<u64> {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use candle_core::quantized::GgmlDType;
-use samplerd_model::cuda::{CudaBackend, CudaOptions};
+use samplerd_model::cuda::{CudaBackend, CudaOptions, MmKernel};
 use samplerd_model::{Backend, DeviceRequest, Model, ModelOptions, Placement};
 
 #[path = "support/tiny_formats.rs"]
@@ -121,9 +121,8 @@ fn qwen2_biases_and_neox_rope_match_the_cpu() {
     assert_same_run(&cpu, &gpu, "qwen2 Q8_0");
 }
 
-/// Several sequences stepped together (`decode_batch`: each on its own
-/// stream, enqueued before any logits are read) equal each stepped alone
-/// on the CPU.
+/// Several sequences stepped together through the model (`decode_batch`:
+/// one batched pass on the device) equal each stepped alone on the CPU.
 #[test]
 fn batched_sequences_match_the_cpu() {
     let Some((placement, _turn)) = device() else {
@@ -156,6 +155,185 @@ fn batched_sequences_match_the_cpu() {
         }
         next = want.iter().map(|w| argmax(w)).collect();
     }
+}
+
+/// The CUDA backend of the tiny model at `p`, with `opts`.
+fn cuda_backend(p: &Path, opts: CudaOptions) -> CudaBackend {
+    let mut g = samplerd_model::gguf::GgufFile::open(p).unwrap();
+    let config = g.config().unwrap();
+    let weights = samplerd_model::gguf::Weights::load(&mut g, &config).unwrap();
+    CudaBackend::new(config, &weights, opts).unwrap()
+}
+
+/// Which of 8 sequences step together, step by step: batches of 2, 3 and
+/// 8 and single steps (the one-sequence path), sequences joining (their
+/// prefill comes just before their first step) and leaving, so the rows
+/// of a batch sit at different positions.
+const SCHEDULE: [&[usize]; 8] = [
+    &[0, 1],
+    &[0, 1, 2],
+    &[0, 1, 2, 3, 4, 5, 6, 7],
+    &[3],
+    &[6, 1, 4],
+    &[0, 1, 2, 3, 4, 5, 6, 7],
+    &[7, 2],
+    &[5],
+];
+
+/// Runs [`SCHEDULE`] on `gpu` through `Backend::forward_batch` and on the
+/// CPU one sequence at a time: every row's logits must equal the CPU's
+/// (so each sequence's step alone) bit for bit. Sequence i's prompt has
+/// i + 1 tokens.
+fn assert_batches_match(cpu: &Model, gpu: &CudaBackend, what: &str) {
+    use samplerd_model::SequenceState;
+    let n = 8;
+    let mut cs: Vec<Option<samplerd_model::Session>> = (0..n).map(|_| None).collect();
+    let mut gs: Vec<Box<dyn SequenceState>> = (0..n).map(|_| gpu.new_state(CTX).unwrap()).collect();
+    let mut next = vec![0u32; n];
+    let mut scratch = vec![0f32; N_VOCAB];
+    for (step, rows) in SCHEDULE.iter().enumerate() {
+        for &i in rows.iter() {
+            if cs[i].is_none() {
+                let prompt: Vec<u32> = (0..=i as u32)
+                    .map(|j| 1 + (37 * j + 11 * i as u32) % 250)
+                    .collect();
+                let mut c = cpu.new_session().unwrap();
+                let want = c.prefill(&prompt).unwrap().to_vec();
+                gpu.forward(gs[i].as_mut(), &prompt, &mut scratch).unwrap();
+                assert_eq!(bits(&scratch), bits(&want), "{what}: prefill of {i}");
+                next[i] = argmax(&want);
+                cs[i] = Some(c);
+            }
+        }
+        let tokens: Vec<u32> = rows.iter().map(|&i| next[i]).collect();
+        let want: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|&i| cs[i].as_mut().unwrap().decode(next[i]).unwrap().to_vec())
+            .collect();
+        let mut got = vec![vec![0f32; N_VOCAB]; rows.len()];
+        {
+            // The rows' states in the schedule's order (not the sequences').
+            let mut by_seq: Vec<Option<&mut Box<dyn SequenceState>>> =
+                gs.iter_mut().map(Some).collect();
+            let mut states: Vec<&mut dyn SequenceState> = rows
+                .iter()
+                .map(|&i| by_seq[i].take().unwrap().as_mut())
+                .collect();
+            let mut logits: Vec<&mut [f32]> = got.iter_mut().map(|l| l.as_mut_slice()).collect();
+            gpu.forward_batch(&mut states, &tokens, &mut logits)
+                .unwrap();
+        }
+        for ((&i, g), w) in rows.iter().zip(&got).zip(&want) {
+            assert_eq!(
+                bits(g),
+                bits(w),
+                "{what}: step {step}, sequence {i} (batch of {})",
+                rows.len()
+            );
+            assert_eq!(
+                gs[i].position(),
+                cs[i].as_ref().unwrap().position(),
+                "{what}: position of {i}"
+            );
+            next[i] = argmax(w);
+        }
+    }
+    let batched: Vec<usize> = SCHEDULE
+        .iter()
+        .map(|r| r.len())
+        .filter(|&b| b > 1)
+        .collect();
+    let stats = gpu.batch_stats();
+    assert_eq!(stats.passes, batched.len() as u64, "{what}: batched passes");
+    assert_eq!(
+        stats.rows,
+        batched.iter().sum::<usize>() as u64,
+        "{what}: batched rows"
+    );
+    assert_eq!(stats.largest, 8, "{what}: largest batch");
+}
+
+/// A decode step of several sequences runs as one batched pass (the weights
+/// read once for all rows) whose every row has the bits of its sequence
+/// stepped alone: every weight format, batches of 1, 2, 3 and 8 at
+/// different positions, sequences joining and leaving between steps; the
+/// qwen2 model (biases, NeoX RoPE); and the other kernel layouts (the
+/// eight-lane products, attention scores inside the attention kernel).
+#[test]
+fn batched_steps_equal_each_sequence_alone() {
+    let Some((_placement, _turn)) = device() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in FORMATS {
+        let p = model_file(dir.path(), "llama", dtype);
+        let cpu = Model::load(&p, &opts()).unwrap();
+        let gpu = cuda_backend(&p, CudaOptions::default());
+        assert_batches_match(&cpu, &gpu, &format!("llama {dtype:?}"));
+    }
+    let p = model_file(dir.path(), "qwen2", GgmlDType::Q8_0);
+    let cpu = Model::load(&p, &opts()).unwrap();
+    assert_batches_match(
+        &cpu,
+        &cuda_backend(&p, CudaOptions::default()),
+        "qwen2 Q8_0",
+    );
+    for dtype in [GgmlDType::Q4K, GgmlDType::F16] {
+        let p = model_file(dir.path(), "llama", dtype);
+        let cpu = Model::load(&p, &opts()).unwrap();
+        let variant = CudaOptions {
+            mm: MmKernel::Lanes,
+            split_scores: false,
+            ..CudaOptions::default()
+        };
+        assert_batches_match(
+            &cpu,
+            &cuda_backend(&p, variant),
+            &format!("llama {dtype:?}, lanes, fused scores"),
+        );
+    }
+}
+
+/// A batched step with a bad row is refused before anything runs: no
+/// sequence moves, and the same sequences then step normally.
+#[test]
+fn a_bad_row_refuses_the_whole_batched_step() {
+    let Some((_placement, _turn)) = device() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = model_file(dir.path(), "llama", GgmlDType::Q8_0);
+    let gpu = cuda_backend(&p, CudaOptions::default());
+    let mut a = gpu.new_sequence(CTX).unwrap();
+    let mut b = gpu.new_sequence(2).unwrap();
+    let mut l = vec![0f32; N_VOCAB];
+    gpu.forward(&mut a, &[1, 2], &mut l).unwrap();
+    gpu.forward(&mut b, &[1, 2], &mut l).unwrap();
+    // b is full: its row would write past its cache.
+    let e = gpu
+        .enqueue_decode_batch(&mut [&mut a, &mut b], &[3, 4])
+        .unwrap_err();
+    assert!(e.to_string().contains("context full"), "{e}");
+    let e = gpu
+        .enqueue_decode_batch(&mut [&mut a, &mut b], &[3])
+        .unwrap_err();
+    assert!(e.to_string().contains("2 sequences got 1 tokens"), "{e}");
+    let e = gpu
+        .enqueue_decode_batch(&mut [&mut a], &[N_VOCAB as u32])
+        .unwrap_err();
+    assert!(e.to_string().contains(&N_VOCAB.to_string()), "{e}");
+    use samplerd_model::SequenceState;
+    assert_eq!((a.position(), b.position()), (2, 2));
+    assert_eq!(gpu.batch_stats().passes, 0);
+    let mut c = gpu.new_sequence(CTX).unwrap();
+    gpu.forward(&mut c, &[1, 2], &mut l).unwrap();
+    gpu.enqueue_decode_batch(&mut [&mut a, &mut c], &[3, 3])
+        .unwrap();
+    let (mut la, mut lc) = (vec![0f32; N_VOCAB], vec![0f32; N_VOCAB]);
+    gpu.copy_logits(&mut a, &mut la).unwrap();
+    gpu.copy_logits(&mut c, &mut lc).unwrap();
+    assert_eq!(bits(&la), bits(&lc), "same tokens, same logits");
+    assert_eq!((a.position(), c.position()), (3, 3));
 }
 
 /// The emulated driver's count of live allocations (None on a real driver).

@@ -14,14 +14,16 @@
 //!
 //! The parts, one file each: `upload` (the weights on the device), `state`
 //! (one sequence's device memory), `forward` (running a pass on a sequence,
-//! and the `Backend` implementation), `launch` (the kernels of a pass),
+//! and the `Backend` implementation), `batch` (one decode step of several
+//! sequences in one pass), `launch` (the kernels of a pass),
 //! `sampling` (the device sampling prefix); this file holds the options and
 //! construction.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
+use super::batch::Batcher;
 use super::err::err;
 use super::kernels::{self, Kernels};
 use super::state::{CudaState, Scratch};
@@ -96,6 +98,9 @@ pub struct CudaBackend {
     /// runs on there; never for `portable`.
     pub(super) bf16_pairs: bool,
     pub(super) name: String,
+    /// The batched decode step's stream and scratch (`batch`), one pass
+    /// at a time.
+    pub(super) batch: Mutex<Batcher>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -161,6 +166,7 @@ impl CudaBackend {
             opts,
             lanes: opts.flavor.lanes() as i32,
             bf16_pairs: opts.flavor == Flavor::Avx512 && crate::ggml::flavor::has_avx512_bf16(),
+            batch: Mutex::default(),
         })
     }
 

@@ -12,6 +12,7 @@ use cudarc::driver::sys;
 
 use super::backend::CudaBackend;
 use super::err::err;
+use super::launch::Pass;
 use super::state::{CudaState, DecodeGraph};
 use crate::backend::{
     Backend, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
@@ -60,19 +61,29 @@ impl CudaBackend {
     }
 
     /// Enqueues one decode step for every state (`tokens[i]` on
-    /// `states[i]`, inputs already checked); afterwards each state's device
-    /// logits buffer holds its row, ready for [`Self::copy_logits`] or
-    /// [`Self::sample_prefix`]. Today each step runs on its sequence's own
-    /// stream, so the sequences' kernels overlap on the device.
+    /// `states[i]`); afterwards each state's device logits buffer holds its
+    /// row, ready for [`Self::copy_logits`] or [`Self::sample_prefix`]
+    /// (ordered on the state's stream). Two or more states run as one
+    /// batched pass (`batch`: the weights read once for all of them), each
+    /// row bit-identical to its step run alone; one state takes the
+    /// single-sequence path (its captured graph).
     pub fn enqueue_decode_batch(
         &self,
         states: &mut [&mut CudaState],
         tokens: &[u32],
     ) -> Result<(), ModelError> {
-        for (st, &tok) in states.iter_mut().zip(tokens) {
-            self.forward_device(st, &[tok])?;
+        if states.len() != tokens.len() {
+            return Err(ModelError::Backend(format!(
+                "cuda: a batched step of {} sequences got {} tokens",
+                states.len(),
+                tokens.len()
+            )));
         }
-        Ok(())
+        match states {
+            [] => Ok(()),
+            [st] => self.forward_device(st, tokens),
+            _ => self.enqueue_batched_step(states, tokens),
+        }
     }
 
     /// Sizes the scratch for `tokens` and uploads them and the position.
@@ -106,10 +117,10 @@ impl CudaBackend {
         let n = tokens.len();
         let nd = n * self.config.n_embd;
         self.stage_input(st, tokens)?;
-        self.enqueue_embed(st, n)?;
+        self.enqueue_embed(Pass::seq(st), n)?;
         let mut layers = Vec::with_capacity(self.weights.layers.len());
         for l in 0..self.weights.layers.len() {
-            self.enqueue_layer(st, n, l)?;
+            self.enqueue_layer(Pass::seq(st), n, l)?;
             let (mut x, mut proj) = (vec![0f32; nd], vec![0f32; nd]);
             st.stream
                 .memcpy_dtoh(&st.scratch.x.slice(0..nd), &mut x)
@@ -203,8 +214,8 @@ impl Backend for CudaBackend {
         self.copy_logits(st, logits)
     }
 
-    /// Enqueues every sequence's step on its own stream first, then copies
-    /// the logits back, so the sequences' kernels overlap on the device.
+    /// Enqueues every sequence's step (one batched pass for two or more:
+    /// [`CudaBackend::enqueue_decode_batch`]), then copies the logits back.
     fn forward_batch(
         &self,
         states: &mut [&mut dyn SequenceState],

@@ -1,15 +1,18 @@
 //! The kernel launches of one forward pass.
 //!
-//! The kernel launches of one forward pass, enqueued on the sequence's
-//! stream: the embedding, each layer's norms, weight products, RoPE and
-//! cache store, attention and SwiGLU, and the output head.
+//! The kernel launches of one forward pass, enqueued on the pass's stream
+//! ([`Pass`]): the embedding, each layer's norms, weight products, RoPE and
+//! cache store, attention and SwiGLU, and the output head. A pass is either
+//! n consecutive tokens of one sequence or one token of each of n sequences
+//! (a batched decode step, `batch`); only RoPE + cache store, attention and
+//! the output head differ between the two.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use super::backend::{CudaBackend, MmKernel};
 use super::format::{ActKind, Order};
 use super::kernels::{self, Arg, cfg};
-use super::state::{CudaState, dptr};
+use super::state::{CudaState, Scratch, dptr};
 use super::upload::{DevFused, DevMatrix, Needs};
 use crate::error::ModelError;
 use crate::quant::QK;
@@ -24,13 +27,47 @@ struct Acts {
     f32: u64,
 }
 
+/// Where a pass's launches go: its stream, its per-token scratch (one row
+/// per token of the step), and whose cache the rows attend over.
+#[derive(Clone, Copy)]
+pub(super) struct Pass<'a> {
+    pub(super) s: &'a CudaStream,
+    pub(super) sc: &'a Scratch,
+    pub(super) rows: Rows<'a>,
+}
+
+/// The sequences behind a pass's rows.
+#[derive(Clone, Copy)]
+pub(super) enum Rows<'a> {
+    /// Consecutive tokens of one sequence from its position (`pos_dev`), in
+    /// the orders of a step of that many tokens.
+    Seq(&'a CudaState),
+    /// Row t is one token of sequence t (a batched decode step): `desc`
+    /// holds the rows' `BatchRow` descriptors (cache, scores, logits,
+    /// position, capacity), `max_pos` their largest position. Every row in
+    /// the one-token step's orders, so each has the bits of its sequence
+    /// stepped alone.
+    Batch { desc: u64, max_pos: usize },
+}
+
+impl<'a> Pass<'a> {
+    /// A pass over one sequence, on its stream and scratch.
+    pub(super) fn seq(st: &'a CudaState) -> Self {
+        Pass {
+            s: &st.stream,
+            sc: &st.scratch,
+            rows: Rows::Seq(st),
+        }
+    }
+}
+
 impl CudaBackend {
     /// `out[t * stride + off + r] = W[r] · x[t]` for the n tokens, in `m`'s
     /// format and the CPU's `order` for this product.
     #[allow(clippy::too_many_arguments)]
     fn mm(
         &self,
-        st: &CudaState,
+        p: Pass,
         m: &DevMatrix,
         a: Acts,
         out: u64,
@@ -39,7 +76,7 @@ impl CudaBackend {
         off: usize,
         order: Order,
     ) -> Result<(), ModelError> {
-        let s = &st.stream;
+        let s = p.s;
         let k = self.kernels.format(m.format);
         let (f, grid, threads) = match self.opts.mm {
             MmKernel::Warp => (
@@ -92,7 +129,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn fused(
         &self,
-        st: &CudaState,
+        p: Pass,
         f: &DevFused,
         a: Acts,
         out: u64,
@@ -102,7 +139,7 @@ impl CudaBackend {
     ) -> Result<(), ModelError> {
         let mut off = 0;
         for m in f.parts() {
-            self.mm(st, m, a, out, n, stride, off, order)?;
+            self.mm(p, m, a, out, n, stride, off, order)?;
             off += m.rows;
         }
         Ok(())
@@ -110,8 +147,8 @@ impl CudaBackend {
 
     /// The activations in the scratch (Q8_1 in xq, Q8_K in xqk) and the f32
     /// values at `f32`.
-    fn acts(&self, st: &CudaState, f32: u64) -> Acts {
-        let (s, sc) = (&st.stream, &st.scratch);
+    fn acts(&self, p: Pass, f32: u64) -> Acts {
+        let (s, sc) = (p.s, p.sc);
         Acts {
             q8_1: dptr(&sc.xq, s),
             q8k: dptr(&sc.xqk, s),
@@ -123,16 +160,16 @@ impl CudaBackend {
     /// rows of n_embd from `x`, into the activation forms `needs` asks for.
     fn add_norm_quant(
         &self,
-        st: &CudaState,
+        p: Pass,
         x: u64,
         add: u64,
         w: &CudaSlice<f32>,
         rows: usize,
         needs: Needs,
     ) -> Result<Acts, ModelError> {
-        let s = &st.stream;
+        let s = p.s;
         let d = self.config.n_embd;
-        let a = self.acts(st, dptr(&st.scratch.xa, s));
+        let a = self.acts(p, dptr(&p.sc.xa, s));
         let keep_f32 = needs.f32 || needs.q8k;
         // SAFETY: add_norm_quant(x, add, w, out, outf, d, eps): x (and add,
         // unless null) hold rows × d floats, w d floats, the xq scratch
@@ -157,13 +194,13 @@ impl CudaBackend {
         }
         .map_err(ModelError::Backend)?;
         if needs.q8k {
-            self.quantize_q8_k(st, a.f32, rows * d)?;
+            self.quantize_q8_k(p, a.f32, rows * d)?;
         }
         Ok(a)
     }
 
-    fn quantize(&self, st: &CudaState, x: u64, n_values: usize) -> Result<(), ModelError> {
-        let s = &st.stream;
+    fn quantize(&self, p: Pass, x: u64, n_values: usize) -> Result<(), ModelError> {
+        let s = p.s;
         let blocks = n_values / QK;
         // SAFETY: quantize_q8_1(x, out, n_blocks): x holds n_values floats,
         // the xq scratch n_tok × widest/32 blocks >= n_values/32.
@@ -174,7 +211,7 @@ impl CudaBackend {
                 kernels::per_warp(blocks),
                 &[
                     Arg::Ptr(x),
-                    Arg::Ptr(dptr(&st.scratch.xq, s)),
+                    Arg::Ptr(dptr(&p.sc.xq, s)),
                     Arg::I32(blocks as i32),
                 ],
             )
@@ -184,8 +221,8 @@ impl CudaBackend {
 
     /// Q8_K blocks of the `n_values` floats at `x` into the xqk scratch
     /// (K-quant rows are whole super-blocks, so n_values % 256 == 0).
-    fn quantize_q8_k(&self, st: &CudaState, x: u64, n_values: usize) -> Result<(), ModelError> {
-        let s = &st.stream;
+    fn quantize_q8_k(&self, p: Pass, x: u64, n_values: usize) -> Result<(), ModelError> {
+        let s = p.s;
         debug_assert!(n_values.is_multiple_of(QK_K));
         let blocks = n_values / QK_K;
         // SAFETY: quantize_q8_k(x, out, n_blocks): x holds n_values floats,
@@ -198,7 +235,7 @@ impl CudaBackend {
                 kernels::per_warp(blocks),
                 &[
                     Arg::Ptr(x),
-                    Arg::Ptr(dptr(&st.scratch.xqk, s)),
+                    Arg::Ptr(dptr(&p.sc.xqk, s)),
                     Arg::I32(blocks as i32),
                 ],
             )
@@ -214,15 +251,17 @@ impl CudaBackend {
     /// add + norm + quantise, gate/up, SiLU·up + quantise, down; plus a
     /// Q8_K quantisation before each K-quant product's input.
     pub(super) fn enqueue_forward(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
-        self.enqueue_embed(st, n)?;
+        let p = Pass::seq(st);
+        self.enqueue_embed(p, n)?;
         for l in 0..self.weights.layers.len() {
-            self.enqueue_layer(st, n, l)?;
+            self.enqueue_layer(p, n, l)?;
         }
         self.enqueue_output(st, n)
     }
 
-    pub(super) fn enqueue_embed(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
-        let s = &st.stream;
+    /// The n token ids in the scratch's `tokens` looked up into `x`.
+    pub(super) fn enqueue_embed(&self, p: Pass, n: usize) -> Result<(), ModelError> {
+        let s = p.s;
         let w = &self.weights;
         let embed = &self.kernels.format(w.tok_embd.format).embed;
         // SAFETY: embed_<format>(w, tok, cols, out): n token ids (checked <
@@ -235,9 +274,9 @@ impl CudaBackend {
                 cfg((n as u32, 1), kernels::ELEMENTWISE_THREADS, 0),
                 &[
                     Arg::Ptr(dptr(&w.tok_embd.data, s)),
-                    Arg::Ptr(dptr(&st.scratch.tokens, s)),
+                    Arg::Ptr(dptr(&p.sc.tokens, s)),
                     Arg::I32(self.config.n_embd as i32),
-                    Arg::Ptr(dptr(&st.scratch.x, s)),
+                    Arg::Ptr(dptr(&p.sc.x, s)),
                 ],
             )
         }
@@ -245,19 +284,19 @@ impl CudaBackend {
     }
 
     /// Layer `l`; starts by adding the previous layer's down product.
-    pub(super) fn enqueue_layer(
-        &self,
-        st: &CudaState,
-        n: usize,
-        l: usize,
-    ) -> Result<(), ModelError> {
+    pub(super) fn enqueue_layer(&self, p: Pass, n: usize, l: usize) -> Result<(), ModelError> {
         // The CPU's orders (crate::cpu::forward): the last layer's feed-forward
         // runs on the output rows only in llama.cpp, so in the one-row
-        // orders whatever the step's size.
-        let order = Order::of_step(n, false);
-        let ffn_order = Order::of_step(n, l + 1 == self.weights.layers.len());
-        self.enqueue_attention_block(st, n, l, order)?;
-        self.enqueue_ffn_block(st, n, l, ffn_order)
+        // orders whatever the step's size. A batched step's rows are each
+        // a one-token step of their own sequence.
+        let step = match p.rows {
+            Rows::Seq(_) => n,
+            Rows::Batch { .. } => 1,
+        };
+        let order = Order::of_step(step, false);
+        let ffn_order = Order::of_step(step, l + 1 == self.weights.layers.len());
+        self.enqueue_attention_block(p, n, l, order)?;
+        self.enqueue_ffn_block(p, n, l, ffn_order)
     }
 
     /// Layer `l`'s attention block: the previous down product added and
@@ -265,42 +304,45 @@ impl CudaBackend {
     /// output product into `proj`.
     fn enqueue_attention_block(
         &self,
-        st: &CudaState,
+        p: Pass,
         n: usize,
         l: usize,
         order: Order,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let s = &st.stream;
+        let s = p.s;
         let lw = &self.weights.layers[l];
         let d = c.n_embd;
         let qkv_rows = d + 2 * c.n_head_kv * c.head_dim;
-        let sc = &st.scratch;
+        let sc = p.sc;
         let (x, xq) = (dptr(&sc.x, s), dptr(&sc.xq, s));
         let (qkv, attn, proj) = (dptr(&sc.qkv, s), dptr(&sc.attn, s), dptr(&sc.proj, s));
         let needs = Needs::of(lw.wqkv.parts());
-        let a = self.add_norm_quant(
-            st,
-            x,
-            if l == 0 { 0 } else { proj },
-            &lw.attn_norm,
-            n,
-            needs,
-        )?;
-        self.fused(st, &lw.wqkv, a, qkv, n, qkv_rows, order)?;
-        self.enqueue_rope_store(st, n, l, qkv)?;
+        let a =
+            self.add_norm_quant(p, x, if l == 0 { 0 } else { proj }, &lw.attn_norm, n, needs)?;
+        self.fused(p, &lw.wqkv, a, qkv, n, qkv_rows, order)?;
+        match p.rows {
+            Rows::Seq(st) => self.enqueue_rope_store(st, n, l, qkv)?,
+            Rows::Batch { desc, .. } => self.enqueue_rope_store_batch(p, n, l, desc)?,
+        }
         // hd % 32 == 0: each head's output is whole Q8_1 blocks, quantised
         // by the attention kernel itself (when the output matrix takes Q8_1).
         let needs = Needs::of(std::slice::from_ref(&lw.wo));
         let fused_quant = needs.q8_1 && c.head_dim.is_multiple_of(QK);
-        self.enqueue_attention(st, n, l, if fused_quant { xq } else { 0 })?;
+        let outq = if fused_quant { xq } else { 0 };
+        match p.rows {
+            Rows::Seq(st) => self.enqueue_attention(st, n, l, outq)?,
+            Rows::Batch { desc, max_pos } => {
+                self.enqueue_attention_batch(p, n, l, desc, max_pos, outq)?
+            }
+        }
         if needs.q8_1 && !fused_quant {
-            self.quantize(st, attn, n * d)?;
+            self.quantize(p, attn, n * d)?;
         }
         if needs.q8k {
-            self.quantize_q8_k(st, attn, n * d)?;
+            self.quantize_q8_k(p, attn, n * d)?;
         }
-        self.mm(st, &lw.wo, self.acts(st, attn), proj, n, d, 0, order)
+        self.mm(p, &lw.wo, self.acts(p, attn), proj, n, d, 0, order)
     }
 
     /// Layer `l`'s biases, RoPE and K/V cache store over the q/k/v rows at
@@ -342,6 +384,126 @@ impl CudaBackend {
                     Arg::Ptr(vc),
                     Arg::I32(l as i32),
                     Arg::I32(st.capacity as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    /// A batched step's biases, RoPE and K/V store: row t at its own
+    /// sequence's position, into its own cache (one launch for all rows).
+    fn enqueue_rope_store_batch(
+        &self,
+        p: Pass,
+        n: usize,
+        l: usize,
+        desc: u64,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = p.s;
+        let lw = &self.weights.layers[l];
+        let bias = lw.bqkv.as_ref().map_or(0, |b| dptr(b, s));
+        // SAFETY: qkv_rope_store_batch(qkv, bias, rope, rows, n_head, n_kv,
+        // hd, n_pairs, neox, layer): qkv holds n rows of qkv_rows (the
+        // scratch is sized for the batch), bias qkv_rows floats or null,
+        // `rows` n descriptors, each naming its sequence's live cache
+        // (n_layer × n_kv × cap × hd halves) with pos < cap and pos <
+        // rope_positions (each row checked like a one-token step).
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.qkv_rope_store_batch,
+                cfg((n as u32, (c.n_head + c.n_head_kv) as u32), 64, 0),
+                &[
+                    Arg::Ptr(dptr(&p.sc.qkv, s)),
+                    Arg::Ptr(bias),
+                    Arg::Ptr(dptr(&self.rope, s)),
+                    Arg::Ptr(desc),
+                    Arg::I32(c.n_head as i32),
+                    Arg::I32(c.n_head_kv as i32),
+                    Arg::I32(c.head_dim as i32),
+                    Arg::I32((c.rope_dim / 2) as i32),
+                    Arg::I32(c.rope_neox as i32),
+                    Arg::I32(l as i32),
+                ],
+            )
+        }
+        .map_err(ModelError::Backend)
+    }
+
+    /// A batched step's attention: row t over its own sequence's cache, in
+    /// the one-token step's order, scores first in their own wide kernel
+    /// (`split_scores`) as for a one-token step. One launch each for all
+    /// rows: a launch per sequence would cost B × 2 launches per layer
+    /// (each a few microseconds of launch overhead at batch 8), the
+    /// descriptors cost one upload of 48 bytes per row per step.
+    fn enqueue_attention_batch(
+        &self,
+        p: Pass,
+        n: usize,
+        l: usize,
+        desc: u64,
+        max_pos: usize,
+        outq: u64,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let s = p.s;
+        let hd = c.head_dim;
+        let qkv = dptr(&p.sc.qkv, s);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let split = self.opts.split_scores;
+        if split {
+            // Enough blocks for the longest row (grid-strided beyond);
+            // shorter rows' extra blocks return at once.
+            let blocks = ((max_pos + 1) as u32)
+                .div_ceil(kernels::SCORE_THREADS)
+                .min(kernels::SCORE_MAX_BLOCKS);
+            let mut config = cfg((blocks, c.n_head as u32), kernels::SCORE_THREADS, 0);
+            config.grid_dim.2 = n as u32;
+            // SAFETY: attn_scores_batch(qkv, rows, layer, n_head, n_kv, hd,
+            // scale, w): qkv holds n rows, `rows` n descriptors whose caches
+            // are as in qkv_rope_store_batch and whose scores buffers hold
+            // n_head × cap floats (allocated with each state), written for
+            // positions <= pos < cap; hd <= MAX_HD (checked at load).
+            unsafe {
+                kernels::launch(
+                    s,
+                    &self.kernels.attn_scores_batch,
+                    config,
+                    &[
+                        Arg::Ptr(qkv),
+                        Arg::Ptr(desc),
+                        Arg::I32(l as i32),
+                        Arg::I32(c.n_head as i32),
+                        Arg::I32(c.n_head_kv as i32),
+                        Arg::I32(hd as i32),
+                        Arg::F32(scale),
+                        Arg::I32(self.lanes),
+                    ],
+                )
+            }
+            .map_err(ModelError::Backend)?;
+        }
+        // SAFETY: attention_batch(qkv, rows, out, outq, layer, n_head, n_kv,
+        // hd, scale, w, split): as above; out (the attn scratch) holds n × d
+        // floats, outq (the xq scratch, or null) n × d / 32 blocks.
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.attention_batch,
+                cfg((n as u32, c.n_head as u32), kernels::ATT_THREADS, 0),
+                &[
+                    Arg::Ptr(qkv),
+                    Arg::Ptr(desc),
+                    Arg::Ptr(dptr(&p.sc.attn, s)),
+                    Arg::Ptr(outq),
+                    Arg::I32(l as i32),
+                    Arg::I32(c.n_head as i32),
+                    Arg::I32(c.n_head_kv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::F32(scale),
+                    Arg::I32(self.lanes),
+                    Arg::I32(split as i32),
                 ],
             )
         }
@@ -441,21 +603,21 @@ impl CudaBackend {
     /// product) and the down product into `proj`.
     fn enqueue_ffn_block(
         &self,
-        st: &CudaState,
+        p: Pass,
         n: usize,
         l: usize,
         ffn_order: Order,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let s = &st.stream;
+        let s = p.s;
         let lw = &self.weights.layers[l];
         let d = c.n_embd;
-        let sc = &st.scratch;
+        let sc = p.sc;
         let (x, xq, xa) = (dptr(&sc.x, s), dptr(&sc.xq, s), dptr(&sc.xa, s));
         let (proj, gu) = (dptr(&sc.proj, s), dptr(&sc.gu, s));
         let needs = Needs::of(lw.wgu.parts());
-        let a = self.add_norm_quant(st, x, proj, &lw.ffn_norm, n, needs)?;
-        self.fused(st, &lw.wgu, a, gu, n, 2 * c.n_ff, ffn_order)?;
+        let a = self.add_norm_quant(p, x, proj, &lw.ffn_norm, n, needs)?;
+        self.fused(p, &lw.wgu, a, gu, n, 2 * c.n_ff, ffn_order)?;
         let warps = n * c.n_ff / QK;
         let needs = Needs::of(std::slice::from_ref(&lw.w_down));
         // SAFETY: swiglu_quant(gu, out, outf, n, n_ff, w): gu holds n ×
@@ -479,15 +641,16 @@ impl CudaBackend {
         }
         .map_err(ModelError::Backend)?;
         if needs.q8k {
-            self.quantize_q8_k(st, xa, n * c.n_ff)?;
+            self.quantize_q8_k(p, xa, n * c.n_ff)?;
         }
-        self.mm(st, &lw.w_down, self.acts(st, xa), proj, n, d, 0, ffn_order)
+        self.mm(p, &lw.w_down, self.acts(p, xa), proj, n, d, 0, ffn_order)
     }
 
     /// The last layer's residual add, the final norm and the output product,
     /// for the last token only.
     pub(super) fn enqueue_output(&self, st: &CudaState, n: usize) -> Result<(), ModelError> {
-        let s = &st.stream;
+        let p = Pass::seq(st);
+        let s = p.s;
         let d = self.config.n_embd;
         let w = &self.weights;
         let last = ((n - 1) * d * size_of::<f32>()) as u64;
@@ -495,9 +658,51 @@ impl CudaBackend {
         let add = if w.layers.is_empty() { 0 } else { proj + last };
         let out = w.output();
         let needs = Needs::of(std::slice::from_ref(out));
-        let a = self.add_norm_quant(st, x + last, add, &w.output_norm, 1, needs)?;
+        let a = self.add_norm_quant(p, x + last, add, &w.output_norm, 1, needs)?;
         // One output row: the one-row orders (as on the CPU).
         let order = Order::of_step(1, true);
-        self.mm(st, out, a, dptr(&st.logits, s), 1, out.rows, 0, order)
+        self.mm(p, out, a, dptr(&st.logits, s), 1, out.rows, 0, order)
+    }
+
+    /// A batched step's head: every row's last residual add, the final
+    /// norm and the output product (one-row orders, as each sequence's own
+    /// step), into `logits` (n rows of n_vocab), then each row copied into
+    /// its sequence's logits buffer (the descriptors at `desc`).
+    pub(super) fn enqueue_output_batch(
+        &self,
+        p: Pass,
+        n: usize,
+        desc: u64,
+        logits: u64,
+    ) -> Result<(), ModelError> {
+        let s = p.s;
+        let w = &self.weights;
+        let (x, proj) = (dptr(&p.sc.x, s), dptr(&p.sc.proj, s));
+        let add = if w.layers.is_empty() { 0 } else { proj };
+        let out = w.output();
+        let needs = Needs::of(std::slice::from_ref(out));
+        let a = self.add_norm_quant(p, x, add, &w.output_norm, n, needs)?;
+        let order = Order::of_step(1, true);
+        self.mm(p, out, a, logits, n, out.rows, 0, order)?;
+        // SAFETY: scatter_logits(src, rows, n_vocab): src holds n × n_vocab
+        // floats (the batch's logits, n_vocab = the output rows), `rows` n
+        // descriptors whose logits buffers hold at least n_vocab floats
+        // (checked before the step).
+        unsafe {
+            kernels::launch(
+                s,
+                &self.kernels.scatter_logits,
+                cfg(
+                    (
+                        (out.rows as u32).div_ceil(kernels::ELEMENTWISE_THREADS),
+                        n as u32,
+                    ),
+                    kernels::ELEMENTWISE_THREADS,
+                    0,
+                ),
+                &[Arg::Ptr(logits), Arg::Ptr(desc), Arg::I32(out.rows as i32)],
+            )
+        }
+        .map_err(ModelError::Backend)
     }
 }

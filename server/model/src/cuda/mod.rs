@@ -27,6 +27,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod backend;
+#[cfg(feature = "cuda")]
+mod batch;
 mod device;
 #[cfg(feature = "cuda")]
 mod err;
@@ -58,6 +60,8 @@ mod emulation;
 
 #[cfg(feature = "cuda")]
 pub use backend::{CudaBackend, CudaOptions, MmKernel};
+#[cfg(feature = "cuda")]
+pub use batch::BatchStats;
 pub use device::{DeviceError, DeviceRequest, Placement};
 pub use resolve::{Resolved, built_with_cuda, resolve};
 #[cfg(feature = "cuda")]

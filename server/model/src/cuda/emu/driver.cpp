@@ -27,8 +27,9 @@
 //
 // Beyond the driver API it exports samplerd_emu_live_allocations() and
 // samplerd_emu_live_bytes() for tests, samplerd_emu_last_error() (the last
-// refusal's message) and samplerd_emu_set_memory() (the device's size; also
-// SAMPLERD_CUDA_EMU_MEMORY, in bytes, default 1 GiB).
+// refusal's message), samplerd_emu_set_memory() (the device's size; also
+// SAMPLERD_CUDA_EMU_MEMORY, in bytes, default 1 GiB) and
+// samplerd_emu_launches(name) (how often a kernel has run).
 #define SAMPLERD_EMU_FIBERS 1
 #include "../emulation/prelude.h"
 #include "fibers.h"
@@ -132,7 +133,8 @@ template <class... A> Kernel entry(const char* name, void (*f)(A...)) {
 const std::vector<Kernel>& kernels() {
     static const std::vector<Kernel> all = {
         K(add_norm_quant), K(quantize_q8_1), K(quantize_q8_k), K(qkv_rope_store), K(attn_scores),
-        K(attention), K(swiglu_quant), K(check_logits), K(logit_bias), K(penalties),
+        K(attention), K(qkv_rope_store_batch), K(attn_scores_batch), K(attention_batch), K(scatter_logits),
+        K(swiglu_quant), K(check_logits), K(logit_bias), K(penalties),
         K(scale_temperature), K(top_k), KF(q8_0), KF(q4_1), KF(q5_0), KF(q5_1), KF(q4_k), KF(q5_k),
         KF(q6_k), KF(f16), KF(bf16),
     };
@@ -233,8 +235,16 @@ bool guard_intact(uint64_t base, size_t size) {
     return true;
 }
 
+// Launches run per kernel name (samplerd_emu_launches).
+std::mutex g_counts_mu;
+std::map<std::string, uint64_t> g_counts;
+
 CUresult run_launch(const Function& fn, const unsigned* grid, const unsigned* block, const uint8_t* params) {
     const Kernel& k = *fn.k;
+    {
+        std::lock_guard<std::mutex> l(g_counts_mu);
+        ++g_counts[k.name];
+    }
     // Pointer parameters: null, or inside a live allocation.
     std::vector<uint64_t> bases;
     for (size_t i = 0; i < k.params.size(); ++i) {
@@ -813,6 +823,13 @@ API uint64_t samplerd_emu_set_memory(uint64_t bytes) {
     const uint64_t old = st().total_bytes;
     st().total_bytes = bytes;
     return old;
+}
+// How many launches of kernel `name` have run (or been replayed from a
+// graph) in this process.
+API uint64_t samplerd_emu_launches(const char* name) {
+    std::lock_guard<std::mutex> l(g_counts_mu);
+    auto it = g_counts.find(name);
+    return it == g_counts.end() ? 0 : it->second;
 }
 API uint64_t samplerd_emu_live_bytes() {
     Lock l(st().mu);

@@ -178,17 +178,24 @@ __device__ __forceinline__ float hsum8_group(float acc) {
 
 #define MAX_HD 128
 
-// Per (token, head): adds the qkv bias (qwen2), applies RoPE (rope table
-// rows precomputed on the host with the CPU's iterative theta), and for
-// k heads writes K and V into the f16 cache at position pos0 + t.
-// grid = (n_tok, n_head + n_kv), block = 64.
-extern "C" __global__ void qkv_rope_store(float* qkv, const float* bias, const float* rope, const int* pos_ptr,
-                                          int n_head, int n_kv, int hd, int n_pairs, int neox,
-                                          unsigned short* kc, unsigned short* vc, int layer, int cap) {
+// One row of a batched decode step (one sequence's next token): where its
+// sequence's K/V cache, attention scores and logits are, its position and
+// its cache's capacity. Six 64-bit words (the host packs them as u64s).
+struct BatchRow {
+    unsigned short* k;
+    unsigned short* v;
+    float* scores;
+    float* logits;
+    long long pos;
+    long long cap;
+};
+
+// Head j of qkv row t at position `pos` (the body of qkv_rope_store and
+// qkv_rope_store_batch; see there).
+__device__ __forceinline__ void rope_store_head(float* qkv, const float* bias, const float* rope, int t, int j,
+                                                int pos, int n_head, int n_kv, int hd, int n_pairs, int neox,
+                                                unsigned short* kc, unsigned short* vc, int layer, int cap) {
     __shared__ float seg[MAX_HD];
-    const int t = blockIdx.x;
-    const int j = blockIdx.y;
-    const int pos = *pos_ptr + t;
     const int d = n_head * hd;
     const int dkv = n_kv * hd;
     const int rows = d + 2 * dkv;
@@ -225,6 +232,28 @@ extern "C" __global__ void qkv_rope_store(float* qkv, const float* bias, const f
             vc[base + i] = f2h(v);
         }
     }
+}
+
+// Per (token, head): adds the qkv bias (qwen2), applies RoPE (rope table
+// rows precomputed on the host with the CPU's iterative theta), and for
+// k heads writes K and V into the f16 cache at position pos0 + t.
+// grid = (n_tok, n_head + n_kv), block = 64.
+extern "C" __global__ void qkv_rope_store(float* qkv, const float* bias, const float* rope, const int* pos_ptr,
+                                          int n_head, int n_kv, int hd, int n_pairs, int neox,
+                                          unsigned short* kc, unsigned short* vc, int layer, int cap) {
+    rope_store_head(qkv, bias, rope, blockIdx.x, blockIdx.y, *pos_ptr + blockIdx.x, n_head, n_kv, hd, n_pairs,
+                    neox, kc, vc, layer, cap);
+}
+
+// The same for a batched decode step: row t is sequence t's one token, at
+// rows[t].pos, its K and V stored in rows[t]'s cache.
+// grid = (n_rows, n_head + n_kv), block = 64.
+extern "C" __global__ void qkv_rope_store_batch(float* qkv, const float* bias, const float* rope,
+                                                const BatchRow* rows, int n_head, int n_kv, int hd, int n_pairs,
+                                                int neox, int layer) {
+    const BatchRow r = rows[blockIdx.x];
+    rope_store_head(qkv, bias, rope, blockIdx.x, blockIdx.y, (int)r.pos, n_head, n_kv, hd, n_pairs, neox, r.k, r.v,
+                    layer, (int)r.cap);
 }
 
 #define ATT_THREADS 256
@@ -297,17 +326,31 @@ __device__ __forceinline__ float kq_score(const float* q, const unsigned short* 
 // SCORE_THREADS; positions are grid-strided so one launch shape (captured
 // in the decode graph) serves every position.
 #define SCORE_THREADS 128
-extern "C" __global__ void attn_scores(const float* qkv, const unsigned short* kc, float* scores, const int* pos_ptr,
-                                       int layer, int cap, int n_head, int n_kv, int hd, float scale, int w) {
+__device__ __forceinline__ void scores_head(const float* qrow, const unsigned short* kc, float* scores, int n_pos,
+                                            int layer, int cap, int n_head, int n_kv, int hd, float scale, int w) {
     __shared__ float q[MAX_HD];
     const int h = blockIdx.y;
     const int g = h / (n_head / n_kv);
-    const int n_pos = *pos_ptr + 1;
-    for (int i = threadIdx.x; i < hd; i += SCORE_THREADS) q[i] = round_f16(qkv[h * hd + i]);
+    for (int i = threadIdx.x; i < hd; i += SCORE_THREADS) q[i] = round_f16(qrow[h * hd + i]);
     __syncthreads();
     const unsigned short* K = kc + ((size_t)layer * n_kv + g) * cap * hd;
     for (int ps = blockIdx.x * SCORE_THREADS + threadIdx.x; ps < n_pos; ps += gridDim.x * SCORE_THREADS)
         scores[(size_t)h * cap + ps] = kq_score(q, K + (size_t)ps * hd, hd, w, 1, scale);
+}
+extern "C" __global__ void attn_scores(const float* qkv, const unsigned short* kc, float* scores, const int* pos_ptr,
+                                       int layer, int cap, int n_head, int n_kv, int hd, float scale, int w) {
+    scores_head(qkv, kc, scores, *pos_ptr + 1, layer, cap, n_head, n_kv, hd, scale, w);
+}
+
+// The same for a batched decode step: grid.z = row t, sequence t's query
+// (qkv row t) against its own cache, into its own scores buffer. Blocks
+// whose positions lie beyond the row's own (shorter rows) do nothing.
+extern "C" __global__ void attn_scores_batch(const float* qkv, const BatchRow* rows, int layer, int n_head, int n_kv,
+                                             int hd, float scale, int w) {
+    const int t = blockIdx.z;
+    const BatchRow r = rows[t];
+    const float* qrow = qkv + (size_t)t * (n_head * hd + 2 * n_kv * hd);
+    scores_head(qrow, r.k, r.scores, (int)r.pos + 1, layer, (int)r.cap, n_head, n_kv, hd, scale, w);
 }
 
 // Causal grouped-query attention of token t, head h over cache positions
@@ -322,9 +365,13 @@ extern "C" __global__ void attn_scores(const float* qkv, const unsigned short* k
 // With `outq` (hd % 32 == 0) the output is also quantised to Q8_1 there,
 // which saves the separate quantize_q8_1 launch.
 // grid = (n_tok, n_head), block = ATT_THREADS.
-extern "C" __global__ void attention(const float* qkv, const unsigned short* kc, const unsigned short* vc,
-                                     const float* scores, float* out, bq8_1* outq, const int* pos_ptr, int layer,
-                                     int cap, int n_head, int n_kv, int hd, float scale, int w, int decode) {
+//
+// attention_head is the body for head blockIdx.y of qkv row t over the
+// n_pos cached positions of one sequence (attention, attention_batch).
+__device__ __forceinline__ void attention_head(const float* qkv, const unsigned short* kc, const unsigned short* vc,
+                                               const float* scores, float* out, bq8_1* outq, int t, int n_pos,
+                                               int layer, int cap, int n_head, int n_kv, int hd, float scale, int w,
+                                               int decode) {
     __shared__ float q[MAX_HD];
     __shared__ float ex[ATT_CHUNK];
     __shared__ float vsum[ATT_CHUNK / 8];
@@ -332,10 +379,8 @@ extern "C" __global__ void attention(const float* qkv, const unsigned short* kc,
     __shared__ float accs[MAX_LANES * MAX_HD];
     __shared__ double total;
     const int tid = threadIdx.x;
-    const int t = blockIdx.x;
     const int h = blockIdx.y;
     const int g = h / (n_head / n_kv);
-    const int n_pos = *pos_ptr + t + 1;
     const int d = n_head * hd;
     const int rows = d + 2 * n_kv * hd;
     for (int i = tid; i < hd; i += ATT_THREADS) q[i] = round_f16(qkv[(size_t)t * rows + h * hd + i]);
@@ -425,6 +470,35 @@ extern "C" __global__ void attention(const float* qkv, const unsigned short* kc,
     }
 }
 #undef SCORE
+
+extern "C" __global__ void attention(const float* qkv, const unsigned short* kc, const unsigned short* vc,
+                                     const float* scores, float* out, bq8_1* outq, const int* pos_ptr, int layer,
+                                     int cap, int n_head, int n_kv, int hd, float scale, int w, int decode) {
+    attention_head(qkv, kc, vc, scores, out, outq, blockIdx.x, *pos_ptr + blockIdx.x + 1, layer, cap, n_head, n_kv,
+                   hd, scale, w, decode);
+}
+
+// A batched decode step's attention: row t (blockIdx.x) is sequence t's
+// one token over its own cache (rows[t]: positions 0..pos, capacity),
+// in the one-token step's order (decode = 1), with the scores from
+// attn_scores_batch in rows[t].scores when `split` is set. Out and outq as
+// for attention (row t of n_rows). grid = (n_rows, n_head), block =
+// ATT_THREADS.
+extern "C" __global__ void attention_batch(const float* qkv, const BatchRow* rows, float* out, bq8_1* outq,
+                                           int layer, int n_head, int n_kv, int hd, float scale, int w, int split) {
+    const BatchRow r = rows[blockIdx.x];
+    attention_head(qkv, r.k, r.v, split ? r.scores : 0, out, outq, blockIdx.x, (int)r.pos + 1, layer, (int)r.cap,
+                   n_head, n_kv, hd, scale, w, 1);
+}
+
+// Row t of a batched step's logits (n_vocab floats at src + t * n_vocab)
+// into its sequence's own logits buffer (rows[t].logits).
+// grid = (ceil(n_vocab / ELEMENTWISE_THREADS), n_rows).
+extern "C" __global__ void scatter_logits(const float* src, const BatchRow* rows, int n_vocab) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t = blockIdx.y;
+    if (i < n_vocab) rows[t].logits[i] = src[(size_t)t * n_vocab + i];
+}
 
 // silu(gate) * up per value (gu rows are [gate (n_ff) | up (n_ff)] per
 // token) as ggml_vec_swiglu_f32 computes it (ggml's expf on the first
