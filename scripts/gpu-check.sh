@@ -15,7 +15,8 @@
 #   4. compute-sanitizer --tool memcheck over the GPU tests, and synccheck
 #      over the device-sampling test, when present;
 #   5. the decode benchmark (server/benches/cuda_decode.rs): tok/s for 1 and
-#      8 streams, per-step forward / sampling / copy / host time, bytes
+#      8 streams (8 as one batched pass per step, and as a pass per stream
+#      for comparison), per-step forward / sampling / copy / host time, bytes
 #      copied device -> host per token (targets: >= 1,000 tok/s for one
 #      stream on an H200, <= 4 KB/token with the default chain), then the
 #      forward time alone at cache positions 32 / 256 / 1024 with CUDA

@@ -1,7 +1,8 @@
 //! Decode throughput of the CUDA backend with the default sampler chain
 //! split between device and host (scripts/gpu-check.sh runs it): tokens/s
 //! for 1 and 8 concurrent streams (8: one batched decode pass per step,
-//! as Generate's engine runs them), time per step split into forward /
+//! as Generate's engine runs them; also a pass per stream, for
+//! comparison), time per step split into forward /
 //! device sampling / device→host copy / host remainder, and bytes copied to
 //! the host per token; plus the same loop copying the whole logits to the
 //! host and running the whole chain there, for comparison. Medians of
@@ -55,12 +56,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// `steps` decode steps over all `streams` at once; `device_sampling`
-/// false copies the whole logits and samples on the host instead.
+/// false copies the whole logits and samples on the host instead;
+/// `batched` false runs each stream's step on its own (graph-replayed)
+/// instead of one batched pass, for comparison.
 fn round(
     gpu: &CudaBackend,
     streams: &mut [Stream],
     steps: usize,
     device_sampling: bool,
+    batched: bool,
     n_vocab: usize,
 ) -> Round {
     let mut r = Round::default();
@@ -76,12 +80,18 @@ fn round(
     let t0 = Instant::now();
     for _ in 0..steps {
         let tf = Instant::now();
-        // Every stream's next token in one step: one batched pass for 8
-        // streams (the engine's path), the captured graph for one.
-        let tokens: Vec<u32> = streams.iter().map(|s| s.next).collect();
-        let mut states: Vec<&mut CudaState> = streams.iter_mut().map(|s| &mut s.st).collect();
-        gpu.enqueue_decode_batch(&mut states, &tokens)
-            .expect("forward");
+        if batched {
+            // Every stream's next token in one step: one batched pass for
+            // 8 streams (the engine's path), the captured graph for one.
+            let tokens: Vec<u32> = streams.iter().map(|s| s.next).collect();
+            let mut states: Vec<&mut CudaState> = streams.iter_mut().map(|s| &mut s.st).collect();
+            gpu.enqueue_decode_batch(&mut states, &tokens)
+                .expect("forward");
+        } else {
+            for s in streams.iter_mut() {
+                gpu.forward_device(&mut s.st, &[s.next]).expect("forward");
+            }
+        }
         for s in streams.iter() {
             gpu.synchronize(&s.st).expect("sync");
         }
@@ -186,7 +196,13 @@ fn main() {
         "{:<34} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
         "mode", "tok/s", "fwd us", "samp us", "copy us", "host us", "D2H B/tok"
     );
-    for (n_streams, device_sampling) in [(1, true), (8, true), (1, false), (8, false)] {
+    for (n_streams, device_sampling, batched) in [
+        (1, true, true),
+        (8, true, true),
+        (8, true, false),
+        (1, false, true),
+        (8, false, true),
+    ] {
         let mut rows: Vec<Round> = Vec::new();
         for _ in 0..rounds {
             let mut streams: Vec<Stream> = (0..n_streams)
@@ -211,7 +227,14 @@ fn main() {
                     }
                 })
                 .collect();
-            rows.push(round(&gpu, &mut streams, steps, device_sampling, n_vocab));
+            rows.push(round(
+                &gpu,
+                &mut streams,
+                steps,
+                device_sampling,
+                batched,
+                n_vocab,
+            ));
         }
         let per_step = |f: fn(&Round) -> Duration| {
             median(
@@ -231,13 +254,14 @@ fn main() {
                 .collect(),
         );
         let mode = format!(
-            "{n_streams} stream{} {}",
+            "{n_streams} stream{} {}{}",
             if n_streams > 1 { "s" } else { "" },
             if device_sampling {
                 "device prefix"
             } else {
                 "full logits to host"
-            }
+            },
+            if batched { "" } else { ", unbatched" }
         );
         println!(
             "{mode:<34} {toks:>10.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {d2h:>12.0}",
@@ -247,7 +271,7 @@ fn main() {
             per_step(|r| r.host),
         );
         println!(
-            "GPU-CHECK bench streams={n_streams} device_sampling={device_sampling} tok_per_s={toks:.0} d2h_bytes_per_token={d2h:.0}"
+            "GPU-CHECK bench streams={n_streams} device_sampling={device_sampling} batched={batched} tok_per_s={toks:.0} d2h_bytes_per_token={d2h:.0}"
         );
     }
     forward_matrix(&gpu, &weights, &prompt);

@@ -342,7 +342,8 @@ fn live_allocations() -> Option<u64> {
     emu().map(|e| unsafe { (e.live)() })
 }
 
-/// Sequences and the model give their device memory back when dropped.
+/// Sequences and the model (with its batched step's scratch) give their
+/// device memory back when dropped.
 #[test]
 fn dropping_sequences_and_the_model_frees_device_memory() {
     let Some((placement, _turn)) = device() else {
@@ -365,6 +366,16 @@ fn dropping_sequences_and_the_model_frees_device_memory() {
         assert!(live_allocations().unwrap() > with_model);
     }
     assert_eq!(live_allocations().unwrap(), with_model, "a sequence leaked");
+    // A batched step's stream and scratch stay with the model (sized for
+    // the largest batch) and go with it.
+    {
+        let mut a = gpu.new_session().unwrap();
+        let mut b = gpu.new_session().unwrap();
+        a.prefill(&[1, 2]).unwrap();
+        b.prefill(&[3]).unwrap();
+        gpu.decode_batch(&mut [&mut a, &mut b], &[4, 5]).unwrap();
+    }
+    assert!(live_allocations().unwrap() > with_model);
     drop(gpu);
     assert_eq!(live_allocations().unwrap(), before, "the model leaked");
 }

@@ -33,6 +33,11 @@ use super::launch::{Pass, Rows};
 use super::state::{CudaState, Scratch, alloc, dptr};
 use crate::error::ModelError;
 
+/// The most rows one pass runs (larger batches run as several passes):
+/// keeps every launch's grid within CUDA's limits (the rows are grid.y
+/// or grid.z, at most 65,535) and the scratch bounded.
+const MAX_ROWS: usize = 256;
+
 /// 64-bit words per row descriptor (`BatchRow` in forward.cu: the K cache,
 /// V cache, scores and logits addresses, the position and the capacity).
 const ROW_WORDS: usize = 6;
@@ -103,15 +108,14 @@ impl CudaBackend {
         lock(&self.batch).stats
     }
 
-    /// One decode step of every state in one batched pass (two or more
-    /// states; see the module's doc). Checks each row like a one-token
-    /// step before anything is enqueued.
+    /// One decode step of every state in batched passes (one per
+    /// [`MAX_ROWS`] states; see the module's doc). Checks every row like a
+    /// one-token step before anything is enqueued.
     pub(super) fn enqueue_batched_step(
         &self,
         states: &mut [&mut CudaState],
         tokens: &[u32],
     ) -> Result<(), ModelError> {
-        let n = states.len();
         let n_vocab = self.config.n_vocab;
         for (st, &tok) in states.iter().zip(tokens) {
             self.check_input(st, std::slice::from_ref(&tok))?;
@@ -122,6 +126,19 @@ impl CudaBackend {
                 )));
             }
         }
+        for (st, tok) in states.chunks_mut(MAX_ROWS).zip(tokens.chunks(MAX_ROWS)) {
+            self.enqueue_pass(st, tok)?;
+        }
+        Ok(())
+    }
+
+    /// One batched pass over `states` (at most [`MAX_ROWS`], checked).
+    fn enqueue_pass(
+        &self,
+        states: &mut [&mut CudaState],
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        let n = states.len();
         let t0 = Instant::now();
         let mut guard = lock(&self.batch);
         let batcher = &mut *guard;
