@@ -336,6 +336,59 @@ fn a_bad_row_refuses_the_whole_batched_step() {
     assert_eq!((a.position(), c.position()), (3, 3));
 }
 
+/// More sequences than one pass takes (`max_batch_rows`, here 3) step as
+/// several passes (3 + 3 + 1 rows), each row still its own sequence's
+/// step; an impossible limit is refused.
+#[test]
+fn a_batch_larger_than_one_pass_runs_as_several() {
+    let Some((_placement, _turn)) = device() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = model_file(dir.path(), "llama", GgmlDType::Q4_1);
+    let opts = |max_batch_rows| CudaOptions {
+        max_batch_rows,
+        ..CudaOptions::default()
+    };
+    let gpu = cuda_backend(&p, opts(3));
+    let prompt = |i: usize| [1 + (i % 5) as u32, 7];
+    // Each distinct prompt's next logits, one sequence at a time.
+    let want: Vec<Vec<f32>> = (0..5)
+        .map(|i| {
+            let mut st = gpu.new_sequence(4).unwrap();
+            let mut l = vec![0f32; N_VOCAB];
+            gpu.forward(&mut st, &prompt(i), &mut l).unwrap();
+            gpu.forward(&mut st, &[9 + i as u32], &mut l).unwrap();
+            l
+        })
+        .collect();
+    let n = 7;
+    let mut states: Vec<_> = (0..n).map(|_| gpu.new_sequence(4).unwrap()).collect();
+    let mut l = vec![0f32; N_VOCAB];
+    for (i, st) in states.iter_mut().enumerate() {
+        gpu.forward(st, &prompt(i), &mut l).unwrap();
+    }
+    let tokens: Vec<u32> = (0..n).map(|i| 9 + (i % 5) as u32).collect();
+    let mut refs: Vec<_> = states.iter_mut().collect();
+    gpu.enqueue_decode_batch(&mut refs, &tokens).unwrap();
+    for (i, st) in states.iter_mut().enumerate() {
+        gpu.copy_logits(st, &mut l).unwrap();
+        assert_eq!(bits(&l), bits(&want[i % 5]), "row {i}");
+    }
+    let stats = gpu.batch_stats();
+    assert_eq!((stats.passes, stats.rows, stats.largest), (3, 7, 3));
+    let mut g = samplerd_model::gguf::GgufFile::open(&p).unwrap();
+    let config = g.config().unwrap();
+    let weights = samplerd_model::gguf::Weights::load(&mut g, &config).unwrap();
+    for bad in [0, 65_536] {
+        let e = CudaBackend::new(config.clone(), &weights, opts(bad)).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("max_batch_rows {bad}")),
+            "{e}"
+        );
+    }
+}
+
 /// The emulated driver's count of live allocations (None on a real driver).
 fn live_allocations() -> Option<u64> {
     // SAFETY: the emulator's `uint64_t samplerd_emu_live_allocations(void)`.

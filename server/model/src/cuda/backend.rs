@@ -50,6 +50,10 @@ pub struct CudaOptions {
     pub split_scores: bool,
     /// Whose lane order the kernels follow (`model.numerics`).
     pub flavor: Flavor,
+    /// The most sequences one batched decode pass runs (1..=65,535: the
+    /// rows are a grid dimension); a larger step runs as several passes.
+    /// Its scratch grows to the largest pass run.
+    pub max_batch_rows: usize,
 }
 
 /// The layout of the weight-product kernels; same arithmetic, same bits.
@@ -75,6 +79,7 @@ impl Default for CudaOptions {
             },
             split_scores: std::env::var("SAMPLERD_CUDA_ATTN").as_deref() != Ok("fused"),
             flavor: Numerics::default().flavor(),
+            max_batch_rows: 256,
         }
     }
 }
@@ -121,6 +126,12 @@ impl CudaBackend {
                 "cuda: head_dim {} exceeds the attention kernel's limit of {}",
                 config.head_dim,
                 kernels::MAX_HEAD_DIM
+            )));
+        }
+        if !(1..=65_535).contains(&opts.max_batch_rows) {
+            return Err(ModelError::Backend(format!(
+                "cuda: max_batch_rows {} is outside 1..=65535",
+                opts.max_batch_rows
             )));
         }
         if let Some(why) = unsupported(&config) {

@@ -33,11 +33,6 @@ use super::launch::{Pass, Rows};
 use super::state::{CudaState, Scratch, alloc, dptr};
 use crate::error::ModelError;
 
-/// The most rows one pass runs (larger batches run as several passes):
-/// keeps every launch's grid within CUDA's limits (the rows are grid.y
-/// or grid.z, at most 65,535) and the scratch bounded.
-const MAX_ROWS: usize = 256;
-
 /// 64-bit words per row descriptor (`BatchRow` in forward.cu: the K cache,
 /// V cache, scores and logits addresses, the position and the capacity).
 const ROW_WORDS: usize = 6;
@@ -108,8 +103,9 @@ impl CudaBackend {
         lock(&self.batch).stats
     }
 
-    /// One decode step of every state in batched passes (one per
-    /// [`MAX_ROWS`] states; see the module's doc). Checks every row like a
+    /// One decode step of every state in batched passes (of at most
+    /// `max_batch_rows` states each: a bounded scratch, and the rows stay
+    /// within a grid dimension's limit; see the module's doc). Checks every row like a
     /// one-token step before anything is enqueued.
     pub(super) fn enqueue_batched_step(
         &self,
@@ -126,13 +122,14 @@ impl CudaBackend {
                 )));
             }
         }
-        for (st, tok) in states.chunks_mut(MAX_ROWS).zip(tokens.chunks(MAX_ROWS)) {
+        let m = self.opts.max_batch_rows;
+        for (st, tok) in states.chunks_mut(m).zip(tokens.chunks(m)) {
             self.enqueue_pass(st, tok)?;
         }
         Ok(())
     }
 
-    /// One batched pass over `states` (at most [`MAX_ROWS`], checked).
+    /// One batched pass over `states` (at most `max_batch_rows`, checked).
     fn enqueue_pass(
         &self,
         states: &mut [&mut CudaState],
