@@ -2,7 +2,8 @@
 //!
 //! One embedding of B rows, each layer's weight products over the B rows
 //! in one launch each (the weights streamed from device memory once per
-//! step for every sequence, not once per sequence), RoPE, the K/V store and
+//! step for every sequence, not once per sequence: each warp's weight row
+//! is re-read from cache for the batch's other rows), RoPE, the K/V store and
 //! attention of each row against its own sequence's cache (one launch each
 //! for all rows, the rows described by a small device table), then the
 //! output norm and head over the B rows and each row's logits copied into
@@ -105,8 +106,8 @@ impl CudaBackend {
 
     /// One decode step of every state in batched passes (of at most
     /// `max_batch_rows` states each: a bounded scratch, and the rows stay
-    /// within a grid dimension's limit; see the module's doc). Checks every row like a
-    /// one-token step before anything is enqueued.
+    /// within a grid dimension's limit; see the module's doc). Checks
+    /// every row like a one-token step before anything is enqueued.
     pub(super) fn enqueue_batched_step(
         &self,
         states: &mut [&mut CudaState],
@@ -139,20 +140,21 @@ impl CudaBackend {
         let t0 = Instant::now();
         let mut guard = lock(&self.batch);
         let batcher = &mut *guard;
-        if batcher.scratch.as_ref().is_none_or(|b| b.rows < n) {
-            let stream = match batcher.scratch.take() {
-                // The old buffers are freed on this stream, after the
-                // passes that used them.
-                Some(old) => Arc::clone(&old.stream),
-                None => self
-                    .ctx
-                    .new_stream()
-                    .map_err(|e| err("creating a stream", e))?,
-            };
-            batcher.scratch = Some(self.new_batch_scratch(stream, n)?);
-        }
-        let Some(b) = batcher.scratch.as_mut() else {
-            unreachable!("allocated above");
+        let b = match batcher.scratch.take() {
+            Some(b) if b.rows >= n => batcher.scratch.insert(b),
+            old => {
+                // A smaller scratch's buffers are freed on its stream, after
+                // the passes that used them, before the larger one is
+                // allocated; the stream stays.
+                let stream = match old {
+                    Some(old) => Arc::clone(&old.stream),
+                    None => self
+                        .ctx
+                        .new_stream()
+                        .map_err(|e| err("creating a stream", e))?,
+                };
+                batcher.scratch.insert(self.new_batch_scratch(stream, n)?)
+            }
         };
         let s = &b.stream;
         // After each sequence's queued work (its last step, prefill or
