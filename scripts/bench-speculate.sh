@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
-# Generate with prompt-lookup speculation against without it, side by side
-# in one run (docs/PERFORMANCE.md, "Speculative decoding"): one
-# `samplerd serve` on loopback with the default model; each round sends
+# Generate with speculation against without it, side by side in one run
+# (docs/PERFORMANCE.md, "Speculative decoding"): one `samplerd serve` on
+# loopback with the default model (or SAMPLERD_MODEL); each round sends
 # three input-grounded chats (copy a paragraph, extract fields to JSON,
 # edit a given text), greedy, up to TOKENS tokens, once without and once
-# with `--speculate prompt-lookup`, alternating which goes first. Reads
+# with `--speculate $SOURCE`, alternating which goes first. SOURCE is
+# prompt-lookup (default) or model: then DRAFT_MODEL is loaded as
+# `model.draft_path` (scripts/requantize-model.sh makes an F16 or Q8_0
+# target of the default model for it to draft for). Reads
 # `Finished.timings.decode_tokens_per_second` (prefill excluded) and the
 # usage's draft counts, checks that both streamed the same text, and
 # prints per prompt and overall the median tokens/s [min–max] of each,
 # the ratio of medians, and the acceptance rate (accepted / drafted).
 #   ROUNDS=5 TOKENS=160 MAX_DRAFT=0 scripts/bench-speculate.sh
+#   SOURCE=model SAMPLERD_MODEL=models/SmolLM2-135M-Instruct.F16.gguf \
+#     DRAFT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf scripts/bench-speculate.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 TOKENS=${TOKENS:-160}
 MAX_DRAFT=${MAX_DRAFT:-0}
+SOURCE=${SOURCE:-prompt-lookup}
+DRAFT_MODEL=${DRAFT_MODEL:-}
 BIN=${CARGO_TARGET_DIR:-target}/release
 MODEL=${SAMPLERD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 PORT=${PORT:-50951}
+if [ "$SOURCE" = model ]; then
+  [ -n "$DRAFT_MODEL" ] || { echo "bench-speculate: SOURCE=model needs DRAFT_MODEL" >&2; exit 1; }
+  export SAMPLERD_MODEL__DRAFT_PATH=$DRAFT_MODEL
+fi
 SAMPLERD_METRICS__LISTEN=127.0.0.1:0 SAMPLERD_GENERATE__PROMPT_CACHE_ENTRIES=0 \
   "$BIN/samplerd" serve --model "$MODEL" --listen 127.0.0.1:$PORT > "$OUT/speculate.log" 2>&1 &
 SERVER=$!
@@ -45,7 +56,7 @@ $TEXT"
 )
 ask() { # speculate(on|off), prompt -> "tok_per_s drafted accepted tokens text_json"
   local extra=()
-  [ "$1" = on ] && extra=(--speculate prompt-lookup)
+  [ "$1" = on ] && extra=(--speculate "$SOURCE")
   [ "$1" = on ] && [ "$MAX_DRAFT" != 0 ] && extra+=(--max-draft "$MAX_DRAFT")
   "$BIN/samplerctl" --addr "http://127.0.0.1:$PORT" generate --chat "$2" \
     -n "$TOKENS" --greedy "${extra[@]}" --json | python3 -c '
@@ -57,6 +68,7 @@ u = f["usage"]
 print(f["timings"]["decode_tokens_per_second"], u["draft_tokens"], u["accepted_draft_tokens"],
       u["completion_tokens"], json.dumps(text + f["text"]))'
 }
+echo "speculate: $SOURCE; model: $MODEL${DRAFT_MODEL:+; draft model: $DRAFT_MODEL}"
 echo "load before: $(uptime)"
 ask off "Hello" > /dev/null
 ask on "Hello" > /dev/null

@@ -187,6 +187,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     &placement,
                     cfg.model.numerics,
                 )?;
+                let host = match &cfg.model.draft_path {
+                    Some(draft) => host.with_draft(draft, &placement)?,
+                    None => host,
+                };
                 metrics::gauge!(samplerd::generate::MODEL_LOAD_METRIC)
                     .set(started.elapsed().as_secs_f64());
                 Some(std::sync::Arc::new(host))

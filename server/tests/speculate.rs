@@ -1,14 +1,16 @@
-//! Generate with speculative decoding (`GenerateRequest.speculation`,
-//! prompt-lookup drafts) against the real default model: the stream is
+//! Generate with speculative decoding (`GenerateRequest.speculation`):
+//! prompt-lookup drafts against the real default model, and a draft model
+//! (`model.draft_path`) on tiny models that always run. The stream is
 //! byte-identical to the same request without speculation — every `Token`
 //! message (id, text, log-probability, probability, `n_probs`
 //! candidates) and the `Finished` (reason, held-back text, usage) — on
 //! input-grounded prompts, greedy and seeded, with stop strings, a JSON
 //! Schema, penalties and DRY, the prompt cache and `resume`; the draft
-//! counts are consistent; bad `speculation` fields are refused.
+//! counts are consistent; bad `speculation` fields are refused, and so is
+//! a draft model over another vocabulary (at start-up, naming both files).
 //!
-//! The model path comes from `SAMPLERD_MODEL`; without it these tests
-//! print a notice and pass.
+//! The real model's path comes from `SAMPLERD_MODEL`; without it those
+//! tests print a notice and pass.
 
 mod common;
 
@@ -20,6 +22,9 @@ use samplerd::generate::{GenerateConfig, ModelHost};
 use samplerd_api::v1;
 use samplerd_api::v1::generate_response::Event;
 use tonic::Code;
+
+#[path = "../model/tests/support/tiny_formats.rs"]
+mod tiny_formats;
 
 fn host_with(cfg: GenerateConfig) -> Option<Arc<ModelHost>> {
     Some(Arc::new(
@@ -107,9 +112,17 @@ async fn stream(s: &TestServer, req: v1::GenerateRequest) -> Result<Stream, toni
 }
 
 fn speculating(req: &v1::GenerateRequest, max_draft_tokens: u32) -> v1::GenerateRequest {
+    speculating_from(req, v1::DraftSource::PromptLookup, max_draft_tokens)
+}
+
+fn speculating_from(
+    req: &v1::GenerateRequest,
+    source: v1::DraftSource,
+    max_draft_tokens: u32,
+) -> v1::GenerateRequest {
     v1::GenerateRequest {
         speculation: Some(v1::Speculation {
-            source: v1::DraftSource::PromptLookup as i32,
+            source: source as i32,
             max_draft_tokens,
         }),
         ..req.clone()
@@ -190,8 +203,21 @@ async fn assert_same_with_and_without(
     req: &v1::GenerateRequest,
     max_draft: u32,
 ) -> v1::Usage {
+    assert_same_drafting_from(s, what, req, v1::DraftSource::PromptLookup, max_draft).await
+}
+
+/// [`assert_same_with_and_without`] with drafts from `source`.
+async fn assert_same_drafting_from(
+    s: &TestServer,
+    what: &str,
+    req: &v1::GenerateRequest,
+    source: v1::DraftSource,
+    max_draft: u32,
+) -> v1::Usage {
     let off = stream(s, req.clone()).await.unwrap();
-    let on = stream(s, speculating(req, max_draft)).await.unwrap();
+    let on = stream(s, speculating_from(req, source, max_draft))
+        .await
+        .unwrap();
     assert_eq!(
         on.ids(),
         off.ids(),
@@ -445,4 +471,186 @@ async fn speculation_ends_at_the_context_end_like_decoding() {
         assert_same_with_and_without(&s, &format!("context end, {name}"), &req, 16).await;
     }
     s.stop().await;
+}
+
+/// A tiny target (Q8_0) and two draft models over its vocabulary: the
+/// same weights in Q4_1 (a draft that mostly agrees, as a model's own
+/// smaller quantisation does) and unrelated weights (one that mostly
+/// does not). Written once per process.
+fn tiny_models() -> &'static (tempfile::TempDir, [std::path::PathBuf; 3]) {
+    use candle_core::quantized::GgmlDType;
+    static MODELS: OnceLock<(tempfile::TempDir, [std::path::PathBuf; 3])> = OnceLock::new();
+    MODELS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        let paths = [p("target.gguf"), p("draft-q4_1.gguf"), p("draft-other.gguf")];
+        tiny_formats::write_model(&paths[0], "llama", GgmlDType::Q8_0);
+        tiny_formats::write_model(&paths[1], "llama", GgmlDType::Q4_1);
+        tiny_formats::write_model_seeded(&paths[2], "llama", GgmlDType::Q4_1, 99);
+        (dir, paths)
+    })
+}
+
+fn tiny_host(draft: &std::path::Path, cfg: GenerateConfig) -> Arc<ModelHost> {
+    let (_, paths) = tiny_models();
+    let host = ModelHost::load(&paths[0], cfg)
+        .expect("target loads")
+        .with_draft(draft, &samplerd_model::Placement::Cpu)
+        .expect("draft loads");
+    Arc::new(host)
+}
+
+/// A prompt for the tiny byte-level models (any text tokenizes).
+fn tiny_request(prompt: &str, max_tokens: u32, params: v1::SamplingParams) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        prompt: prompt.into(),
+        max_tokens: Some(max_tokens),
+        params: Some(params),
+        ..Default::default()
+    }
+}
+
+/// Drafts from a draft model change nothing in the stream, greedy and
+/// seeded, with a penalty/DRY chain and n_probs, stop strings, max_tokens
+/// inside an accepted run, the end of generation (not ignored), and the
+/// prompt cache's next turn — whatever the draft model: the target itself
+/// (its drafts are drawn with the target's seed, steps and chain state, so
+/// every one is accepted: the check that drafting is aligned), the same
+/// weights in Q4_1, or unrelated weights.
+#[tokio::test]
+async fn draft_model_speculation_streams_the_same_bytes() {
+    let (_, paths) = tiny_models();
+    for (name, draft) in [
+        ("the target itself", &paths[0]),
+        ("same weights in Q4_1", &paths[1]),
+        ("other weights", &paths[2]),
+    ] {
+        let s = server_with(tiny_host(draft, GenerateConfig::default())).await;
+        let mut counts = (0, 0);
+        let penalised = v1::SamplingParams {
+            seed: Some(5),
+            repeat_penalty: Some(1.3),
+            frequency_penalty: Some(0.2),
+            dry_multiplier: Some(0.8),
+            ..Default::default()
+        };
+        let mut cases = vec![
+            ("greedy", tiny_request("the cat sat on", 32, greedy())),
+            ("seeded", tiny_request("once upon a time", 32, seeded(11))),
+            ("penalties+DRY", tiny_request("the cat sat on", 32, penalised)),
+        ];
+        for (_, req) in &mut cases {
+            req.ignore_eos = true;
+        }
+        let mut probs = tiny_request("abc abc abc", 24, seeded(3));
+        probs.n_probs = 4;
+        probs.ignore_eos = true;
+        cases.push(("n_probs", probs));
+        // Not ignoring the end of generation: wherever the target ends,
+        // so does the speculating run.
+        cases.push(("eos", tiny_request("the end", 32, seeded(7))));
+        for (case, req) in &cases {
+            for max_draft in [2, 16] {
+                let what = format!("{name}, {case}, K <= {max_draft}");
+                let u = assert_same_drafting_from(&s, &what, req, v1::DraftSource::Model, max_draft)
+                    .await;
+                counts.0 += u.draft_tokens;
+                counts.1 += u.accepted_draft_tokens;
+            }
+        }
+        // A stop string and max_tokens cut an accepted run where decoding
+        // stops.
+        let full = stream(&s, cases[0].1.clone()).await.unwrap();
+        let text = full.text();
+        let cut = text.char_indices().map(|(i, _)| i).nth(text.chars().count() / 2).unwrap();
+        let mut stopped = cases[0].1.clone();
+        stopped.stop = vec![text[cut..].chars().take(2).collect()];
+        let u = assert_same_drafting_from(&s, "stop string", &stopped, v1::DraftSource::Model, 8).await;
+        assert!(u.completion_tokens < full.tokens.len() as u32, "{u:?}");
+        for max_tokens in [1, 2, 9] {
+            let mut short = cases[0].1.clone();
+            short.max_tokens = Some(max_tokens);
+            let u = assert_same_drafting_from(&s, "max_tokens", &short, v1::DraftSource::Model, 8)
+                .await;
+            assert_eq!(u.completion_tokens, max_tokens);
+        }
+        let (drafted, accepted) = counts;
+        eprintln!("{name}: {accepted} of {drafted} drafts accepted");
+        assert!(drafted > 100, "{name}: only {drafted} drafts");
+        if draft == &paths[0] {
+            assert_eq!(accepted, drafted, "{name}: every draft is the target's token");
+        } else {
+            assert!(accepted < drafted, "{name}: every draft accepted");
+        }
+        s.stop().await;
+    }
+}
+
+/// The prompt cache and a resumed run see exactly the committed tokens
+/// with a draft model too (its own cache is resynchronised each round).
+#[tokio::test]
+async fn draft_model_speculation_keeps_the_prompt_cache_and_resume_exact() {
+    let (_, paths) = tiny_models();
+    let a = server_with(tiny_host(&paths[1], GenerateConfig::default())).await;
+    let b = server_with(tiny_host(
+        &paths[1],
+        GenerateConfig {
+            prompt_cache_entries: 0,
+            ..GenerateConfig::default()
+        },
+    ))
+    .await;
+    let mut req = tiny_request("a b c d e f", 40, seeded(21));
+    req.ignore_eos = true;
+    let spec = speculating_from(&req, v1::DraftSource::Model, 6);
+    let full = stream(&b, req.clone()).await.unwrap();
+    for round in 0..2 {
+        let with = stream(&a, spec.clone()).await.unwrap();
+        assert_eq!(with.tokens, full.tokens, "round {round}");
+        assert_eq!(with.comparable(), full.comparable(), "round {round}");
+    }
+    for k in [1, 7, 20] {
+        let resumed = v1::GenerateRequest {
+            resume: Some(v1::GenerateResume {
+                token_ids: full.ids()[..k].to_vec(),
+            }),
+            ..spec.clone()
+        };
+        let out = stream(&a, resumed).await.unwrap();
+        assert_eq!(out.tokens, full.tokens[k..], "resumed after {k}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A draft model must share the target's vocabulary: another one is
+/// refused at load, naming the key and both files; so is one that is not
+/// a model file.
+#[test]
+fn a_draft_model_over_another_vocabulary_is_refused_naming_both_files() {
+    let (dir, paths) = tiny_models();
+    let other = dir.path().join("tiny-qwen3-think.gguf");
+    tiny_formats::write_thinking_model(&other);
+    let load = |draft: &std::path::Path| {
+        ModelHost::load(&paths[0], GenerateConfig::default())
+            .unwrap()
+            .with_draft(draft, &samplerd_model::Placement::Cpu)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let e = load(&other);
+    for want in [
+        "model.draft_path:",
+        "does not share the vocabulary",
+        &format!("{} has 263 tokens", other.display()),
+        &format!("{} has 261", paths[0].display()),
+    ] {
+        assert!(e.contains(want), "{e:?} lacks {want:?}");
+    }
+    let e = load(dir.path());
+    assert!(
+        e.starts_with("model.draft_path:") && e.contains("a directory"),
+        "{e}"
+    );
 }

@@ -6,8 +6,9 @@
 //! under `plugins.allow_untrusted_permissions` is named in a warning with
 //! its mode; a key that is not the certificate's is refused by
 //! `check-config` naming both files, and an expired certificate is served
-//! with a warning naming the file and its notAfter date. Every run is
-//! bounded.
+//! with a warning naming the file and its notAfter date; a draft model over
+//! another vocabulary than the model's is refused naming both files. Every
+//! run is bounded.
 
 mod common;
 mod process;
@@ -18,6 +19,9 @@ use std::time::Duration;
 
 use common::core_plugin;
 use process::{run_to_exit, toml_path};
+
+#[path = "../model/tests/support/tiny_formats.rs"]
+mod tiny_formats;
 
 /// Bound on a start-up that must end by itself (a refusal takes well under
 /// a second; a hang is what the bound catches).
@@ -254,5 +258,32 @@ fn reasoning_markers_of_other_than_two_strings_are_refused_naming_the_key() {
                 "exactly two strings [open, close]; got 1",
             ],
         );
+    }
+}
+
+#[test]
+fn a_draft_model_over_another_vocabulary_is_refused_naming_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, draft) = (dir.path().join("target.gguf"), dir.path().join("think.gguf"));
+    tiny_formats::write_model(&target, "llama", candle_core::quantized::GgmlDType::Q8_0);
+    tiny_formats::write_thinking_model(&draft);
+    let toml = format!("{}draft_path = {}\n", model_toml(&target), toml_path(&draft));
+    for command in ["check-config", "serve"] {
+        let run = run_to_exit(command, &toml, &[], EXIT_BOUND);
+        assert_one_line_failure(
+            &run,
+            &[
+                "model.draft_path",
+                "does not share the vocabulary",
+                "think.gguf has 263 tokens",
+                "target.gguf has 261",
+            ],
+        );
+    }
+    // Without model.path a draft model has nothing to draft for.
+    let toml = format!("[model]\ndraft_path = {}\n", toml_path(&draft));
+    for command in ["check-config", "serve"] {
+        let run = run_to_exit(command, &toml, &[], EXIT_BOUND);
+        assert_one_line_failure(&run, &["model.draft_path", "think.gguf", "model.path is not"]);
     }
 }

@@ -122,8 +122,9 @@ fn plugin_error(loaded: &LoadedConfig, e: samplerd_sampling::LoadError) -> Confi
 
 /// Opens what `serve` reads before it serves: TLS files (their PEM
 /// content, the key against the certificate), the bearer-token file, and
-/// the model's GGUF header, hyper-parameters and tokenizer (the weights
-/// are not read). Returns the warnings `serve` would log.
+/// the model's (and the draft model's) GGUF header, hyper-parameters and
+/// tokenizer, the two vocabularies compared (the weights are not read).
+/// Returns the warnings `serve` would log.
 fn open_files(loaded: &LoadedConfig) -> Result<Vec<String>, ConfigError> {
     use crate::transport::tls::TlsError;
     let c = &loaded.config;
@@ -149,18 +150,47 @@ fn open_files(loaded: &LoadedConfig) -> Result<Vec<String>, ConfigError> {
         crate::transport::auth::TokenSet::load(path)
             .map_err(|e| file_error("auth.tokens_file", e.to_string()))?;
     }
-    if let Some(path) = &c.model.path {
-        crate::generate::check_model_file(path)
-            .map_err(|e| file_error("model.path", e.to_string()))?;
-        // The header, the hyper-parameters and the tokenizer (its
-        // pre-tokenizer family among them): what `serve` reads before the
-        // weights.
-        samplerd_model::gguf::GgufFile::open(path)
-            .and_then(|g| {
-                g.config()?;
-                samplerd_model::Tokenizer::from_gguf(&g)
-            })
-            .map_err(|e| file_error("model.path", format!("model.path: {e}")))?;
+    let target = match &c.model.path {
+        Some(path) => Some((
+            path,
+            model_header("model.path", path).map_err(|m| file_error("model.path", m))?,
+        )),
+        None => None,
+    };
+    if let Some(draft) = &c.model.draft_path {
+        // `config::validate` refused a draft model without a model.
+        let Some((path, tokenizer)) = &target else {
+            return Ok(warnings);
+        };
+        let draft_tokenizer = model_header("model.draft_path", draft)
+            .map_err(|m| file_error("model.draft_path", m))?;
+        crate::generate::draft_model::check_vocabulary(
+            (path, tokenizer.vocabulary()),
+            (draft, draft_tokenizer.vocabulary()),
+        )
+        .map_err(|why| {
+            file_error(
+                "model.draft_path",
+                format!(
+                    "model.draft_path: the draft model does not share the vocabulary of \
+                     model.path {}: {why}",
+                    path.display()
+                ),
+            )
+        })?;
     }
     Ok(warnings)
+}
+
+/// What `serve` reads of a model file before its weights — the header, the
+/// hyper-parameters and the tokenizer (its pre-tokenizer family among
+/// them) — or why not, prefixed with `key`.
+fn model_header(key: &str, path: &std::path::Path) -> Result<samplerd_model::Tokenizer, String> {
+    crate::generate::check_model_file(path).map_err(|e| format!("{key}: {}", e.source))?;
+    samplerd_model::gguf::GgufFile::open(path)
+        .and_then(|g| {
+            g.config()?;
+            samplerd_model::Tokenizer::from_gguf(&g)
+        })
+        .map_err(|e| format!("{key}: {e}"))
 }

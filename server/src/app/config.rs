@@ -185,6 +185,11 @@ pub struct ModelConfig {
     /// request the same tokens) or "native" (the llama.cpp build native to
     /// this CPU: AVX-512's where the CPU has it).
     pub numerics: samplerd_model::Numerics,
+    /// A second, smaller GGUF sharing the model's vocabulary, loaded beside
+    /// it (same device and numerics) to draft tokens for Generate requests
+    /// with `speculation.source = DRAFT_SOURCE_MODEL`; unset = those are
+    /// refused. A vocabulary mismatch is a start-up error naming both files.
+    pub draft_path: Option<PathBuf>,
 }
 
 /// Command-line overrides (the last layer). `None`/empty = not given.
@@ -415,6 +420,13 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                  strings [open, close]; got {}",
                 markers.len()
             ),
+        ));
+    }
+    if let (Some(draft), None) = (&c.model.draft_path, &c.model.path) {
+        return Err(loaded.invalid(
+            "model.draft_path",
+            draft.display(),
+            "is set but model.path is not: a draft model drafts for a model",
         ));
     }
     if c.shutdown.grace_period_secs > crate::app::shutdown::MAX_GRACE_PERIOD_SECS {

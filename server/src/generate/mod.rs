@@ -14,6 +14,7 @@ pub mod prompt_cache;
 pub mod prompt_logprobs;
 mod resume;
 pub mod returned_logits;
+pub mod draft_model;
 pub mod speculate;
 pub mod stop_filter;
 
@@ -27,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use stop_filter::StopFilter;
 use tonic::Status;
 
-use crate::generate::generator::{GenerateJob, GenerateSink, Generator, Prompt};
+use crate::generate::generator::{GenerateJob, GenerateSink, Generator, Prompt, ValidGenerate};
 use crate::request::errors::{InvalidKind, RequestError};
 use crate::status::Reason;
 
@@ -231,12 +232,16 @@ pub struct ModelHost {
     /// The model's tokens for sampler stages (built once at load).
     vocab: Arc<Vocabulary>,
     prompt_cache: prompt_cache::PromptCache,
+    /// `model.draft_path`'s model, for `DRAFT_SOURCE_MODEL` speculation.
+    draft: Option<draft_model::DraftModel>,
 }
 
-/// Why the model could not be loaded (names the path).
+/// Why a model could not be loaded (names its config key and path).
 #[derive(Debug, thiserror::Error)]
-#[error("model.path: {source}")]
+#[error("{key}: {source}")]
 pub struct ModelLoadError {
+    /// `model.path` or `model.draft_path`.
+    pub key: &'static str,
     pub path: String,
     #[source]
     pub source: samplerd_model::ModelError,
@@ -267,6 +272,7 @@ pub fn check_model_file(path: &std::path::Path) -> Result<(), ModelLoadError> {
         "not a file"
     };
     Err(ModelLoadError {
+        key: "model.path",
         path: path.display().to_string(),
         source: samplerd_model::ModelError::Io {
             path: path.to_owned(),
@@ -302,6 +308,7 @@ impl ModelHost {
             numerics,
         };
         let model = Model::load_on(path, &opts, placement).map_err(|source| ModelLoadError {
+            key: "model.path",
             path: path.display().to_string(),
             source,
         })?;
@@ -319,6 +326,7 @@ impl ModelHost {
             Duration::from_micros(config.batch_wait_us),
         )
         .map_err(|e| ModelLoadError {
+            key: "model.path",
             path: path.display().to_string(),
             source: samplerd_model::ModelError::Backend(format!(
                 "cannot start the decode thread: {e}"
@@ -337,11 +345,40 @@ impl ModelHost {
             ),
             model,
             config,
+            draft: None,
         })
+    }
+
+    /// Loads `model.draft_path` (`path`) for `DRAFT_SOURCE_MODEL`
+    /// speculation: on the target's device, with its numerics, sharing its
+    /// vocabulary (refused otherwise, naming both files).
+    pub fn with_draft(
+        mut self,
+        path: &std::path::Path,
+        placement: &samplerd_model::Placement,
+    ) -> Result<Self, ModelLoadError> {
+        let opts = ModelOptions {
+            n_threads: self.config.n_threads,
+            n_ctx: self.config.n_ctx,
+            numerics: self.model.numerics(),
+        };
+        self.draft = Some(draft_model::DraftModel::load(
+            path,
+            &self.model,
+            &opts,
+            placement,
+            Duration::from_micros(self.config.batch_wait_us),
+        )?);
+        Ok(self)
     }
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// The draft model, when `model.draft_path` is set.
+    pub fn draft_model(&self) -> Option<&Arc<Model>> {
+        self.draft.as_ref().map(draft_model::DraftModel::model)
     }
 
     /// The most generations one decode step has batched so far.
@@ -350,12 +387,18 @@ impl ModelHost {
     }
 
     /// What one generation holds at its peak: the tokenizer's work on its
-    /// prompt and a session's f16 K/V cache per choice.
-    fn generation_bytes(&self, prompt: &Prompt, choices: u32) -> usize {
+    /// prompt and a session's f16 K/V cache per choice (and the draft
+    /// model's, when it drafts).
+    fn generation_bytes(&self, req: &ValidGenerate) -> usize {
         let c = self.model.config();
-        let kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
-        prompt.bytes() * crate::request::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE
-            + kv * choices as usize
+        let mut kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
+        if let (Some(draft), Some(spec)) = (&self.draft, &req.speculation)
+            && spec.source == generator::DraftSource::Model
+        {
+            kv += draft.kv_bytes(self.model.n_ctx());
+        }
+        req.prompt.bytes() * crate::request::memory::TOKENIZER_BYTES_PER_PROMPT_BYTE
+            + kv * req.choices as usize
     }
 
     /// A validated prompt's tokens: the chat template applied, tokenized,
@@ -961,7 +1004,7 @@ impl Generator for ModelHost {
             // Then the memory it will hold: the tokenizer's peak and the
             // KV cache, for the whole generation.
             let _charge = job.memory.charge(
-                self.generation_bytes(&job.request.prompt, job.request.choices),
+                self.generation_bytes(&job.request),
                 "this Generate request",
             )?;
             // On the sampling pool, under the step budget, like a step.

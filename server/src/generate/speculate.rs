@@ -3,11 +3,15 @@
 //! drafts in one pass, and the request's own chain accepts them.
 //!
 //! Each round, with `last` the token sampled last (not yet in the cache):
-//! 1. **Draft** ([`prompt_lookup`]): up to `k` tokens that followed the
-//!    latest earlier occurrence of the text's last 3 (then 2)
-//!    tokens, in the prompt and the tokens generated so far — prompt-lookup
-//!    decoding (Saxena 2023; llama.cpp's `common/ngram-cache.cpp` keeps
-//!    n-gram statistics for the same purpose). Drafts stop before a token
+//! 1. **Draft**: up to `k` tokens. `DRAFT_SOURCE_PROMPT_LOOKUP`
+//!    ([`prompt_lookup`]): the tokens that followed the latest earlier
+//!    occurrence of the text's last 3 (then 2) tokens, in the prompt and
+//!    the tokens generated so far — prompt-lookup decoding (Saxena 2023;
+//!    llama.cpp's `common/ngram-cache.cpp` keeps n-gram statistics for the
+//!    same purpose). `DRAFT_SOURCE_MODEL` (`super::draft_model`): the
+//!    draft model's tokens, drawn by the request's chain with the target's
+//!    seed and steps (llama.cpp's `examples/speculative-simple` drafts
+//!    with a second model the same way, greedily). Drafts stop before a token
 //!    that ends the generation (the end-of-generation token unless
 //!    `ignore_eos`, a `stop_token_ids` entry), so no accepted draft ends
 //!    the run.
@@ -49,6 +53,7 @@ use samplerd_sampling::step::Logits;
 use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 
+use super::draft_model::DraftInput;
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
 use super::{Decoded, ModelHost, resume};
 use crate::request::errors::{InvalidKind, RequestError};
@@ -147,15 +152,17 @@ struct Round {
 }
 
 impl ModelHost {
-    /// FAILED_PRECONDITION for `DRAFT_SOURCE_MODEL` (no draft model is
-    /// loaded: `model.draft_path` is not built yet).
+    /// FAILED_PRECONDITION for `DRAFT_SOURCE_MODEL` on a server without a
+    /// draft model (`model.draft_path`).
     pub(super) fn check_speculation(&self, spec: &Speculation) -> Result<(), RequestError> {
         match spec.source {
             DraftSource::PromptLookup => Ok(()),
+            DraftSource::Model if self.draft.is_some() => Ok(()),
             DraftSource::Model => Err(RequestError::refused(
                 Reason::NoModel,
                 "speculation.source",
-                "DRAFT_SOURCE_MODEL needs a draft model, and this server has none configured: \
+                "DRAFT_SOURCE_MODEL needs a draft model, and this server has none configured \
+                 (model.draft_path, env SAMPLERD_MODEL__DRAFT_PATH): \
                  use DRAFT_SOURCE_PROMPT_LOOKUP",
             )),
         }
@@ -188,6 +195,10 @@ impl ModelHost {
         // never proposed, so only a round's last token can.
         let end = req.end_rule();
         let mut length = DraftLength::new(spec.max_draft_tokens);
+        let mut drafter = match spec.source {
+            DraftSource::PromptLookup => None,
+            DraftSource::Model => self.draft.as_ref().map(|d| d.drafter(session.capacity())),
+        };
         // The drafts whose rows the session's last pass holds (after the
         // row of the token before them); none after the prefill.
         let mut drafts: Vec<u32> = Vec::new();
@@ -305,11 +316,23 @@ impl ModelHost {
                 .min(session.capacity() - position - 1);
             let mut history = session.cached_tokens().to_vec();
             history.push(last);
-            drafts = prompt_lookup(&history, k)
-                .iter()
-                .copied()
-                .take_while(|&t| !end.ends(t, |t| tok.is_eog(t)))
-                .collect();
+            drafts = match &mut drafter {
+                None => prompt_lookup(&history, k)
+                    .iter()
+                    .copied()
+                    .take_while(|&t| !end.ends(t, |t| tok.is_eog(t)))
+                    .collect(),
+                Some(drafter) => {
+                    let input = DraftInput {
+                        history: &history,
+                        seq: &seq,
+                        step: u64::from(decoded.generated),
+                        seed,
+                        end: &end,
+                    };
+                    drafter.draft(job, input, k)?
+                }
+            };
             let mut tokens = Vec::with_capacity(drafts.len() + 1);
             tokens.push(last);
             tokens.extend_from_slice(&drafts);

@@ -95,7 +95,13 @@ fn vector(rng: &mut Rng, n: usize, base: f32, scale: f32) -> QTensor {
 /// A tiny model with every matrix (the embedding and output too) in `dtype`;
 /// qwen2 gets q/k/v biases and NeoX RoPE.
 pub fn write_model(path: &Path, arch: &str, dtype: GgmlDType) {
-    write(path, arch, dtype, &[]);
+    write(path, arch, dtype, &[], 7);
+}
+
+/// [`write_model`] with the weights drawn from `seed` (another model over
+/// the same vocabulary; seed 7 is [`write_model`]'s).
+pub fn write_model_seeded(path: &Path, arch: &str, dtype: GgmlDType, seed: u64) {
+    write(path, arch, dtype, &[], seed);
 }
 
 /// The ids of `<think>` and `</think>` in [`write_thinking_model`]'s
@@ -108,13 +114,13 @@ pub const END_THINK: u32 = N_VOCAB as u32 + 1;
 /// Qwen3's does: what a server finds reasoning markers in without
 /// configuration.
 pub fn write_thinking_model(path: &Path) {
-    write(path, "qwen3", GgmlDType::Q8_0, &["<think>", "</think>"]);
+    write(path, "qwen3", GgmlDType::Q8_0, &["<think>", "</think>"], 7);
 }
 
 /// The model, `specials` appended to the vocabulary as control tokens.
-fn write(path: &Path, arch: &str, dtype: GgmlDType, specials: &[&str]) {
+fn write(path: &Path, arch: &str, dtype: GgmlDType, specials: &[&str], seed: u64) {
     let n_vocab = N_VOCAB + specials.len();
-    let mut rng = Rng(7);
+    let mut rng = Rng(seed);
     let mut tensors: Vec<(String, QTensor)> = vec![(
         "token_embd.weight".into(),
         matrix(&mut rng, n_vocab, D, 1.0, dtype),
