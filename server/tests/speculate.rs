@@ -483,7 +483,11 @@ fn tiny_models() -> &'static (tempfile::TempDir, [std::path::PathBuf; 3]) {
     MODELS.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
-        let paths = [p("target.gguf"), p("draft-q4_1.gguf"), p("draft-other.gguf")];
+        let paths = [
+            p("target.gguf"),
+            p("draft-q4_1.gguf"),
+            p("draft-other.gguf"),
+        ];
         tiny_formats::write_model(&paths[0], "llama", GgmlDType::Q8_0);
         tiny_formats::write_model(&paths[1], "llama", GgmlDType::Q4_1);
         tiny_formats::write_model_seeded(&paths[2], "llama", GgmlDType::Q4_1, 99);
@@ -537,7 +541,10 @@ async fn draft_model_speculation_streams_the_same_bytes() {
         let mut cases = vec![
             ("greedy", tiny_request("the cat sat on", 32, greedy())),
             ("seeded", tiny_request("once upon a time", 32, seeded(11))),
-            ("penalties+DRY", tiny_request("the cat sat on", 32, penalised)),
+            (
+                "penalties+DRY",
+                tiny_request("the cat sat on", 32, penalised),
+            ),
         ];
         for (_, req) in &mut cases {
             req.ignore_eos = true;
@@ -552,8 +559,9 @@ async fn draft_model_speculation_streams_the_same_bytes() {
         for (case, req) in &cases {
             for max_draft in [2, 16] {
                 let what = format!("{name}, {case}, K <= {max_draft}");
-                let u = assert_same_drafting_from(&s, &what, req, v1::DraftSource::Model, max_draft)
-                    .await;
+                let u =
+                    assert_same_drafting_from(&s, &what, req, v1::DraftSource::Model, max_draft)
+                        .await;
                 counts.0 += u.draft_tokens;
                 counts.1 += u.accepted_draft_tokens;
             }
@@ -562,10 +570,15 @@ async fn draft_model_speculation_streams_the_same_bytes() {
         // stops.
         let full = stream(&s, cases[0].1.clone()).await.unwrap();
         let text = full.text();
-        let cut = text.char_indices().map(|(i, _)| i).nth(text.chars().count() / 2).unwrap();
+        let cut = text
+            .char_indices()
+            .map(|(i, _)| i)
+            .nth(text.chars().count() / 2)
+            .unwrap();
         let mut stopped = cases[0].1.clone();
         stopped.stop = vec![text[cut..].chars().take(2).collect()];
-        let u = assert_same_drafting_from(&s, "stop string", &stopped, v1::DraftSource::Model, 8).await;
+        let u =
+            assert_same_drafting_from(&s, "stop string", &stopped, v1::DraftSource::Model, 8).await;
         assert!(u.completion_tokens < full.tokens.len() as u32, "{u:?}");
         for max_tokens in [1, 2, 9] {
             let mut short = cases[0].1.clone();
@@ -578,7 +591,10 @@ async fn draft_model_speculation_streams_the_same_bytes() {
         eprintln!("{name}: {accepted} of {drafted} drafts accepted");
         assert!(drafted > 100, "{name}: only {drafted} drafts");
         if draft == &paths[0] {
-            assert_eq!(accepted, drafted, "{name}: every draft is the target's token");
+            assert_eq!(
+                accepted, drafted,
+                "{name}: every draft is the target's token"
+            );
         } else {
             assert!(accepted < drafted, "{name}: every draft accepted");
         }

@@ -264,10 +264,17 @@ fn reasoning_markers_of_other_than_two_strings_are_refused_naming_the_key() {
 #[test]
 fn a_draft_model_over_another_vocabulary_is_refused_naming_both_files() {
     let dir = tempfile::tempdir().unwrap();
-    let (target, draft) = (dir.path().join("target.gguf"), dir.path().join("think.gguf"));
+    let (target, draft) = (
+        dir.path().join("target.gguf"),
+        dir.path().join("think.gguf"),
+    );
     tiny_formats::write_model(&target, "llama", candle_core::quantized::GgmlDType::Q8_0);
     tiny_formats::write_thinking_model(&draft);
-    let toml = format!("{}draft_path = {}\n", model_toml(&target), toml_path(&draft));
+    let toml = format!(
+        "{}draft_path = {}\n",
+        model_toml(&target),
+        toml_path(&draft)
+    );
     for command in ["check-config", "serve"] {
         let run = run_to_exit(command, &toml, &[], EXIT_BOUND);
         assert_one_line_failure(
@@ -284,6 +291,9 @@ fn a_draft_model_over_another_vocabulary_is_refused_naming_both_files() {
     let toml = format!("[model]\ndraft_path = {}\n", toml_path(&draft));
     for command in ["check-config", "serve"] {
         let run = run_to_exit(command, &toml, &[], EXIT_BOUND);
-        assert_one_line_failure(&run, &["model.draft_path", "think.gguf", "model.path is not"]);
+        assert_one_line_failure(
+            &run,
+            &["model.draft_path", "think.gguf", "model.path is not"],
+        );
     }
 }

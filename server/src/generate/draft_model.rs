@@ -205,9 +205,10 @@ impl ModelDrafter<'_> {
             let (back, token) = job.steps.run_blocking(move || {
                 let _serving = samplerd_sampling::activity::serving(request_id);
                 let (seq, buf, session) = &mut moved;
-                let token = sample_token(seq, buf, session.logits(), seed, step, Default::default())
-                    .ok()
-                    .map(|out| out.token_id);
+                let token =
+                    sample_token(seq, buf, session.logits(), seed, step, Default::default())
+                        .ok()
+                        .map(|out| out.token_id);
                 (moved, token)
             })?;
             moved = back;

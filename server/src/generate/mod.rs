@@ -9,12 +9,12 @@
 #![forbid(unsafe_code)]
 
 mod batcher;
+pub mod draft_model;
 pub mod generator;
 pub mod prompt_cache;
 pub mod prompt_logprobs;
 mod resume;
 pub mod returned_logits;
-pub mod draft_model;
 pub mod speculate;
 pub mod stop_filter;
 
@@ -1003,10 +1003,9 @@ impl Generator for ModelHost {
             };
             // Then the memory it will hold: the tokenizer's peak and the
             // KV cache, for the whole generation.
-            let _charge = job.memory.charge(
-                self.generation_bytes(&job.request),
-                "this Generate request",
-            )?;
+            let _charge = job
+                .memory
+                .charge(self.generation_bytes(&job.request), "this Generate request")?;
             // On the sampling pool, under the step budget, like a step.
             let (model, config) = (Arc::clone(&self.model), self.config.clone());
             let prompt = job.request.prompt.clone();
