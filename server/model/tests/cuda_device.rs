@@ -704,6 +704,22 @@ fn device_top_k_and_log_sum_exp_match_their_references() {
             assert_eq!(row.d2h_bytes, 8 + 12 * k + 12 * n.div_ceil(1024));
         }
     }
+    // Block maxima that rise and fall inside each 8,192-logit chunk: a
+    // block's terms are taken against the chunk's running max, not its own.
+    for (case, n) in [(0u64, 151_936usize), (1, 20_000), (2, 1_025)] {
+        let mut logits = tied_logits(n, 40 + case, 1e-3);
+        for (i, v) in logits.iter_mut().enumerate() {
+            *v += [0.0, 6.0, -3.0, 2.5, 9.0, -7.0][(i / 1024) % 6];
+        }
+        be.set_logits(&mut st, &logits).unwrap();
+        be.sample_prefix_row(&mut st, &[DeviceOp::TopK(1)], &mut row)
+            .unwrap();
+        assert_eq!(
+            row.raw_lse.to_bits(),
+            samplerd_numerics::lse::log_sum_exp(&logits).to_bits(),
+            "log-sum-exp over uneven blocks, n={n}"
+        );
+    }
     // Logits the CPU rejects come back as a fallback.
     let mut bad = tied_logits(N_VOCAB, 3, 0.25);
     bad[100] = f32::NAN;
