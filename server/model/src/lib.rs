@@ -247,7 +247,7 @@ impl Model {
         tokens: &[u32],
     ) -> Result<(), ModelError> {
         // Sessions that asked for a device sampling prefix (one-shot).
-        let prefixes: Vec<Option<DevicePrefix>> =
+        let prefixes: Vec<Option<Box<DevicePrefix>>> =
             sessions.iter_mut().map(|s| s.prefix.take()).collect();
         let mut states: Vec<&mut dyn SequenceState> = Vec::with_capacity(sessions.len());
         let mut logits: Vec<&mut [f32]> = Vec::with_capacity(sessions.len());
@@ -263,14 +263,14 @@ impl Model {
             prefixed.outcome = RowOutcome::Dense;
             states.push(state.as_mut());
             logits.push(l.as_mut_slice());
-            outs.push(prefixed);
+            outs.push(&mut **prefixed);
         }
         let ran = if prefixes.iter().all(Option::is_none) {
             self.backend.forward_batch(&mut states, tokens, &mut logits)
         } else {
             let ops: Vec<Option<Vec<DeviceOp<'_>>>> = prefixes
                 .iter()
-                .map(|p| p.as_ref().map(DevicePrefix::ops))
+                .map(|p| p.as_ref().map(|p| p.ops()))
                 .collect();
             let mut rows: Vec<backend::PrefixRow<'_>> = ops
                 .iter()
@@ -342,7 +342,7 @@ impl Model {
             n_vocab: self.config.n_vocab,
             cached: Box::default(),
             prefix: None,
-            prefixed: PrefixOutput::default(),
+            prefixed: Box::default(),
         })
     }
 }
@@ -406,11 +406,11 @@ pub struct Session {
     /// Boxed: a session moves between threads by value every step.
     cached: Box<CachedTokens>,
     /// The device sampling prefix the next [`Model::decode_batch`] step
-    /// runs (taken by that step).
-    prefix: Option<DevicePrefix>,
+    /// runs (taken by that step). Boxed, as below.
+    prefix: Option<Box<DevicePrefix>>,
     /// What the last pass gave when it ran a prefix
     /// ([`RowOutcome::Dense`] otherwise).
-    prefixed: PrefixOutput,
+    prefixed: Box<PrefixOutput>,
 }
 
 impl std::fmt::Debug for Session {
@@ -479,7 +479,7 @@ impl Session {
     /// the device, copying back only the survivors); see
     /// [`Session::prefixed`] for what came back.
     pub fn prefix_next_step(&mut self, prefix: DevicePrefix) {
-        self.prefix = Some(prefix);
+        self.prefix = Some(Box::new(prefix));
     }
     /// What the last pass's device sampling prefix gave:
     /// [`RowOutcome::Survivors`] (then [`Session::logits`] is stale: only

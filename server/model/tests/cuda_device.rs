@@ -618,7 +618,7 @@ fn tied_logits(n: usize, seed: u64, step: f32) -> Vec<f32> {
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^= z >> 31;
-            if z % 97 == 0 {
+            if z.is_multiple_of(97) {
                 return f32::NEG_INFINITY;
             }
             let u = (z >> 40) as f32 / (1u64 << 24) as f32;

@@ -187,7 +187,7 @@ impl CudaBackend {
             st.timing.copy_ns += t0.elapsed().as_nanos() as u64;
             if r.out.outcome == RowOutcome::Fallback {
                 self.copy_logits(st, l)?;
-                r.out.d2h_bytes += l.len() * size_of::<f32>();
+                r.out.d2h_bytes += size_of_val(*l);
             }
         }
         Ok(())
