@@ -308,3 +308,264 @@ fn check_config_reports_the_device() {
     assert!(text.contains("# model device (model.device)"), "{text}");
     assert!(text.contains(&placement.to_string()), "{text}");
 }
+
+/// The process's Prometheus recorder, installed once (the tests here run
+/// one at a time, so a test's counter deltas are its own).
+fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE.get_or_init(|| samplerd::transport::metrics::install().expect("recorder"))
+}
+
+/// `samplerd_device_sampling_steps_total` by path: [device, dense, fallback].
+fn device_steps() -> [u64; 3] {
+    let text = recorder().render();
+    let mut out = [0u64; 3];
+    for (i, path) in ["device", "dense", "fallback"].iter().enumerate() {
+        let series = format!("samplerd_device_sampling_steps_total{{path=\"{path}\"}} ");
+        if let Some(line) = text.lines().find(|l| l.starts_with(&series)) {
+            out[i] = line[series.len()..].trim().parse().expect("a count");
+        }
+    }
+    out
+}
+
+/// Every message of a Generate stream, the run's timings left out: equal
+/// means byte for byte (token, text, probability, logprob, probs, usage).
+async fn messages(s: &TestServer, req: v1::GenerateRequest) -> Vec<v1::GenerateResponse> {
+    let mut client = s.client.clone();
+    tokio::time::timeout(Duration::from_secs(300), async move {
+        let mut stream = client.generate(req).await.expect("Generate").into_inner();
+        let mut all = Vec::new();
+        while let Some(mut msg) = stream.message().await.expect("a message") {
+            if let Some(Event::Finished(f)) = &mut msg.event {
+                without_run_details(f);
+            }
+            all.push(msg);
+        }
+        all
+    })
+    .await
+    .expect("Generate finished in time")
+}
+
+/// A seeded request with these sampling parameters (the seed set here).
+fn with_params(
+    prompt: &str,
+    max_tokens: u32,
+    seed: u64,
+    params: v1::SamplingParams,
+) -> v1::GenerateRequest {
+    v1::GenerateRequest {
+        prompt: prompt.into(),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        params: Some(v1::SamplingParams {
+            seed: Some(seed),
+            ..params
+        }),
+        ..Default::default()
+    }
+}
+
+fn order(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Chains that split between the device and the host at different
+/// points, and whether their steps take the device path.
+fn split_cases() -> Vec<(&'static str, v1::GenerateRequest, bool)> {
+    let p = |t: f32| v1::SamplingParams {
+        temperature: Some(t),
+        ..Default::default()
+    };
+    vec![
+        // penalties + top_k on the device; top_p, temperature, dist here.
+        (
+            "default chain",
+            with_params("the cat", 6, 5, v1::SamplingParams::default()),
+            true,
+        ),
+        // Every survivor reaches the draw: `probability` and the token
+        // depend on each of them.
+        (
+            "top_k, then temperature and the draw",
+            with_params(
+                "0123 héllo",
+                6,
+                21,
+                v1::SamplingParams {
+                    top_k: Some(8),
+                    temperature: Some(3.0),
+                    samplers: order(&["top_k", "temperature"]),
+                    ..Default::default()
+                },
+            ),
+            true,
+        ),
+        // temperature 0: the first maximum kept on the device.
+        ("greedy", with_params("Hello, world! ", 6, 1, p(0.0)), true),
+        (
+            "penalties + top_k + top_p + temperature",
+            with_params(
+                "0123 héllo",
+                6,
+                7,
+                v1::SamplingParams {
+                    top_k: Some(12),
+                    top_p: Some(0.8),
+                    temperature: Some(1.7),
+                    frequency_penalty: Some(0.4),
+                    presence_penalty: Some(0.3),
+                    repeat_last_n: Some(4),
+                    logit_bias: [(3, 2.5), (9, -1.0)].into_iter().collect(),
+                    samplers: order(&["penalties", "temperature", "top_k", "top_p"]),
+                    ..Default::default()
+                },
+            ),
+            true,
+        ),
+        (
+            "min_p and DRY after top_k",
+            with_params(
+                "the cat",
+                6,
+                9,
+                v1::SamplingParams {
+                    top_k: Some(30),
+                    min_p: Some(0.05),
+                    dry_multiplier: Some(0.8),
+                    dry_allowed_length: Some(1),
+                    temperature: Some(2.0),
+                    samplers: order(&["top_k", "dry", "min_p", "temperature"]),
+                    ..Default::default()
+                },
+            ),
+            true,
+        ),
+        (
+            "post-chain probs",
+            v1::GenerateRequest {
+                n_probs: 3,
+                post_sampling_probs: true,
+                ..with_params("Hello, world! ", 6, 13, v1::SamplingParams::default())
+            },
+            true,
+        ),
+        // top_p first: nothing truncates before a host stage.
+        (
+            "top_p before top_k (dense)",
+            with_params(
+                "the cat",
+                6,
+                3,
+                v1::SamplingParams {
+                    samplers: order(&["top_p", "top_k", "temperature"]),
+                    top_p: Some(0.9),
+                    ..Default::default()
+                },
+            ),
+            false,
+        ),
+        // The whole row is returned each step, and raw probs rank it.
+        (
+            "return_logits (dense)",
+            v1::GenerateRequest {
+                return_logits: Some(v1::ReturnLogits {
+                    top_n: 4,
+                    ..Default::default()
+                }),
+                ..with_params("the cat", 6, 4, v1::SamplingParams::default())
+            },
+            false,
+        ),
+        (
+            "raw n_probs (dense)",
+            v1::GenerateRequest {
+                n_probs: 2,
+                ..with_params("0123 héllo", 6, 8, v1::SamplingParams::default())
+            },
+            false,
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_sampling_streams_what_the_cpu_streams() {
+    let Some((placement, _turn)) = device().await else {
+        return;
+    };
+    recorder();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    write_model(&p, "llama", GgmlDType::Q8_0);
+    let (cpu, _) = server(&p, &Placement::Cpu).await;
+    let (gpu, _host) = server(&p, &placement).await;
+    // Every case is checked; the failures are reported together.
+    let mut failed = Vec::new();
+    for (name, req, on_device) in split_cases() {
+        let want = messages(&cpu, req.clone()).await;
+        let before = device_steps();
+        let got = messages(&gpu, req).await;
+        let after = device_steps();
+        if got != want {
+            failed.push(format!(
+                "{name}: the device path changed the stream:\n  got  {got:?}\n  want {want:?}"
+            ));
+        }
+        let tokens = want
+            .iter()
+            .filter(|m| matches!(m.event, Some(Event::Token(_))))
+            .count() as u64;
+        assert_eq!(tokens, 6, "{name}");
+        let delta = [0, 1, 2].map(|i| after[i] - before[i]);
+        let want_delta = if on_device {
+            // The step after the prompt samples the prefill's dense row.
+            [tokens - 1, 1, 0]
+        } else {
+            [0, tokens, 0]
+        };
+        if delta != want_delta {
+            failed.push(format!(
+                "{name}: steps by path [device, dense, fallback] {delta:?}, want {want_delta:?}"
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    cpu.stop().await;
+    gpu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_device_sampled_streams_match_the_cpu() {
+    let Some((placement, _turn)) = device().await else {
+        return;
+    };
+    recorder();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    write_model(&p, "llama", GgmlDType::Q4K);
+    let (cpu, _) = server(&p, &Placement::Cpu).await;
+    let (gpu, host) = server(&p, &placement).await;
+    // Device-sampled and dense requests in the same batches.
+    let reqs: Vec<_> = split_cases().into_iter().map(|(_, r, _)| r).collect();
+    let mut want = Vec::new();
+    for r in &reqs {
+        want.push(messages(&cpu, r.clone()).await);
+    }
+    let before = device_steps();
+    let got = futures::future::join_all(reqs.iter().map(|r| messages(&gpu, r.clone()))).await;
+    let after = device_steps();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "stream {i}");
+    }
+    assert!(
+        host.largest_decode_batch() > 1,
+        "the streams were never batched"
+    );
+    let on_device = split_cases().iter().filter(|c| c.2).count() as u64;
+    assert_eq!(after[0] - before[0], on_device * 5, "device steps");
+    assert_eq!(after[2], before[2], "no fallback");
+    cpu.stop().await;
+    gpu.stop().await;
+}

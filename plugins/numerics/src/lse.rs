@@ -15,7 +15,7 @@
 pub const BLOCK: usize = 1024;
 /// Independent accumulator lanes (no loop-carried dependency, so LLVM
 /// vectorises: one AVX-512 register, two AVX2 ones).
-const LANES: usize = 16;
+pub const LANES: usize = 16;
 /// Logits per log-sum-exp chunk (32 KiB of request bytes, ~2 µs of exps):
 /// the unit of work a request's thread and a helper share, small enough
 /// that the two finish close together, large enough that claiming one (an
@@ -73,6 +73,27 @@ impl PartialLse {
     /// [`crate::dispatch!`]).
     #[inline(always)]
     pub fn add_block<const FMA: bool>(&mut self, block: &[f32], bmax: f32) {
+        self.add_block_with(bmax, |m| {
+            let mut sums = [0.0f32; LANES];
+            let mut it = block.chunks_exact(LANES);
+            for c in &mut it {
+                for (s, &x) in sums.iter_mut().zip(c) {
+                    *s += exp_term::<FMA>(x - m);
+                }
+            }
+            let tail: f32 = it.remainder().iter().map(|&x| exp_term::<FMA>(x - m)).sum();
+            sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64
+        });
+    }
+
+    /// [`Self::add_block`] with the block's terms summed elsewhere:
+    /// `terms(m)` is the block's Σ exp_term(x − m) in `add_block`'s order,
+    /// `m` the running max once `bmax` is in (a block whose running max is
+    /// still −∞ adds nothing and `terms` is not called). The CUDA backend
+    /// sums each block's terms on the device and merges them here, so the
+    /// f64 rescaling and the final log are this code's.
+    #[inline(always)]
+    pub fn add_block_with(&mut self, bmax: f32, terms: impl FnOnce(f32) -> f64) {
         if bmax > self.max {
             self.sum *= ((self.max - bmax) as f64).exp();
             self.max = bmax;
@@ -81,15 +102,7 @@ impl PartialLse {
         if m == f32::NEG_INFINITY {
             return;
         }
-        let mut sums = [0.0f32; LANES];
-        let mut it = block.chunks_exact(LANES);
-        for c in &mut it {
-            for (s, &x) in sums.iter_mut().zip(c) {
-                *s += exp_term::<FMA>(x - m);
-            }
-        }
-        let tail: f32 = it.remainder().iter().map(|&x| exp_term::<FMA>(x - m)).sum();
-        self.sum += sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64;
+        self.sum += terms(m);
     }
 }
 

@@ -75,6 +75,43 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Whether [`Backend::forward_batch_prefixed`] runs a prefix where the
+    /// logits are (the CUDA backend), rather than returning rows dense.
+    fn runs_device_prefix(&self) -> bool {
+        false
+    }
+
+    /// One decode step for several sequences, each row coming back either
+    /// dense or as the survivors of a device sampling prefix:
+    /// `rows[i].prefix` asks for the prefix of row `i` (None: dense), and
+    /// `rows[i].out` says what came back. A dense row's logits are in
+    /// `logits[i]`; a row with [`RowOutcome::Survivors`] leaves `logits[i]`
+    /// as it was (stale). Results must equal [`Backend::forward_batch`]
+    /// (and the CPU sampling stages the prefix stands for) bit for bit. The
+    /// default runs `forward_batch` and returns every row dense: the CPU
+    /// backend has the logits in memory already, a prefix would save it
+    /// nothing.
+    fn forward_batch_prefixed(
+        &self,
+        states: &mut [&mut dyn SequenceState],
+        tokens: &[u32],
+        logits: &mut [&mut [f32]],
+        rows: &mut [PrefixRow<'_>],
+    ) -> Result<(), ModelError> {
+        if rows.len() != states.len() {
+            return Err(ModelError::Backend(format!(
+                "a batch of {} sequences got {} prefix rows",
+                states.len(),
+                rows.len()
+            )));
+        }
+        self.forward_batch(states, tokens, logits)?;
+        for r in rows.iter_mut() {
+            r.out.outcome = RowOutcome::Dense;
+        }
+        Ok(())
+    }
+
     /// Runs `tokens[i]` on `states[i]` as consecutive decode steps — every
     /// row in the arithmetic order of a one-token step — and writes every
     /// row's logits into `logits[i]` (`tokens[i].len() × n_vocab`; row `j`:
@@ -191,4 +228,137 @@ pub fn check_logits(len: usize, n_vocab: usize) -> Result<(), ModelError> {
         )));
     }
     Ok(())
+}
+
+/// One stage of a device sampling prefix with its per-step data: what the
+/// sampling crate's `device_prefix` plans (logit bias, penalties,
+/// temperature, then top-k), as the backend runs it.
+#[derive(Clone, Copy, Debug)]
+pub enum DeviceOp<'a> {
+    /// Adds `bias[e]` to `logits[ids[e]]`; entries `starts[r]..starts[r+1]`
+    /// share one id and are added in that order.
+    LogitBias {
+        ids: &'a [u32],
+        bias: &'a [f32],
+        starts: &'a [i32],
+    },
+    /// Repetition penalties over the window's distinct ids and counts.
+    Penalties {
+        ids: &'a [u32],
+        counts: &'a [u32],
+        repeat: f32,
+        frequency: f32,
+        presence: f32,
+    },
+    /// Divides every logit by `t` (> 0).
+    Temperature(f32),
+    /// Keeps the k best, sorted descending, ties by lower id; ends the
+    /// prefix.
+    TopK(usize),
+}
+
+/// One row of [`Backend::forward_batch_prefixed`]: the prefix asked for and
+/// what came back.
+#[derive(Debug)]
+pub struct PrefixRow<'a> {
+    /// The prefix to run over the row's logits (its last op a
+    /// [`DeviceOp::TopK`]); None: the row comes back dense.
+    pub prefix: Option<&'a [DeviceOp<'a>]>,
+    pub out: &'a mut PrefixOutput,
+}
+
+/// How a row of a prefixed decode step came back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// The dense logits (no prefix asked, or a backend without one).
+    #[default]
+    Dense,
+    /// The prefix's survivors ([`PrefixOutput::survivors`]); the dense
+    /// logits were not copied.
+    Survivors,
+    /// The prefix was asked for but the row's logits are ones the CPU
+    /// chain must see (NaN, +inf, nothing finite, or nothing finite left
+    /// after the prefix): the dense logits were copied instead, so the
+    /// host gives the exact error or outcome.
+    Fallback,
+}
+
+/// One survivor of a device sampling prefix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Survivor {
+    pub id: u32,
+    /// The logit after the prefix's stages.
+    pub logit: f32,
+    /// The raw logit (the model's, before any stage): for `logprob`.
+    pub raw: f32,
+}
+
+/// What a prefixed row left for the host.
+#[derive(Clone, Debug, Default)]
+pub struct PrefixOutput {
+    pub outcome: RowOutcome,
+    /// With [`RowOutcome::Survivors`]: the survivors, sorted by their
+    /// logit descending, ties by lower id (the CPU top-k's order).
+    pub survivors: Vec<Survivor>,
+    /// With [`RowOutcome::Survivors`]: log Σ exp(raw logits) of the whole
+    /// row, bit for bit the host's fused scan (`samplerd_numerics::lse`).
+    pub raw_lse: f32,
+    /// Bytes the row's result took from the device to the host.
+    pub d2h_bytes: usize,
+}
+
+/// One stage of a [`DevicePrefix`] (owned: a session carries it to its
+/// next decode step).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PrefixStage {
+    /// [`DeviceOp::LogitBias`]'s data.
+    LogitBias {
+        ids: Vec<u32>,
+        bias: Vec<f32>,
+        starts: Vec<i32>,
+    },
+    /// [`DeviceOp::Penalties`] over [`DevicePrefix`]'s window.
+    Penalties {
+        repeat: f32,
+        frequency: f32,
+        presence: f32,
+    },
+    Temperature(f32),
+    TopK(usize),
+}
+
+/// A device sampling prefix for one decode step: its stages and the
+/// penalty window's distinct ids with their counts at this step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DevicePrefix {
+    pub stages: Vec<PrefixStage>,
+    pub window_ids: Vec<u32>,
+    pub window_counts: Vec<u32>,
+}
+
+impl DevicePrefix {
+    /// The stages as the backend's ops.
+    pub fn ops(&self) -> Vec<DeviceOp<'_>> {
+        self.stages
+            .iter()
+            .map(|s| match s {
+                PrefixStage::LogitBias { ids, bias, starts } => {
+                    DeviceOp::LogitBias { ids, bias, starts }
+                }
+                PrefixStage::Penalties {
+                    repeat,
+                    frequency,
+                    presence,
+                } => DeviceOp::Penalties {
+                    ids: &self.window_ids,
+                    counts: &self.window_counts,
+                    repeat: *repeat,
+                    frequency: *frequency,
+                    presence: *presence,
+                },
+                PrefixStage::Temperature(t) => DeviceOp::Temperature(*t),
+                PrefixStage::TopK(k) => DeviceOp::TopK(*k),
+            })
+            .collect()
+    }
 }

@@ -41,7 +41,9 @@ pub mod quant;
 mod test_rng;
 pub mod text;
 
-pub use backend::{Backend, SequenceState};
+pub use backend::{
+    Backend, DeviceOp, DevicePrefix, PrefixOutput, PrefixStage, RowOutcome, SequenceState, Survivor,
+};
 pub use cuda::{DeviceRequest, Placement};
 pub use error::ModelError;
 pub use ggml::Numerics;
@@ -220,6 +222,12 @@ impl Model {
     pub fn backend_name(&self) -> String {
         self.backend.name()
     }
+    /// Whether the backend runs a device sampling prefix where the logits
+    /// are ([`Session::prefix_next_step`]; the CUDA backend), so a decode
+    /// step can copy back only the survivors.
+    pub fn runs_device_prefix(&self) -> bool {
+        self.backend.runs_device_prefix()
+    }
     /// Per token id its bytes and attribute flags (for sampler plugins).
     pub fn vocabulary(&self) -> &[TokenInfo] {
         self.tokenizer.vocabulary()
@@ -238,17 +246,43 @@ impl Model {
         sessions: &mut [&mut Session],
         tokens: &[u32],
     ) -> Result<(), ModelError> {
+        // Sessions that asked for a device sampling prefix (one-shot).
+        let prefixes: Vec<Option<Box<DevicePrefix>>> =
+            sessions.iter_mut().map(|s| s.prefix.take()).collect();
         let mut states: Vec<&mut dyn SequenceState> = Vec::with_capacity(sessions.len());
         let mut logits: Vec<&mut [f32]> = Vec::with_capacity(sessions.len());
+        let mut outs: Vec<&mut PrefixOutput> = Vec::with_capacity(sessions.len());
         for s in sessions.iter_mut() {
             let Session {
-                state, logits: l, ..
+                state,
+                logits: l,
+                prefixed,
+                ..
             } = &mut **s;
             l.resize(self.config.n_vocab, 0.0);
+            prefixed.outcome = RowOutcome::Dense;
             states.push(state.as_mut());
             logits.push(l.as_mut_slice());
+            outs.push(&mut **prefixed);
         }
-        let ran = self.backend.forward_batch(&mut states, tokens, &mut logits);
+        let ran = if prefixes.iter().all(Option::is_none) {
+            self.backend.forward_batch(&mut states, tokens, &mut logits)
+        } else {
+            let ops: Vec<Option<Vec<DeviceOp<'_>>>> = prefixes
+                .iter()
+                .map(|p| p.as_ref().map(|p| p.ops()))
+                .collect();
+            let mut rows: Vec<backend::PrefixRow<'_>> = ops
+                .iter()
+                .zip(outs)
+                .map(|(o, out)| backend::PrefixRow {
+                    prefix: o.as_deref(),
+                    out,
+                })
+                .collect();
+            self.backend
+                .forward_batch_prefixed(&mut states, tokens, &mut logits, &mut rows)
+        };
         drop(states);
         for (s, t) in sessions.iter_mut().zip(tokens) {
             match &ran {
@@ -283,6 +317,10 @@ impl Model {
         }
         let ran = self.backend.forward_rows(&mut states, tokens, &mut logits);
         drop(states);
+        for s in sessions.iter_mut() {
+            s.prefix = None;
+            s.prefixed.outcome = RowOutcome::Dense;
+        }
         for (s, t) in sessions.iter_mut().zip(tokens) {
             match &ran {
                 // Booked as the decode steps they equal.
@@ -303,6 +341,8 @@ impl Model {
             logits: vec![0.0; self.config.n_vocab],
             n_vocab: self.config.n_vocab,
             cached: Box::default(),
+            prefix: None,
+            prefixed: Box::default(),
         })
     }
 }
@@ -365,6 +405,12 @@ pub struct Session {
     n_vocab: usize,
     /// Boxed: a session moves between threads by value every step.
     cached: Box<CachedTokens>,
+    /// The device sampling prefix the next [`Model::decode_batch`] step
+    /// runs (taken by that step). Boxed, as below.
+    prefix: Option<Box<DevicePrefix>>,
+    /// What the last pass gave when it ran a prefix
+    /// ([`RowOutcome::Dense`] otherwise).
+    prefixed: Box<PrefixOutput>,
 }
 
 impl std::fmt::Debug for Session {
@@ -380,6 +426,8 @@ impl Session {
     /// Runs `tokens` (one or many) and returns the last position's logits.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         self.logits.resize(self.n_vocab, 0.0);
+        self.prefix = None;
+        self.prefixed.outcome = RowOutcome::Dense;
         let ran = self
             .backend
             .forward(self.state.as_mut(), tokens, &mut self.logits);
@@ -418,11 +466,27 @@ impl Session {
             logits: self.logits.clone(),
             n_vocab: self.n_vocab,
             cached: self.cached.clone(),
+            prefix: None,
+            prefixed: self.prefixed.clone(),
         }))
     }
     /// Runs one token and returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], ModelError> {
         self.prefill(std::slice::from_ref(&token))
+    }
+    /// Asks the next [`Model::decode_batch`] step to run `prefix` over
+    /// this session's logits where the backend can (the CUDA backend: on
+    /// the device, copying back only the survivors); see
+    /// [`Session::prefixed`] for what came back.
+    pub fn prefix_next_step(&mut self, prefix: DevicePrefix) {
+        self.prefix = Some(Box::new(prefix));
+    }
+    /// What the last pass's device sampling prefix gave:
+    /// [`RowOutcome::Survivors`] (then [`Session::logits`] is stale: only
+    /// the survivors came back), [`RowOutcome::Fallback`] (the dense
+    /// logits came back instead), or [`RowOutcome::Dense`] (no prefix ran).
+    pub fn prefixed(&self) -> &PrefixOutput {
+        &self.prefixed
     }
     /// The last logits computed (zeros before the first call): after a
     /// [`Model::decode_rows`] pass, its last row.

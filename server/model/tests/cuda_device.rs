@@ -588,3 +588,148 @@ fn the_emulated_driver_refuses_what_a_device_would() {
     );
     assert!(live_allocations().unwrap() > 0);
 }
+
+/// Order-preserving key of a logit (-0 and +0 equal), as the device's.
+fn key(v: f32) -> u32 {
+    let u = (v + 0.0).to_bits();
+    if u & 0x8000_0000 != 0 {
+        !u
+    } else {
+        u | 0x8000_0000
+    }
+}
+
+/// The k best of `x` — logit descending, ties by lower id — as (id, bits).
+fn reference_top_k(x: &[f32], k: usize) -> Vec<(u32, u32)> {
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    idx.sort_by(|&a, &b| key(x[b as usize]).cmp(&key(x[a as usize])).then(a.cmp(&b)));
+    idx.truncate(k.min(x.len()));
+    idx.iter().map(|&i| (i, x[i as usize].to_bits())).collect()
+}
+
+/// Deterministic logits with many exact ties at coarse `step`s and a few
+/// −∞ (a splitmix64 stream).
+fn tied_logits(n: usize, seed: u64, step: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            if z.is_multiple_of(97) {
+                return f32::NEG_INFINITY;
+            }
+            let u = (z >> 40) as f32 / (1u64 << 24) as f32;
+            ((u * 12.0 - 8.0) / step).round() * step
+        })
+        .collect()
+}
+
+/// The multi-block top-k equals the single-block kernel and a sort, at the
+/// tiny models' vocabulary and at 151,936 (Qwen's); the survivors come
+/// with their raw logits, and the raw row's log-sum-exp the device's
+/// blocks give equals the host scan's bit for bit.
+#[test]
+fn device_top_k_and_log_sum_exp_match_their_references() {
+    use samplerd_model::PrefixOutput;
+    use samplerd_model::cuda::{DeviceOp, DeviceStatus, TopK};
+    let Some((_placement, _turn)) = device() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = model_file(dir.path(), "llama", GgmlDType::Q8_0);
+    let mut g = samplerd_model::gguf::GgufFile::open(&p).unwrap();
+    let config = g.config().unwrap();
+    let weights = samplerd_model::gguf::Weights::load(&mut g, &config).unwrap();
+    let be = CudaBackend::new(config, &weights, CudaOptions::default()).unwrap();
+    let mut st = be.new_sequence(CTX).unwrap();
+    let cases: &[(usize, &[usize], f32)] = &[
+        (N_VOCAB, &[1, 7, 40, 256], 0.25),
+        (N_VOCAB, &[3, 261], 1e-3),
+        (151_936, &[40, 256], 0.5),
+    ];
+    let (mut single, mut multi) = (Vec::new(), Vec::new());
+    let mut row = PrefixOutput::default();
+    for (case, &(n, ks, step)) in cases.iter().enumerate() {
+        let logits = tied_logits(n, 17 + case as u64, step);
+        be.set_logits(&mut st, &logits).unwrap();
+        let t = 0.7f32;
+        let scaled: Vec<f32> = logits
+            .iter()
+            .map(|&v| {
+                if v == f32::NEG_INFINITY {
+                    v
+                } else {
+                    (v / t).clamp(-f32::MAX, f32::MAX)
+                }
+            })
+            .collect();
+        for &k in ks {
+            let ops = [DeviceOp::Temperature(t), DeviceOp::TopK(k)];
+            let s = be
+                .sample_prefix_with(&mut st, &ops, TopK::SingleBlock, &mut single)
+                .unwrap();
+            let m = be
+                .sample_prefix_with(&mut st, &ops, TopK::MultiBlock, &mut multi)
+                .unwrap();
+            assert_eq!((s, m), (DeviceStatus::Ok, DeviceStatus::Ok), "n={n} k={k}");
+            let as_bits = |v: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                v.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+            };
+            let want = reference_top_k(&scaled, k);
+            assert_eq!(as_bits(&single), want, "single-block top_k, n={n} k={k}");
+            assert_eq!(as_bits(&multi), want, "multi-block top_k, n={n} k={k}");
+            be.sample_prefix_row(&mut st, &ops, &mut row).unwrap();
+            assert_eq!(row.outcome, samplerd_model::RowOutcome::Survivors);
+            let got: Vec<(u32, u32, u32)> = row
+                .survivors
+                .iter()
+                .map(|c| (c.id, c.logit.to_bits(), c.raw.to_bits()))
+                .collect();
+            let want: Vec<(u32, u32, u32)> = want
+                .iter()
+                .map(|&(i, l)| (i, l, logits[i as usize].to_bits()))
+                .collect();
+            assert_eq!(got, want, "prefixed row, n={n} k={k}");
+            assert_eq!(
+                row.raw_lse.to_bits(),
+                samplerd_numerics::lse::log_sum_exp(&logits).to_bits(),
+                "log-sum-exp, n={n}: {} vs the host's {}",
+                row.raw_lse,
+                samplerd_numerics::lse::log_sum_exp(&logits)
+            );
+            // 12 bytes a survivor, 12 per 1024 logits, 8 of header.
+            assert_eq!(row.d2h_bytes, 8 + 12 * k + 12 * n.div_ceil(1024));
+        }
+    }
+    // Block maxima that rise and fall inside each 8,192-logit chunk: a
+    // block's terms are taken against the chunk's running max, not its own.
+    for (case, n) in [(0u64, 151_936usize), (1, 20_000), (2, 1_025)] {
+        let mut logits = tied_logits(n, 40 + case, 1e-3);
+        for (i, v) in logits.iter_mut().enumerate() {
+            *v += [0.0, 6.0, -3.0, 2.5, 9.0, -7.0][(i / 1024) % 6];
+        }
+        be.set_logits(&mut st, &logits).unwrap();
+        be.sample_prefix_row(&mut st, &[DeviceOp::TopK(1)], &mut row)
+            .unwrap();
+        assert_eq!(
+            row.raw_lse.to_bits(),
+            samplerd_numerics::lse::log_sum_exp(&logits).to_bits(),
+            "log-sum-exp over uneven blocks, n={n}"
+        );
+    }
+    // Logits the CPU rejects come back as a fallback.
+    let mut bad = tied_logits(N_VOCAB, 3, 0.25);
+    bad[100] = f32::NAN;
+    be.set_logits(&mut st, &bad).unwrap();
+    be.sample_prefix_row(&mut st, &[DeviceOp::TopK(5)], &mut row)
+        .unwrap();
+    assert_eq!(row.outcome, samplerd_model::RowOutcome::Fallback);
+    be.set_logits(&mut st, &vec![f32::NEG_INFINITY; N_VOCAB])
+        .unwrap();
+    be.sample_prefix_row(&mut st, &[DeviceOp::TopK(5)], &mut row)
+        .unwrap();
+    assert_eq!(row.outcome, samplerd_model::RowOutcome::Fallback);
+}

@@ -112,6 +112,18 @@ impl PrefixPlan {
         )
     }
 
+    /// The index of the first chain stage the host runs over the
+    /// survivors: the one after the prefix, or — when the prefix ends with
+    /// `greedy` — that stage itself, over the single survivor, so the
+    /// chain's own selecting stage makes the selection.
+    pub fn host_start(&self) -> usize {
+        if self.selects_on_device() {
+            self.device_specs - 1
+        } else {
+            self.device_specs
+        }
+    }
+
     /// The penalty window the device needs (0: no penalties stage).
     pub fn penalty_window(&self) -> usize {
         self.device
@@ -368,8 +380,10 @@ pub enum DevicePrefixError {
     Sample(#[from] SampleError),
     #[error("device sampling returned candidate id {id} outside the vocabulary of {n_vocab}")]
     BadCandidate { id: u32, n_vocab: usize },
-    #[error("device sampling returned {got} candidates, more than the prefix keeps ({max})")]
+    #[error("device sampling returned {got} candidates, not 1 to {max}")]
     TooMany { got: usize, max: usize },
+    #[error("the raw probabilities of the whole row need the dense logits")]
+    NeedsDense,
 }
 
 /// One sequence's sampling split between the device and the host: the
@@ -494,6 +508,49 @@ impl SplitSequence {
         self.buf.load(dense).map_err(SampleError::from)?;
         Ok(self.full.sample(&mut self.buf, seed, step)?)
     }
+}
+
+/// One decode step of `seq` (the whole chain, `plan` its split) over the
+/// survivors a device prefix left: they are loaded as the sorted candidate
+/// view the CPU prefix leaves, the stages from [`PrefixPlan::host_start`]
+/// run with the step's RNG, and the output is [`crate::step::run`]'s —
+/// `raw(id)` gives a survivor's raw logit and `lse` the raw row's
+/// log-sum-exp (both from the device, bit for bit the host's), so the
+/// token, `probability`, `logprob` and post-chain `probs` are the CPU
+/// step's. Raw `probs` (over the whole row) cannot come from survivors:
+/// asking for them is an error (the caller copies the dense logits).
+#[allow(clippy::too_many_arguments)]
+pub fn run_survivors(
+    seq: &mut Sequence,
+    buf: &mut TokenBuffer,
+    n_vocab: usize,
+    plan: &PrefixPlan,
+    survivors: &[SdCandidate],
+    raw: impl Fn(u32) -> f32,
+    lse: f32,
+    seed: u64,
+    step: u64,
+    probs: crate::step::ProbsRequest,
+) -> Result<crate::step::StepOutput, DevicePrefixError> {
+    if probs.n > 0 && !probs.post_sampling {
+        return Err(DevicePrefixError::NeedsDense);
+    }
+    let max = plan.max_survivors();
+    if survivors.is_empty() || survivors.len() > max {
+        return Err(DevicePrefixError::TooMany {
+            got: survivors.len(),
+            max,
+        });
+    }
+    if let Some(c) = survivors.iter().find(|c| c.id as usize >= n_vocab) {
+        return Err(DevicePrefixError::BadCandidate { id: c.id, n_vocab });
+    }
+    buf.load_candidates(n_vocab, survivors, true)
+        .map_err(SampleError::from)?;
+    let token_id = seq
+        .sample_prepared_from(buf, seed, step, plan.host_start())?
+        .token_id;
+    Ok(crate::step::report(buf, token_id, None, probs, || lse, raw))
 }
 
 /// The CPU twin of the device kernels: the same stages with the same

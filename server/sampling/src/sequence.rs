@@ -184,6 +184,21 @@ impl Sequence {
         self.run(buf, seed, step, None, false, None)
     }
 
+    /// As `sample_prepared`, running only the stages from index `first` on:
+    /// the host remainder of a chain whose leading stages ran elsewhere
+    /// (a device sampling prefix, which draws no random numbers, so the
+    /// remainder sees the step's RNG as the whole chain would). The
+    /// skipped stages' states still `accept` every token.
+    pub fn sample_prepared_from(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
+        first: usize,
+    ) -> Result<Sampled, SampleError> {
+        self.run_from(buf, seed, step, None, false, None, first)
+    }
+
     /// As `sample`, adding each stage's wall time (ns) to `stage_ns`.
     pub fn sample_timed(
         &mut self,
@@ -200,9 +215,23 @@ impl Sequence {
         buf: &mut TokenBuffer,
         seed: u64,
         step: u64,
+        stage_ns: Option<&mut [u64]>,
+        reset_view: bool,
+        gate: Option<&mut dyn StageGate>,
+    ) -> Result<Sampled, SampleError> {
+        self.run_from(buf, seed, step, stage_ns, reset_view, gate, 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_from(
+        &mut self,
+        buf: &mut TokenBuffer,
+        seed: u64,
+        step: u64,
         mut stage_ns: Option<&mut [u64]>,
         reset_view: bool,
         mut gate: Option<&mut dyn StageGate>,
+        first: usize,
     ) -> Result<Sampled, SampleError> {
         if buf.n_vocab() == 0 {
             return Err(SampleError::NotLoaded);
@@ -215,7 +244,7 @@ impl Sequence {
         let mut rng = StepRng::new(seed, step);
         let n_vocab = buf.n_vocab();
         let links = self.chain.links();
-        for (i, (link, &state)) in links.iter().zip(&self.states).enumerate() {
+        for (i, (link, &state)) in links.iter().zip(&self.states).enumerate().skip(first) {
             if let Some(g) = gate.as_deref_mut() {
                 g.before(i, buf)?;
             }

@@ -225,3 +225,114 @@ fn bad_and_masked_logits_fall_back_to_the_host_for_the_exact_outcome() {
     };
     check_case(&p.chain_spec(), &[1.0, 2.0, 3.0, 4.0], &[], 1, 0);
 }
+
+/// A decode step over a device prefix's survivors
+/// (`device_prefix::run_survivors`, what Generate does on the GPU) reports
+/// what `step::run` over the dense logits reports — token, probability,
+/// logprob and post-chain probs — given the survivors' raw logits and the
+/// raw row's log-sum-exp.
+#[test]
+fn a_step_over_the_survivors_reports_the_dense_steps_output() {
+    use samplerd_sampling::step::{self, NoDeferral, ProbsRequest, RawLse};
+    let mut rng = Lcg(0xde71ce);
+    let mut on_device = 0;
+    for case in 0..300u64 {
+        let n = if case % 50 == 0 { 151_936 } else { 1_500 };
+        let p = param_cases(&mut rng, n);
+        let chain = registry().build_chain(&p.chain_spec(), None).unwrap();
+        let plan = device_prefix::split(chain.spec());
+        if plan.device.is_empty() {
+            continue;
+        }
+        let l = logits(n, &mut rng, case % 2 == 0);
+        let window: Vec<u32> = (0..rng.below(80))
+            .map(|_| rng.below(n as u64 / 10) as u32)
+            .collect();
+        let (seed, at) = (rng.next(), rng.below(1000));
+        let probs = ProbsRequest {
+            n: [0, 3][(case % 2) as usize],
+            post_sampling: true,
+        };
+        // The dense step, as on the CPU.
+        let mut dense_seq = chain.new_sequence().unwrap();
+        dense_seq.accept_history(&window).unwrap();
+        let mut buf = TokenBuffer::new();
+        let want = match step::load::<NoDeferral>(&mut buf, step::Logits::Floats(&l), None) {
+            Ok(lse) => step::run(
+                &mut dense_seq,
+                &mut buf,
+                step::Logits::Floats(&l),
+                lse,
+                seed,
+                at,
+                probs,
+            ),
+            Err(_) => continue,
+        };
+        // The survivors (the kernels' CPU twin), then the host remainder.
+        let mut w = device_prefix::PenaltyWindow::new(plan.penalty_window());
+        window.iter().for_each(|&t| w.accept(t));
+        let mut survivors = Vec::new();
+        if device_prefix::reference::run(&plan.device, &w, &l, &mut survivors)
+            || survivors[0].logit == f32::NEG_INFINITY
+        {
+            continue; // the device hands these rows back dense
+        }
+        let lse =
+            match step::load::<NoDeferral>(&mut TokenBuffer::new(), step::Logits::Floats(&l), None)
+            {
+                Ok(RawLse::Known(v)) => v,
+                _ => unreachable!("loaded above"),
+            };
+        let mut seq = chain.new_sequence().unwrap();
+        seq.accept_history(&window).unwrap();
+        let mut buf2 = TokenBuffer::new();
+        let got = device_prefix::run_survivors(
+            &mut seq,
+            &mut buf2,
+            n,
+            &plan,
+            &survivors,
+            |id| l[id as usize],
+            lse,
+            seed,
+            at,
+            probs,
+        );
+        match (&want, &got) {
+            (Ok(w), Ok(g)) => assert_eq!(w, g, "{}: seed {seed} step {at}", chain.describe()),
+            (Err(w), Err(g)) => assert_eq!(w.to_string(), g.to_string()),
+            _ => panic!("{}: dense {want:?} vs survivors {got:?}", chain.describe()),
+        }
+        on_device += 1;
+    }
+    assert!(
+        on_device > 100,
+        "only {on_device} cases took the device path"
+    );
+    // Raw probs rank the whole row: not from survivors.
+    let chain = registry()
+        .build_chain(&SamplingParams::default().chain_spec(), None)
+        .unwrap();
+    let plan = device_prefix::split(chain.spec());
+    let err = device_prefix::run_survivors(
+        &mut chain.new_sequence().unwrap(),
+        &mut TokenBuffer::new(),
+        10,
+        &plan,
+        &[device_prefix::SdCandidate { id: 1, logit: 0.0 }],
+        |_| 0.0,
+        0.0,
+        1,
+        0,
+        ProbsRequest {
+            n: 2,
+            post_sampling: false,
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, device_prefix::DevicePrefixError::NeedsDense),
+        "{err}"
+    );
+}

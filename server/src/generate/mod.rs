@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod batcher;
+mod device_sampling;
 pub mod draft_model;
 pub mod generator;
 pub mod prompt_cache;
@@ -147,6 +148,7 @@ pub fn describe_metrics() {
     );
     prompt_cache::describe();
     speculate::describe();
+    device_sampling::describe();
     metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
 }
 
@@ -484,6 +486,7 @@ impl ModelHost {
             seq,
             session,
             decoded,
+            device: self.device_sampling(job, &prompt),
         }];
         for _ in 1..req.choices {
             let session = match choices[0].session.fork() {
@@ -495,6 +498,7 @@ impl ModelHost {
                 seq: self.open_sequence(job, &prompt)?,
                 session,
                 decoded: Decoded::new(&req.stop, req.min_tokens),
+                device: self.device_sampling(job, &prompt),
             });
         }
         drop(engine);
@@ -543,6 +547,7 @@ impl ModelHost {
             seq,
             session,
             mut decoded,
+            device,
         } = c;
         let mut usage = started.usage;
         let engine = self.batcher.join();
@@ -573,9 +578,8 @@ impl ModelHost {
             )?,
             None => self.decode(
                 job,
-                choice,
-                seed,
-                seq,
+                (choice, seed),
+                (seq, device),
                 session,
                 &forward,
                 sink,
@@ -624,6 +628,19 @@ impl ModelHost {
         );
         let _ = sink.blocking_send(Ok(finished));
         Ok(())
+    }
+
+    /// The request's device sampling, decided once (None on a backend
+    /// without a device prefix); its windows start as `open_sequence`'s.
+    fn device_sampling(
+        &self,
+        job: &GenerateJob,
+        prompt: &[u32],
+    ) -> Option<device_sampling::DeviceSampling> {
+        let req = &job.request;
+        let history = if req.penalize_prompt { prompt } else { &[] };
+        let window: Vec<u32> = step::in_vocab(history, self.model.n_vocab()).collect();
+        device_sampling::DeviceSampling::plan(&self.model, req, &window, &req.resume)
     }
 
     /// A fresh sequence of the request's chain. Every call into the chain's
@@ -685,9 +702,8 @@ impl ModelHost {
     fn decode(
         &self,
         job: &GenerateJob,
-        choice: u32,
-        seed: u64,
-        mut seq: Sequence,
+        (choice, seed): (u32, u64),
+        (mut seq, mut device): (Sequence, Option<device_sampling::DeviceSampling>),
         mut session: Session,
         forward: &impl Fn(Session, Vec<u32>) -> Result<Session, RequestError>,
         sink: &GenerateSink,
@@ -713,22 +729,30 @@ impl ModelHost {
             // is accepted unless it ends the generation.
             let at = u64::from(decoded.generated);
             let (model, end) = (Arc::clone(&self.model), end.clone());
-            let mut moved = (seq, buf, session);
+            let mut moved = (seq, buf, session, device);
             let (back, out) = job.steps.run_blocking(move || {
                 // For the crash report, should a plugin kill the process.
                 let _serving = samplerd_sampling::activity::serving(request_id);
-                let (seq, buf, session) = &mut moved;
-                let out =
-                    sample_token(seq, buf, session.logits(), seed, at, probs).and_then(|out| {
-                        let ends = end.ends(out.token_id, |t| model.tokenizer().is_eog(t));
-                        if !ends {
-                            seq.accept(out.token_id).map_err(RequestError::Plugin)?;
+                let (seq, buf, session, device) = &mut moved;
+                // Over the device prefix's survivors when the row came back
+                // that way, else over the dense logits.
+                let sampled = device
+                    .as_mut()
+                    .and_then(|d| d.sample(seq, buf, session, seed, at, probs))
+                    .unwrap_or_else(|| sample_token(seq, buf, session.logits(), seed, at, probs));
+                let out = sampled.and_then(|out| {
+                    let ends = end.ends(out.token_id, |t| model.tokenizer().is_eog(t));
+                    if !ends {
+                        seq.accept(out.token_id).map_err(RequestError::Plugin)?;
+                        if let Some(d) = device {
+                            d.accept(out.token_id);
                         }
-                        Ok((out, ends))
-                    });
+                    }
+                    Ok((out, ends))
+                });
                 (moved, out)
             })?;
-            (seq, buf, session) = back;
+            (seq, buf, session, device) = back;
             let (out, ends) = out?;
             decoded.sampling_ns += t0.elapsed().as_nanos();
             if ends {
@@ -756,6 +780,9 @@ impl ModelHost {
                 session.capacity(),
             ) {
                 return Ok(Some((reason, session)));
+            }
+            if let Some(d) = &mut device {
+                d.prepare(&mut session);
             }
             session = forward(session, vec![token])?;
         }
@@ -805,6 +832,8 @@ struct Choice {
     seq: Sequence,
     session: Session,
     decoded: Decoded,
+    /// Where its decode steps sample (None: the CPU backend).
+    device: Option<device_sampling::DeviceSampling>,
 }
 
 /// What every choice shares from the prefill.

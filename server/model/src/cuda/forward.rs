@@ -15,7 +15,7 @@ use super::err::err;
 use super::launch::Pass;
 use super::state::{CudaState, DecodeGraph};
 use crate::backend::{
-    Backend, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
+    Backend, PrefixRow, SequenceState, batch_rows, check_logits, check_tokens, downcast_state,
 };
 use crate::error::ModelError;
 
@@ -235,5 +235,21 @@ impl Backend for CudaBackend {
             self.copy_logits(downcast(&mut **st)?, l)?;
         }
         Ok(())
+    }
+
+    fn runs_device_prefix(&self) -> bool {
+        true
+    }
+
+    /// The decode step, then the rows' sampling prefixes on the device
+    /// (`cuda/sampling.rs`).
+    fn forward_batch_prefixed(
+        &self,
+        states: &mut [&mut dyn SequenceState],
+        tokens: &[u32],
+        logits: &mut [&mut [f32]],
+        rows: &mut [PrefixRow<'_>],
+    ) -> Result<(), ModelError> {
+        self.forward_batch_prefixed_cuda(states, tokens, logits, rows)
     }
 }

@@ -65,7 +65,7 @@ pub use batch::BatchStats;
 pub use device::{DeviceError, DeviceRequest, Placement};
 pub use resolve::{Resolved, built_with_cuda, resolve};
 #[cfg(feature = "cuda")]
-pub use sampling::{DeviceOp, DeviceStatus};
+pub use sampling::{DeviceOp, DeviceStatus, TopK};
 #[cfg(feature = "cuda")]
 pub use state::{CudaState, StepTiming};
 pub use supported::unsupported;

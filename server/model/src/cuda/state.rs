@@ -55,6 +55,8 @@ pub(super) struct SampleBuffers {
     pub(super) work: CudaSlice<f32>,
     pub(super) status: CudaSlice<i32>,
     pub(super) out: CudaSlice<u32>,
+    /// The multi-block top-k's per-block candidates (sized on first use).
+    pub(super) part: CudaSlice<u64>,
     pub(super) ids: CudaSlice<u32>,
     pub(super) vals: CudaSlice<u32>,
     pub(super) starts: CudaSlice<i32>,
@@ -190,6 +192,7 @@ impl CudaState {
                 work: alloc(&stream, c.n_vocab, "sampling logits")?,
                 status: alloc(&stream, 1, "sampling status")?,
                 out: alloc(&stream, 2 + 2 * kernels::TOPK_MAX, "candidates")?,
+                part: alloc(&stream, 1, "top-k candidates")?,
                 ids: alloc(&stream, 64, "stage ids")?,
                 vals: alloc(&stream, 64, "stage values")?,
                 starts: alloc(&stream, 65, "stage runs")?,

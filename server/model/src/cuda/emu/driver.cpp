@@ -135,7 +135,7 @@ const std::vector<Kernel>& kernels() {
         K(add_norm_quant), K(quantize_q8_1), K(quantize_q8_k), K(qkv_rope_store), K(attn_scores),
         K(attention), K(qkv_rope_store_batch), K(attn_scores_batch), K(attention_batch), K(scatter_logits),
         K(swiglu_quant), K(check_logits), K(logit_bias), K(penalties),
-        K(scale_temperature), K(top_k), KF(q8_0), KF(q4_1), KF(q5_0), KF(q5_1), KF(q4_k), KF(q5_k),
+        K(scale_temperature), K(top_k), K(top_k_partial), K(top_k_merge), K(survivor_raw), K(lse_blocks), KF(q8_0), KF(q4_1), KF(q5_0), KF(q5_1), KF(q4_k), KF(q5_k),
         KF(q6_k), KF(f16), KF(bf16),
     };
     return all;

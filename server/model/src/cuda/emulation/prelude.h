@@ -139,6 +139,7 @@ inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
+inline long long __double_as_longlong(double f) { long long i; memcpy(&i, &f, 8); return i; }
 inline unsigned short f2h(float f) { _Float16 h = (_Float16)f; unsigned short u; memcpy(&u, &h, 2); return u; }
 inline float h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 

@@ -40,6 +40,21 @@ pub const MAX_HEAD_DIM: usize = 128;
 pub const TOPK_THREADS: u32 = 1024;
 /// Largest k the device `top_k` handles (`TOPK_MAX` in the source).
 pub const TOPK_MAX: usize = 1024;
+/// Logits per block of the multi-block top-k's first step
+/// (`top_k_partial`): 151,936 logits make 38 blocks, spread over the SMs
+/// (the single-block kernel leaves all but one idle), and the merge of
+/// 38 × k candidates stays small.
+pub const TOPK_SLICE: usize = 4096;
+/// Logits per block of `lse_blocks` (`LSE_BLOCK` in the source): the
+/// host scan's block (`samplerd_numerics::lse::BLOCK`).
+pub const LSE_BLOCK: usize = 1024;
+/// Threads of `lse_blocks`: the host scan's f32 lanes (`LSE_LANES`).
+pub const LSE_LANES: u32 = 16;
+const _: () = assert!(
+    LSE_BLOCK == samplerd_numerics::lse::BLOCK
+        && LSE_LANES as usize == samplerd_numerics::lse::LANES
+        && samplerd_numerics::lse::CHUNK == 8 * LSE_BLOCK
+);
 /// Threads of the element-wise kernels.
 pub const ELEMENTWISE_THREADS: u32 = 256;
 
@@ -110,6 +125,10 @@ pub struct Kernels {
     pub penalties: CudaFunction,
     pub scale_temperature: CudaFunction,
     pub top_k: CudaFunction,
+    pub top_k_partial: CudaFunction,
+    pub top_k_merge: CudaFunction,
+    pub survivor_raw: CudaFunction,
+    pub lse_blocks: CudaFunction,
 }
 
 impl Kernels {
@@ -156,6 +175,10 @@ impl Kernels {
             penalties: f("penalties")?,
             scale_temperature: f("scale_temperature")?,
             top_k: f("top_k")?,
+            top_k_partial: f("top_k_partial")?,
+            top_k_merge: f("top_k_merge")?,
+            survivor_raw: f("survivor_raw")?,
+            lse_blocks: f("lse_blocks")?,
         })
     }
 
@@ -344,6 +367,10 @@ mod tests {
                 "penalties",
                 "scale_temperature",
                 "top_k",
+                "top_k_partial",
+                "top_k_merge",
+                "survivor_raw",
+                "lse_blocks",
             ]
             .map(String::from),
         ) {

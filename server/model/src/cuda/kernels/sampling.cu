@@ -84,18 +84,20 @@ __device__ __forceinline__ unsigned int okey(float v) {
 // greedy and temperature <= 0 keep. One block: a 4-pass radix select of the
 // k-th largest key, a gather (ties taken in id order), a bitonic sort.
 // out: [status, count, then (id, logit bits) pairs].
-extern "C" __global__ void top_k(const float* x, int n, int k, const int* status_in, unsigned int* out) {
+// Item of a kept entry: its key above its inverted id, so that a larger
+// item is a larger logit or, on a tie, a lower id (0: below every entry).
+__device__ __forceinline__ unsigned int item_id(unsigned long long it) {
+    return 0xFFFFFFFFu - (unsigned int)(it & 0xFFFFFFFFull);
+}
+
+// The k (<= n) largest entries of x[0..n) as items, sorted descending, in
+// `items` (shared; one block of TOPK_THREADS, every thread calls it).
+__device__ void block_top_k(const float* x, int n, int k, int id0, unsigned long long* items) {
     __shared__ unsigned int hist[256];
     __shared__ unsigned int prefix, mask, remaining, n_gt, n_tie_base;
     __shared__ bool gather_done;
-    __shared__ unsigned long long items[TOPK_MAX];
     __shared__ unsigned int warp_sums[TOPK_THREADS / 32];
     const int tid = threadIdx.x;
-    if (*status_in != ST_OK) {
-        if (tid == 0) { out[0] = (unsigned int)*status_in; out[1] = 0; }
-        return;
-    }
-    if (k > n) k = n;
     if (tid == 0) { prefix = 0; mask = 0; remaining = (unsigned int)k; n_gt = 0; n_tie_base = 0; }
     __syncthreads();
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -166,7 +168,7 @@ extern "C" __global__ void top_k(const float* x, int n, int k, const int* status
         const unsigned int key = i < n ? okey(x[i]) : 0u;
         if (i < n && key > T) {
             const unsigned int slot = atomicAdd(&n_gt, 1u);
-            items[slot] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (unsigned int)i);
+            items[slot] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (unsigned int)(id0 + i));
         }
         const bool tie = i < n && key == T;
         const unsigned int ballot = __ballot_sync(0xffffffffu, tie);
@@ -177,7 +179,7 @@ extern "C" __global__ void top_k(const float* x, int n, int k, const int* status
         for (int w = 0; w < wid; ++w) before += warp_sums[w];
         before += __popc(ballot & ((1u << lane) - 1u));
         if (tie && before < need) {
-            items[n_greater + before] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (unsigned int)i);
+            items[n_greater + before] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (unsigned int)(id0 + i));
         }
         __syncthreads();
         if (tid == 0) {
@@ -211,13 +213,174 @@ extern "C" __global__ void top_k(const float* x, int n, int k, const int* status
             __syncthreads();
         }
     }
+}
+
+// The k highest logits, one block over the whole vocabulary (the
+// multi-block pair below gives the same result faster; kept as its
+// reference). out: [status, count, then (id, logit bits) pairs].
+extern "C" __global__ void top_k(const float* x, int n, int k, const int* status_in, unsigned int* out) {
+    __shared__ unsigned long long items[TOPK_MAX];
+    const int tid = threadIdx.x;
+    if (*status_in != ST_OK) {
+        if (tid == 0) { out[0] = (unsigned int)*status_in; out[1] = 0; }
+        return;
+    }
+    if (k > n) k = n;
+    block_top_k(x, n, k, 0, items);
     for (int i = tid; i < k; i += blockDim.x) {
-        const unsigned int id = 0xFFFFFFFFu - (unsigned int)(items[i] & 0xFFFFFFFFull);
+        const unsigned int id = item_id(items[i]);
         out[2 + 2 * i] = id;
         out[2 + 2 * i + 1] = __float_as_uint(x[id]);
     }
     if (tid == 0) {
         out[0] = ST_OK;
         out[1] = (unsigned int)k;
+    }
+}
+
+// Multi-block top-k, step 1: block b takes the slice [b·slice, (b+1)·slice)
+// and writes its k best as sorted items to part[b·k ..], padded with 0.
+// Every entry of the global top k is among its slice's k best, so step 2
+// only has to merge these.
+extern "C" __global__ void top_k_partial(const float* x, int n, int k, int slice, const int* status_in,
+                                         unsigned long long* part) {
+    __shared__ unsigned long long items[TOPK_MAX];
+    if (*status_in != ST_OK) return;
+    const int lo = blockIdx.x * slice;
+    const int m = min(slice, n - lo);
+    const int kk = min(k, m);
+    block_top_k(x + lo, m, kk, lo, items);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) part[(size_t)blockIdx.x * k + i] = i < kk ? items[i] : 0ull;
+}
+
+// Multi-block top-k, step 2 (one block): the rank of each partial item in
+// the union is its index in its own sorted list plus, per other list, how
+// many of that list's items are larger (a binary search; items are
+// distinct, ids being unique); items ranked below k are written at their
+// rank — the single-block kernel's output, bit for bit.
+extern "C" __global__ void top_k_merge(const float* x, int n, int k, int lists, const int* status_in,
+                                       const unsigned long long* part, unsigned int* out) {
+    if (*status_in != ST_OK) {
+        if (threadIdx.x == 0) { out[0] = (unsigned int)*status_in; out[1] = 0; }
+        return;
+    }
+    for (int i = threadIdx.x; i < lists * k; i += blockDim.x) {
+        const unsigned long long it = part[i];
+        if (it == 0ull) continue;
+        const int g = i / k;
+        int rank = i - g * k;
+        for (int h = 0; h < lists && rank < k; ++h) {
+            if (h == g) continue;
+            // Items of list h larger than `it`: a prefix of the sorted list.
+            const unsigned long long* l = part + (size_t)h * k;
+            int a = 0, b = k;
+            while (a < b) {
+                const int mid = (a + b) / 2;
+                if (l[mid] > it) a = mid + 1; else b = mid;
+            }
+            rank += a;
+        }
+        if (rank < k) {
+            const unsigned int id = item_id(it);
+            out[2 + 2 * rank] = id;
+            out[2 + 2 * rank + 1] = __float_as_uint(x[id]);
+        }
+    }
+    if (threadIdx.x == 0) {
+        out[0] = ST_OK;
+        out[1] = (unsigned int)min(k, n);
+    }
+}
+
+
+// The raw logits of the survivors top_k wrote into `out` (requested k:
+// the layout's stride): out[2 + 2k + i] = raw[id of survivor i].
+extern "C" __global__ void survivor_raw(const float* raw, int k, unsigned int* out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (out[0] != ST_OK || i >= (int)out[1]) return;
+    out[2 + 2 * k + i] = __float_as_uint(raw[out[2 + 2 * i]]);
+}
+
+// The raw row's log-sum-exp in the host scan's pieces (plugins/numerics
+// lse.rs, PartialLse::add_block): per LSE_BLOCK logits, the block's max
+// and its terms exp_term(x - m) summed in LSE_LANES f32 lanes (lane l takes
+// x[16j + l] in order), the lanes then added in f64 in lane order and the
+// tail (< 16 logits, in order, f32) last — m being the running max of the
+// block's LSE_CHUNK (blocks first..=this). The host merges the blocks and
+// chunks in f64 with its own exp and log, so the result is the scan's bit
+// for bit. `fma`: the host's build has fused multiply-adds (AVX2 / AVX-512).
+#define LSE_BLOCK 1024
+#define LSE_LANES 16
+#define LSE_CHUNK_BLOCKS 8
+
+__device__ __forceinline__ float lse_madd(int fma, float a, float b, float c) {
+    return fma ? fmaf(a, b, c) : __fadd_rn(__fmul_rn(a, b), c);
+}
+
+// numerics lse.rs exp_term: 2^n · p(f) with the same constants and order.
+__device__ __forceinline__ float lse_exp_term(int fma, float x) {
+    const float LOG2E = __int_as_float(0x3fb8aa3b);
+    const float ROUND = 12582912.0f;
+    const float xc = x > -87.0f ? x : -87.0f;
+    const float k = lse_madd(fma, xc, LOG2E, ROUND);
+    const float n = __fsub_rn(k, ROUND);
+    const float f = lse_madd(fma, xc, LOG2E, -n);
+    float p = 0.0013276445f;
+    p = lse_madd(fma, p, f, 0.009675537f);
+    p = lse_madd(fma, p, f, 0.055507135f);
+    p = lse_madd(fma, p, f, 0.2402212f);
+    p = lse_madd(fma, p, f, 0.69314694f);
+    p = lse_madd(fma, p, f, 1.0f);
+    const unsigned int bits = (__float_as_uint(k) - (0x4B400000u - 127u)) << 23;
+    return __fmul_rn(p, __int_as_float((int)bits));
+}
+
+// One block of LSE_LANES threads per LSE_BLOCK logits; out[3b..3b+3] =
+// (block max bits, f64 sum low word, high word). Skipped (the host falls
+// back) unless status is ST_OK.
+extern "C" __global__ void lse_blocks(const float* x, int n, int fma, const int* status, unsigned int* out) {
+    __shared__ float lane_max[LSE_LANES];
+    __shared__ float lane_sum[LSE_LANES];
+    __shared__ float run_max, own_max;
+    if (*status != ST_OK) return;
+    const int b = blockIdx.x, t = threadIdx.x;
+    const int first = b / LSE_CHUNK_BLOCKS * LSE_CHUNK_BLOCKS;
+    if (t == 0) run_max = -F_INF;
+    __syncthreads();
+    for (int bb = first; bb <= b; ++bb) {
+        const int s = bb * LSE_BLOCK, e = min(s + LSE_BLOCK, n);
+        float m = -F_INF;
+        for (int i = s + t; i < e; i += LSE_LANES) m = fmaxf(m, x[i]);
+        lane_max[t] = m;
+        __syncthreads();
+        if (t == 0) {
+            float bm = -F_INF;
+            for (int l = 0; l < LSE_LANES; ++l) bm = fmaxf(bm, lane_max[l]);
+            run_max = fmaxf(run_max, bm);
+            own_max = bm;
+        }
+        __syncthreads();
+    }
+    const float m = run_max;
+    const int s = b * LSE_BLOCK, e = min(s + LSE_BLOCK, n);
+    const int full = s + (e - s) / LSE_LANES * LSE_LANES;
+    double total = 0.0;
+    if (m != -F_INF) {
+        float acc = 0.0f;
+        for (int i = s + t; i < full; i += LSE_LANES) acc = __fadd_rn(acc, lse_exp_term(fma, __fsub_rn(x[i], m)));
+        lane_sum[t] = acc;
+        __syncthreads();
+        if (t == 0) {
+            for (int l = 0; l < LSE_LANES; ++l) total = __dadd_rn(total, (double)lane_sum[l]);
+            float tail = 0.0f;
+            for (int i = full; i < e; ++i) tail = __fadd_rn(tail, lse_exp_term(fma, __fsub_rn(x[i], m)));
+            total = __dadd_rn(total, (double)tail);
+        }
+    }
+    if (t == 0) {
+        const unsigned long long bits = (unsigned long long)__double_as_longlong(total);
+        out[3 * b] = __float_as_uint(own_max);
+        out[3 * b + 1] = (unsigned int)(bits & 0xFFFFFFFFull);
+        out[3 * b + 2] = (unsigned int)(bits >> 32);
     }
 }
