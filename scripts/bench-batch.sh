@@ -9,6 +9,11 @@
 # and prints the median of each (rows/s for the batch-vs-streams rows,
 # p50 latency for the compression rows) with the ratios.
 #   ROUNDS=5 SECONDS_PER_RUN=5 scripts/bench-batch.sh
+# With BASELINE=<a directory holding another build's samplerd>, a second
+# server runs that build and every round measures the inline-row RPCs
+# (streams, batch stream f32, batch f32, Sample) on both, alternating which
+# goes first, and prints this build against the baseline:
+#   BASELINE=/tmp/before/release ROUNDS=5 scripts/bench-batch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}

@@ -1,7 +1,8 @@
 //! However a client cuts its messages into HTTP/2 DATA frames — one message
-//! per frame (decoded straight from the frame, `service::one_frame`), split
-//! over several, several in one — samplerd answers exactly as to tonic's
-//! own client. Raw HTTP/2 (the `h2` crate) controls the framing.
+//! per frame, split over several (rows cut by a frame boundary), several in
+//! one, one byte a frame — samplerd answers exactly as to tonic's own
+//! client (the messages are decoded from their frames in place,
+//! `transport::in_place`). Raw HTTP/2 (the `h2` crate) controls the framing.
 
 mod common;
 
@@ -18,6 +19,15 @@ async fn raw_call(
     path: &str,
     frames: Vec<Vec<u8>>,
 ) -> Vec<v1::SampleResponse> {
+    raw_call_of(addr, path, frames).await
+}
+
+/// [`raw_call`] for any response message.
+async fn raw_call_of<M: Message + Default>(
+    addr: std::net::SocketAddr,
+    path: &str,
+    frames: Vec<Vec<u8>>,
+) -> Vec<M> {
     let out = raw_outcome(addr, "POST", Some("application/grpc"), path, frames).await;
     assert_eq!(
         out.grpc_status.as_deref(),
@@ -29,7 +39,7 @@ async fn raw_call(
     let mut rest = &out.body[..];
     while !rest.is_empty() {
         let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
-        messages.push(v1::SampleResponse::decode(&rest[5..5 + len]).expect("a response"));
+        messages.push(M::decode(&rest[5..5 + len]).expect("a response"));
         rest = &rest[5 + len..];
     }
     messages
@@ -110,6 +120,88 @@ async fn sample_stream_answers_the_same_however_its_messages_are_framed() {
     ];
     let got = raw_call(addr, "/samplerd.v1.Sampler/SampleStream", frames).await;
     assert_eq!(got, want);
+    s.stop().await;
+}
+
+/// Batch messages whose rows frame boundaries cut, several messages in
+/// one frame, and a message in one-byte frames (what the server must
+/// gather without keeping a piece per byte): the same rows as tonic's own
+/// client gets, for the stream and the unary batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_answer_the_same_however_their_messages_are_framed() {
+    let s = start().await;
+    let addr = s.server.as_ref().unwrap().addr;
+    let row = |id: u64, t: u64| v1::BatchStreamRow {
+        sequence_id: id,
+        logits: to_bytes(&logits(3000, 100 * id + t)).into(),
+        params: (t == 0).then(params).flatten(),
+        previous_tokens: if t == 0 { vec![1, 2] } else { vec![] },
+        ..Default::default()
+    };
+    let msgs: Vec<v1::SampleBatchStreamRequest> = (0..5)
+        .map(|t| v1::SampleBatchStreamRequest {
+            rows: (1..=3).map(|id| row(id, t)).collect(),
+            n_probs: 2,
+            ..Default::default()
+        })
+        .collect();
+    let mut want = Vec::new();
+    let mut out = s
+        .client
+        .clone()
+        .sample_batch_stream(tokio_stream::iter(msgs.clone()))
+        .await
+        .expect("the batch stream opens")
+        .into_inner();
+    while let Some(r) = out.message().await.expect("a batch step") {
+        want.push(r);
+    }
+    assert_eq!(want.len(), msgs.len());
+    let w: Vec<Vec<u8>> = msgs.iter().map(framed).collect();
+    // Whole; cut inside its second row; two glued; one byte a frame
+    // (12 KB of frames); cut in the prefix.
+    let frames: Vec<Vec<u8>> = [
+        vec![w[0].clone()],
+        vec![w[1][..15_000].to_vec(), w[1][15_000..].to_vec()],
+        vec![[w[2].clone(), w[3].clone()].concat()],
+        w[4].iter().map(|b| vec![*b]).collect(),
+    ]
+    .concat();
+    let got: Vec<v1::SampleBatchResponse> =
+        raw_call_of(addr, "/samplerd.v1.Sampler/SampleBatchStream", frames).await;
+    assert_eq!(got, want);
+
+    let batch = v1::SampleBatchRequest {
+        rows: (1..=3)
+            .map(|id| v1::BatchRow {
+                logits: to_bytes(&logits(3000, id)).into(),
+                step: id,
+                ..Default::default()
+            })
+            .collect(),
+        params: params(),
+        ..Default::default()
+    };
+    let want = s
+        .client
+        .clone()
+        .sample_batch(batch.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let wire = framed(&batch);
+    for (name, frames) in [
+        ("whole", vec![wire.clone()]),
+        (
+            "cut in a row",
+            vec![wire[..7_000].to_vec(), wire[7_000..].to_vec()],
+        ),
+        ("one byte a frame", wire.iter().map(|b| vec![*b]).collect()),
+    ] {
+        let got: Vec<v1::SampleBatchResponse> =
+            raw_call_of(addr, "/samplerd.v1.Sampler/SampleBatch", frames).await;
+        assert_eq!(got, vec![want.clone()], "{name}");
+    }
     s.stop().await;
 }
 
