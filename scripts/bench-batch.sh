@@ -26,21 +26,59 @@ BIN=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 PORT=${PORT:-50932}
-"$BIN/samplerd" serve --listen 127.0.0.1:$PORT > "$OUT/batch-server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
+BASE_PORT=$((PORT + 1))
+SERVERS=()
+trap 'kill "${SERVERS[@]}" 2>/dev/null || true' EXIT
+serve() { # binary dir, port, log name
+  "$1/samplerd" serve --listen "127.0.0.1:$2" > "$OUT/$3.log" 2>&1 &
+  SERVERS+=($!)
+  local ready=0
+  for _ in $(seq 1 100); do
+    if "$BIN/samplerctl" --addr "http://127.0.0.1:$2" health >/dev/null 2>&1; then ready=1; break; fi
+    sleep 0.1
+  done
+  [ "$ready" = 1 ] || { echo "bench-batch: $1/samplerd did not become healthy" >&2; exit 1; }
+}
+serve "$BIN" "$PORT" batch-server
+[ -z "${BASELINE:-}" ] || serve "$BASELINE" "$BASE_PORT" batch-baseline-server
 CTL="$BIN/samplerctl --addr http://127.0.0.1:$PORT"
-ready=0
-for _ in $(seq 1 100); do
-  if $CTL health >/dev/null 2>&1; then ready=1; break; fi
-  sleep 0.1
-done
-[ "$ready" = 1 ] || { echo "bench-batch: samplerd did not become healthy" >&2; exit 1; }
 
 run() { # name, then samplerctl bench flags
   local name=$1; shift
   $CTL bench --vocab "$VOCAB" --duration "$SECS" --json "$@" > "$OUT/batch-$name-$round.json"
 }
+if [ -n "${BASELINE:-}" ]; then
+  for round in $(seq 1 "$ROUNDS"); do
+    sides=(new base); [ $((round % 2)) = 0 ] && sides=(base new)
+    for side in "${sides[@]}"; do
+      p=$PORT; [ "$side" = base ] && p=$BASE_PORT
+      CTL="$BIN/samplerctl --addr http://127.0.0.1:$p"
+      run "$side-streams" --rpc sample-stream --concurrency "$B"
+      run "$side-batch-stream-f32" --rpc sample-batch-stream --batch "$B" --dtype f32
+      run "$side-batch-f32" --rpc sample-batch --batch "$B" --dtype f32
+      run "$side-sample" --rpc sample --compression none
+    done
+  done
+  OUT="$OUT" ROUNDS="$ROUNDS" B="$B" VOCAB="$VOCAB" "$PY" - <<'EOF'
+import json, os, statistics
+out, rounds = os.environ["OUT"], int(os.environ["ROUNDS"])
+def vals(name, key):
+    runs = [json.load(open(f"{out}/batch-{name}-{r}.json")) for r in range(1, rounds + 1)]
+    assert sum(j["errors"] for j in runs) == 0, f"{name}: errors"
+    return [key(j) for j in runs]
+rows = lambda j: j["tokens_per_s"]
+p50 = lambda j: j["latency_ms"]["p50"]
+print(f"B = {os.environ['B']} rows x {os.environ['VOCAB']} logits, {rounds} rounds, this build"
+      " against BASELINE (median [all]; ratio: median of the rounds' ratios)")
+for name, key, unit in [("streams", rows, "rows/s"), ("batch-stream-f32", rows, "rows/s"),
+                        ("batch-f32", rows, "rows/s"), ("sample", p50, "ms p50")]:
+    new, base = vals("new-" + name, key), vals("base-" + name, key)
+    ratio = statistics.median(n / b for n, b in zip(new, base))
+    print(f"  {name:18s} {statistics.median(new):10.3f} {unit} {[round(v, 3) for v in new]}"
+          f"  baseline {statistics.median(base):10.3f} {[round(v, 3) for v in base]}  x{ratio:.3f}")
+EOF
+  exit 0
+fi
 for round in $(seq 1 "$ROUNDS"); do
   run streams --rpc sample-stream --concurrency "$B"
   run batch-stream-f32 --rpc sample-batch-stream --batch "$B" --dtype f32
