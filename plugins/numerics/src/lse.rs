@@ -73,17 +73,23 @@ impl PartialLse {
     /// [`crate::dispatch!`]).
     #[inline(always)]
     pub fn add_block<const FMA: bool>(&mut self, block: &[f32], bmax: f32) {
-        self.add_block_with(bmax, |m| {
-            let mut sums = [0.0f32; LANES];
-            let mut it = block.chunks_exact(LANES);
-            for c in &mut it {
-                for (s, &x) in sums.iter_mut().zip(c) {
-                    *s += exp_term::<FMA>(x - m);
-                }
+        // The loop stays in this function's body, not in a closure handed
+        // to `add_block_with`: a closure does not inherit the caller's
+        // `#[target_feature]`s, so `exp_term::<true>`'s `mul_add` became a
+        // call into libm's `fmaf` per logit — 75 % of a `Sample`'s server
+        // time at 151,936 logits (2.0 ms p50 instead of 0.4 ms).
+        let Some(m) = self.raise(bmax) else {
+            return;
+        };
+        let mut sums = [0.0f32; LANES];
+        let mut it = block.chunks_exact(LANES);
+        for c in &mut it {
+            for (s, &x) in sums.iter_mut().zip(c) {
+                *s += exp_term::<FMA>(x - m);
             }
-            let tail: f32 = it.remainder().iter().map(|&x| exp_term::<FMA>(x - m)).sum();
-            sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64
-        });
+        }
+        let tail: f32 = it.remainder().iter().map(|&x| exp_term::<FMA>(x - m)).sum();
+        self.sum += sums.iter().map(|&v| v as f64).sum::<f64>() + tail as f64;
     }
 
     /// [`Self::add_block`] with the block's terms summed elsewhere:
@@ -94,15 +100,21 @@ impl PartialLse {
     /// f64 rescaling and the final log are this code's.
     #[inline(always)]
     pub fn add_block_with(&mut self, bmax: f32, terms: impl FnOnce(f32) -> f64) {
+        if let Some(m) = self.raise(bmax) {
+            self.sum += terms(m);
+        }
+    }
+
+    /// Takes a block's max `bmax` into the running max, rescaling the
+    /// running sum in f64 when it grows; the max the block's terms are
+    /// taken against, or None while it is still −∞.
+    #[inline(always)]
+    fn raise(&mut self, bmax: f32) -> Option<f32> {
         if bmax > self.max {
             self.sum *= ((self.max - bmax) as f64).exp();
             self.max = bmax;
         }
-        let m = self.max;
-        if m == f32::NEG_INFINITY {
-            return;
-        }
-        self.sum += terms(m);
+        (self.max != f32::NEG_INFINITY).then_some(self.max)
     }
 }
 
