@@ -12,7 +12,9 @@
 # With BASELINE=<a directory holding another build's samplerd>, a second
 # server runs that build and every round measures the inline-row RPCs
 # (streams, batch stream f32, batch f32, Sample) on both, alternating which
-# goes first, and prints this build against the baseline:
+# goes first, and prints this build against the baseline — the rates, and
+# each server's CPU time and page faults per row (from /proc/<pid>/stat
+# around each run: what the server spends, whatever else the machine runs):
 #   BASELINE=/tmp/before/release ROUNDS=5 scripts/bench-batch.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,12 +53,20 @@ if [ -n "${BASELINE:-}" ]; then
   for round in $(seq 1 "$ROUNDS"); do
     sides=(new base); [ $((round % 2)) = 0 ] && sides=(base new)
     for side in "${sides[@]}"; do
-      p=$PORT; [ "$side" = base ] && p=$BASE_PORT
+      p=$PORT pid=${SERVERS[0]}; [ "$side" = base ] && p=$BASE_PORT pid=${SERVERS[1]}
       CTL="$BIN/samplerctl --addr http://127.0.0.1:$p"
-      run "$side-streams" --rpc sample-stream --concurrency "$B"
-      run "$side-batch-stream-f32" --rpc sample-batch-stream --batch "$B" --dtype f32
-      run "$side-batch-f32" --rpc sample-batch --batch "$B" --dtype f32
-      run "$side-sample" --rpc sample --compression none
+      # minor faults, then user + system clock ticks, before and after
+      counted() { # name, then flags
+        local name=$1; shift
+        local before; before=$(awk '{print $10, $14 + $15}' "/proc/$pid/stat")
+        run "$name" "$@"
+        echo "$before $(awk '{print $10, $14 + $15}' "/proc/$pid/stat") $(getconf CLK_TCK)" \
+          > "$OUT/batch-$name-$round.proc"
+      }
+      counted "$side-streams" --rpc sample-stream --concurrency "$B"
+      counted "$side-batch-stream-f32" --rpc sample-batch-stream --batch "$B" --dtype f32
+      counted "$side-batch-f32" --rpc sample-batch --batch "$B" --dtype f32
+      counted "$side-sample" --rpc sample --compression none
     done
   done
   OUT="$OUT" ROUNDS="$ROUNDS" B="$B" VOCAB="$VOCAB" "$PY" - <<'EOF'
@@ -68,6 +78,16 @@ def vals(name, key):
     return [key(j) for j in runs]
 rows = lambda j: j["tokens_per_s"]
 p50 = lambda j: j["latency_ms"]["p50"]
+def per_row(name):
+    """The server's CPU µs and page faults per row, median of the rounds."""
+    cpu, faults = [], []
+    for r in range(1, rounds + 1):
+        j = json.load(open(f"{out}/batch-{name}-{r}.json"))
+        n = j["requests"] * (1 if name.endswith("streams") or name.endswith("sample") else int(os.environ["B"]))
+        f0, t0, f1, t1, hz = map(int, open(f"{out}/batch-{name}-{r}.proc").read().split())
+        cpu.append((t1 - t0) / hz * 1e6 / n)
+        faults.append((f1 - f0) / n)
+    return statistics.median(cpu), statistics.median(faults)
 print(f"B = {os.environ['B']} rows x {os.environ['VOCAB']} logits, {rounds} rounds, this build"
       " against BASELINE (median [all]; ratio: median of the rounds' ratios)")
 for name, key, unit in [("streams", rows, "rows/s"), ("batch-stream-f32", rows, "rows/s"),
@@ -76,6 +96,9 @@ for name, key, unit in [("streams", rows, "rows/s"), ("batch-stream-f32", rows, 
     ratio = statistics.median(n / b for n, b in zip(new, base))
     print(f"  {name:18s} {statistics.median(new):10.3f} {unit} {[round(v, 3) for v in new]}"
           f"  baseline {statistics.median(base):10.3f} {[round(v, 3) for v in base]}  x{ratio:.3f}")
+    (nc, nf), (bc, bf) = per_row("new-" + name), per_row("base-" + name)
+    print(f"  {'':18s} server per row: {nc:7.1f} µs CPU, {nf:6.1f} page faults"
+          f"  baseline {bc:7.1f} µs, {bf:6.1f} faults  (CPU x{nc / bc:.3f})")
 EOF
   exit 0
 fi

@@ -10,6 +10,7 @@
 
 mod batcher;
 mod device_sampling;
+pub mod draft_length;
 pub mod draft_model;
 pub mod generator;
 pub mod prompt_cache;

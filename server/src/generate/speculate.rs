@@ -35,11 +35,9 @@
 //!    (`Session::truncate`), so the prompt cache and `resume` see exactly
 //!    the committed tokens.
 //!
-//! The draft length adapts ([`DraftLength`]): +2 after a round whose
-//! drafts were all accepted, −1 after one with a rejection (between 1 and
-//! the request's `max_draft_tokens`), the schedule of Hugging Face
-//! transformers' assisted generation (`AssistedCandidateGenerator`,
-//! `num_assistant_tokens_schedule = "heuristic"`).
+//! The draft length adapts, by a rule of the draft source
+//! ([`super::draft_length`]): prompt lookup follows the acceptance, a draft
+//! model the measured cost of its drafts against the target's rows.
 
 #![forbid(unsafe_code)]
 
@@ -53,6 +51,7 @@ use samplerd_sampling::step::Logits;
 use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 
+use super::draft_length::{DraftLength, DraftRule, MeasuredLength};
 use super::draft_model::DraftInput;
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
 use super::{Decoded, ModelHost, resume};
@@ -110,40 +109,6 @@ pub fn prompt_lookup(history: &[u32], max: usize) -> &[u32] {
     &[]
 }
 
-/// The adaptive draft length (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DraftLength {
-    k: usize,
-    max: usize,
-}
-
-impl DraftLength {
-    /// Starts at half of `max` (rounded up).
-    pub fn new(max: usize) -> Self {
-        let max = max.max(1);
-        DraftLength {
-            k: max.div_ceil(2),
-            max,
-        }
-    }
-
-    pub fn get(self) -> usize {
-        self.k
-    }
-
-    /// After a round that drafted `drafted` tokens and accepted `accepted`.
-    pub fn update(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        self.k = if accepted == drafted {
-            (self.k + 2).min(self.max)
-        } else {
-            self.k.saturating_sub(1).max(1)
-        };
-    }
-}
-
 /// A verify round's outcome, as the sampling thread hands it back.
 struct Round {
     tokens: Vec<samplerd_sampling::step::StepOutput>,
@@ -194,7 +159,10 @@ impl ModelHost {
         // `ignore_eos`) and `stop_token_ids`. A draft that would end it is
         // never proposed, so only a round's last token can.
         let end = req.end_rule();
-        let mut length = DraftLength::new(spec.max_draft_tokens);
+        let mut length = match spec.source {
+            DraftSource::PromptLookup => DraftRule::Lookup(DraftLength::new(spec.max_draft_tokens)),
+            DraftSource::Model => DraftRule::Measured(MeasuredLength::new(spec.max_draft_tokens)),
+        };
         let mut drafter = match spec.source {
             DraftSource::PromptLookup => None,
             DraftSource::Model => self.draft.as_ref().map(|d| d.drafter(session.capacity())),
@@ -330,17 +298,22 @@ impl ModelHost {
                         seed,
                         end: &end,
                     };
-                    drafter.draft(job, input, k)?
+                    let t0 = Instant::now();
+                    let drafts = drafter.draft(job, input, k)?;
+                    length.drafted(drafts.len(), t0.elapsed().as_nanos());
+                    drafts
                 }
             };
             let mut tokens = Vec::with_capacity(drafts.len() + 1);
             tokens.push(last);
             tokens.extend_from_slice(&drafts);
+            let (rows, t0) = (tokens.len(), Instant::now());
             session = if drafts.is_empty() {
                 forward(session, tokens)?
             } else {
                 verify_pass(session, tokens)?
             };
+            length.passed(rows, t0.elapsed().as_nanos());
         }
     }
 }
@@ -382,25 +355,5 @@ mod tests {
         assert!(prompt_lookup(&[1, 2, 3, 1], 4).is_empty());
         assert!(prompt_lookup(&[1, 2, 1], 0).is_empty());
         assert!(prompt_lookup(&[], 4).is_empty());
-    }
-
-    #[test]
-    fn draft_length_grows_on_full_acceptance_and_shrinks_on_a_rejection() {
-        let mut l = DraftLength::new(8);
-        assert_eq!(l.get(), 4);
-        l.update(4, 4);
-        assert_eq!(l.get(), 6);
-        l.update(6, 6);
-        l.update(8, 8);
-        assert_eq!(l.get(), 8);
-        l.update(8, 3);
-        assert_eq!(l.get(), 7);
-        for _ in 0..10 {
-            l.update(1, 0);
-        }
-        assert_eq!(l.get(), 1);
-        // A round without drafts changes nothing.
-        l.update(0, 0);
-        assert_eq!(l.get(), 1);
     }
 }
