@@ -29,8 +29,8 @@
 //!   the plaintext rule ([`transport::tls`]), bearer tokens
 //!   ([`transport::auth`]), deadlines ([`transport::deadline`]), request
 //!   metrics and `/metrics` ([`transport::metrics`]), the drain on
-//!   shutdown ([`transport::drain`]) and decoding the logits-carrying
-//!   messages from their frames in place ([`transport::in_place`]). It takes its settings as
+//!   shutdown ([`transport::drain`]) and decoding single-frame messages
+//!   without a copy ([`transport::one_frame`]). It takes its settings as
 //!   values and has its own errors.
 //! - The ground: [`status`] (the statuses samplerd sends and their
 //!   details) and [`crash`] (the fatal-signal report the sampling threads

@@ -1,8 +1,8 @@
 //! However a client cuts its messages into HTTP/2 DATA frames — one message
-//! per frame, split over several (rows cut by a frame boundary), several in
-//! one, one byte a frame — samplerd answers exactly as to tonic's own
-//! client (the messages are decoded from their frames in place,
-//! `transport::in_place`). Raw HTTP/2 (the `h2` crate) controls the framing.
+//! per frame (decoded straight from the frame, `transport::one_frame`),
+//! split over several (rows cut by a frame boundary), several in one, one
+//! byte a frame — samplerd answers exactly as to tonic's own client. Raw
+//! HTTP/2 (the `h2` crate) controls the framing.
 
 mod common;
 

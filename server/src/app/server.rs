@@ -33,10 +33,10 @@ use crate::transport::connections::CountActive;
 use crate::transport::content_type::GrpcOnly;
 use crate::transport::deadline::Deadline;
 use crate::transport::drain::{CLOSE_TIMEOUT, Drain};
-use crate::transport::in_place::InPlaceDecode;
 use crate::transport::listen::{Bound, Listen};
 use crate::transport::metrics::{DRAINING_METRIC, ObserveRpc};
 use crate::transport::middleware::{Wrap, WrapLayer};
+use crate::transport::one_frame::OneFrameDecode;
 use crate::transport::request_id::AssignRequestId;
 use crate::transport::status_fixup::CompleteStatus;
 use crate::transport::tls::SecurityError;
@@ -173,7 +173,7 @@ pub async fn serve(
             GENERATE_PATH,
             generate,
             Wrap::new(
-                InPlaceDecode::new(limits.max_message_bytes),
+                OneFrameDecode::new(limits.max_message_bytes),
                 compressed!(SamplerServer::new(SamplerService {
                     state: state.clone(),
                 }))

@@ -31,7 +31,6 @@ use crate::request::convert::{FIELD_LOGITS, FIELD_SPARSE};
 use crate::request::errors::RequestError;
 use crate::request::memory::{self, Charge};
 use crate::transport::identity::Caller;
-use crate::transport::in_place::Predecoded;
 use crate::transport::status_fixup::completed;
 
 /// One open sequence.
@@ -209,9 +208,6 @@ struct Batch {
     /// The compiled constraints each open sequence joined with.
     constraints: HashMap<u64, Arc<Prepared>>,
     inbound: Streaming<v1::SampleBatchStreamRequest>,
-    /// The messages decoded from their frames, in whose place tonic
-    /// yields empty ones ([`crate::transport::in_place`]).
-    predecoded: Predecoded<v1::SampleBatchStreamRequest>,
     _permit: OwnedSemaphorePermit,
     /// Whose shared-memory regions the rows may name.
     caller: Caller,
@@ -318,7 +314,6 @@ impl Batch {
 pub fn handle(
     state: Arc<AppState>,
     inbound: Streaming<v1::SampleBatchStreamRequest>,
-    predecoded: Predecoded<v1::SampleBatchStreamRequest>,
     caller: Caller,
 ) -> Result<BoxStream<v1::SampleBatchResponse>, Status> {
     let permit = state.stream_permit()?;
@@ -333,7 +328,6 @@ pub fn handle(
         charges: HashMap::new(),
         constraints: HashMap::new(),
         inbound,
-        predecoded,
         _permit: permit,
         caller,
     };
@@ -342,7 +336,7 @@ pub fn handle(
         |batch| async move {
             let mut batch = batch?;
             let msg = match batch.inbound.message().await {
-                Ok(Some(m)) => batch.predecoded.take(m),
+                Ok(Some(m)) => m,
                 Ok(None) => return None,
                 Err(status) => return Some((Err(completed(status)), None)),
             };

@@ -34,7 +34,6 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::service::state::{AppState, BoxStream};
 use crate::transport::connections::ConnInfo;
 use crate::transport::identity::Caller;
-use crate::transport::in_place::Predecoded;
 
 /// The tonic service.
 #[derive(Clone)]
@@ -46,10 +45,16 @@ pub struct SamplerService {
 impl Sampler for SamplerService {
     async fn sample(
         &self,
-        request: Request<v1::SampleRequest>,
+        mut request: Request<v1::SampleRequest>,
     ) -> Result<Response<v1::SampleResponse>, Status> {
         let caller = Caller::of(request.extensions());
-        let message = Predecoded::take_from(request);
+        let message = match request
+            .extensions_mut()
+            .remove::<crate::transport::one_frame::Predecoded>()
+        {
+            Some(crate::transport::one_frame::Predecoded(message)) => message,
+            None => request.into_inner(),
+        };
         sample::handle(self.state.clone(), message, caller)
             .await
             .map(Response::new)
@@ -63,7 +68,7 @@ impl Sampler for SamplerService {
     ) -> Result<Response<Self::SampleStreamStream>, Status> {
         let predecoded = request
             .extensions()
-            .get::<Predecoded<v1::SampleStreamRequest>>()
+            .get::<crate::transport::one_frame::PredecodedStream>()
             .cloned()
             .unwrap_or_default();
         let caller = Caller::of(request.extensions());
@@ -85,7 +90,7 @@ impl Sampler for SamplerService {
         request: Request<v1::SampleBatchRequest>,
     ) -> Result<Response<v1::SampleBatchResponse>, Status> {
         let caller = Caller::of(request.extensions());
-        batch::handle(self.state.clone(), Predecoded::take_from(request), caller)
+        batch::handle(self.state.clone(), request.into_inner(), caller)
             .await
             .map(Response::new)
     }
@@ -96,14 +101,8 @@ impl Sampler for SamplerService {
         &self,
         request: Request<Streaming<v1::SampleBatchStreamRequest>>,
     ) -> Result<Response<Self::SampleBatchStreamStream>, Status> {
-        let predecoded = request
-            .extensions()
-            .get::<Predecoded<v1::SampleBatchStreamRequest>>()
-            .cloned()
-            .unwrap_or_default();
         let caller = Caller::of(request.extensions());
-        batch_stream::handle(self.state.clone(), request.into_inner(), predecoded, caller)
-            .map(Response::new)
+        batch_stream::handle(self.state.clone(), request.into_inner(), caller).map(Response::new)
     }
 
     async fn register_shared_memory(

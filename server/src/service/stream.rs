@@ -32,7 +32,7 @@ use crate::request::errors::RequestError;
 use crate::service::shared_memory::SharedRow;
 use crate::service::shared_memory::verify_rows::VerifyShared;
 use crate::transport::identity::Caller;
-use crate::transport::in_place::Predecoded;
+use crate::transport::one_frame::PredecodedStream;
 use crate::transport::status_fixup::completed;
 
 /// What a stream holds on the server's books: its slot under
@@ -215,7 +215,7 @@ struct Pull {
     _slot: Slot,
     session: Session,
     inbound: Streaming<v1::SampleStreamRequest>,
-    predecoded: Predecoded<v1::SampleStreamRequest>,
+    predecoded: PredecodedStream,
 }
 
 /// The `SampleStream` RPC. The response stream drives the session itself:
@@ -225,12 +225,12 @@ struct Pull {
 /// only once the client has room for the next response. A client that
 /// cancels or disconnects drops the stream, and with it the session.
 /// `predecoded` holds the messages decoded from their frames
-/// ([`crate::transport::in_place`]), in whose place tonic yields empty ones; it stays
+/// ([`crate::transport::one_frame`]), in whose place tonic yields empty ones; it stays
 /// empty for a stream that path leaves to tonic (a compressed one).
 pub fn handle(
     state: Arc<AppState>,
     inbound: Streaming<v1::SampleStreamRequest>,
-    predecoded: Predecoded<v1::SampleStreamRequest>,
+    predecoded: PredecodedStream,
     caller: Caller,
 ) -> Result<BoxStream<v1::SampleResponse>, Status> {
     let permit = state.stream_permit()?;
