@@ -98,13 +98,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         logits: &mut [&mut [f32]],
         rows: &mut [PrefixRow<'_>],
     ) -> Result<(), ModelError> {
-        if rows.len() != states.len() {
-            return Err(ModelError::Backend(format!(
-                "a batch of {} sequences got {} prefix rows",
-                states.len(),
-                rows.len()
-            )));
-        }
+        check_prefix_rows(states.len(), rows.len())?;
         self.forward_batch(states, tokens, logits)?;
         for r in rows.iter_mut() {
             r.out.outcome = RowOutcome::Dense;
@@ -361,4 +355,14 @@ impl DevicePrefix {
             })
             .collect()
     }
+}
+
+/// A prefixed batch step's rows: one per sequence.
+pub(crate) fn check_prefix_rows(states: usize, rows: usize) -> Result<(), ModelError> {
+    if rows != states {
+        return Err(ModelError::Backend(format!(
+            "a batch of {states} sequences got {rows} prefix rows"
+        )));
+    }
+    Ok(())
 }

@@ -139,13 +139,7 @@ impl CudaBackend {
         logits: &mut [&mut [f32]],
         rows: &mut [PrefixRow<'_>],
     ) -> Result<(), ModelError> {
-        if rows.len() != states.len() {
-            return Err(ModelError::Backend(format!(
-                "a batch of {} sequences got {} prefix rows",
-                states.len(),
-                rows.len()
-            )));
-        }
+        crate::backend::check_prefix_rows(states.len(), rows.len())?;
         for (st, tok, l) in batch_rows(states, tokens, logits)? {
             self.check_input(downcast(st)?, std::slice::from_ref(tok))?;
             check_logits(l.len(), self.config.n_vocab)?;
