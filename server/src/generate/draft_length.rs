@@ -126,6 +126,10 @@ pub struct MeasuredLength {
     step: Mean,
     /// Each row of a verify pass after its first.
     row: Mean,
+    /// Whether a draft has been timed: the first is not, since it also
+    /// prefills the draft model's cache with the prompt (hundreds of
+    /// milliseconds, not a draft's cost).
+    first_drafted: bool,
     /// Drafts accepted and drafts judged (a rejected draft is judged; the
     /// drafts after it are not), with a prior of one of each: α starts at
     /// ½.
@@ -140,6 +144,7 @@ impl MeasuredLength {
             draft: Mean::default(),
             step: Mean::default(),
             row: Mean::default(),
+            first_drafted: false,
             accepted: 1.0,
             judged: 2.0,
         }
@@ -176,11 +181,17 @@ impl MeasuredLength {
         self.judged += (accepted + usize::from(accepted < drafted)) as f64;
     }
 
-    /// Drafting `k` tokens took `ns`.
+    /// Drafting `k` tokens took `ns` (the generation's first drafting is
+    /// not counted: it includes the draft model's prefill).
     pub fn drafted(&mut self, k: usize, ns: u128) {
-        if k > 0 {
-            self.draft.add(ns as f64 / k as f64);
+        if k == 0 {
+            return;
         }
+        if !self.first_drafted {
+            self.first_drafted = true;
+            return;
+        }
+        self.draft.add(ns as f64 / k as f64);
     }
 
     /// The target's pass of `rows` rows took `ns`.
@@ -226,6 +237,9 @@ mod tests {
         assert_eq!(l.get(), 0, "a plain step first");
         l.passed(1, 1_000_000);
         assert_eq!(l.get(), 1, "then one draft");
+        // The first drafting prefills the draft model: not a draft's cost.
+        l.drafted(1, 300_000_000);
+        assert_eq!(l.draft, Mean(None));
         l.drafted(1, (draft * 1e6) as u128);
         assert_eq!(l.get(), 1, "until a pass of two rows is timed");
         for _ in 0..50 {
@@ -261,6 +275,7 @@ mod tests {
         let before = l.clone();
         l.update(0, 0);
         l.drafted(0, 5);
+        assert_eq!(l, before, "no drafts, no first drafting");
         l.passed(0, 5);
         // A pass of several rows before any one-row step is not a row's
         // cost yet.
