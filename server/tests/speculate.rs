@@ -26,10 +26,20 @@ use tonic::Code;
 #[path = "../model/tests/support/tiny_formats.rs"]
 mod tiny_formats;
 
+/// A host for these tests: every round drafts what its rule says
+/// (`pause_slow_drafting` off), so drafting is what they exercise whatever
+/// this machine's timings; pacing has its own test.
 fn host_with(cfg: GenerateConfig) -> Option<Arc<ModelHost>> {
     Some(Arc::new(
-        ModelHost::load(&model_path()?, cfg).expect("model loads"),
+        ModelHost::load(&model_path()?, unpaced(cfg)).expect("model loads"),
     ))
+}
+
+fn unpaced(cfg: GenerateConfig) -> GenerateConfig {
+    GenerateConfig {
+        pause_slow_drafting: false,
+        ..cfg
+    }
 }
 
 fn shared_host() -> Option<Arc<ModelHost>> {
@@ -496,6 +506,10 @@ fn tiny_models() -> &'static (tempfile::TempDir, [std::path::PathBuf; 3]) {
 }
 
 fn tiny_host(draft: &std::path::Path, cfg: GenerateConfig) -> Arc<ModelHost> {
+    tiny_host_paced(draft, unpaced(cfg))
+}
+
+fn tiny_host_paced(draft: &std::path::Path, cfg: GenerateConfig) -> Arc<ModelHost> {
     let (_, paths) = tiny_models();
     let host = ModelHost::load(&paths[0], cfg)
         .expect("target loads")
@@ -610,6 +624,29 @@ async fn draft_model_speculation_streams_the_same_bytes() {
         }
         s.stop().await;
     }
+}
+
+/// With pacing on (the default), a drafter as costly as the target (the
+/// target itself) loses time per token, so drafting pauses and probes
+/// (`generate::draft_pacing`, whose unit tests check when); whatever this
+/// machine's timings decide, the text is the same bytes, for both draft
+/// sources.
+#[tokio::test]
+async fn paced_speculation_streams_the_same_bytes() {
+    let (_, paths) = tiny_models();
+    let s = server_with(tiny_host_paced(&paths[0], GenerateConfig::default())).await;
+    for source in [v1::DraftSource::Model, v1::DraftSource::PromptLookup] {
+        let mut req = tiny_request("abc abc abc the cat sat on", 96, seeded(9));
+        req.ignore_eos = true;
+        let what = format!("paced, {source:?}");
+        let u = assert_same_drafting_from(&s, &what, &req, source, 4).await;
+        eprintln!(
+            "{what}: {} of {} drafts accepted",
+            u.accepted_draft_tokens, u.draft_tokens
+        );
+        assert_eq!(u.completion_tokens, 96, "{what}");
+    }
+    s.stop().await;
 }
 
 /// The prompt cache and a resumed run see exactly the committed tokens

@@ -12,6 +12,7 @@ mod batcher;
 mod device_sampling;
 pub mod draft_length;
 pub mod draft_model;
+pub mod draft_pacing;
 pub mod generator;
 pub mod prompt_cache;
 pub mod prompt_logprobs;
@@ -96,6 +97,11 @@ pub struct GenerateConfig {
     /// prefix with them (0: no prompt cache). Each holds its K/V (~23 KiB
     /// a token for SmolLM2-135M), charged to `limits.memory_budget_bytes`.
     pub prompt_cache_entries: usize,
+    /// Speculation: decode without drafts while rounds with drafts measure
+    /// slower per token than plain steps, probing now and then
+    /// (`draft_pacing`). false: always draft what the draft length rule
+    /// says (to measure a drafter).
+    pub pause_slow_drafting: bool,
 }
 
 impl Default for GenerateConfig {
@@ -121,6 +127,7 @@ impl Default for GenerateConfig {
             parse_special_in_content: false,
             batch_wait_us: 2000,
             prompt_cache_entries: 4,
+            pause_slow_drafting: true,
         }
     }
 }

@@ -37,7 +37,9 @@
 //!
 //! The draft length adapts, by a rule of the draft source
 //! ([`super::draft_length`]): prompt lookup follows the acceptance, a draft
-//! model the measured cost of its drafts against the target's rows.
+//! model the measured cost of its drafts against the target's rows. And
+//! while rounds with drafts measure slower per token than plain steps,
+//! drafting pauses, with a probe now and then ([`super::draft_pacing`]).
 
 #![forbid(unsafe_code)]
 
@@ -52,6 +54,7 @@ use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 
 use super::draft_length::{DraftLength, DraftRule, MeasuredLength};
+use super::draft_pacing::Pacer;
 use super::draft_model::DraftInput;
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
 use super::{Decoded, ModelHost, resume};
@@ -62,6 +65,10 @@ use crate::status::Reason;
 pub const DRAFT_TOKENS_METRIC: &str = "samplerd_generate_draft_tokens_total";
 /// Counter: of those, the drafts accepted.
 pub const ACCEPTED_DRAFT_TOKENS_METRIC: &str = "samplerd_generate_accepted_draft_tokens_total";
+/// Counter: rounds of speculating Generate requests decoded without drafts
+/// because drafting had measured slower than plain steps
+/// (`super::draft_pacing`).
+pub const PAUSED_ROUNDS_METRIC: &str = "samplerd_generate_speculation_paused_rounds_total";
 
 pub(super) fn describe() {
     use metrics::describe_counter;
@@ -73,9 +80,14 @@ pub(super) fn describe() {
         ACCEPTED_DRAFT_TOKENS_METRIC,
         "draft tokens accepted by speculating Generate requests"
     );
+    describe_counter!(
+        PAUSED_ROUNDS_METRIC,
+        "speculating Generate rounds decoded without drafts because drafting measured slower than plain steps"
+    );
     // Present from the start (a scrape shows 0, not nothing).
     metrics::counter!(DRAFT_TOKENS_METRIC).increment(0);
     metrics::counter!(ACCEPTED_DRAFT_TOKENS_METRIC).increment(0);
+    metrics::counter!(PAUSED_ROUNDS_METRIC).increment(0);
 }
 
 /// The longest suffix n-gram prompt lookup tries (then shorter ones down
@@ -163,6 +175,11 @@ impl ModelHost {
             DraftSource::PromptLookup => DraftRule::Lookup(DraftLength::new(spec.max_draft_tokens)),
             DraftSource::Model => DraftRule::Measured(MeasuredLength::new(spec.max_draft_tokens)),
         };
+        let mut pacer = Pacer::new(self.config.pause_slow_drafting);
+        // When the round being verified started drafting (none after the
+        // prefill): rounds are timed from their drafting to the end of
+        // their verification.
+        let mut round_start: Option<Instant> = None;
         let mut drafter = match spec.source {
             DraftSource::PromptLookup => None,
             DraftSource::Model => self.draft.as_ref().map(|d| d.drafter(session.capacity())),
@@ -227,6 +244,9 @@ impl ModelHost {
             (seq, buf, session, drafted) = back;
             let round = out?;
             decoded.sampling_ns += t0.elapsed().as_nanos();
+            if let Some(start) = round_start.take() {
+                pacer.round(drafted.len(), round.tokens.len(), start.elapsed().as_nanos());
+            }
             let accepted = round.tokens.len() - 1;
             if !drafted.is_empty() {
                 usage.draft_tokens += drafted.len() as u32;
@@ -278,10 +298,15 @@ impl ModelHost {
             // No more drafts than tokens may still come after `last`, nor
             // than the cache holds after it.
             let room = (req.max_tokens - decoded.generated) as usize;
-            let k = length
+            let mut k = length
                 .get()
                 .min(room.saturating_sub(1))
                 .min(session.capacity() - position - 1);
+            if k > 0 && pacer.paused() {
+                metrics::counter!(PAUSED_ROUNDS_METRIC).increment(1);
+                k = 0;
+            }
+            round_start = Some(Instant::now());
             let mut history = session.cached_tokens().to_vec();
             history.push(last);
             drafts = match &mut drafter {
