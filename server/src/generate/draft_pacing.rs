@@ -18,8 +18,8 @@
 //! doubling the wait after each probe that still loses, up to
 //! [`LAST_PROBE`] — so drafting resumes where the text turns draftable
 //! (a copied passage) and a drafter that cannot pay costs a probe now and
-//! then. The output is the same either way: pacing decides only whether
-//! to draft.
+//! then; a probe drafts at most [`PROBE_DRAFTS`] tokens. The output is the
+//! same either way: pacing decides only how much to draft.
 //!
 //! `generate.pause_slow_drafting = false` turns pacing off (every round
 //! drafts what the rule says: the behaviour to measure a drafter with).
@@ -30,6 +30,10 @@
 pub const FIRST_PROBE: u32 = 8;
 /// The longest wait between probes.
 pub const LAST_PROBE: u32 = 128;
+/// The most tokens a probe drafts: a probe that loses costs a verify row
+/// per rejected draft, and prompt lookup's length may have grown to 16
+/// before drafting paused.
+pub const PROBE_DRAFTS: usize = 2;
 
 /// Weight of a new round in the decayed sums: the last few rounds count
 /// (a text turns draftable and back), one slow round does not decide.
@@ -101,6 +105,16 @@ impl Pacer {
         !self.may_draft()
     }
 
+    /// The drafts the next round may make of the `k` its rule asks for:
+    /// none while paused, at most [`PROBE_DRAFTS`] in a probe.
+    pub fn limit(&self, k: usize) -> usize {
+        match (self.may_draft(), self.enabled && self.losing()) {
+            (false, _) => 0,
+            (true, true) => k.min(PROBE_DRAFTS),
+            (true, false) => k,
+        }
+    }
+
     /// A round that verified `drafted` drafts and committed `tokens` took
     /// `ns`, from its drafting to the end of its verification.
     pub fn round(&mut self, drafted: usize, tokens: usize, ns: u128) {
@@ -151,6 +165,7 @@ mod tests {
         let p = paced(true, 6, 20);
         assert!(p.may_draft());
         assert!(!p.paused());
+        assert_eq!(p.limit(16), 16);
     }
 
     #[test]
@@ -167,9 +182,11 @@ mod tests {
                 wait += 1;
             }
             waits.push(wait);
+            assert_eq!(p.limit(16), PROBE_DRAFTS, "a probe drafts little");
             p.round(2, 2, 28 * MS);
         }
         assert_eq!(waits, [FIRST_PROBE, 16, 32, 64, 128, 128, 128]);
+        assert_eq!(p.limit(16), 0, "paused");
     }
 
     #[test]
@@ -197,7 +214,9 @@ mod tests {
         // A draft model's first drafting prefills its cache: 500 ms.
         p.round(1, 2, 500 * MS);
         assert!(p.may_draft(), "{p:?}");
-        assert!(paced(false, 50, 20).may_draft());
+        let off = paced(false, 50, 20);
+        assert!(off.may_draft());
+        assert_eq!(off.limit(16), 16);
         // Nothing committed: nothing learnt.
         let before = p.clone();
         p.round(3, 0, MS);

@@ -304,8 +304,8 @@ impl ModelHost {
                 .min(session.capacity() - position - 1);
             if k > 0 && pacer.paused() {
                 metrics::counter!(PAUSED_ROUNDS_METRIC).increment(1);
-                k = 0;
             }
+            k = pacer.limit(k);
             round_start = Some(Instant::now());
             let mut history = session.cached_tokens().to_vec();
             history.push(last);
