@@ -243,6 +243,9 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
             s.get("samplerd_generate_accepted_draft_tokens_total", &[]),
             f64::from(usage.accepted_draft_tokens)
         );
+        // Rounds held back by pacing: counted (how many depends on this
+        // machine's timings).
+        assert!(s.has("samplerd_generate_speculation_paused_rounds_total"));
     } else {
         eprintln!("SAMPLERD_MODEL is not set: Generate metrics not checked");
         assert!(!s.has("samplerd_model_load_seconds"));

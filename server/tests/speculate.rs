@@ -629,22 +629,40 @@ async fn draft_model_speculation_streams_the_same_bytes() {
 /// With pacing on (the default), a drafter as costly as the target (the
 /// target itself) loses time per token, so drafting pauses and probes
 /// (`generate::draft_pacing`, whose unit tests check when); whatever this
-/// machine's timings decide, the text is the same bytes, for both draft
-/// sources.
+/// machine's timings decide, the text is the same bytes.
 #[tokio::test]
-async fn paced_speculation_streams_the_same_bytes() {
+async fn paced_draft_model_speculation_streams_the_same_bytes() {
     let (_, paths) = tiny_models();
     let s = server_with(tiny_host_paced(&paths[0], GenerateConfig::default())).await;
-    for source in [v1::DraftSource::Model, v1::DraftSource::PromptLookup] {
-        let mut req = tiny_request("abc abc abc the cat sat on", 96, seeded(9));
+    for (name, params) in [("greedy", greedy()), ("seeded", seeded(9))] {
+        let mut req = tiny_request("abc abc abc the cat sat on", 96, params);
         req.ignore_eos = true;
-        let what = format!("paced, {source:?}");
-        let u = assert_same_drafting_from(&s, &what, &req, source, 4).await;
+        let what = format!("paced, {name}");
+        let u = assert_same_drafting_from(&s, &what, &req, v1::DraftSource::Model, 4).await;
         eprintln!(
             "{what}: {} of {} drafts accepted",
             u.accepted_draft_tokens, u.draft_tokens
         );
         assert_eq!(u.completion_tokens, 96, "{what}");
+    }
+    s.stop().await;
+}
+
+/// Prompt lookup with pacing on (the default): the same bytes as decoding
+/// without drafts on the input-grounded prompts, however much drafting
+/// this machine's timings pause.
+#[tokio::test]
+async fn paced_prompt_lookup_streams_the_same_bytes() {
+    let host = require_model!(model_path().map(|p| {
+        Arc::new(ModelHost::load(&p, GenerateConfig::default()).expect("model loads"))
+    }));
+    let s = server_with(host).await;
+    for (name, req) in grounded(greedy) {
+        let u = assert_same_with_and_without(&s, &format!("paced {name}"), &req, 0).await;
+        eprintln!(
+            "paced {name}: {} of {} drafts accepted",
+            u.accepted_draft_tokens, u.draft_tokens
+        );
     }
     s.stop().await;
 }

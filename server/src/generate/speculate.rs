@@ -54,8 +54,8 @@ use samplerd_sampling::verify::{self, Draft, Mode, VerifyError};
 use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 
 use super::draft_length::{DraftLength, DraftRule, MeasuredLength};
-use super::draft_pacing::Pacer;
 use super::draft_model::DraftInput;
+use super::draft_pacing::Pacer;
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
 use super::{Decoded, ModelHost, resume};
 use crate::request::errors::{InvalidKind, RequestError};
@@ -245,7 +245,11 @@ impl ModelHost {
             let round = out?;
             decoded.sampling_ns += t0.elapsed().as_nanos();
             if let Some(start) = round_start.take() {
-                pacer.round(drafted.len(), round.tokens.len(), start.elapsed().as_nanos());
+                pacer.round(
+                    drafted.len(),
+                    round.tokens.len(),
+                    start.elapsed().as_nanos(),
+                );
             }
             let accepted = round.tokens.len() - 1;
             if !drafted.is_empty() {
