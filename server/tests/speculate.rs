@@ -667,6 +667,55 @@ async fn paced_prompt_lookup_streams_the_same_bytes() {
     s.stop().await;
 }
 
+/// The draft model's prompt cache: a later drafter takes the kept session
+/// sharing the longest prefix with its text (cut to it), none without a
+/// shared token or with too little room; a session replaces those it
+/// extends, the least recently kept leave a full cache, and one the
+/// memory budget cannot take is not kept.
+#[test]
+fn the_draft_cache_keeps_sessions_for_the_longest_shared_prefix() {
+    use samplerd::generate::draft_cache::DraftCache;
+    use samplerd::request::memory::MemoryBudget;
+    let (_, paths) = tiny_models();
+    let model = samplerd_model::Model::load(&paths[1], &Default::default()).expect("loads");
+    let session = |tokens: &[u32]| {
+        let mut s = model.new_session_with_capacity(64).expect("session");
+        s.prefill(tokens).expect("prefill");
+        s
+    };
+    let budget = MemoryBudget::new(1 << 30);
+    let cache = DraftCache::new(&model, 2);
+    cache.put(session(&[1, 2, 3, 4]), &budget);
+    cache.put(session(&[1, 2, 9]), &budget);
+    let taken = cache.take(&[1, 2, 3, 7, 8], 64).expect("a shared prefix");
+    assert_eq!(taken.cached_tokens(), &[1, 2, 3]);
+    assert!(cache.take(&[5, 6], 64).is_none(), "nothing shared");
+    assert!(cache.take(&[1, 2, 9], 65).is_none(), "too little room");
+    // [1, 2, 9] is still there; [1, 2, 9, 10] replaces it.
+    cache.put(session(&[1, 2, 9, 10]), &budget);
+    cache.put(session(&[7, 7]), &budget);
+    let t = cache.take(&[1, 2, 9, 10, 11], 64).expect("the extension");
+    assert_eq!(t.cached_tokens(), &[1, 2, 9, 10]);
+    assert!(
+        cache.take(&[1, 2, 9], 64).is_none(),
+        "replaced by its extension"
+    );
+    // Full (2): the least recently kept leaves.
+    cache.put(session(&[3]), &budget);
+    cache.put(session(&[4]), &budget);
+    assert!(cache.take(&[7, 7], 64).is_none(), "evicted");
+    assert!(cache.take(&[3], 64).is_some());
+    // A budget too small for one session keeps nothing.
+    let small = MemoryBudget::new(1);
+    let tight = DraftCache::new(&model, 2);
+    tight.put(session(&[1, 2]), &small);
+    assert!(tight.take(&[1, 2], 64).is_none());
+    // Capacity 0: off.
+    let off = DraftCache::new(&model, 0);
+    off.put(session(&[1, 2]), &budget);
+    assert!(off.take(&[1, 2], 64).is_none());
+}
+
 /// The prompt cache and a resumed run see exactly the committed tokens
 /// with a draft model too (its own cache is resynchronised each round).
 #[tokio::test]

@@ -32,25 +32,29 @@ use samplerd_model::{Model, ModelOptions, Session, TokenInfo};
 use samplerd_sampling::Sequence;
 
 use super::batcher::{Batcher, SeqHandle};
+use super::draft_cache::DraftCache;
 use super::generator::{EndRule, GenerateJob};
 use super::{ModelLoadError, check_model_file, model_failure, sample_token};
 use crate::request::errors::RequestError;
+use crate::request::memory::MemoryBudget;
 
-/// The loaded draft model and its decode engine.
+/// The loaded draft model, its decode engine and its prompt cache.
 pub struct DraftModel {
     model: Arc<Model>,
     batcher: Batcher,
+    cache: DraftCache,
 }
 
 impl DraftModel {
     /// Loads `path` with the target's options (device, numerics, threads,
-    /// context) and checks that it shares `target`'s vocabulary.
+    /// context) and checks that it shares `target`'s vocabulary; keeps up
+    /// to `cache_entries` finished draft sessions (`super::draft_cache`).
     pub fn load(
         path: &Path,
         target: &Model,
         opts: &ModelOptions,
         placement: &samplerd_model::Placement,
-        batch_wait: Duration,
+        (batch_wait, cache_entries): (Duration, usize),
     ) -> Result<Self, ModelLoadError> {
         let failed = |source| ModelLoadError {
             key: "model.draft_path",
@@ -81,7 +85,12 @@ impl DraftModel {
             weights = model.weight_bytes(),
             "draft model loaded"
         );
-        Ok(DraftModel { model, batcher })
+        let cache = DraftCache::new(&model, cache_entries);
+        Ok(DraftModel {
+            model,
+            batcher,
+            cache,
+        })
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -95,15 +104,17 @@ impl DraftModel {
         capacity * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2
     }
 
-    /// A drafter for one choice of a generation (its own KV cache, made on
-    /// first use with `capacity` positions, or the draft model's context
-    /// if that is shorter).
-    pub(super) fn drafter(&self, capacity: usize) -> ModelDrafter<'_> {
+    /// A drafter for one choice of a generation (its own KV cache, taken
+    /// from the draft cache or made on first use with `capacity`
+    /// positions, or the draft model's context if that is shorter; put
+    /// back into the cache, charged to `memory`, when the drafter ends).
+    pub(super) fn drafter(&self, capacity: usize, memory: &Arc<MemoryBudget>) -> ModelDrafter<'_> {
         ModelDrafter {
             draft: self,
             engine: self.batcher.join(),
             session: None,
             capacity: capacity.min(self.model.n_ctx()),
+            memory: Arc::clone(memory),
         }
     }
 }
@@ -143,6 +154,15 @@ pub(super) struct ModelDrafter<'a> {
     engine: SeqHandle<'a>,
     session: Option<Session>,
     capacity: usize,
+    memory: Arc<MemoryBudget>,
+}
+
+impl Drop for ModelDrafter<'_> {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.draft.cache.put(session, &self.memory);
+        }
+    }
 }
 
 /// What a draft round needs from the generation: the committed text, the
@@ -178,11 +198,14 @@ impl ModelDrafter<'_> {
         }
         let mut session = match self.session.take() {
             Some(s) => s,
-            None => self
-                .draft
-                .model
-                .new_session_with_capacity(self.capacity)
-                .map_err(model_failure)?,
+            None => match self.draft.cache.take(history, self.capacity) {
+                Some(s) => s,
+                None => self
+                    .draft
+                    .model
+                    .new_session_with_capacity(self.capacity)
+                    .map_err(model_failure)?,
+            },
         };
         // Keep what the cache shares with the text, but run at least the
         // last token: its logits are the first draft's.

@@ -10,6 +10,7 @@
 
 mod batcher;
 mod device_sampling;
+pub mod draft_cache;
 pub mod draft_length;
 pub mod draft_model;
 pub mod draft_pacing;
@@ -155,6 +156,7 @@ pub fn describe_metrics() {
         "time taken to load the model"
     );
     prompt_cache::describe();
+    draft_cache::describe();
     speculate::describe();
     device_sampling::describe();
     metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
@@ -377,7 +379,10 @@ impl ModelHost {
             &self.model,
             &opts,
             placement,
-            Duration::from_micros(self.config.batch_wait_us),
+            (
+                Duration::from_micros(self.config.batch_wait_us),
+                self.config.prompt_cache_entries,
+            ),
         )?);
         Ok(self)
     }

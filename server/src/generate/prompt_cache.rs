@@ -57,30 +57,49 @@ struct Entry {
     used: u64,
 }
 
+/// What a kept session of one model is charged to the memory budget.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SessionBytes {
+    /// K/V bytes one cached position holds.
+    per_token: usize,
+    /// Fixed bytes of a session (its page-rounded K/V regions).
+    per_session: usize,
+}
+
+impl SessionBytes {
+    pub(super) fn of(model: &Model) -> Self {
+        let c = model.config();
+        let regions = c.n_layer * 2 * c.n_head_kv;
+        SessionBytes {
+            // f16 K and V of every layer's KV heads.
+            per_token: regions * c.head_dim * 2,
+            per_session: regions * 4096,
+        }
+    }
+
+    /// A session holding `session.cached_tokens()`.
+    pub(super) fn of_session(self, session: &Session) -> usize {
+        self.per_session + session.cached_tokens().len() * self.per_token
+    }
+}
+
 /// The cache (shared by every generation of one model).
 pub struct PromptCache {
     entries: Mutex<Vec<Entry>>,
     capacity: usize,
-    /// K/V bytes one cached position holds.
-    bytes_per_token: usize,
-    /// Fixed bytes of a session (its page-rounded K/V regions).
-    bytes_per_session: usize,
+    bytes: SessionBytes,
     clock: std::sync::atomic::AtomicU64,
 }
 
 impl PromptCache {
     /// A cache of at most `capacity` sessions of `model` (0: off).
     pub fn new(model: &Model, capacity: usize) -> Self {
-        let c = model.config();
-        let regions = c.n_layer * 2 * c.n_head_kv;
         metrics::gauge!(ENTRIES_METRIC).set(0.0);
         metrics::gauge!(BYTES_METRIC).set(0.0);
         PromptCache {
             entries: Mutex::new(Vec::new()),
             capacity,
-            // f16 K and V of every layer's KV heads.
-            bytes_per_token: regions * c.head_dim * 2,
-            bytes_per_session: regions * 4096,
+            bytes: SessionBytes::of(model),
             clock: Default::default(),
         }
     }
@@ -130,7 +149,7 @@ impl PromptCache {
         }
         // Only the K/V is kept: scratch is sized by the step that ran.
         session.release_scratch();
-        let bytes = self.bytes_per_session + session.cached_tokens().len() * self.bytes_per_token;
+        let bytes = self.bytes.of_session(&session);
         let mut entries = self.entries();
         entries.retain(|e| {
             !session

@@ -182,7 +182,10 @@ impl ModelHost {
         let mut round_start: Option<Instant> = None;
         let mut drafter = match spec.source {
             DraftSource::PromptLookup => None,
-            DraftSource::Model => self.draft.as_ref().map(|d| d.drafter(session.capacity())),
+            DraftSource::Model => self
+                .draft
+                .as_ref()
+                .map(|d| d.drafter(session.capacity(), &job.memory)),
         };
         // The drafts whose rows the session's last pass holds (after the
         // row of the token before them); none after the prefill.
