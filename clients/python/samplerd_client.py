@@ -378,9 +378,17 @@ class SampleStream:
             return r
 
     def close(self):
+        """Half-closes the stream and waits for the server to end it. Every
+        step has its answer by then, so a connection lost in between (the
+        replica killed or drained right after the last answer) loses
+        nothing and is not raised."""
         self._requests.put(None)
-        for _ in self._call:  # the server ends the stream after our half-close
-            pass
+        try:
+            for _ in self._call:  # the server ends the stream after our half-close
+                pass
+        except grpc.RpcError as err:
+            if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise
 
     def cancel(self):
         self._call.cancel()

@@ -182,6 +182,22 @@ class KitTest(unittest.TestCase):
         self.assertEqual(got, want)
         self.assertEqual([r.step for r in got], list(range(4, 12)))
 
+    def test_sample_stream_closes_quietly_when_its_connection_dies_after_the_last_answer(self):
+        # Every step answered, then the replica goes away before the server
+        # ends the stream: nothing was lost, so leaving the block raises
+        # nothing.
+        proxy = CuttingProxy(ADDR)
+        channel, stub = sc.connect(proxy.addr)
+        try:
+            with sc.SampleStream(stub, temperature=0.0) as s:
+                got = [s.step(np.array([1.0, 3.0, 2.0])) for _ in range(2)]
+                proxy.cut()
+            self.assertEqual([r.token_id for r in got], [1, 1])
+            self.assertEqual(s.resumes, 0)
+        finally:
+            channel.close()
+            proxy.close()
+
     def test_generate_resumes_bit_identically_after_a_cut(self):
         proxy = CuttingProxy(ADDR)
         channel, stub = sc.connect(proxy.addr)
