@@ -16,12 +16,12 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use samplerd_model::{Model, Session};
 
-use super::prompt_cache::SessionBytes;
-use crate::request::memory::{Charge, MemoryBudget};
+use super::kept_sessions::KeptSessions;
+use crate::request::memory::MemoryBudget;
 
 /// Tokens a draft model's first drafting took from the cache instead of
 /// prefilling.
@@ -37,70 +37,37 @@ pub fn describe() {
 
 /// The cache (shared by the generations that draft with one draft model).
 pub struct DraftCache {
-    /// Least recently put back first.
-    entries: Mutex<Vec<(Session, Charge)>>,
-    capacity: usize,
-    bytes: SessionBytes,
+    kept: KeptSessions,
 }
 
 impl DraftCache {
     /// At most `capacity` sessions of the draft model `model` (0: off).
     pub fn new(model: &Model, capacity: usize) -> Self {
         DraftCache {
-            entries: Mutex::new(Vec::new()),
-            capacity,
-            bytes: SessionBytes::of(model),
+            kept: KeptSessions::new(model, capacity, "the draft model's prompt cache"),
         }
-    }
-
-    fn entries(&self) -> MutexGuard<'_, Vec<(Session, Charge)>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes the session that shares the longest prefix (at least one
     /// token) with `history` among those with room for `capacity`
     /// positions, cut to that prefix.
     pub fn take(&self, history: &[u32], capacity: usize) -> Option<Session> {
-        let mut entries = self.entries();
-        let (shared, i) = entries
-            .iter()
-            .enumerate()
-            .filter(|(_, (s, _))| s.capacity() >= capacity)
-            .map(|(i, (s, _))| (common_prefix(s.cached_tokens(), history), i))
-            .max()?;
-        if shared == 0 {
-            return None;
-        }
-        let (mut session, _charge) = entries.remove(i);
-        drop(entries);
+        let (mut session, shared) = self.kept.take(|s| {
+            if s.capacity() >= capacity {
+                common_prefix(s.cached_tokens(), history)
+            } else {
+                0
+            }
+        })?;
         session.truncate(shared);
         metrics::counter!(REUSED_TOKENS_METRIC).increment(shared as u64);
         Some(session)
     }
 
-    /// Keeps a finished generation's draft session: it replaces the
-    /// sessions whose tokens it extends, then the least recently put back
-    /// while the cache is full or the memory budget cannot take it.
-    pub fn put(&self, mut session: Session, memory: &Arc<MemoryBudget>) {
-        if self.capacity == 0 || session.cached_tokens().is_empty() {
-            return;
-        }
-        session.release_scratch();
-        let bytes = self.bytes.of_session(&session);
-        let mut entries = self.entries();
-        entries.retain(|(e, _)| !session.cached_tokens().starts_with(e.cached_tokens()));
-        loop {
-            if entries.len() < self.capacity
-                && let Ok(charge) = memory.charge(bytes, "the draft model's prompt cache")
-            {
-                entries.push((session, charge));
-                return;
-            }
-            if entries.is_empty() {
-                return;
-            }
-            entries.remove(0);
-        }
+    /// Keeps a finished generation's draft session (see
+    /// [`KeptSessions::put`]: bounded in number and by `memory`).
+    pub fn put(&self, session: Session, memory: &Arc<MemoryBudget>) {
+        self.kept.put(session, memory);
     }
 }
 

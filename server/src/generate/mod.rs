@@ -15,6 +15,7 @@ pub mod draft_length;
 pub mod draft_model;
 pub mod draft_pacing;
 pub mod generator;
+mod kept_sessions;
 pub mod prompt_cache;
 pub mod prompt_logprobs;
 mod resume;

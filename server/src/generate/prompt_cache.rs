@@ -16,11 +16,12 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use samplerd_model::{Model, Session};
 
-use crate::request::memory::{Charge, MemoryBudget};
+use super::kept_sessions::KeptSessions;
+use crate::request::memory::MemoryBudget;
 
 /// Lookups, label `result` = `hit` (some prefix reused) or `miss`.
 pub const LOOKUPS_METRIC: &str = "samplerd_prompt_cache_lookups_total";
@@ -50,45 +51,9 @@ pub fn describe() {
     );
 }
 
-struct Entry {
-    session: Session,
-    charge: Charge,
-    /// When it was last put back (a counter: larger is more recent).
-    used: u64,
-}
-
-/// What a kept session of one model is charged to the memory budget.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct SessionBytes {
-    /// K/V bytes one cached position holds.
-    per_token: usize,
-    /// Fixed bytes of a session (its page-rounded K/V regions).
-    per_session: usize,
-}
-
-impl SessionBytes {
-    pub(super) fn of(model: &Model) -> Self {
-        let c = model.config();
-        let regions = c.n_layer * 2 * c.n_head_kv;
-        SessionBytes {
-            // f16 K and V of every layer's KV heads.
-            per_token: regions * c.head_dim * 2,
-            per_session: regions * 4096,
-        }
-    }
-
-    /// A session holding `session.cached_tokens()`.
-    pub(super) fn of_session(self, session: &Session) -> usize {
-        self.per_session + session.cached_tokens().len() * self.per_token
-    }
-}
-
 /// The cache (shared by every generation of one model).
 pub struct PromptCache {
-    entries: Mutex<Vec<Entry>>,
-    capacity: usize,
-    bytes: SessionBytes,
-    clock: std::sync::atomic::AtomicU64,
+    kept: KeptSessions,
 }
 
 impl PromptCache {
@@ -97,15 +62,8 @@ impl PromptCache {
         metrics::gauge!(ENTRIES_METRIC).set(0.0);
         metrics::gauge!(BYTES_METRIC).set(0.0);
         PromptCache {
-            entries: Mutex::new(Vec::new()),
-            capacity,
-            bytes: SessionBytes::of(model),
-            clock: Default::default(),
+            kept: KeptSessions::new(model, capacity, "the prompt cache"),
         }
-    }
-
-    fn entries(&self) -> MutexGuard<'_, Vec<Entry>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes the cached session that can stand for the longest prefix of
@@ -114,22 +72,14 @@ impl PromptCache {
     /// to that prefix, and the prefix's length; none when no session
     /// shares any.
     pub fn take(&self, prompt: &[u32], decoded: &[u32]) -> Option<(Session, usize)> {
-        let mut entries = self.entries();
-        let best = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (e.session.reusable_replay(prompt, decoded), i))
-            .max();
-        let found = match best {
-            Some((reused, i)) if reused > 0 => {
-                let Entry { mut session, .. } = entries.swap_remove(i);
-                session.reuse_replay(prompt, decoded);
-                Some((session, reused))
-            }
-            _ => None,
-        };
-        self.gauges(&entries);
-        drop(entries);
+        let found =
+            self.kept
+                .take(|s| s.reusable_replay(prompt, decoded))
+                .map(|(mut session, reused)| {
+                    session.reuse_replay(prompt, decoded);
+                    (session, reused)
+                });
+        self.gauges();
         let result = if found.is_some() { "hit" } else { "miss" };
         metrics::counter!(LOOKUPS_METRIC, "result" => result).increment(1);
         if let Some((_, reused)) = &found {
@@ -138,51 +88,16 @@ impl PromptCache {
         found
     }
 
-    /// Keeps a finished generation's session for later prompts: it
-    /// replaces the sessions whose tokens it extends, then the least
-    /// recently used ones while the cache is full or the memory budget
-    /// cannot take it (`memory`); when even an empty cache cannot, it is
-    /// dropped.
-    pub fn put(&self, mut session: Session, memory: &Arc<MemoryBudget>) {
-        if self.capacity == 0 || session.cached_tokens().is_empty() {
-            return;
-        }
-        // Only the K/V is kept: scratch is sized by the step that ran.
-        session.release_scratch();
-        let bytes = self.bytes.of_session(&session);
-        let mut entries = self.entries();
-        entries.retain(|e| {
-            !session
-                .cached_tokens()
-                .starts_with(e.session.cached_tokens())
-        });
-        let charge = loop {
-            if entries.len() < self.capacity
-                && let Ok(charge) = memory.charge(bytes, "the prompt cache")
-            {
-                break Some(charge);
-            }
-            let Some(oldest) = (0..entries.len()).min_by_key(|&i| entries[i].used) else {
-                break None;
-            };
-            entries.swap_remove(oldest);
-        };
-        if let Some(charge) = charge {
-            let used = self
-                .clock
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            entries.push(Entry {
-                session,
-                charge,
-                used,
-            });
-        }
-        self.gauges(&entries);
+    /// Keeps a finished generation's session for later prompts (see
+    /// [`KeptSessions::put`]: bounded in number and by `memory`).
+    pub fn put(&self, session: Session, memory: &Arc<MemoryBudget>) {
+        self.kept.put(session, memory);
+        self.gauges();
     }
 
-    fn gauges(&self, entries: &[Entry]) {
-        metrics::gauge!(ENTRIES_METRIC).set(entries.len() as f64);
-        let bytes: usize = entries.iter().map(|e| e.charge.bytes()).sum();
+    fn gauges(&self) {
+        let (entries, bytes) = self.kept.size();
+        metrics::gauge!(ENTRIES_METRIC).set(entries as f64);
         metrics::gauge!(BYTES_METRIC).set(bytes as f64);
     }
 }
