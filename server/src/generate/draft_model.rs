@@ -34,6 +34,7 @@ use samplerd_sampling::Sequence;
 use super::batcher::{Batcher, SeqHandle};
 use super::draft_cache::DraftCache;
 use super::generator::{EndRule, GenerateJob};
+use super::kept_sessions::kv_bytes_per_token;
 use super::{ModelLoadError, check_model_file, model_failure, sample_token};
 use crate::request::errors::RequestError;
 use crate::request::memory::MemoryBudget;
@@ -100,8 +101,7 @@ impl DraftModel {
     /// What one choice's draft KV cache holds at most (`capacity` tokens,
     /// f16 K and V).
     pub fn kv_bytes(&self, capacity: usize) -> usize {
-        let c = self.model.config();
-        capacity * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2
+        capacity * kv_bytes_per_token(&self.model)
     }
 
     /// A drafter for one choice of a generation (its own KV cache, taken

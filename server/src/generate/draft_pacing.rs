@@ -97,10 +97,10 @@ impl Pacer {
     /// Whether the next round may draft (pacing on and drafting paused:
     /// only a probe may).
     pub fn may_draft(&self) -> bool {
-        !self.enabled || !self.losing() || self.since_drafting >= self.probe_after
+        self.limit(1) > 0
     }
 
-    /// Whether the next round is held back by pacing (for the metric).
+    /// Whether the next round is held back by pacing.
     pub fn paused(&self) -> bool {
         !self.may_draft()
     }
@@ -108,10 +108,12 @@ impl Pacer {
     /// The drafts the next round may make of the `k` its rule asks for:
     /// none while paused, at most [`PROBE_DRAFTS`] in a probe.
     pub fn limit(&self, k: usize) -> usize {
-        match (self.may_draft(), self.enabled && self.losing()) {
-            (false, _) => 0,
-            (true, true) => k.min(PROBE_DRAFTS),
-            (true, false) => k,
+        if !self.enabled || !self.losing() {
+            k
+        } else if self.since_drafting >= self.probe_after {
+            k.min(PROBE_DRAFTS)
+        } else {
+            0
         }
     }
 

@@ -21,14 +21,19 @@ struct SessionBytes {
     per_session: usize,
 }
 
+/// The K/V bytes one position of a `model` session holds: f16 K and V of
+/// every layer's KV heads.
+pub(super) fn kv_bytes_per_token(model: &Model) -> usize {
+    let c = model.config();
+    c.n_layer * 2 * c.n_head_kv * c.head_dim * 2
+}
+
 impl SessionBytes {
     fn of(model: &Model) -> Self {
         let c = model.config();
-        let regions = c.n_layer * 2 * c.n_head_kv;
         SessionBytes {
-            // f16 K and V of every layer's KV heads.
-            per_token: regions * c.head_dim * 2,
-            per_session: regions * 4096,
+            per_token: kv_bytes_per_token(model),
+            per_session: c.n_layer * 2 * c.n_head_kv * 4096,
         }
     }
 

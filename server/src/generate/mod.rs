@@ -406,8 +406,7 @@ impl ModelHost {
     /// prompt and a session's f16 K/V cache per choice (and the draft
     /// model's, when it drafts).
     fn generation_bytes(&self, req: &ValidGenerate) -> usize {
-        let c = self.model.config();
-        let mut kv = self.model.n_ctx() * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
+        let mut kv = self.model.n_ctx() * kept_sessions::kv_bytes_per_token(&self.model);
         if let (Some(draft), Some(spec)) = (&self.draft, &req.speculation)
             && spec.source == generator::DraftSource::Model
         {

@@ -305,35 +305,41 @@ impl ModelHost {
             // No more drafts than tokens may still come after `last`, nor
             // than the cache holds after it.
             let room = (req.max_tokens - decoded.generated) as usize;
-            let mut k = length
+            let wanted = length
                 .get()
                 .min(room.saturating_sub(1))
                 .min(session.capacity() - position - 1);
-            if k > 0 && pacer.paused() {
+            let k = pacer.limit(wanted);
+            if wanted > 0 && k == 0 {
                 metrics::counter!(PAUSED_ROUNDS_METRIC).increment(1);
             }
-            k = pacer.limit(k);
             round_start = Some(Instant::now());
-            let mut history = session.cached_tokens().to_vec();
-            history.push(last);
-            drafts = match &mut drafter {
-                None => prompt_lookup(&history, k)
-                    .iter()
-                    .copied()
-                    .take_while(|&t| !end.ends(t, |t| tok.is_eog(t)))
-                    .collect(),
-                Some(drafter) => {
-                    let input = DraftInput {
-                        history: &history,
-                        seq: &seq,
-                        step: u64::from(decoded.generated),
-                        seed,
-                        end: &end,
-                    };
-                    let t0 = Instant::now();
-                    let drafts = drafter.draft(job, input, k)?;
-                    length.drafted(drafts.len(), t0.elapsed().as_nanos());
-                    drafts
+            drafts = if k == 0 {
+                // A plain step (paused, or nothing may follow): no text
+                // to search or bring the draft model up to.
+                Vec::new()
+            } else {
+                let mut history = session.cached_tokens().to_vec();
+                history.push(last);
+                match &mut drafter {
+                    None => prompt_lookup(&history, k)
+                        .iter()
+                        .copied()
+                        .take_while(|&t| !end.ends(t, |t| tok.is_eog(t)))
+                        .collect(),
+                    Some(drafter) => {
+                        let input = DraftInput {
+                            history: &history,
+                            seq: &seq,
+                            step: u64::from(decoded.generated),
+                            seed,
+                            end: &end,
+                        };
+                        let t0 = Instant::now();
+                        let drafts = drafter.draft(job, input, k)?;
+                        length.drafted(drafts.len(), t0.elapsed().as_nanos());
+                        drafts
+                    }
                 }
             };
             let mut tokens = Vec::with_capacity(drafts.len() + 1);
