@@ -591,13 +591,19 @@ pub struct BenchArgs {
     pub sampling: SamplingArgs,
 }
 
+/// The socket path of a `unix:/path` (or `unix:///path`) address.
+pub fn unix_path(addr: &str) -> Option<&str> {
+    let rest = addr.strip_prefix("unix:")?;
+    Some(rest.strip_prefix("//").unwrap_or(rest))
+}
+
 /// `--addr`: accepts `host:port`, a full http(s) URL or `unix:/PATH`.
 fn parse_addr(s: &str) -> Result<String, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("empty address".into());
     }
-    if let Some(path) = crate::connect::unix_path(s) {
+    if let Some(path) = unix_path(s) {
         if !path.starts_with('/') {
             return Err(format!(
                 "{s:?}: a Unix socket needs an absolute path (unix:/run/samplerd.sock)"

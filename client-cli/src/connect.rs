@@ -12,7 +12,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::cli::ConnArgs;
+use crate::cli::{ConnArgs, unix_path};
 
 /// Largest message accepted from the server (top-n tables are small, but
 /// leave room).
@@ -90,7 +90,7 @@ impl Interceptor for Auth {
 /// The Sampler client type used everywhere.
 pub type Sampler = SamplerClient<InterceptedService<Channel, Auth>>;
 /// The health client type.
-pub type Health = HealthClient<InterceptedService<Channel, Auth>>;
+pub type HealthService = HealthClient<InterceptedService<Channel, Auth>>;
 
 /// A connected channel plus what every client needs.
 #[derive(Clone)]
@@ -109,7 +109,7 @@ impl Conn {
     }
 
     /// A health client on the shared channel.
-    pub fn health(&self) -> Health {
+    pub fn health(&self) -> HealthService {
         HealthClient::with_interceptor(self.channel.clone(), self.auth.clone())
     }
 }
@@ -167,12 +167,6 @@ pub async fn connect(args: &ConnArgs) -> Result<Conn, ConnectError> {
         channel,
         auth,
     })
-}
-
-/// The socket path of a `unix:/path` (or `unix:///path`) address.
-pub fn unix_path(addr: &str) -> Option<&str> {
-    let rest = addr.strip_prefix("unix:")?;
-    Some(rest.strip_prefix("//").unwrap_or(rest))
 }
 
 /// A channel over the Unix-domain socket at `path` (the server's

@@ -206,7 +206,7 @@ impl LazyState {
                 return Err(input_error(format!(
                     "constraint: the text {} after the trigger in token {token} is not allowed \
                      by the grammar",
-                    crate::stage::describe(rest)
+                    crate::tokenv::describe(rest)
                 )));
             }
             m.consume_tokens(&tokens)

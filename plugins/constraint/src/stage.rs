@@ -11,7 +11,7 @@ use samplerd_plugin_sdk::prelude::*;
 use crate::ahead::grammar_failed;
 use crate::grammar::{self, GrammarError};
 use crate::lazy::{LazyState, Triggers};
-use crate::tokenv::{self, TokenEnv};
+use crate::tokenv::{self, TokenEnv, describe};
 
 /// Default of `max_fuel`: llguidance's own default lexer budget for
 /// building a grammar (`ParserLimits::initial_lexer_fuel`, sized by its
@@ -86,15 +86,6 @@ fn one_line(param: &str, msg: &str) -> String {
         out = rest.to_string();
     }
     out
-}
-
-/// The bytes of token `id` for an error message: its text escaped, or its
-/// name for a special token.
-pub(crate) fn describe(vocab_bytes: &[u8]) -> String {
-    match std::str::from_utf8(vocab_bytes) {
-        Ok(s) => format!("{:?}", s),
-        Err(_) => format!("\"{}\"", vocab_bytes.escape_ascii()),
-    }
 }
 
 impl Constraint {

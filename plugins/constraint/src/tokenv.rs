@@ -28,6 +28,15 @@ pub struct TokenEnv {
     pub n_vocab: usize,
 }
 
+/// A token's bytes for an error message: its text quoted and escaped (a
+/// special token's name, without its 0xff marker, the same way).
+pub(crate) fn describe(vocab_bytes: &[u8]) -> String {
+    match std::str::from_utf8(vocab_bytes) {
+        Ok(s) => format!("{:?}", s),
+        Err(_) => format!("\"{}\"", vocab_bytes.escape_ascii()),
+    }
+}
+
 struct Entry {
     key: (u64, u64, usize),
     env: Arc<TokenEnv>,

@@ -26,54 +26,18 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::CudaStream;
 
 use super::backend::CudaBackend;
+use super::batch_scratch::{BatchScratch, BatchStats, Batcher};
 use super::err::err;
 use super::launch::{Pass, Rows};
-use super::state::{CudaState, Scratch, alloc, dptr};
+use super::state::{CudaState, alloc, dptr};
 use crate::error::ModelError;
 
 /// 64-bit words per row descriptor (`BatchRow` in forward.cu: the K cache,
 /// V cache, scores and logits addresses, the position and the capacity).
 const ROW_WORDS: usize = 6;
-
-/// What the batched steps have done so far (tests and diagnostics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BatchStats {
-    /// Batched passes run (steps of two or more sequences).
-    pub passes: u64,
-    /// Rows (sequence steps) those passes ran.
-    pub rows: u64,
-    /// The most rows one pass ran.
-    pub largest: usize,
-}
-
-/// The backend's batched-step state: the scratch (once a batch has run)
-/// and the counters.
-#[derive(Default)]
-pub(super) struct Batcher {
-    scratch: Option<BatchScratch>,
-    stats: BatchStats,
-}
-
-/// Device memory and stream of the batched step, sized for `rows` rows.
-struct BatchScratch {
-    stream: Arc<CudaStream>,
-    rows: usize,
-    /// Per-token scratch for `rows` tokens.
-    scratch: Scratch,
-    /// The rows' descriptors (`rows × ROW_WORDS` words).
-    desc: CudaSlice<u64>,
-    /// The rows' logits before they are copied out (`rows × n_vocab`).
-    logits: CudaSlice<f32>,
-    /// One per row: its sequence's stream up to the step.
-    ready: Vec<CudaEvent>,
-    /// The step's end, waited for by every row's sequence stream.
-    done: CudaEvent,
-    /// The descriptors as uploaded (reused).
-    host_desc: Vec<u64>,
-}
 
 impl CudaBackend {
     /// Scratch for `rows` rows on `stream`.

@@ -9,9 +9,10 @@
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use super::backend::{CudaBackend, MmKernel};
+use super::backend::CudaBackend;
 use super::format::{ActKind, Order};
 use super::kernels::{self, Arg, cfg};
+use super::options::MmKernel;
 use super::state::{CudaState, Scratch, dptr};
 use super::upload::{DevFused, DevMatrix, Needs};
 use crate::error::ModelError;

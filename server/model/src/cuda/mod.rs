@@ -29,6 +29,8 @@
 pub mod backend;
 #[cfg(feature = "cuda")]
 mod batch;
+#[cfg(feature = "cuda")]
+mod batch_scratch;
 mod device;
 #[cfg(feature = "cuda")]
 mod err;
@@ -42,6 +44,8 @@ mod forward;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 mod launch;
+#[cfg(feature = "cuda")]
+mod options;
 #[cfg(feature = "cuda")]
 mod probe;
 mod resolve;
@@ -59,10 +63,12 @@ mod upload;
 mod emulation;
 
 #[cfg(feature = "cuda")]
-pub use backend::{CudaBackend, CudaOptions, MmKernel};
+pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
-pub use batch::BatchStats;
+pub use batch_scratch::BatchStats;
 pub use device::{DeviceError, DeviceRequest, Placement};
+#[cfg(feature = "cuda")]
+pub use options::{CudaOptions, MmKernel};
 pub use resolve::{Resolved, built_with_cuda, resolve};
 #[cfg(feature = "cuda")]
 pub use sampling::{DeviceOp, DeviceStatus, TopK};

@@ -27,7 +27,7 @@ use samplerd_api::v1;
 
 use crate::request::convert::FIELD_SHARED;
 use crate::request::errors::RequestError;
-use crate::service::validate::batch::{Dtype, RowLogits};
+use crate::service::validate::row_logits::{Dtype, RowLogits};
 use crate::status::Reason;
 use crate::transport::connections::ConnInfo;
 use crate::transport::identity::Caller;

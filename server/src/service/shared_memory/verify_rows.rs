@@ -10,7 +10,7 @@ use samplerd_api::v1;
 use super::{SharedRegions, SharedRow};
 use crate::request::convert::{FIELD_LOGITS, FIELD_SPARSE};
 use crate::request::errors::RequestError;
-use crate::service::validate::batch::RowLogits;
+use crate::service::validate::row_logits::RowLogits;
 use crate::transport::identity::Caller;
 
 /// A Verify's shared rows, by position (`None`: the row is inline or

@@ -49,10 +49,11 @@ use crate::generate::returned_logits::ReturnLogits;
 use crate::request::convert::{self, LogitsInput};
 use crate::request::errors::{InvalidKind, RequestError, chain_error_kind};
 use crate::service::state::AppState;
-use batch::RowLogits;
+use row_logits::RowLogits;
 
 pub mod batch;
 pub mod controls;
+pub mod row_logits;
 pub mod sparse;
 pub mod verify;
 
@@ -104,7 +105,7 @@ pub fn sample<'a>(
     start(
         state,
         Fields {
-            logits: sparse::step_logits(
+            logits: row_logits::step_logits(
                 &req.logits,
                 &req.logits_f32le,
                 req.sparse.as_ref(),
@@ -142,7 +143,7 @@ pub fn stream_start<'a>(
     start(
         state,
         Fields {
-            logits: sparse::step_logits(
+            logits: row_logits::step_logits(
                 &msg.logits,
                 &msg.logits_f32le,
                 msg.sparse.as_ref(),
@@ -169,7 +170,7 @@ pub fn stream_step<'a>(
     step: u64,
     shared: Option<&'a RowLogits<'a>>,
 ) -> Result<ValidStep<'a>, RequestError> {
-    let logits = sparse::step_logits(
+    let logits = row_logits::step_logits(
         &msg.logits,
         &msg.logits_f32le,
         msg.sparse.as_ref(),
@@ -229,7 +230,15 @@ pub fn stream_verify<'a>(
         (!msg.constraint_tokens.is_empty(), "constraint_tokens"),
     ])?;
     let probs = probs(state, msg.n_probs, msg.post_sampling_probs)?;
-    verify::verify(state, v, batch::Dtype::F32le, n_vocab, seq, probs, shared)
+    verify::verify(
+        state,
+        v,
+        row_logits::Dtype::F32le,
+        n_vocab,
+        seq,
+        probs,
+        shared,
+    )
 }
 
 /// A `Generate` request, the chain built with the model's vocabulary (for

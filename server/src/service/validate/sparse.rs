@@ -11,8 +11,7 @@
 use samplerd_api::v1;
 use samplerd_sampling::sparse::{SparseRow, SparseRowError};
 
-use super::batch::RowLogits;
-use crate::request::convert::{FIELD_SPARSE, LogitsInput};
+use crate::request::convert::FIELD_SPARSE;
 use crate::request::errors::{InvalidKind, RequestError};
 
 /// A sparse row whose `vocab_size` is at most `max_vocab`.
@@ -38,44 +37,6 @@ pub fn row(msg: &v1::SparseLogits, max_vocab: usize) -> Result<SparseRow<'_>, Re
         };
         RequestError::invalid_as(kind, format!("{FIELD_SPARSE}.{}", e.field()), e.to_string())
     })
-}
-
-/// The step's logits of a message with the inline encodings `floats` and
-/// `bytes` and the sparse one: exactly one of the three.
-/// A row from shared memory (`shared`, already resolved and checked
-/// against the others by `service::shared_memory`) wins.
-pub fn step_logits<'a>(
-    floats: &'a [f32],
-    bytes: &'a [u8],
-    sparse: Option<&'a v1::SparseLogits>,
-    shared: Option<&'a RowLogits<'a>>,
-    max_vocab: usize,
-) -> Result<LogitsInput<'a>, RequestError> {
-    if let Some(row) = shared {
-        return row.input(max_vocab);
-    }
-    let Some(msg) = sparse else {
-        return LogitsInput::from_request(floats, bytes, max_vocab);
-    };
-    let also = [
-        (
-            !floats.is_empty(),
-            format!("`logits` ({} floats)", floats.len()),
-        ),
-        (
-            !bytes.is_empty(),
-            format!("`logits_f32le` ({} bytes)", bytes.len()),
-        ),
-    ];
-    if let Some((_, other)) = also.iter().find(|(set, _)| *set) {
-        return Err(RequestError::invalid(
-            FIELD_SPARSE,
-            format!(
-                "set exactly one of `logits`, `logits_f32le` and `sparse`, got `sparse` and {other}"
-            ),
-        ));
-    }
-    Ok(LogitsInput::sparse(row(msg, max_vocab)?))
 }
 
 /// A batch row's logits: its `logits` bytes (decoded by the caller) or
@@ -166,18 +127,6 @@ mod tests {
             assert!(message.contains(want_text), "{f}: {message}");
         }
         let ok = msg(&[1], &[1.0], -1.0, 10);
-        let (f, message) = field(step_logits(&[0.5], &[], Some(&ok), None, 100).unwrap_err());
-        assert_eq!(f, "sparse");
-        assert!(
-            message.contains("got `sparse` and `logits` (1 floats)"),
-            "{message}"
-        );
-        let (f, _) = field(step_logits(&[], &[0; 4], Some(&ok), None, 100).unwrap_err());
-        assert_eq!(f, "sparse");
-        assert_eq!(
-            step_logits(&[], &[], Some(&ok), None, 100).unwrap().len(),
-            10
-        );
         assert!(conflicts_with_bytes(&[0; 4], Some(&ok)).is_some());
         assert!(conflicts_with_bytes(&[], Some(&ok)).is_none());
     }

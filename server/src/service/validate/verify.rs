@@ -17,7 +17,7 @@ use samplerd_sampling::input::StepLogits;
 use samplerd_sampling::step::{Logits, ProbsRequest};
 use samplerd_sampling::verify::{Mode, check_chain};
 
-use super::batch::{Dtype, RowLogits};
+use super::row_logits::{Dtype, RowLogits};
 use crate::request::errors::RequestError;
 use crate::service::state::AppState;
 
