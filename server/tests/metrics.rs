@@ -246,6 +246,8 @@ async fn scrape_counts_requests_streams_stages_and_plugin_errors() {
         // Rounds held back by pacing: counted (how many depends on this
         // machine's timings).
         assert!(s.has("samplerd_generate_speculation_paused_rounds_total"));
+        // Choices that skipped a losing draft model: counted likewise.
+        assert!(s.has("samplerd_generate_speculation_skipped_total"));
     } else {
         eprintln!("SAMPLERD_MODEL is not set: Generate metrics not checked");
         assert!(!s.has("samplerd_model_load_seconds"));

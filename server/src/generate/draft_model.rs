@@ -33,6 +33,7 @@ use samplerd_sampling::Sequence;
 
 use super::batcher::{Batcher, SeqHandle};
 use super::draft_cache::DraftCache;
+use super::draft_record::DraftRecord;
 use super::generator::{EndRule, GenerateJob};
 use super::kept_sessions::kv_bytes_per_token;
 use super::{ModelLoadError, check_model_file, model_failure, sample_token};
@@ -44,6 +45,8 @@ pub struct DraftModel {
     model: Arc<Model>,
     batcher: Batcher,
     cache: DraftCache,
+    /// Whether it has paid in recent generations (`super::draft_record`).
+    record: DraftRecord,
 }
 
 impl DraftModel {
@@ -91,11 +94,17 @@ impl DraftModel {
             model,
             batcher,
             cache,
+            record: DraftRecord::default(),
         })
     }
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// Its record over recent generations (`super::draft_record`).
+    pub fn record(&self) -> &DraftRecord {
+        &self.record
     }
 
     /// What one choice's draft KV cache holds at most (`capacity` tokens,

@@ -57,6 +57,19 @@ impl PerToken {
     }
 }
 
+/// How a generation's drafting went, as its pacer measured it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Rounds with drafts took less time per committed token than plain
+    /// steps.
+    Paid,
+    /// They took longer.
+    Lost,
+    /// Not both kinds of round were timed (a short generation, or one that
+    /// drafted every round).
+    Unknown,
+}
+
 /// One generation's pacing (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pacer {
@@ -92,6 +105,16 @@ impl Pacer {
             (self.plain.get(), self.drafting.get()),
             (Some(plain), Some(drafting)) if drafting > plain
         )
+    }
+
+    /// How drafting went so far: [`Verdict::Unknown`] until both kinds of
+    /// round have been timed.
+    pub fn verdict(&self) -> Verdict {
+        match (self.plain.get(), self.drafting.get()) {
+            (Some(_), Some(_)) if self.losing() => Verdict::Lost,
+            (Some(_), Some(_)) => Verdict::Paid,
+            _ => Verdict::Unknown,
+        }
     }
 
     /// Whether the next round may draft (pacing on and drafting paused:
@@ -219,6 +242,9 @@ mod tests {
         let off = paced(false, 50, 20);
         assert!(off.may_draft());
         assert_eq!(off.limit(16), 16);
+        assert_eq!(p.verdict(), Verdict::Unknown, "no drafting timed yet");
+        assert_eq!(paced(true, 14, 2).verdict(), Verdict::Lost);
+        assert_eq!(paced(true, 6, 2).verdict(), Verdict::Paid);
         // Nothing committed: nothing learnt.
         let before = p.clone();
         p.round(3, 0, MS);

@@ -14,6 +14,7 @@ pub mod draft_cache;
 pub mod draft_length;
 pub mod draft_model;
 pub mod draft_pacing;
+pub mod draft_record;
 pub mod generator;
 mod kept_sessions;
 pub mod prompt_cache;
@@ -101,8 +102,9 @@ pub struct GenerateConfig {
     pub prompt_cache_entries: usize,
     /// Speculation: decode without drafts while rounds with drafts measure
     /// slower per token than plain steps, probing now and then
-    /// (`draft_pacing`). false: always draft what the draft length rule
-    /// says (to measure a drafter).
+    /// (`draft_pacing`), and skip a draft model for a while after a
+    /// generation where it lost (`draft_record`). false: always draft what
+    /// the draft length rule says (to measure a drafter).
     pub pause_slow_drafting: bool,
 }
 
@@ -577,7 +579,7 @@ impl ModelHost {
         let seed = req.seed.wrapping_add(u64::from(choice));
         let decode_start = Instant::now();
         let outcome = match req.speculation {
-            Some(spec) => self.decode_speculative(
+            Some(spec) if self.takes_turn(spec) => self.decode_speculative(
                 job,
                 (choice, seed),
                 spec,
@@ -589,7 +591,7 @@ impl ModelHost {
                 &mut decoded,
                 &mut usage,
             )?,
-            None => self.decode(
+            _ => self.decode(
                 job,
                 (choice, seed),
                 (seq, device),

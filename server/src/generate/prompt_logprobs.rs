@@ -14,7 +14,11 @@
 //! as costly per token as a speculative verify pass) and a KV cache of
 //! the prompt's length while it runs. Memory: one pass's rows at a time
 //! (32 × 49,152 f32 = 6 MiB for SmolLM2), each reduced to its token, rank
-//! and top N before the next pass.
+//! and top N before the next pass. The pass's session lives and is dropped
+//! before the generation prefills its own (`ModelHost::run`), so its KV
+//! cache, at most the prompt's length, stays inside what the request is
+//! charged against `limits.memory_budget_bytes` for its generation (a
+//! whole context per choice).
 
 use samplerd_api::v1;
 use samplerd_model::{Model, ModelError};

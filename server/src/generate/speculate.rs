@@ -39,7 +39,9 @@
 //! ([`super::draft_length`]): prompt lookup follows the acceptance, a draft
 //! model the measured cost of its drafts against the target's rows. And
 //! while rounds with drafts measure slower per token than plain steps,
-//! drafting pauses, with a probe now and then ([`super::draft_pacing`]).
+//! drafting pauses, with a probe now and then ([`super::draft_pacing`]);
+//! a draft model that lost on recent generations sits out the next few
+//! choices altogether ([`super::draft_record`]).
 
 #![forbid(unsafe_code)]
 
@@ -56,6 +58,7 @@ use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 use super::draft_length::{DraftLength, DraftRule, MeasuredLength};
 use super::draft_model::DraftInput;
 use super::draft_pacing::Pacer;
+use super::draft_record::Recorded;
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
 use super::{Decoded, ModelHost, resume};
 use crate::request::errors::{InvalidKind, RequestError};
@@ -69,6 +72,10 @@ pub const ACCEPTED_DRAFT_TOKENS_METRIC: &str = "samplerd_generate_accepted_draft
 /// because drafting had measured slower than plain steps
 /// (`super::draft_pacing`).
 pub const PAUSED_ROUNDS_METRIC: &str = "samplerd_generate_speculation_paused_rounds_total";
+/// Counter: choices of Generate requests asking for the draft model that
+/// decoded without it, because it had lost on recent generations
+/// (`super::draft_record`).
+pub const SKIPPED_METRIC: &str = "samplerd_generate_speculation_skipped_total";
 
 pub(super) fn describe() {
     use metrics::describe_counter;
@@ -84,10 +91,15 @@ pub(super) fn describe() {
         PAUSED_ROUNDS_METRIC,
         "speculating Generate rounds decoded without drafts because drafting measured slower than plain steps"
     );
+    describe_counter!(
+        SKIPPED_METRIC,
+        "choices of speculating Generate requests decoded without the draft model because it lost on recent generations"
+    );
     // Present from the start (a scrape shows 0, not nothing).
     metrics::counter!(DRAFT_TOKENS_METRIC).increment(0);
     metrics::counter!(ACCEPTED_DRAFT_TOKENS_METRIC).increment(0);
     metrics::counter!(PAUSED_ROUNDS_METRIC).increment(0);
+    metrics::counter!(SKIPPED_METRIC).increment(0);
 }
 
 /// The longest suffix n-gram prompt lookup tries (then shorter ones down
@@ -145,6 +157,21 @@ impl ModelHost {
         }
     }
 
+    /// Whether a choice that asks for `spec` drafts: not while the draft
+    /// model's record skips it (`super::draft_record`; it then decodes
+    /// plainly, to the same text).
+    pub(super) fn takes_turn(&self, spec: Speculation) -> bool {
+        let record = match (spec.source, &self.draft) {
+            (DraftSource::Model, Some(draft)) if self.config.pause_slow_drafting => draft.record(),
+            _ => return true,
+        };
+        let turn = record.take_turn();
+        if !turn {
+            metrics::counter!(SKIPPED_METRIC).increment(1);
+        }
+        turn
+    }
+
     /// The decode loop with speculation (see the module doc): the same
     /// tokens, messages and end as [`ModelHost::decode`]; `usage` gets
     /// the draft counts.
@@ -175,7 +202,13 @@ impl ModelHost {
             DraftSource::PromptLookup => DraftRule::Lookup(DraftLength::new(spec.max_draft_tokens)),
             DraftSource::Model => DraftRule::Measured(MeasuredLength::new(spec.max_draft_tokens)),
         };
-        let mut pacer = Pacer::new(self.config.pause_slow_drafting);
+        // A draft model's verdict goes to its record when the choice ends.
+        let pacing = self.config.pause_slow_drafting;
+        let record = match (spec.source, &self.draft) {
+            (DraftSource::Model, Some(draft)) if pacing => Some(draft.record()),
+            _ => None,
+        };
+        let mut paced = Recorded::new(Pacer::new(pacing), record);
         // When the round being verified started drafting (none after the
         // prefill): rounds are timed from their drafting to the end of
         // their verification.
@@ -248,7 +281,7 @@ impl ModelHost {
             let round = out?;
             decoded.sampling_ns += t0.elapsed().as_nanos();
             if let Some(start) = round_start.take() {
-                pacer.round(
+                paced.pacer.round(
                     drafted.len(),
                     round.tokens.len(),
                     start.elapsed().as_nanos(),
@@ -309,7 +342,7 @@ impl ModelHost {
                 .get()
                 .min(room.saturating_sub(1))
                 .min(session.capacity() - position - 1);
-            let k = pacer.limit(wanted);
+            let k = paced.pacer.limit(wanted);
             if wanted > 0 && k == 0 {
                 metrics::counter!(PAUSED_ROUNDS_METRIC).increment(1);
             }
