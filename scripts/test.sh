@@ -25,6 +25,7 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 # First, since it takes seconds and needs nothing installed.
 step "documentation citations (scripts/ci/docs.sh)"; scripts/ci/docs.sh
 step "server layers (scripts/ci/layers.sh)"; scripts/ci/layers.sh
+step "import circles (scripts/ci/circles.py)"; python3 scripts/ci/circles.py
 step "python environment"
 scripts/setup-python.sh
 step "default model"
