@@ -8,7 +8,9 @@
 
 #![forbid(unsafe_code)]
 
+mod admission;
 mod batcher;
+pub mod config;
 mod device_sampling;
 pub mod draft_cache;
 pub mod draft_length;
@@ -17,6 +19,7 @@ pub mod draft_pacing;
 pub mod draft_record;
 pub mod generator;
 mod kept_sessions;
+mod prompt;
 pub mod prompt_cache;
 pub mod prompt_logprobs;
 mod resume;
@@ -24,122 +27,25 @@ pub mod returned_logits;
 pub mod speculate;
 pub mod stop_filter;
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use samplerd_api::v1;
 use samplerd_model::{Model, ModelOptions, Session, Utf8Streamer};
-use samplerd_sampling::{SampleError, Sequence, TokenBuffer, Vocabulary, echo, step};
-use serde::{Deserialize, Serialize};
+use samplerd_sampling::{SampleError, Sequence, TokenBuffer, Vocabulary, step};
 use stop_filter::StopFilter;
 use tonic::Status;
 
 use crate::generate::generator::{GenerateJob, GenerateSink, Generator, Prompt, ValidGenerate};
 use crate::request::errors::{InvalidKind, RequestError};
 use crate::status::Reason;
-
-/// Generate settings (config `[generate]`), defaults in one place.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GenerateConfig {
-    /// Forward-pass threads (0: all CPUs).
-    pub n_threads: usize,
-    /// KV-cache size of each sequence (clamped to the model's context).
-    pub n_ctx: usize,
-    /// `max_tokens` when a request leaves it unset.
-    pub default_max_tokens: u32,
-    /// Largest `max_tokens` a request may ask for.
-    pub max_tokens_cap: u32,
-    /// Most stop strings per request.
-    pub max_stop_strings: usize,
-    /// Longest stop string, in bytes.
-    pub max_stop_bytes: usize,
-    /// Most `stop_token_ids` per request.
-    pub max_stop_token_ids: usize,
-    /// Most `bad_words` per request (vLLM's bound: 128).
-    pub max_bad_words: usize,
-    /// Longest bad word, in bytes (it bounds the tokens masked per step).
-    pub max_bad_word_bytes: usize,
-    /// A thinking model's reasoning markers, `[open, close]` (text, special
-    /// tokens parsed), for `reasoning_budget` when the vocabulary has no
-    /// `<think>` / `</think>` tokens. Empty: those tokens only.
-    pub reasoning_markers: Vec<String>,
-    /// Longest `reasoning_budget_message`, in bytes.
-    pub max_reasoning_message_bytes: usize,
-    /// `generate.max_prompt_logprobs`: the most top tokens a request's
-    /// `prompt_logprobs` may ask for per prompt position (vLLM's
-    /// `max_logprobs` default).
-    pub max_prompt_logprobs: u32,
-    /// Generations running at once; more wait in the queue.
-    pub max_concurrent_generations: usize,
-    /// Generations waiting for a slot; more are refused (RESOURCE_EXHAUSTED).
-    pub max_queued_generations: usize,
-    /// Most prompt tokens (after the chat template) a request may send.
-    pub max_prompt_tokens: usize,
-    /// Longest prompt in bytes (`prompt`, or the messages' roles and
-    /// contents together), checked before anything else: it bounds the
-    /// tokenizer's time and memory (~0.5 s and ~40 MB per MB of text on
-    /// one core).
-    pub max_prompt_bytes: usize,
-    /// Largest Generate request message in bytes (prompt, messages, stop
-    /// strings and parameters together), refused from its length prefix
-    /// before it is read: an oversized request costs neither memory nor
-    /// decoding time.
-    pub max_request_bytes: usize,
-    /// Tokenize special-token text inside chat message content as special
-    /// tokens (`<|im_end|>` in a user's message then ends the turn). Off by
-    /// default: content is text, and only the chat template's own markup
-    /// is special, so relayed user text cannot open a turn of its own.
-    pub parse_special_in_content: bool,
-    /// How long a decode step waits, in microseconds, for the generations
-    /// served in the previous step to come back (they are sampling) so it
-    /// can batch them; one held up longer (e.g. by a slow client) is stepped
-    /// on its own later.
-    pub batch_wait_us: u64,
-    /// Finished generations' sessions kept for later prompts that share a
-    /// prefix with them (0: no prompt cache). Each holds its K/V (~23 KiB
-    /// a token for SmolLM2-135M), charged to `limits.memory_budget_bytes`.
-    pub prompt_cache_entries: usize,
-    /// Speculation: decode without drafts while rounds with drafts measure
-    /// slower per token than plain steps, probing now and then
-    /// (`draft_pacing`), and skip a draft model for a while after a
-    /// generation where it lost (`draft_record`). false: always draft what
-    /// the draft length rule says (to measure a drafter).
-    pub pause_slow_drafting: bool,
-}
-
-impl Default for GenerateConfig {
-    fn default() -> Self {
-        GenerateConfig {
-            n_threads: 0,
-            n_ctx: 4096,
-            default_max_tokens: 512,
-            max_tokens_cap: 4096,
-            max_stop_strings: 16,
-            max_stop_bytes: 256,
-            max_stop_token_ids: 64,
-            max_bad_words: 128,
-            max_bad_word_bytes: 256,
-            reasoning_markers: Vec::new(),
-            max_reasoning_message_bytes: 1024,
-            max_prompt_logprobs: 20,
-            max_concurrent_generations: 4,
-            max_queued_generations: 64,
-            max_prompt_tokens: 4096,
-            max_prompt_bytes: 256 * 1024,
-            max_request_bytes: 4 * 1024 * 1024,
-            parse_special_in_content: false,
-            batch_wait_us: 2000,
-            prompt_cache_entries: 4,
-            pause_slow_drafting: true,
-        }
-    }
-}
+pub use admission::GENERATE_QUEUE_DEPTH_METRIC;
+use admission::Slots;
+pub use config::GenerateConfig;
+use prompt::prompt_tokens;
 
 /// Counter: tokens Generate produced.
 pub const GENERATED_TOKENS_METRIC: &str = "samplerd_generated_tokens_total";
-/// Gauge: Generate requests waiting for a generation slot.
-pub const GENERATE_QUEUE_DEPTH_METRIC: &str = "samplerd_generate_queue_depth";
 /// Gauge (seconds): how long loading the model took.
 pub const MODEL_LOAD_METRIC: &str = "samplerd_model_load_seconds";
 
@@ -163,79 +69,6 @@ pub fn describe_metrics() {
     speculate::describe();
     device_sampling::describe();
     metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(0.0);
-}
-
-/// How often a queued request checks whether its client went away.
-const QUEUE_POLL: Duration = Duration::from_millis(50);
-
-/// Counting semaphore with a bounded wait queue, for blocking threads.
-struct Slots {
-    state: Mutex<(usize, usize)>, // (running, waiting)
-    freed: Condvar,
-    max_running: usize,
-    max_waiting: usize,
-}
-
-/// A held generation slot; released on drop.
-struct Slot<'a>(&'a Slots);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        let mut s = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.0 -= 1;
-        self.0.freed.notify_one();
-    }
-}
-
-impl Slots {
-    fn new(max_running: usize, max_waiting: usize) -> Self {
-        Slots {
-            state: Mutex::new((0, 0)),
-            freed: Condvar::new(),
-            max_running: max_running.max(1),
-            max_waiting,
-        }
-    }
-
-    /// Waits for a slot; `None` if the queue is full or `gone()` turns true.
-    fn acquire(&self, gone: impl Fn() -> bool) -> Result<Option<Slot<'_>>, RequestError> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.0 < self.max_running {
-            s.0 += 1;
-            return Ok(Some(Slot(self)));
-        }
-        if s.1 >= self.max_waiting {
-            return Err(RequestError::exhausted(
-                Reason::Overloaded,
-                "generate.max_queued_generations",
-                format!(
-                    "{} generations running and {} queued (generate.max_concurrent_generations, \
-                     generate.max_queued_generations): try again later",
-                    s.0, s.1
-                ),
-            ));
-        }
-        s.1 += 1;
-        metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
-        loop {
-            let (guard, _) = self
-                .freed
-                .wait_timeout(s, QUEUE_POLL)
-                .unwrap_or_else(|e| e.into_inner());
-            s = guard;
-            if s.0 < self.max_running {
-                s.1 -= 1;
-                metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
-                s.0 += 1;
-                return Ok(Some(Slot(self)));
-            }
-            if gone() {
-                s.1 -= 1;
-                metrics::gauge!(GENERATE_QUEUE_DEPTH_METRIC).set(s.1 as f64);
-                return Ok(None);
-            }
-        }
-    }
 }
 
 /// A loaded model serving Generate.
@@ -918,52 +751,6 @@ struct Timings {
     prefill_ms: f64,
     decode_tokens_per_second: f64,
     sampling_us_per_token: f64,
-}
-
-/// The prompt's tokens (see [`ModelHost::prompt_tokens`]).
-fn prompt_tokens(
-    model: &Model,
-    cfg: &GenerateConfig,
-    prompt: &Prompt,
-) -> Result<Vec<u32>, RequestError> {
-    let tok = model.tokenizer();
-    let tokens = match prompt {
-        Prompt::Text(text) => tok.encode(text, tok.add_bos(), true).map_err(|e| {
-            RequestError::invalid("prompt", echo::foreign(&e.to_string()).into_owned())
-        })?,
-        // The template's own error may quote a message (`raise_exception`).
-        Prompt::Chat(msgs) => model
-            .chat_tokens(msgs, cfg.parse_special_in_content)
-            .map_err(|e| {
-                RequestError::invalid("messages", echo::foreign(&e.to_string()).into_owned())
-            })?,
-    };
-    if tokens.is_empty() {
-        return Err(RequestError::invalid("prompt", "tokenizes to no tokens"));
-    }
-    if tokens.len() > cfg.max_prompt_tokens {
-        return Err(RequestError::limit(
-            "prompt",
-            "generate.max_prompt_tokens",
-            format!(
-                "{} tokens exceed the limit of {} (generate.max_prompt_tokens)",
-                tokens.len(),
-                cfg.max_prompt_tokens
-            ),
-        ));
-    }
-    if tokens.len() >= model.n_ctx() {
-        return Err(RequestError::limit(
-            "prompt",
-            "generate.n_ctx",
-            format!(
-                "{} tokens do not fit the context of {} (leave room for at least one new token)",
-                tokens.len(),
-                model.n_ctx()
-            ),
-        ));
-    }
-    Ok(tokens)
 }
 
 /// A model error during a generation: INTERNAL, except the device running
