@@ -117,17 +117,6 @@ impl Pacer {
         }
     }
 
-    /// Whether the next round may draft (pacing on and drafting paused:
-    /// only a probe may).
-    pub fn may_draft(&self) -> bool {
-        self.limit(1) > 0
-    }
-
-    /// Whether the next round is held back by pacing.
-    pub fn paused(&self) -> bool {
-        !self.may_draft()
-    }
-
     /// The drafts the next round may make of the `k` its rule asks for:
     /// none while paused, at most [`PROBE_DRAFTS`] in a probe.
     pub fn limit(&self, k: usize) -> usize {
@@ -173,6 +162,19 @@ mod tests {
     use super::*;
 
     const MS: u128 = 1_000_000;
+
+    impl Pacer {
+        /// Whether the next round may draft (pacing on and drafting
+        /// paused: only a probe may).
+        fn may_draft(&self) -> bool {
+            self.limit(1) > 0
+        }
+
+        /// Whether the next round is held back by pacing.
+        fn paused(&self) -> bool {
+            !self.may_draft()
+        }
+    }
 
     /// Plain steps of 10 ms and rounds with drafts at `per_token` ms per
     /// committed token (2 tokens a round), `n` of each, alternated.

@@ -58,7 +58,7 @@ use samplerd_sampling::{SampleError, Sequence, TokenBuffer};
 use super::draft_length::{DraftLength, DraftRule, MeasuredLength};
 use super::draft_model::DraftInput;
 use super::draft_pacing::Pacer;
-use super::draft_record::Recorded;
+use super::draft_record::{DraftRecord, Recorded};
 use super::generator::{DraftSource, GenerateJob, GenerateSink, Speculation};
 use super::{Decoded, ModelHost, resume};
 use crate::request::errors::{InvalidKind, RequestError};
@@ -157,15 +157,21 @@ impl ModelHost {
         }
     }
 
+    /// The draft model's record that a choice asking for `spec` answers to
+    /// (`super::draft_record`): none for prompt lookup or without pacing.
+    fn draft_record(&self, spec: Speculation) -> Option<&DraftRecord> {
+        match (spec.source, &self.draft) {
+            (DraftSource::Model, Some(draft)) if self.config.pause_slow_drafting => {
+                Some(draft.record())
+            }
+            _ => None,
+        }
+    }
+
     /// Whether a choice that asks for `spec` drafts: not while the draft
-    /// model's record skips it (`super::draft_record`; it then decodes
-    /// plainly, to the same text).
+    /// model's record skips it (it then decodes plainly, to the same text).
     pub(super) fn takes_turn(&self, spec: Speculation) -> bool {
-        let record = match (spec.source, &self.draft) {
-            (DraftSource::Model, Some(draft)) if self.config.pause_slow_drafting => draft.record(),
-            _ => return true,
-        };
-        let turn = record.take_turn();
+        let turn = self.draft_record(spec).is_none_or(DraftRecord::take_turn);
         if !turn {
             metrics::counter!(SKIPPED_METRIC).increment(1);
         }
@@ -203,12 +209,10 @@ impl ModelHost {
             DraftSource::Model => DraftRule::Measured(MeasuredLength::new(spec.max_draft_tokens)),
         };
         // A draft model's verdict goes to its record when the choice ends.
-        let pacing = self.config.pause_slow_drafting;
-        let record = match (spec.source, &self.draft) {
-            (DraftSource::Model, Some(draft)) if pacing => Some(draft.record()),
-            _ => None,
-        };
-        let mut paced = Recorded::new(Pacer::new(pacing), record);
+        let mut paced = Recorded::new(
+            Pacer::new(self.config.pause_slow_drafting),
+            self.draft_record(spec),
+        );
         // When the round being verified started drafting (none after the
         // prefill): rounds are timed from their drafting to the end of
         // their verification.
