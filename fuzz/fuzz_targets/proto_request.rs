@@ -114,11 +114,16 @@ fuzz_target!(|data: &[u8]| {
             Ok(p) => p,
             Err(e) => return check_refusal(e),
         };
-        let valid =
-            match samplerd::service::validate::generate(state, &req, None, None, prepared.prebuilt()) {
-                Ok(v) => v,
-                Err(e) => return check_refusal(e),
-            };
+        let valid = match samplerd::service::validate::generate(
+            state,
+            &req,
+            None,
+            None,
+            prepared.prebuilt(),
+        ) {
+            Ok(v) => v,
+            Err(e) => return check_refusal(e),
+        };
         if let Some(host) = model_host()
             && let Err(e) = host.prompt_tokens(&valid.prompt)
         {

@@ -91,7 +91,10 @@ for t in "${TARGETS[@]}"; do
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
   if [ "$rc" -ne 0 ]; then
     status=1
-    echo "fuzz.sh: target $t FAILED (exit $rc); log tail:"
+    echo "fuzz.sh: target $t FAILED (exit $rc); its panic, then the log tail:"
+    # The tail alone can be all sanitizer stack; the oracle's message is the
+    # line after "panicked at".
+    grep -m 3 -A 1 'panicked at' "$log" || true
     tail -40 "$log"
     summary+=("$t FAILED execs=${execs:-?} see fuzz/artifacts/$t/")
   else
