@@ -97,3 +97,41 @@ async fn bad_adaptive_values_name_the_field() {
     }
     s.stop().await;
 }
+
+/// A target of 0 beside a huge logit: every other token's own probability
+/// underflows to 0 in f32, so each is at the target and one of them is
+/// drawn (llama.cpp's reshaping draw does the same), and the response
+/// reports the chain's probability before the draw, 0 (its `logprob`, the
+/// raw log-softmax, is the logit minus 1e30).
+/// A plain draw on the same row takes the huge logit with probability 1.
+#[tokio::test]
+async fn a_target_of_zero_draws_a_token_whose_own_probability_underflows() {
+    let s = start().await;
+    let logits = vec![1e30f32, 0.0, 0.5, -0.5];
+    let params = v1::SamplingParams {
+        seed: Some(11),
+        top_k: Some(0),
+        top_p: Some(1.0),
+        temperature: Some(1.0),
+        repeat_penalty: Some(1.0),
+        ..Default::default()
+    };
+    let request = |params: v1::SamplingParams| v1::SampleRequest {
+        logits: logits.clone(),
+        params: Some(params),
+        ..Default::default()
+    };
+    let plain = s.sample_ok(request(params.clone())).await;
+    assert_eq!((plain.token_id, plain.probability), (0, 1.0));
+    let adaptive = s
+        .sample_ok(request(v1::SamplingParams {
+            adaptive_target: Some(0.0),
+            ..params
+        }))
+        .await;
+    assert_ne!(adaptive.token_id, 0, "adaptive-p took the huge logit");
+    assert_eq!(adaptive.probability, 0.0);
+    assert_eq!(adaptive.logprob, -1e30);
+    s.assert_serving().await;
+    s.stop().await;
+}
